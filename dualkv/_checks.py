@@ -1,0 +1,99 @@
+"""Input validation shared by every public entry point. Each check names the argument and what is wrong."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_qkv(tensors: dict[str, torch.Tensor], *, query: str, keys: Sequence[str]) -> tuple[int, int, int]:
+    """Check packed (tokens, heads, head_dim) tensors: rank, dtype, device, head dim and GQA ratio.
+
+    Returns (H, H_k, d).
+    """
+    q = tensors[query]
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must have shape (tokens, heads, head_dim); got {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: float64, float32, bfloat16, float16")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but {query} has {q.dtype}; all inputs must share one dtype")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but {query} is on {q.device}")
+        if t.shape[2] != q.shape[2]:
+            raise ValueError(f"{name} has head_dim {t.shape[2]} but {query} has {q.shape[2]}")
+    h = q.shape[1]
+    hk = tensors[keys[0]].shape[1]
+    for name in keys:
+        if tensors[name].shape[1] != hk:
+            raise ValueError(f"{name} has {tensors[name].shape[1]} heads but {keys[0]} has {hk}")
+    if hk == 0 or h % hk != 0:
+        raise ValueError(f"{query} has {h} heads, which is not a multiple of the {hk} key/value heads (GQA needs "
+                         "H % H_k == 0)")
+    return h, hk, q.shape[2]
+
+
+def check_same_tokens(a: torch.Tensor, a_name: str, b: torch.Tensor, b_name: str) -> None:
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"{a_name} has {a.shape[0]} tokens but {b_name} has {b.shape[0]}")
+
+
+def check_cu_seqlens(cu: torch.Tensor, name: str, total: int, device: torch.device) -> list[int]:
+    """Validate a cu_seqlens tensor against the token count it indexes; return it as a host list.
+
+    Reads the tensor to the host once (N + 1 integers).
+    """
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(cu).__name__}")
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"{name} must be 1-D with N + 1 >= 2 entries; got shape {tuple(cu.shape)}")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 (or int64); got {cu.dtype}")
+    if cu.device.type != "cpu" and cu.device != device:
+        raise ValueError(f"{name} is on {cu.device} but the attention inputs are on {device}")
+    values = [int(x) for x in cu.tolist()]
+    if values[0] != 0:
+        raise ValueError(f"{name}[0] = {values[0]}; cu_seqlens must start at 0")
+    for i in range(1, len(values)):
+        if values[i] < values[i - 1]:
+            raise ValueError(f"{name} decreases at index {i} ({values[i - 1]} -> {values[i]})")
+    if values[-1] != total:
+        raise ValueError(f"{name}[-1] = {values[-1]} but the packed tensors hold {total} tokens")
+    return values
+
+
+def check_max_seqlen(max_seqlen: int, name: str, lengths: Sequence[int]) -> None:
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+        raise TypeError(f"{name} must be an int, got {type(max_seqlen).__name__}")
+    actual = max(lengths) if len(lengths) else 0
+    if max_seqlen < actual:
+        raise ValueError(f"{name} = {max_seqlen} is smaller than the longest sequence ({actual})")
+
+
+def check_window(window_size: Sequence[int], causal: bool) -> tuple[int, int]:
+    """Normalise a FlashAttention-style (left, right) window; -1 means unbounded. Causal caps right at 0."""
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be a pair of ints (left, right); got {window_size!r}") from None
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size entries must be >= -1 (-1 = unbounded); got {(left, right)}")
+    if causal:
+        right = 0
+    return left, right
+
+
+def resolve_scale(softmax_scale: float | None, head_dim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    scale = float(softmax_scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"softmax_scale must be a positive finite number; got {softmax_scale!r}")
+    return scale

@@ -1,0 +1,54 @@
+"""Printing and saving the rows of ``dualkv verify``."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import subprocess
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .checks import Row
+
+
+def environment() -> dict:
+    """Where the rows were produced: versions, device, commit, date."""
+    env = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    }
+    try:
+        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                       check=True, cwd=Path(__file__).resolve().parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        env["commit"] = None
+    return env
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    head = ("check", "configuration", "quantity", "backend", "dtype", "max error", "bound", "")
+    body = [(r.check, r.config, r.quantity, r.backend, r.dtype, f"{r.error:.2e}", f"{r.bound:.1e}",
+             "PASS" if r.passed else "FAIL") for r in rows]
+    widths = [max(len(str(x[i])) for x in [head, *body]) for i in range(len(head))]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, body)])
+
+
+def summary(rows: Sequence[Row]) -> dict:
+    failed = [r for r in rows if not r.passed]
+    return {"rows": len(rows), "passed": len(rows) - len(failed), "failed": len(failed)}
+
+
+def write_json(path: str | Path, rows: Sequence[Row], extra: dict | None = None) -> None:
+    payload = {"environment": environment(), "summary": summary(rows), "rows": [r.to_dict() for r in rows]}
+    if extra:
+        payload.update(extra)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2))

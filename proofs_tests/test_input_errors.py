@@ -1,0 +1,81 @@
+"""Every public entry point refuses bad input with an error that names the problem."""
+
+import pytest
+import torch
+
+import dualkv
+from dualkv import GroupLayout
+from dualkv.reference import standard_varlen_attention
+
+
+def _call2_args(r=(3, 2), p=4, h=4, hk=2, d=8, dtype=torch.float32):
+    t = sum(r)
+    cu = torch.tensor([0, *torch.tensor(r).cumsum(0).tolist()], dtype=torch.int32)
+    return dict(q=torch.randn(t, h, d, dtype=dtype), k_context=torch.randn(p, hk, d, dtype=dtype),
+                v_context=torch.randn(p, hk, d, dtype=dtype), k_decoded=torch.randn(t, hk, d, dtype=dtype),
+                v_decoded=torch.randn(t, hk, d, dtype=dtype), cu_seqlens_q=cu, cu_seqlens_k_decoded=cu.clone(),
+                max_seqlen_q=max(r), context_seqlen=p, max_seqlen_k_decoded=max(r))
+
+
+def test_call2_accepts_good_input():
+    out = dualkv.flash_attn_dualkv_varlen_func(**_call2_args())
+    assert out.shape == (5, 4, 8)
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda a: a.update(cu_seqlens_q=torch.tensor([1, 3, 5], dtype=torch.int32)), ValueError, "must start at 0"),
+    (lambda a: a.update(cu_seqlens_q=torch.tensor([0, 4, 3, 5], dtype=torch.int32)), ValueError, "decreases"),
+    (lambda a: a.update(cu_seqlens_q=torch.tensor([0, 3, 6], dtype=torch.int32)), ValueError, "hold 5 tokens"),
+    (lambda a: a.update(cu_seqlens_q=torch.tensor([0, 3, 5.0])), TypeError, "int32"),
+    (lambda a: a.update(cu_seqlens_q=torch.tensor([[0, 3, 5]], dtype=torch.int32)), ValueError, "1-D"),
+    (lambda a: a.update(cu_seqlens_k_decoded=torch.tensor([0, 2, 5], dtype=torch.int32)), ValueError,
+     "must equal cu_seqlens_q"),
+    (lambda a: a.update(max_seqlen_q=2), ValueError, "max_seqlen_q = 2 is smaller"),
+    (lambda a: a.update(context_seqlen=3), ValueError, "k_context has 4 tokens but context_seqlen = 3"),
+    (lambda a: a.update(q=torch.randn(5, 3, 8)), ValueError, "not a multiple"),
+    (lambda a: a.update(k_decoded=torch.randn(5, 2, 8, dtype=torch.float64)), TypeError, "share one dtype"),
+    (lambda a: a.update(v_context=torch.randn(4, 2, 16)), ValueError, "head_dim 16"),
+    (lambda a: a.update(q=torch.randn(5, 4 * 8)), ValueError, "shape \\(tokens, heads, head_dim\\)"),
+    (lambda a: a.update(k_decoded=torch.randn(6, 2, 8)), ValueError, "k_decoded has 6 tokens"),
+    (lambda a: a.update(q=torch.randn(5, 4, 8).int()), TypeError, "dtype torch.int32"),
+    (lambda a: a.update(softmax_scale=-1.0), ValueError, "softmax_scale"),
+    (lambda a: a.update(window_size=(-2, 0)), ValueError, "window_size"),
+    (lambda a: a.update(window_size=3), ValueError, "window_size"),
+    (lambda a: a.update(v_decoded=torch.randn(5, 1, 8)), ValueError, "v_decoded has 1 heads"),
+])
+def test_call2_refuses(mutate, error, match):
+    args = _call2_args()
+    mutate(args)
+    with pytest.raises(error, match=match):
+        dualkv.flash_attn_dualkv_varlen_func(**args)
+
+
+def test_shared_prefix_refuses_layout_mismatch():
+    layout = GroupLayout.single(4, [3, 2])
+    q, k = torch.randn(9, 4, 8), torch.randn(9, 2, 8)
+    with pytest.raises(ValueError, match="q has 9 tokens but the layout packs 9|layout packs"):
+        dualkv.shared_prefix_attention(torch.randn(10, 4, 8), k, k, layout)
+    with pytest.raises(TypeError, match="GroupLayout"):
+        dualkv.shared_prefix_attention(q, k, k, [4, 3, 2])
+    assert dualkv.shared_prefix_attention(q, k, k, layout).shape == q.shape
+
+
+def test_standard_varlen_refuses_more_queries_than_keys():
+    cu_q = torch.tensor([0, 4], dtype=torch.int32)
+    cu_k = torch.tensor([0, 3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="4 queries but only 3 keys"):
+        standard_varlen_attention(torch.randn(4, 2, 8), torch.randn(3, 2, 8), torch.randn(3, 2, 8), cu_q, cu_k, 4, 3)
+
+
+def test_context_attention_needs_max_seqlen_with_cu_seqlens():
+    x = torch.randn(5, 2, 8)
+    with pytest.raises(ValueError, match="max_seqlen is required"):
+        dualkv.context_attention(x, x, x, cu_seqlens=torch.tensor([0, 5], dtype=torch.int32))
+
+
+@pytest.mark.gpu
+def test_device_mismatch_is_named():
+    args = _call2_args()
+    args["k_context"] = args["k_context"].cuda()
+    with pytest.raises(ValueError, match="k_context is on cuda"):
+        dualkv.flash_attn_dualkv_varlen_func(**args)

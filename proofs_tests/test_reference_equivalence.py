@@ -1,0 +1,107 @@
+"""Call 1 + call 2 equal the N-copy layout's attention in float64 (outputs, LSE and every gradient, with prompt
+gradients summed over the N copies — Eq. 7), checked against PyTorch's own SDPA on the N-copy rows."""
+
+import random
+
+import pytest
+import torch
+
+from dualkv.verify.cases import HEAD_DIMS, attention_cases
+from dualkv.verify.checks import AttentionCase, shared_prefix_check, two_call_check
+
+AWKWARD = (1, 2, 63, 64, 65, 127, 129)
+
+
+def _assert_rows(rows):
+    bad = [f"{r.quantity}: {r.error:.3e} > {r.bound:.1e}" for r in rows if not r.passed]
+    assert not bad, f"{rows[0].config}: " + "; ".join(bad)
+    assert all(r.error <= 1e-10 for r in rows if r.dtype == "fp64")
+
+
+def _random_case(seed: int) -> AttentionCase:
+    rng = random.Random(seed)
+    groups = rng.choice([1, 1, 2, 3])
+    kv_heads = rng.choice([1, 2])
+    gqa = rng.choice([1, 2, 4, 8])
+    prompts = tuple(rng.choice(AWKWARD) for _ in range(groups))
+    responses = tuple(tuple(rng.choice(AWKWARD) for _ in range(rng.choice([1, 2, 3, 5]))) for _ in range(groups))
+    window = rng.choice([(-1, -1), (-1, -1), (rng.choice([0, 5, 40, 200]), 0)])
+    return AttentionCase(prompts, responses, kv_heads * gqa, kv_heads, rng.choice([32, 64, 96, 128]), window)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_awkward_shapes(seed):
+    case = _random_case(seed)
+    _assert_rows(shared_prefix_check(case, seed=seed))
+    if len(case.prompt_lens) == 1:
+        _assert_rows(two_call_check(case, seed=seed))
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_every_head_dim(head_dim):
+    case = AttentionCase((65,), ((1, 63),), 4, 2, head_dim)
+    _assert_rows(two_call_check(case))
+
+
+@pytest.mark.parametrize("gqa", [1, 2, 4, 8])
+def test_gqa_ratios(gqa):
+    case = AttentionCase((33, 7), ((5, 2), (1, 9, 4)), 2 * gqa, 2, 64)
+    _assert_rows(shared_prefix_check(case))
+
+
+@pytest.mark.parametrize("window", [(0, 0), (3, 0), (64, 0), (129, 0), (1000, 0)])
+def test_windows_shorter_and_longer_than_prompt(window):
+    case = AttentionCase((65,), ((70, 1, 3),), 4, 1, 64, window=window)
+    _assert_rows(shared_prefix_check(case))
+    _assert_rows(two_call_check(case))
+
+
+@pytest.mark.parametrize("case", attention_cases(), ids=lambda c: c.name)
+def test_verify_matrix(case):
+    _assert_rows(shared_prefix_check(case))
+
+
+def test_float32_and_lower_precision_on_cpu():
+    case = AttentionCase((65,), ((63, 2),), 4, 2, 64)
+    _assert_rows(shared_prefix_check(case, dtype=torch.float32))
+    # bf16 through the reference, judged by FlashAttention's criterion against PyTorch at bf16.
+    rows = shared_prefix_check(case, dtype=torch.bfloat16)
+    assert all(r.passed for r in rows if r.quantity != "lse"), rows
+
+
+def test_non_contiguous_inputs():
+    from dualkv.reference import shared_prefix_attention, n_copy_attention
+    from dualkv import GroupLayout
+
+    layout = GroupLayout.from_lengths([9], [[4, 1]])
+    qkv = torch.randn(layout.total_tokens, 3, 4, 8, dtype=torch.float64)
+    q, k, v = qkv[:, 0], qkv[:, 1, :2], qkv[:, 2, 2:]
+    assert not q.is_contiguous()
+    torch.testing.assert_close(shared_prefix_attention(q, k, v, layout), n_copy_attention(q, k, v, layout),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_memory_sane_large_prompt_forward():
+    """A long prompt runs chunked: P = 8192 with 4 responses in fp32 never builds a (T x T) score matrix."""
+    from dualkv import GroupLayout
+    from dualkv.reference import shared_prefix_attention
+    from dualkv.reference import core
+
+    layout = GroupLayout.single(8192, [256, 100, 33, 1])
+    q = torch.randn(layout.total_tokens, 2, 32)
+    k = torch.randn(layout.total_tokens, 1, 32)
+    seen = []
+    original = core._chunk_attention
+
+    def spy(q_, k_, v_, mask, scale):
+        seen.append(mask.numel() * q_.shape[1])
+        return original(q_, k_, v_, mask, scale)
+
+    core._chunk_attention = spy
+    try:
+        with torch.no_grad():
+            out = shared_prefix_attention(q, k, k, layout)
+    finally:
+        core._chunk_attention = original
+    assert torch.isfinite(out).all()
+    assert max(seen) <= core.SCORE_BUDGET + 16 * layout.total_tokens * 2
