@@ -7,6 +7,8 @@ from typing import Sequence
 
 import torch
 
+from .layout import GroupLayout
+
 SUPPORTED_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -97,3 +99,38 @@ def resolve_scale(softmax_scale: float | None, head_dim: int) -> float:
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"softmax_scale must be a positive finite number; got {softmax_scale!r}")
     return scale
+
+
+def check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q, cu_seqlens_k_decoded,
+                        max_seqlen_q, context_seqlen, max_seqlen_k_decoded) -> tuple[int, int, int, list[int]]:
+    """Validate the paper's call-2 arguments; returns (H, H_k, d, cu_seqlens as host ints)."""
+    tensors = {"q": q, "k_context": k_context, "v_context": v_context, "k_decoded": k_decoded,
+               "v_decoded": v_decoded}
+    h, hk, d = check_qkv(tensors, query="q", keys=("k_context", "v_context", "k_decoded", "v_decoded"))
+    if isinstance(context_seqlen, bool) or not isinstance(context_seqlen, int) or context_seqlen < 0:
+        raise ValueError(f"context_seqlen must be an int >= 0; got {context_seqlen!r}")
+    for name in ("k_context", "v_context"):
+        if tensors[name].shape[0] != context_seqlen:
+            raise ValueError(f"{name} has {tensors[name].shape[0]} tokens but context_seqlen = {context_seqlen}")
+    for name in ("k_decoded", "v_decoded"):
+        check_same_tokens(tensors[name], name, q, "q")
+    cu_q = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], q.device)
+    cu_k = check_cu_seqlens(cu_seqlens_k_decoded, "cu_seqlens_k_decoded", k_decoded.shape[0], q.device)
+    if cu_q != cu_k:
+        raise ValueError("cu_seqlens_k_decoded must equal cu_seqlens_q: each decoded query row has its own key row")
+    lens = [b - a for a, b in zip(cu_q, cu_q[1:])]
+    check_max_seqlen(max_seqlen_q, "max_seqlen_q", lens)
+    check_max_seqlen(max_seqlen_k_decoded, "max_seqlen_k_decoded", lens)
+    return h, hk, d, cu_q
+
+
+def check_layout_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: GroupLayout) -> tuple[int, int, int]:
+    """Validate packed (T, heads, d) tensors against a GroupLayout; returns (H, H_k, d)."""
+    if not isinstance(layout, GroupLayout):
+        raise TypeError(f"layout must be a dualkv.GroupLayout, got {type(layout).__name__}")
+    h, hk, d = check_qkv({"q": q, "k": k, "v": v}, query="q", keys=("k", "v"))
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.shape[0] != layout.total_tokens:
+            raise ValueError(f"{name} has {t.shape[0]} tokens but the layout packs {layout.total_tokens} "
+                             f"({layout!r})")
+    return h, hk, d

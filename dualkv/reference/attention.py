@@ -15,8 +15,8 @@ from typing import Sequence
 
 import torch
 
-from .._checks import (check_cu_seqlens, check_max_seqlen, check_qkv, check_same_tokens, check_window,
-                       resolve_scale)
+from .._checks import (check_cu_seqlens, check_dualkv_inputs, check_layout_tensors, check_max_seqlen, check_qkv,
+                       check_same_tokens, check_window, resolve_scale)
 from ..layout import GroupLayout
 from .core import masked_attention
 
@@ -115,28 +115,6 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
                                      causal, window_size, return_lse)
 
 
-def _check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q, cu_seqlens_k_decoded,
-                         max_seqlen_q, context_seqlen, max_seqlen_k_decoded):
-    tensors = {"q": q, "k_context": k_context, "v_context": v_context, "k_decoded": k_decoded,
-               "v_decoded": v_decoded}
-    h, hk, d = check_qkv(tensors, query="q", keys=("k_context", "v_context", "k_decoded", "v_decoded"))
-    if isinstance(context_seqlen, bool) or not isinstance(context_seqlen, int) or context_seqlen < 0:
-        raise ValueError(f"context_seqlen must be an int >= 0; got {context_seqlen!r}")
-    for name in ("k_context", "v_context"):
-        if tensors[name].shape[0] != context_seqlen:
-            raise ValueError(f"{name} has {tensors[name].shape[0]} tokens but context_seqlen = {context_seqlen}")
-    for name in ("k_decoded", "v_decoded"):
-        check_same_tokens(tensors[name], name, q, "q")
-    cu_q = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], q.device)
-    cu_k = check_cu_seqlens(cu_seqlens_k_decoded, "cu_seqlens_k_decoded", k_decoded.shape[0], q.device)
-    if cu_q != cu_k:
-        raise ValueError("cu_seqlens_k_decoded must equal cu_seqlens_q: each decoded query row has its own key row")
-    lens = [b - a for a, b in zip(cu_q, cu_q[1:])]
-    check_max_seqlen(max_seqlen_q, "max_seqlen_q", lens)
-    check_max_seqlen(max_seqlen_k_decoded, "max_seqlen_k_decoded", lens)
-    return h, hk, d, cu_q
-
-
 def flash_attn_dualkv_varlen_func(q: torch.Tensor, k_context: torch.Tensor, v_context: torch.Tensor,
                                   k_decoded: torch.Tensor, v_decoded: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                   cu_seqlens_k_decoded: torch.Tensor, max_seqlen_q: int, context_seqlen: int,
@@ -157,23 +135,11 @@ def flash_attn_dualkv_varlen_func(q: torch.Tensor, k_context: torch.Tensor, v_co
     Returns:
         out (sum_i R_i, H, d) [, lse (H, sum_i R_i)].
     """
-    _, _, d, cu_q = _check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q,
+    _, _, d, cu_q = check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q,
                                          cu_seqlens_k_decoded, max_seqlen_q, context_seqlen, max_seqlen_k_decoded)
     out, lse = _dualkv(q, k_context, v_context, k_decoded, v_decoded, cu_q, resolve_scale(softmax_scale, d),
                        causal, check_window(window_size, causal))
     return _finish(out, lse, return_lse)
-
-
-def check_layout_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: GroupLayout) -> tuple[int, int, int]:
-    """Validate packed (T, heads, d) tensors against a GroupLayout; returns (H, H_k, d)."""
-    if not isinstance(layout, GroupLayout):
-        raise TypeError(f"layout must be a dualkv.GroupLayout, got {type(layout).__name__}")
-    h, hk, d = check_qkv({"q": q, "k": k, "v": v}, query="q", keys=("k", "v"))
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.shape[0] != layout.total_tokens:
-            raise ValueError(f"{name} has {t.shape[0]} tokens but the layout packs {layout.total_tokens} "
-                             f"({layout!r})")
-    return h, hk, d
 
 
 def shared_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: GroupLayout,

@@ -93,24 +93,29 @@ def _lse_oracle(q_std, k_std, cu, scale, left) -> torch.Tensor:
 
 
 def n_copy_reference(layout: GroupLayout, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     window: tuple[int, int], seed: int) -> OracleResult:
-    """Run the N-copy layout in float64 with PyTorch SDPA, random per-copy upstream gradients, sums over copies."""
-    expand = torch.from_numpy(layout.copy_token_index)
-    back = torch.from_numpy(layout.first_copy_index)
+                     window: tuple[int, int], seed: int, *, device: str | torch.device = "cpu",
+                     with_grad: bool = True) -> OracleResult:
+    """Run the N-copy layout in float64 with PyTorch SDPA (on ``device``), random per-copy upstream gradients,
+    sums over copies. Results come back on the CPU."""
+    expand = torch.from_numpy(layout.copy_token_index).to(device)
+    back = torch.from_numpy(layout.first_copy_index).to(device)
     cu = layout.copy_cu_seqlens.tolist()
-    q_std, k_std, v_std = (t.detach().double().cpu()[expand].requires_grad_() for t in (q, k, v))
+    q_std, k_std, v_std = (t.detach().to(device=device, dtype=torch.float64)[expand].requires_grad_(with_grad)
+                           for t in (q, k, v))
     scale = 1.0 / math.sqrt(q.shape[-1])
-    out_std = n_copy_oracle(q_std, k_std, v_std, cu, scale, window)
+    with torch.set_grad_enabled(with_grad):
+        out_std = n_copy_oracle(q_std, k_std, v_std, cu, scale, window)
     gen = torch.Generator().manual_seed(seed + 7919)
-    d_out_std = torch.randn(out_std.shape, generator=gen, dtype=torch.float64)
-    grads_std = torch.autograd.grad(out_std, (q_std, k_std, v_std), d_out_std)
+    d_out_std = torch.randn(out_std.shape, generator=gen, dtype=torch.float64).to(device)
+    grads_std = torch.autograd.grad(out_std, (q_std, k_std, v_std), d_out_std) if with_grad else ()
 
     def fold(x):  # sum the copies of each packed token
-        return torch.zeros((layout.total_tokens, *x.shape[1:]), dtype=x.dtype).index_add_(0, expand, x)
+        return torch.zeros((layout.total_tokens, *x.shape[1:]), dtype=x.dtype, device=x.device).index_add_(
+            0, expand, x).cpu()
 
     with torch.no_grad():
-        lse = _lse_oracle(q_std, k_std, cu, scale, window[0])[:, back]
-    return OracleResult(out_std.detach()[back], lse, tuple(fold(g) for g in grads_std), fold(d_out_std))
+        lse = _lse_oracle(q_std, k_std, cu, scale, window[0])[:, back].cpu()
+    return OracleResult(out_std.detach()[back].cpu(), lse, tuple(fold(g) for g in grads_std), fold(d_out_std))
 
 
 def _rounded_qkv(case: AttentionCase, layout: GroupLayout, dtype: torch.dtype, seed: int):
@@ -132,29 +137,38 @@ def _rows(check, config, backend, dtype, items, note=""):
 
 
 def _run_packed(fn: AttentionFn, q, k, v, layout, window, d_out):
-    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out, lse = fn(q, k, v, layout, window_size=window, return_lse=True)
-    grads = torch.autograd.grad(out, (q, k, v), d_out.to(device=out.device, dtype=out.dtype))
+    """Run ``fn`` on copies of q, k, v; with ``d_out`` (else forward only, no grad) also return (dq, dk, dv)."""
+    q, k, v = (t.detach().clone().requires_grad_(d_out is not None) for t in (q, k, v))
+    with torch.set_grad_enabled(d_out is not None):
+        out, lse = fn(q, k, v, layout, window_size=window, return_lse=True)
+    grads = None
+    if d_out is not None:
+        grads = torch.autograd.grad(out, (q, k, v), d_out.to(device=out.device, dtype=out.dtype))
     return out.detach(), lse.detach(), grads
+
+
+def _lse_compare(lse: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> Comparison:
+    high = dtype == torch.float64
+    return compare(lse.double() if high else lse.float(), ref, dtype=torch.float64 if high else torch.float32)
 
 
 def shared_prefix_check(case: AttentionCase, *, dtype: torch.dtype = torch.float64, device: str = "cpu",
                         attention_fn: AttentionFn | None = None, backend: str = "dispatch", seed: int = 0,
-                        check: str = "shared_prefix") -> list[Row]:
-    """``shared_prefix_attention`` (or ``attention_fn``) vs the N-copy oracle: out, lse, dq, dk, dv."""
+                        check: str = "shared_prefix", with_grad: bool = True) -> list[Row]:
+    """``shared_prefix_attention`` (or ``attention_fn``) vs the N-copy oracle: out, lse[, dq, dk, dv]."""
     fn = attention_fn or shared_prefix_attention
     layout = case.layout
     q, k, v = _rounded_qkv(case, layout, dtype, seed)
-    oracle = n_copy_reference(layout, q, k, v, case.window, seed)
+    oracle = n_copy_reference(layout, q, k, v, case.window, seed, device=device, with_grad=with_grad)
     cast = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
-    out, lse, grads = _run_packed(fn, cast(q), cast(k), cast(v), layout, case.window, oracle.d_out)
+    d_out = oracle.d_out if with_grad else None
+    out, lse, grads = _run_packed(fn, cast(q), cast(k), cast(v), layout, case.window, d_out)
     lowp = None
     if dtype not in (torch.float64, torch.float32):
-        lowp = _run_packed(n_copy_attention, cast(q), cast(k), cast(v), layout, case.window, oracle.d_out)
-    items = [("out", compare(out, oracle.out, dtype=dtype, ref_lowp=None if lowp is None else lowp[0]))]
-    items.append(("lse", compare(lse.float() if lse.dtype != torch.float64 else lse, oracle.lse,
-                                 dtype=torch.float64 if dtype == torch.float64 else torch.float32)))
-    for i, name in enumerate(("dq", "dk", "dv")):
+        lowp = _run_packed(n_copy_attention, cast(q), cast(k), cast(v), layout, case.window, d_out)
+    items = [("out", compare(out, oracle.out, dtype=dtype, ref_lowp=None if lowp is None else lowp[0])),
+             ("lse", _lse_compare(lse, oracle.lse, dtype))]
+    for i, name in enumerate(("dq", "dk", "dv") if with_grad else ()):
         items.append((name, compare(grads[i], oracle.grads[i], dtype=dtype,
                                     ref_lowp=None if lowp is None else lowp[2][i], is_grad=True)))
     return _rows(check, case.name, backend, dtype, items)
@@ -165,7 +179,7 @@ Call2Fn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 def two_call_check(case: AttentionCase, *, dtype: torch.dtype = torch.float64, device: str = "cpu",
                    call1: Callable | None = None, call2: Call2Fn | None = None, backend: str = "dispatch",
-                   seed: int = 0, check: str = "two_call") -> list[Row]:
+                   seed: int = 0, check: str = "two_call", with_grad: bool = True) -> list[Row]:
     """The paper's API for one group: ``context_attention`` + ``flash_attn_dualkv_varlen_func`` (five inputs) vs the
     N-copy oracle. K_c/V_c get call 1's and call 2's gradients summed by autograd (Eq. 7)."""
     if len(case.prompt_lens) != 1:
@@ -175,42 +189,32 @@ def two_call_check(case: AttentionCase, *, dtype: torch.dtype = torch.float64, d
     layout = case.layout
     p, lens = layout.prompt_lens[0], layout.response_lens[0]
     q, k, v = _rounded_qkv(case, layout, dtype, seed)
-    oracle = n_copy_reference(layout, q, k, v, case.window, seed)
+    oracle = n_copy_reference(layout, q, k, v, case.window, seed, device=device, with_grad=with_grad)
 
-    def run(dt):
-        qc, kc, vc, qd, kd, vd = (t.detach()[sl].to(device=device, dtype=dt).requires_grad_()
-                                  for sl in (slice(0, p), slice(p, None)) for t in (q, k, v))
-        cu = torch.tensor(layout.response_cu_seqlens(0), dtype=torch.int32, device=device)
+    qc, kc, vc, qd, kd, vd = (t.detach()[sl].to(device=device, dtype=dtype).requires_grad_(with_grad)
+                              for sl in (slice(0, p), slice(p, None)) for t in (q, k, v))
+    cu = torch.tensor(layout.response_cu_seqlens(0), dtype=torch.int32, device=device)
+    with torch.set_grad_enabled(with_grad):
         out_c = call1(qc, kc, vc, causal=True, window_size=case.window)
         out_d, lse_d = call2(qd, kc, vc, kd, vd, cu, cu, max(lens), p, max(lens), causal=True,
                              window_size=case.window, return_lse=True)
-        d_out = oracle.d_out.to(device=device, dtype=dt)
-        grads = torch.autograd.grad((out_c, out_d), (qc, qd, kc, vc, kd, vd), (d_out[:p], d_out[p:]))
-        return out_c.detach(), out_d.detach(), lse_d.detach(), grads
-
-    out_c, out_d, lse_d, grads = run(dtype)
     lowp = None
     if dtype not in (torch.float64, torch.float32):
-        lowp = _two_call_lowp(layout, q, k, v, case.window, oracle.d_out, dtype, device)
-    refs = {"dq_c": oracle.grads[0][:p], "dq_d": oracle.grads[0][p:], "dk_c": oracle.grads[1][:p],
-            "dv_c": oracle.grads[2][:p], "dk_d": oracle.grads[1][p:], "dv_d": oracle.grads[2][p:]}
-    items = [("out_c", compare(out_c, oracle.out[:p], dtype=dtype, ref_lowp=None if lowp is None else lowp[0][:p])),
-             ("out_d", compare(out_d, oracle.out[p:], dtype=dtype, ref_lowp=None if lowp is None else lowp[0][p:])),
-             ("lse_d", compare(lse_d.double() if dtype == torch.float64 else lse_d.float(), oracle.lse[:, p:],
-                               dtype=torch.float64 if dtype == torch.float64 else torch.float32))]
-    for i, name in enumerate(refs):
-        low = None if lowp is None else _lowp_grad_slice(lowp[1], name, p)
-        items.append((name, compare(grads[i], refs[name], dtype=dtype, ref_lowp=low, is_grad=True)))
+        lowp = _run_packed(n_copy_attention, *(t.to(device=device, dtype=dtype) for t in (q, k, v)), layout,
+                           case.window, oracle.d_out if with_grad else None)
+    low_out = None if lowp is None else lowp[0]
+    items = [("out_c", compare(out_c, oracle.out[:p], dtype=dtype, ref_lowp=None if low_out is None else low_out[:p])),
+             ("out_d", compare(out_d, oracle.out[p:], dtype=dtype, ref_lowp=None if low_out is None else low_out[p:])),
+             ("lse_d", _lse_compare(lse_d, oracle.lse[:, p:], dtype))]
+    if with_grad:
+        d_out = oracle.d_out.to(device=device, dtype=dtype)
+        grads = torch.autograd.grad((out_c, out_d), (qc, qd, kc, vc, kd, vd), (d_out[:p], d_out[p:]))
+        refs = {"dq_c": oracle.grads[0][:p], "dq_d": oracle.grads[0][p:], "dk_c": oracle.grads[1][:p],
+                "dv_c": oracle.grads[2][:p], "dk_d": oracle.grads[1][p:], "dv_d": oracle.grads[2][p:]}
+        for i, name in enumerate(refs):
+            low = None
+            if lowp is not None:
+                index = {"dq": 0, "dk": 1, "dv": 2}[name[:2]]
+                low = lowp[2][index][:p] if name.endswith("_c") else lowp[2][index][p:]
+            items.append((name, compare(grads[i], refs[name], dtype=dtype, ref_lowp=low, is_grad=True)))
     return _rows(check, case.name, backend, dtype, items)
-
-
-def _two_call_lowp(layout, q, k, v, window, d_out, dtype, device):
-    """PyTorch at ``dtype`` (the reference's N-copy computation) for FlashAttention's criterion."""
-    out, _, grads = _run_packed(n_copy_attention, *(t.to(device=device, dtype=dtype) for t in (q, k, v)), layout,
-                                window, d_out)
-    return out, grads
-
-
-def _lowp_grad_slice(grads, name, p):
-    index = {"dq": 0, "dk": 1, "dv": 2}[name[:2]]
-    return grads[index][:p] if name.endswith("_c") else grads[index][p:]

@@ -1,0 +1,1 @@
+"""Benchmarks (GPU): kernel-level attention systems and their timing harness."""

@@ -1,0 +1,100 @@
+"""The CUDA backend's public functions: same signatures as :mod:`dualkv.reference`, for CUDA fp16/bf16 tensors.
+
+Forward only for now: a call that would need gradients raises NotImplementedError (never a silent fallback to the
+slow reference).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .._checks import (check_cu_seqlens, check_dualkv_inputs, check_layout_tensors, check_max_seqlen, check_qkv,
+                       check_window, resolve_scale)
+from ..layout import GroupLayout
+from .configs import DTYPES, HEAD_DIMS, WINDOW_HEAD_DIMS
+from .forward import ForwardPlan, attention_forward, make_plan
+from .schedule import segments_from_cu_seqlens
+
+
+def _check_kernel_inputs(q: torch.Tensor, head_dim: int, causal: bool, window_left: int, *tensors) -> None:
+    if not q.is_cuda:
+        raise ValueError(f"the CUDA kernels need CUDA tensors; q is on {q.device}")
+    if q.dtype not in DTYPES:
+        raise TypeError(f"the CUDA kernels take float16 or bfloat16; got {q.dtype} (use dualkv.reference)")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim {head_dim} is not supported by the CUDA kernels (supported: {HEAD_DIMS})")
+    if not causal:
+        raise NotImplementedError("the CUDA kernels are causal only (training always is); use dualkv.reference for "
+                                  "causal=False")
+    if window_left >= 0 and head_dim not in WINDOW_HEAD_DIMS:
+        raise NotImplementedError(f"sliding windows are supported for head dims {WINDOW_HEAD_DIMS}, not {head_dim}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, *tensors)):
+        raise NotImplementedError("the dualkv CUDA backward is not implemented yet: call under torch.no_grad() (or "
+                                  "with tensors that do not require grad), or use dualkv.reference for training")
+
+
+def _finish(out, lse, return_lse):
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_dualkv_varlen_func(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q, cu_seqlens_k_decoded,
+                                  max_seqlen_q, context_seqlen, max_seqlen_k_decoded, softmax_scale=None,
+                                  causal=True, window_size: Sequence[int] = (-1, -1), return_lse=False):
+    """Call 2 on the GPU; see :func:`dualkv.reference.flash_attn_dualkv_varlen_func` for the contract."""
+    h, hk, d, cu = check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q,
+                                       cu_seqlens_k_decoded, max_seqlen_q, context_seqlen, max_seqlen_k_decoded)
+    window = check_window(window_size, causal)
+    _check_kernel_inputs(q, d, causal, window[0], k_context, v_context, k_decoded, v_decoded)
+    plan = make_plan(segments_from_cu_seqlens(cu, context_seqlen), head_dim=d, dtype=q.dtype, group_size=h // hk,
+                     window_left=window[0], device=q.device)
+    out, lse = attention_forward(q, k_context, v_context, k_decoded, v_decoded, plan,
+                                 scale=resolve_scale(softmax_scale, d), window_left=window[0])
+    return _finish(out, lse, return_lse)
+
+
+def context_attention(q, k, v, cu_seqlens=None, max_seqlen=None, softmax_scale=None, causal=True,
+                      window_size: Sequence[int] = (-1, -1), return_lse=False):
+    """Call 1 on the GPU (causal self-attention of one or several packed prompts)."""
+    h, hk, d = check_qkv({"q": q, "k": k, "v": v}, query="q", keys=("k", "v"))
+    for name, t in (("k", k), ("v", v)):
+        if t.shape[0] != q.shape[0]:
+            raise ValueError(f"{name} has {t.shape[0]} tokens but q has {q.shape[0]}")
+    if cu_seqlens is None:
+        cu = [0, q.shape[0]]
+    else:
+        if max_seqlen is None:
+            raise ValueError("context_attention: max_seqlen is required when cu_seqlens is given")
+        cu = check_cu_seqlens(cu_seqlens, "cu_seqlens", q.shape[0], q.device)
+        check_max_seqlen(max_seqlen, "max_seqlen", [b - a for a, b in zip(cu, cu[1:])])
+    window = check_window(window_size, causal)
+    _check_kernel_inputs(q, d, causal, window[0], k, v)
+    plan = make_plan(segments_from_cu_seqlens(cu, 0), head_dim=d, dtype=q.dtype, group_size=h // hk,
+                     window_left=window[0], device=q.device)
+    out, lse = attention_forward(q, k, v, k, v, plan, scale=resolve_scale(softmax_scale, d), window_left=window[0])
+    return _finish(out, lse, return_lse)
+
+
+def layout_plan(layout: GroupLayout, *, head_dim: int, dtype: torch.dtype, group_size: int, window_left: int,
+                device: torch.device) -> ForwardPlan:
+    """The forward schedule of a layout, built once per (shape, device) and cached on the layout."""
+    key = ("fwd_plan", head_dim, dtype, group_size, window_left, str(device))
+    plan = layout._device_cache.get(key)
+    if plan is None:
+        plan = make_plan(layout.segment_table, head_dim=head_dim, dtype=dtype, group_size=group_size,
+                         window_left=window_left, device=device)
+        layout._device_cache[key] = plan
+    return plan
+
+
+def shared_prefix_attention(q, k, v, layout: GroupLayout, softmax_scale=None, window_size: Sequence[int] = (-1, -1),
+                            return_lse=False):
+    """Calls 1 and 2 of every group in ONE launch over the layout's segment table."""
+    h, hk, d = check_layout_tensors(q, k, v, layout)
+    window = check_window(window_size, True)
+    _check_kernel_inputs(q, d, True, window[0], k, v)
+    plan = layout_plan(layout, head_dim=d, dtype=q.dtype, group_size=h // hk, window_left=window[0],
+                       device=q.device)
+    out, lse = attention_forward(q, k, v, k, v, plan, scale=resolve_scale(softmax_scale, d), window_left=window[0])
+    return _finish(out, lse, return_lse)

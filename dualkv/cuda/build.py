@@ -1,0 +1,125 @@
+"""Run-time compilation of the CUDA sources with NVRTC (cuda.core), cached on disk by content.
+
+The cache key covers the source files (all of ``csrc/``), the options (macros, arch), and the NVRTC version; it
+lives in ``$DUALKV_CACHE_DIR`` (default: cuda.core's per-user cache dir + ``/dualkv``). Entries are written
+atomically (cuda.core's :class:`FileStreamProgramCache`), so several processes may compile at once.
+Compilation needs no GPU: CI builds every specialization for sm_80 and sm_90.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from .configs import KernelSpec
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+
+
+class KernelBuildError(RuntimeError):
+    """NVRTC rejected a kernel; the message carries its log."""
+
+
+@dataclass
+class BuiltKernel:
+    spec: KernelSpec
+    cubin: bytes
+    log: str  # ptxas resource report when freshly compiled, "" on a cache hit
+
+
+@lru_cache(maxsize=1)
+def _sources_digest() -> bytes:
+    h = hashlib.sha256()
+    for path in sorted(CSRC.glob("*.cu*")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.digest()
+
+
+@lru_cache(maxsize=1)
+def cuda_include_dir() -> str:
+    """Directory holding cuda_bf16.h / cuda_fp16.h (NVRTC ships none): the CUDA runtime headers wheel."""
+    from cuda import pathfinder
+
+    found = pathfinder.find_nvidia_header_directory("cudart")
+    if not found:
+        for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+            if root and (Path(root) / "include" / "cuda_bf16.h").exists():
+                found = str(Path(root) / "include")
+                break
+    if not found:
+        raise KernelBuildError("cannot find the CUDA runtime headers (cuda_bf16.h); install nvidia-cuda-runtime "
+                               "(pip install 'cuda-toolkit[cudart]' or nvidia-cuda-runtime)")
+    return str(found)
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("DUALKV_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dualkv" / "kernels"
+
+
+_cache_lock = threading.Lock()
+_caches: dict[str, object] = {}
+
+
+def _disk_cache():
+    from cuda.core.utils import FileStreamProgramCache
+
+    path = str(cache_dir())
+    with _cache_lock:
+        if path not in _caches:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            _caches[path] = FileStreamProgramCache(path)
+        return _caches[path]
+
+
+def _options(spec: KernelSpec, verbose: bool):
+    from cuda.core import ProgramOptions
+
+    return ProgramOptions(name=f"dualkv_{spec.kernel}", arch=spec.arch, std="c++17",
+                          include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines(),
+                          ptxas_options=["-v"] if verbose else None, use_fast_math=False)
+
+
+def compile_spec(spec: KernelSpec, *, use_cache: bool = True, verbose: bool = False) -> BuiltKernel:
+    """Compile (or fetch from the disk cache) one specialization to a cubin."""
+    from cuda.core import Program
+    from cuda.core.utils import make_program_cache_key
+
+    source = (CSRC / spec.source).read_text()
+    options = _options(spec, verbose)
+    key = make_program_cache_key(code=source, code_type="c++", options=options, target_type="cubin",
+                                 extra_digest=_sources_digest())
+    cache = _disk_cache() if use_cache else None
+    if cache is not None and not verbose:
+        hit = cache.get(key)
+        if hit is not None:
+            return BuiltKernel(spec, bytes(hit), "")
+    log = io.StringIO()
+    try:
+        obj = Program(source, code_type="c++", options=options).compile("cubin", logs=log)
+    except Exception as err:  # NVRTC errors come back as cuda.core exceptions carrying the log
+        raise KernelBuildError(f"NVRTC failed for {spec}:\n{err}\n{log.getvalue()}") from err
+    cubin = bytes(obj.code)
+    if cache is not None:
+        cache[key] = cubin
+    return BuiltKernel(spec, cubin, log.getvalue())
+
+
+def resource_usage(log: str) -> dict:
+    """Registers, spills and stack frame parsed from a ptxas -v log."""
+    import re
+
+    out = {}
+    if m := re.search(r"Used (\d+) registers", log):
+        out["registers"] = int(m.group(1))
+    if m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log):
+        out["stack"], out["spill_stores"], out["spill_loads"] = map(int, m.groups())
+    return out

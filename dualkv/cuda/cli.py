@@ -1,0 +1,65 @@
+"""``dualkv kernels``: compile every kernel specialization (no GPU needed) and report resources."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from tqdm.auto import tqdm
+
+from ..cli import subcommand
+from .build import KernelBuildError, compile_spec, resource_usage
+from .configs import ARCHS, all_specs
+
+
+def _args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--compile-only", action="store_true",
+                   help="only compile (the default; kept for explicitness: running needs no GPU either way)")
+    p.add_argument("--arch", action="append", choices=ARCHS, help="target architecture (repeatable; default: all)")
+    p.add_argument("--resources", action="store_true", help="recompile with ptxas -v and print registers/spills")
+    p.add_argument("--json", metavar="PATH", help="write per-spec results as JSON")
+    p.add_argument("--jobs", type=int, default=2, help="parallel NVRTC compilations")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _run(args: argparse.Namespace) -> int:
+    specs = [spec for arch in (args.arch or ARCHS) for spec in all_specs(arch)]
+    results, failures = [], []
+
+    def build(spec):
+        try:
+            built = compile_spec(spec, use_cache=not args.resources, verbose=args.resources)
+            return spec, built, None
+        except KernelBuildError as err:
+            return spec, None, str(err)
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for spec, built, err in tqdm(pool.map(build, specs), total=len(specs), desc="compiling kernels",
+                                     disable=args.no_progress, file=sys.stderr):
+            row = {"kernel": spec.kernel, "arch": spec.arch, "head_dim": spec.head_dim, "dtype": spec.dtype,
+                   "pack": spec.pack, "window": spec.window, "block_m": spec.tile.block_m,
+                   "block_n": spec.tile.block_n, "warps": spec.tile.warps, "smem_bytes": spec.smem_bytes,
+                   "ok": err is None}
+            if built is not None and built.log:
+                row.update(resource_usage(built.log))
+            if err:
+                failures.append(err)
+            results.append(row)
+    if args.resources:
+        for r in results:
+            print(f"{r['arch']} {r['kernel']} d={r['head_dim']:<3} {r['dtype']} pack={r['pack']} "
+                  f"window={int(r['window'])}: {r.get('registers')} regs, spill {r.get('spill_stores')}/"
+                  f"{r.get('spill_loads')} B, smem {r['smem_bytes']} B")
+    for err in failures:
+        print(err, file=sys.stderr)
+    ok = sum(r["ok"] for r in results)
+    print(f"compiled {ok}/{len(results)} kernel specializations for {', '.join(args.arch or ARCHS)}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+    return 0 if ok == len(results) else 1
+
+
+subcommand("kernels", "compile every CUDA kernel specialization with NVRTC (no GPU needed)")((_args, _run))

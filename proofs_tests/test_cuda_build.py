@@ -1,0 +1,60 @@
+"""The CUDA kernels compile with NVRTC on a machine without a GPU, and the disk cache is content-addressed."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dualkv.cuda.build import KernelBuildError, compile_spec, resource_usage
+from dualkv.cuda.configs import FWD_TILES, KernelSpec, TileConfig, all_specs, fwd_spec
+
+
+def test_every_specialization_compiles_for_sm80_and_sm90(tmp_path):
+    env = dict(os.environ, DUALKV_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "dualkv", "kernels", "--compile-only", "--arch", "sm_80", "--arch",
+                           "sm_90", "--no-progress", "--json", str(tmp_path / "k.json")], capture_output=True,
+                          text=True, env=env)
+    expected = len(all_specs("sm_80")) + len(all_specs("sm_90"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"compiled {expected}/{expected} kernel specializations" in proc.stdout
+    assert expected >= 2 * 7 * 2  # every head dim, both dtypes, both archs at least
+
+
+def test_cache_is_content_addressed(tmp_path, monkeypatch):
+    monkeypatch.setenv("DUALKV_CACHE_DIR", str(tmp_path))
+    spec = fwd_spec(64, torch.bfloat16, 1, False, "sm_90")
+    first = compile_spec(spec)
+    assert first.cubin and any(tmp_path.rglob("*"))
+    again = compile_spec(spec)
+    assert again.cubin == first.cubin and again.log == ""          # served from the cache
+    other = compile_spec(fwd_spec(64, torch.float16, 1, False, "sm_90"))
+    assert other.cubin != first.cubin                              # another macro set, another entry
+    sm80 = compile_spec(spec.with_arch("sm_80"))
+    assert sm80.cubin != first.cubin
+
+
+def test_resource_report_has_no_spills_for_default_tiles():
+    """The default tiles fit in registers (d=128 and 512 are the tight ones)."""
+    for d in (64, 256, 512):
+        built = compile_spec(fwd_spec(d, torch.bfloat16, 1, False, "sm_90"), use_cache=False, verbose=True)
+        usage = resource_usage(built.log)
+        assert usage["registers"] <= 255
+        assert usage["spill_stores"] <= 64, usage
+
+
+def test_bad_configuration_reports_the_nvrtc_log():
+    spec = KernelSpec("fwd", 64, "bf16", TileConfig(block_n=24, warps=4, mslabs=1), 1, False, "sm_90")
+    with pytest.raises(KernelBuildError, match="block_n must be a multiple of 16"):
+        compile_spec(spec, use_cache=False)
+
+
+def test_unsupported_shapes_are_refused_with_names():
+    with pytest.raises(ValueError, match="head_dim 48 is not supported"):
+        fwd_spec(48, torch.bfloat16, 1, False, "sm_90")
+    with pytest.raises(ValueError, match="sliding windows are supported for head dims"):
+        fwd_spec(512, torch.bfloat16, 1, True, "sm_90")
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        fwd_spec(64, torch.float32, 1, False, "sm_90")
+    assert set(FWD_TILES) == {32, 64, 96, 128, 192, 256, 512}

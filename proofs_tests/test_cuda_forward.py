@@ -1,0 +1,108 @@
+"""GPU: the fused forward kernel against the float64 N-copy oracle (FlashAttention's criterion), outputs poisoned
+with NaN before every launch and every launch synchronised and error-checked."""
+
+import random
+
+import pytest
+import torch
+
+import dualkv
+from dualkv import GroupLayout
+from dualkv.verify.checks import AttentionCase, shared_prefix_check, two_call_check
+
+pytestmark = pytest.mark.gpu
+
+AWKWARD = (1, 63, 64, 65, 127, 129, 1000, 4097)
+HEAD_DIMS = (32, 64, 96, 128, 192, 256, 512)
+
+
+@pytest.fixture(autouse=True)
+def _debug_mode():
+    from dualkv.cuda.runtime import debug
+
+    assert dualkv.backend_name(torch.empty(0, device="cuda", dtype=torch.bfloat16)) == "cuda"
+    with debug(poison=True, sync=True):
+        yield
+
+
+def _ok(rows):
+    bad = [f"{r.quantity}: {r.error:.3e} > {r.bound:.3e}" for r in rows if not r.passed]
+    assert not bad, f"{rows[0].config} {rows[0].dtype}: " + "; ".join(bad)
+
+
+def _sweep(count=24, seed=0):
+    rng = random.Random(seed)
+    cases = []
+    for i in range(count):
+        groups = rng.choice([1, 1, 2, 3])
+        d = HEAD_DIMS[i % len(HEAD_DIMS)]
+        kv = rng.choice([1, 2])
+        gqa = rng.choice([1, 2, 4, 8])
+        big = rng.random() < 0.2
+        prompts = tuple(rng.choice(AWKWARD if big else AWKWARD[:6]) for _ in range(groups))
+        n = rng.choice([1, 2, 3, 5, 16] if not big else [1, 2, 8])
+        responses = tuple(tuple(rng.choice(AWKWARD[:6]) for _ in range(n)) for _ in range(groups))
+        window = (-1, -1) if d == 512 or rng.random() < 0.6 else (rng.choice([0, 17, 64, 200, 5000]), 0)
+        cases.append(AttentionCase(prompts, responses, kv * gqa, kv, d, window))
+    return cases
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", _sweep(), ids=lambda c: c.name)
+def test_shared_prefix_forward(case, dtype):
+    _ok(shared_prefix_check(case, dtype=dtype, device="cuda", with_grad=False))
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_paper_api_every_head_dim(head_dim, dtype):
+    case = AttentionCase((129,), ((1, 63, 64, 65, 127),), 8, 2, head_dim)
+    _ok(two_call_check(case, dtype=dtype, device="cuda", with_grad=False))
+
+
+def test_many_responses_and_long_prompt():
+    case = AttentionCase((4097,), tuple([tuple([1, 63, 65, 127, 129, 64, 2, 1000] * 8)]), 8, 1, 128)  # N = 64
+    _ok(shared_prefix_check(case, dtype=torch.bfloat16, device="cuda", with_grad=False))
+
+
+@pytest.mark.parametrize("window", [0, 1, 63, 64, 65, 4000])
+def test_windows_cross_the_prompt_boundary(window):
+    case = AttentionCase((1000,), ((129, 1, 64),), 4, 4, 64, window=(window, 0))
+    _ok(shared_prefix_check(case, dtype=torch.bfloat16, device="cuda", with_grad=False))
+
+
+def test_strided_views_and_several_prompts():
+    layout = GroupLayout.from_lengths([100, 37], [[5, 70], [1]])
+    qkv = torch.randn(layout.total_tokens, 12, 64, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv[:, :8], qkv[:, 8:10], qkv[:, 10:]          # non-contiguous head-strided views
+    ref = dualkv.reference.shared_prefix_attention(q.double(), k.double(), v.double(), layout)
+    out = dualkv.shared_prefix_attention(q, k, v, layout)
+    assert (out.double() - ref).abs().max() < 2e-2
+    # call 1 over two packed prompts with cu_seqlens
+    p = torch.randn(137, 4, 64, device="cuda", dtype=torch.float16)
+    cu = torch.tensor([0, 100, 137], dtype=torch.int32, device="cuda")
+    ref1 = dualkv.reference.context_attention(p.double(), p.double(), p.double(), cu, 100)
+    assert (dualkv.context_attention(p, p, p, cu, 100).double() - ref1).abs().max() < 5e-3
+
+
+def test_bitwise_deterministic_forward():
+    layout = GroupLayout.single(700, [300, 65, 1])
+    q = torch.randn(layout.total_tokens, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(layout.total_tokens, 2, 128, device="cuda", dtype=torch.bfloat16)
+    a = dualkv.shared_prefix_attention(q, k, k, layout, return_lse=True)
+    b = dualkv.shared_prefix_attention(q, k, k, layout, return_lse=True)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_refusals_on_gpu():
+    layout = GroupLayout.single(10, [5])
+    x = torch.randn(15, 2, 48, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="head_dim 48"):
+        dualkv.shared_prefix_attention(x, x, x, layout)
+    y = torch.randn(15, 2, 512, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="sliding windows"):
+        dualkv.shared_prefix_attention(y, y, y, layout, window_size=(4, 0))
+    z = torch.randn(15, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    if not getattr(dualkv.cuda, "HAS_BACKWARD", False):
+        with pytest.raises(NotImplementedError, match="backward"):
+            dualkv.shared_prefix_attention(z, z, z, layout)

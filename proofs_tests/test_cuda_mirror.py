@@ -1,0 +1,125 @@
+"""The kernels' block schedule, mirrored on the CPU (numba), equals the reference — and schedule bugs are caught."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from dualkv import GroupLayout
+from dualkv.cuda import schedule
+from dualkv.cuda.configs import FWD_TILES, TileConfig
+from dualkv.cuda.mirror import make_mirror, mirror_forward
+from dualkv.reference import flash_attn_dualkv_varlen_func, shared_prefix_attention
+
+
+def _qkv(layout, h, hk, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    t = layout.total_tokens
+    return (torch.randn(t, h, d, generator=g, dtype=torch.float64), torch.randn(t, hk, d, generator=g, dtype=torch.float64),
+            torch.randn(t, hk, d, generator=g, dtype=torch.float64))
+
+
+def _mirror_error(layout, h, hk, d, window, tile, pack=None, mirror=None, seed=0):
+    q, k, v = _qkv(layout, h, hk, d, seed)
+    out, lse, visits, _ = mirror_forward(q, k, v, k, v, layout.segment_table, tile, scale=d ** -0.5,
+                                         window_left=window, pack=pack, mirror=mirror)
+    ref, ref_lse = shared_prefix_attention(q, k, v, layout, window_size=(window, 0), return_lse=True)
+    return max((out - ref).abs().max().item(), (lse - ref_lse).abs().max().item()), visits
+
+
+@pytest.mark.parametrize("head_dim", sorted(FWD_TILES))
+def test_mirror_matches_reference_for_every_head_dim(head_dim):
+    layout = GroupLayout.from_lengths([65, 2], [[63, 1, 129], [70]])
+    err, _ = _mirror_error(layout, 4, 2, head_dim, -1, FWD_TILES[head_dim])
+    assert err < 1e-12
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mirror_random_layouts_windows_and_packs(seed):
+    rng = random.Random(seed)
+    lens = (1, 2, 31, 32, 33, 63, 64, 65, 127, 129, 200)
+    layout = GroupLayout.from_lengths([rng.choice(lens) for _ in range(2)],
+                                      [[rng.choice(lens) for _ in range(rng.randint(1, 3))] for _ in range(2)])
+    window = rng.choice([-1, 0, 7, 64, 150, 1000])
+    tile = rng.choice([FWD_TILES[64], TileConfig(32, 4, 1), TileConfig(64, 8, 1)])
+    pack = rng.choice([1, 2, 4])
+    err, _ = _mirror_error(layout, 8, 2, 32, window, tile, pack=pack, seed=seed)
+    assert err < 1e-12
+
+
+def test_mirror_through_the_paper_api_segments():
+    q, k, v = _qkv(GroupLayout.single(1, [96]), 4, 1, 32)  # 97 tokens: 7 context + 90 decoded
+    ctx_len, lens = 7, [50, 1, 39]
+    cu = [0, 50, 51, 90]
+    out, lse, _, _ = mirror_forward(q[ctx_len:], k[:ctx_len], v[:ctx_len], k[ctx_len:], v[ctx_len:],
+                                    schedule.segments_from_cu_seqlens(cu, ctx_len), FWD_TILES[32], scale=0.3)
+    cu_t = torch.tensor(cu, dtype=torch.int32)
+    ref = flash_attn_dualkv_varlen_func(q[ctx_len:], k[:ctx_len], v[:ctx_len], k[ctx_len:], v[ctx_len:], cu_t, cu_t,
+                                        50, ctx_len, 50, softmax_scale=0.3)
+    assert (out - ref).abs().max() < 1e-12
+
+
+def test_window_skips_blocks():
+    layout = GroupLayout.single(1024, [256, 256])
+    _, full = _mirror_error(layout, 1, 1, 32, -1, FWD_TILES[32])
+    _, windowed = _mirror_error(layout, 1, 1, 32, 64, FWD_TILES[32])
+    assert windowed.sum() < full.sum() / 4
+
+
+def test_vectorised_ranges_equal_scalar_key_range():
+    rng = random.Random(1)
+    for _ in range(50):
+        layout = GroupLayout.from_lengths([rng.randint(1, 300)], [[rng.randint(1, 300) for _ in range(3)]])
+        ppt, bn, w = rng.choice([8, 32, 128]), rng.choice([32, 64]), rng.choice([-1, 0, 9, 200])
+        for s, m, *rng_vals in schedule.tile_ranges(layout.segment_table, ppt, bn, w).tolist():
+            q_len, ctx_len = layout.segment_table[s, 1], layout.segment_table[s, 3]
+            lo = m * ppt
+            assert tuple(rng_vals) == schedule.key_range(q_len, ctx_len, lo, min(q_len, lo + ppt) - 1, bn, w)
+
+
+def test_tiles_heaviest_first_and_complete():
+    layout = GroupLayout.from_lengths([300, 5], [[100, 100, 40], [9]])
+    tiles = schedule.tile_table(layout.segment_table, 32, 64)
+    ranges = schedule.tile_ranges(layout.segment_table, 32, 64)
+    work = {(s, m): (oe - of) + (ce - cf) for s, m, of, oe, cf, ce in ranges.tolist()}
+    ordered = [work[tuple(t)] for t in tiles.tolist()]
+    assert ordered == sorted(ordered, reverse=True)
+    assert sorted(map(tuple, tiles.tolist())) == sorted(work)
+
+
+# ---- known-wrong schedules: each must make the mirror disagree with the reference -------------------------------
+def _wrong_own_end(q_len, ctx_len, pos_lo, pos_hi, block_n, window_left):
+    """Causal pruning from the tile's FIRST row instead of its last (drops needed own keys)."""
+    own_end = (pos_lo + block_n) // block_n
+    ctx_end = (ctx_len + block_n - 1) // block_n
+    return 0, own_end, 0, ctx_end
+
+
+def _wrong_ctx_first(q_len, ctx_len, pos_lo, pos_hi, block_n, window_left):
+    """Window skipping one context block too many."""
+    own_lo = max(0, pos_lo - window_left) if window_left >= 0 else 0
+    ctx_end = (ctx_len + block_n - 1) // block_n
+    ctx_lo = ctx_len + pos_lo - window_left
+    ctx_first = 0 if ctx_lo <= 0 else (ctx_end if ctx_lo >= ctx_len else ctx_lo // block_n)
+    return own_lo // block_n, (pos_hi + block_n) // block_n, min(ctx_end, ctx_first + 1), ctx_end
+
+
+def _wrong_partial_mask(is_own, count, key_base, i_min, i_max, block_n, window_left):
+    return (is_own and key_base + block_n - 1 > i_min) or (window_left >= 0 and key_base < i_max - window_left)
+
+
+@pytest.mark.parametrize("wrong", ["own_end", "ctx_first", "partial_mask"])
+def test_known_wrong_schedules_are_caught(wrong):
+    kr, nm = schedule.key_range, schedule.needs_mask
+    if wrong == "own_end":
+        kr = _wrong_own_end
+    elif wrong == "ctx_first":
+        kr = _wrong_ctx_first
+    else:
+        nm = _wrong_partial_mask
+    mirror = make_mirror(kr, nm)
+    layout = GroupLayout.from_lengths([130], [[100, 65]])
+    window = 70 if wrong == "ctx_first" else -1
+    err, _ = _mirror_error(layout, 2, 1, 32, window, FWD_TILES[32], pack=1, mirror=mirror)
+    assert err > 1e-3, f"the mirror did not catch the '{wrong}' schedule bug"
