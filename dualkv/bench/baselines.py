@@ -1,13 +1,15 @@
 """The attention systems the kernel benchmark compares, each run from the same packed (T, heads, d) activations.
 
 * ``dualkv``      — :func:`dualkv.shared_prefix_attention` (one fused launch; CUDA kernels on a GPU).
-* ``fa2_ncopy``   — PyTorch's vendored FlashAttention-2 (``aten._flash_attention_forward``) on the N-copy layout:
-                    every prompt copied N times, causal varlen attention over [P; R_i] rows.
+* ``fa2_ncopy``   — PyTorch's vendored FlashAttention-2 (``aten._flash_attention_forward/_backward``) on the
+                    N-copy layout: every prompt copied N times, causal varlen attention over [P; R_i] rows.
 * ``cascade``     — three stock FA2 calls (prompt causal; all response queries x prompt keys; responses causal per
-                    sequence) merged by log-sum-exp. Exact, no custom kernel.
+                    sequence) merged by log-sum-exp; backward: each part's FA2 backward with the merged output and
+                    LSE (as ring attention does). Exact, no custom kernel.
 * ``flex``        — ``torch.compile(flex_attention)`` over the P+ΣR layout with a shared-prefix BlockMask.
 
-Each system exposes ``forward() -> out`` on packed-order outputs, so all are timed on the same call boundary.
+Every system has ``prepare()`` (untimed one-time work: input copies for the N-copy layout, mask building,
+compilation), ``forward(train)`` and ``backward(dout)`` (after a ``forward(train=True)``).
 """
 
 from __future__ import annotations
@@ -25,36 +27,66 @@ class System:
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: GroupLayout):
         self.q, self.k, self.v, self.layout = q, k, v, layout
         self.scale = 1.0 / math.sqrt(q.shape[-1])
+        self.out = None
 
     def prepare(self) -> None:
-        """One-time work outside the timed region (mask building, compilation warm-up)."""
+        """One-time work outside the timed region."""
 
-    def forward(self) -> torch.Tensor:
+    def forward(self, train: bool = False) -> torch.Tensor:
         raise NotImplementedError
+
+    def backward(self, dout: torch.Tensor):
+        raise NotImplementedError
+
+    def output_rows(self) -> int:
+        """Rows of this system's output (and upstream gradient): T, or T_std for the N-copy layout."""
+        return self.layout.total_tokens
 
     def to_packed(self, out: torch.Tensor) -> torch.Tensor:
         """The system's output in packed (T, H, d) order."""
         return out
 
 
-class DualKV(System):
+class _Autograd(System):
+    """Systems differentiated by autograd."""
+
+    def _leaves(self, train):
+        if not train:
+            return self.q, self.k, self.v
+        self.leaves = tuple(t.detach().requires_grad_() for t in (self.q, self.k, self.v))
+        return self.leaves
+
+    def backward(self, dout):
+        return torch.autograd.grad(self.out, self.leaves, dout, retain_graph=True)
+
+
+class DualKV(_Autograd):
     name = "dualkv"
 
-    def forward(self):
+    def forward(self, train=False):
         import dualkv
 
-        return dualkv.shared_prefix_attention(self.q, self.k, self.v, self.layout)
+        q, k, v = self._leaves(train)
+        with torch.set_grad_enabled(train):
+            self.out = dualkv.shared_prefix_attention(q, k, v, self.layout)
+        return self.out
 
 
-def _fa2(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
-    out, lse, *_ = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False,
-                                                           scale=scale)
-    return out, lse
+def fa2_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+    """(out, lse, rng_state, unused) of PyTorch's FlashAttention-2 varlen forward."""
+    out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal,
+                                                                       False, scale=scale)
+    return out, lse, rng, unused
+
+
+def fa2_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, rng, unused, scale):
+    return torch.ops.aten._flash_attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, 0.0, causal,
+                                                    rng, unused, scale=scale)
 
 
 class FA2NCopy(System):
-    """N-copy inputs are built inside the timed call: in the N-copy pipeline they are the activations themselves,
-    so their memory counts; their copy time is excluded by building them in :meth:`prepare`."""
+    """The N-copy q/k/v are built in :meth:`prepare`: in the N-copy pipeline they are the activations themselves,
+    so their memory counts (peak memory is measured over preparation and calls) but their copy time does not."""
 
     name = "fa2_ncopy"
 
@@ -65,13 +97,28 @@ class FA2NCopy(System):
         self.cu = torch.from_numpy(cu).to(device=self.q.device, dtype=torch.int32)
         self.max_len = int((cu[1:] - cu[:-1]).max())
 
-    def forward(self):
-        out, _ = _fa2(self.q_std, self.k_std, self.v_std, self.cu, self.cu, self.max_len, self.max_len, True,
-                      self.scale)
-        return out
+    def output_rows(self):
+        return self.layout.tokens_std
+
+    def forward(self, train=False):
+        self.out, self.lse, self.rng, self.unused = fa2_forward(self.q_std, self.k_std, self.v_std, self.cu, self.cu,
+                                                                self.max_len, self.max_len, True, self.scale)
+        return self.out
+
+    def backward(self, dout):
+        return fa2_backward(dout, self.q_std, self.k_std, self.v_std, self.out, self.lse, self.cu, self.cu,
+                            self.max_len, self.max_len, True, self.rng, self.unused, self.scale)
 
     def to_packed(self, out):
         return out[torch.from_numpy(self.layout.first_copy_index).to(out.device)]
+
+
+def merge_by_lse(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor):
+    """Exact merge of attentions over two disjoint key sets: o (T, H, d), l (H, T) natural-log LSE -> (o, l)."""
+    l1, l2 = l1.float(), l2.float()
+    lse = torch.logaddexp(l1, l2)
+    w1, w2 = torch.exp(l1 - lse).t()[..., None], torch.exp(l2 - lse).t()[..., None]
+    return (o1.float() * w1 + o2.float() * w2).to(o1.dtype), lse
 
 
 class Cascade(System):
@@ -83,34 +130,51 @@ class Cascade(System):
         for g in range(self.layout.num_groups):
             p0, p1 = self.layout.prompt_range(g)
             r0, r1 = self.layout.responses_range(g)
-            cu_r = torch.tensor(self.layout.response_cu_seqlens(g), dtype=torch.int32, device=dev)
-            self.parts.append((p0, p1, r0, r1, cu_r, max(self.layout.response_lens[g])))
+            i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=dev)  # noqa: E731
+            self.parts.append(dict(p=(p0, p1), r=(r0, r1), cu_p=i32([0, p1 - p0]), cu_all=i32([0, r1 - r0]),
+                                   cu_r=i32(self.layout.response_cu_seqlens(g)),
+                                   max_r=max(self.layout.response_lens[g])))
 
-    def forward(self):
-        q, k, v, scale = self.q, self.k, self.v, self.scale
-        out = torch.empty_like(q)
-        dev = q.device
-        for p0, p1, r0, r1, cu_r, max_r in self.parts:
-            p, n_r = p1 - p0, r1 - r0
-            cu_p = torch.tensor([0, p], dtype=torch.int32, device=dev)
-            cu_all = torch.tensor([0, n_r], dtype=torch.int32, device=dev)
-            out[p0:p1] = _fa2(q[p0:p1], k[p0:p1], v[p0:p1], cu_p, cu_p, p, p, True, scale)[0]
-            o_ctx, l_ctx = _fa2(q[r0:r1], k[p0:p1], v[p0:p1], cu_all, cu_p, n_r, p, False, scale)
-            o_own, l_own = _fa2(q[r0:r1], k[r0:r1], v[r0:r1], cu_r, cu_r, max_r, max_r, True, scale)
-            out[r0:r1] = merge_by_lse(o_ctx, l_ctx, o_own, l_own)
-        return out
+    def forward(self, train=False):
+        q, k, v, s = self.q, self.k, self.v, self.scale
+        self.out = torch.empty_like(q)
+        self.saved = []
+        for part in self.parts:
+            (p0, p1), (r0, r1) = part["p"], part["r"]
+            p, n = p1 - p0, r1 - r0
+            prompt = fa2_forward(q[p0:p1], k[p0:p1], v[p0:p1], part["cu_p"], part["cu_p"], p, p, True, s)
+            cross = fa2_forward(q[r0:r1], k[p0:p1], v[p0:p1], part["cu_all"], part["cu_p"], n, p, False, s)
+            own = fa2_forward(q[r0:r1], k[r0:r1], v[r0:r1], part["cu_r"], part["cu_r"], part["max_r"],
+                              part["max_r"], True, s)
+            merged, lse = merge_by_lse(cross[0], cross[1], own[0], own[1])
+            self.out[p0:p1] = prompt[0]
+            self.out[r0:r1] = merged
+            if train:
+                self.saved.append((prompt, cross, own, merged, lse))
+        return self.out
+
+    def backward(self, dout):
+        q, k, v, s = self.q, self.k, self.v, self.scale
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for part, (prompt, cross, own, merged, lse) in zip(self.parts, self.saved):
+            (p0, p1), (r0, r1) = part["p"], part["r"]
+            p, n = p1 - p0, r1 - r0
+            a = fa2_backward(dout[p0:p1], q[p0:p1], k[p0:p1], v[p0:p1], prompt[0], prompt[1], part["cu_p"],
+                             part["cu_p"], p, p, True, prompt[2], prompt[3], s)
+            b = fa2_backward(dout[r0:r1], q[r0:r1], k[p0:p1], v[p0:p1], merged, lse, part["cu_all"], part["cu_p"],
+                             n, p, False, cross[2], cross[3], s)
+            c = fa2_backward(dout[r0:r1], q[r0:r1], k[r0:r1], v[r0:r1], merged, lse, part["cu_r"], part["cu_r"],
+                             part["max_r"], part["max_r"], True, own[2], own[3], s)
+            dq[p0:p1] = a[0]
+            dq[r0:r1] = b[0] + c[0]
+            dk[p0:p1] = a[1] + b[1]
+            dv[p0:p1] = a[2] + b[2]
+            dk[r0:r1] = c[1]
+            dv[r0:r1] = c[2]
+        return dq, dk, dv
 
 
-def merge_by_lse(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
-    """Exact merge of two attentions over disjoint key sets: o (T, H, d), l (H, T) natural-log LSE."""
-    l1, l2 = l1.float(), l2.float()
-    m = torch.maximum(l1, l2)
-    w1, w2 = torch.exp(l1 - m), torch.exp(l2 - m)
-    w1, w2 = (w1 / (w1 + w2)).t()[..., None], (w2 / (w1 + w2)).t()[..., None]
-    return (o1.float() * w1 + o2.float() * w2).to(o1.dtype)
-
-
-class Flex(System):
+class Flex(_Autograd):
     name = "flex"
 
     def prepare(self):
@@ -121,26 +185,27 @@ class Flex(System):
         sid = 0
         for g in range(self.layout.num_groups):
             p0, p1 = self.layout.prompt_range(g)
-            seg[p0:p1] = -1
-            group[p0:p1] = g
+            seg[p0:p1], group[p0:p1] = -1, g
             for i in range(len(self.layout.response_lens[g])):
                 r0, r1 = self.layout.response_range(g, i)
-                seg[r0:r1] = sid
-                group[r0:r1] = g
+                seg[r0:r1], group[r0:r1] = sid, g
                 sid += 1
 
         def mask_mod(b, h, q_idx, kv_idx):
-            return (kv_idx <= q_idx) & (group[kv_idx] == group[q_idx]) & ((seg[kv_idx] == -1) | (seg[kv_idx] == seg[q_idx]))
+            same = (group[kv_idx] == group[q_idx]) & ((seg[kv_idx] == -1) | (seg[kv_idx] == seg[q_idx]))
+            return (kv_idx <= q_idx) & same
 
         t = self.layout.total_tokens
         self.block_mask = create_block_mask(mask_mod, None, None, t, t, device=self.q.device, _compile=True)
-        self.flex = torch.compile(flex_attention, dynamic=False)
-        self.qt, self.kt, self.vt = (x.transpose(0, 1).unsqueeze(0) for x in (self.q, self.k, self.v))
+        self.flex = torch.compile(flex_attention)
 
-    def forward(self):
-        out = self.flex(self.qt, self.kt, self.vt, block_mask=self.block_mask, scale=self.scale,
-                        enable_gqa=self.q.shape[1] != self.k.shape[1])
-        return out[0].transpose(0, 1)
+    def forward(self, train=False):
+        q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in self._leaves(train))
+        with torch.set_grad_enabled(train):
+            out = self.flex(q, k, v, block_mask=self.block_mask, scale=self.scale,
+                            enable_gqa=self.q.shape[1] != self.k.shape[1])
+            self.out = out[0].transpose(0, 1)
+        return self.out
 
 
 SYSTEMS = {cls.name: cls for cls in (DualKV, FA2NCopy, Cascade, Flex)}

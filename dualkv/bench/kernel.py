@@ -3,14 +3,21 @@
 One process, one GPU, the same activations for every system. CUDA events around each call, warm-up, median of
 repeats; useful TFLOP/s counts only the (query, key) pairs shared-prompt attention needs
 (:func:`dualkv.analysis.useful_pairs`); peak memory is ``torch.cuda.max_memory_allocated`` over the system's
-preparation and calls (the packed activations included). Out-of-memory is recorded as ``OOM``.
+inputs, preparation and calls. Out-of-memory is recorded as ``OOM``.
+
+Modes: ``fwd`` (no grad), ``bwd`` (backward after one training forward), ``fwdbwd`` (both).
+The varying-shape run times a sequence of micro-batches whose (P, R_i) all differ, including whatever per-shape
+work each system needs (mask building, recompilation, schedule building) — the situation of a real RL step.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
+import random
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +30,7 @@ from .baselines import SYSTEMS
 
 #: The seed's Table 1 shapes (N, P) with R = 2048, Qwen3-8B attention.
 TABLE1 = ((28, 4096), (28, 16384), (16, 32768), (16, 65536), (8, 8192), (4, 131072))
+MODES = ("fwd", "bwd", "fwdbwd")
 
 
 @dataclass
@@ -58,41 +66,55 @@ def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 2, reps: int = 10, b
     return statistics.median(times)
 
 
-def _inputs(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int):
+def random_inputs(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     make = lambda h: torch.randn(layout.total_tokens, h, head_dim, device="cuda", dtype=dtype, generator=gen)  # noqa
     return make(heads), make(kv_heads), make(kv_heads)
 
 
+def _timed_call(system, mode: str, dout):
+    if mode == "fwd":
+        def call():
+            with torch.no_grad():
+                system.forward(False)
+        return call
+    if mode == "bwd":
+        system.forward(True)
+        return lambda: system.backward(dout)
+    return lambda: (system.forward(True), system.backward(dout))
+
+
 def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 32, kv_heads: int = 8,
                 head_dim: int = 128, dtype: torch.dtype = torch.bfloat16, modes: Sequence[str] = ("fwd",),
                 reps: int = 10, seed: int = 0) -> list[BenchRow]:
-    from ..analysis import attention_flops, useful_pairs
-
     layout = GroupLayout.single(P, [R] * N)
+    try:
+        from ..analysis import attention_flops, useful_pairs
+        pairs = useful_pairs(layout)
+    except ImportError:  # analysis package absent: report times only
+        attention_flops, pairs = None, None
     rows: list[BenchRow] = []
-    pairs = useful_pairs(layout)
-    for mode in modes:
-        if mode != "fwd":
-            raise NotImplementedError(f"mode {mode!r} needs the dualkv backward (not built yet)")
-        for name in systems:
-            gc.collect()
-            torch.cuda.empty_cache()
+    for name in systems:
+        system = q = k = v = dout = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        try:
+            q, k, v = random_inputs(layout, heads, kv_heads, head_dim, dtype, seed)
+            system = SYSTEMS[name](q, k, v, layout)
+            system.prepare()
+            dout = torch.randn(system.output_rows(), heads, head_dim, device="cuda", dtype=dtype)
+        except torch.OutOfMemoryError:
+            rows += [BenchRow(name, N, P, R, m, None, None, None, None, "OOM") for m in modes]
+            continue
+        for mode in modes:
             torch.cuda.reset_peak_memory_stats()
-            status, ms, peak = "ok", None, None
             try:
-                q, k, v = _inputs(layout, heads, kv_heads, head_dim, dtype, seed)
-                system = SYSTEMS[name](q, k, v, layout)
-                with torch.no_grad():
-                    system.prepare()
-                    ms = cuda_time_ms(system.forward, reps=reps)
+                ms = cuda_time_ms(_timed_call(system, mode, dout), reps=reps)
                 peak = torch.cuda.max_memory_allocated() / 2**30
+                tflops = attention_flops(pairs, heads, head_dim, mode) / (ms * 1e-3) / 1e12 if pairs else None
+                rows.append(BenchRow(name, N, P, R, mode, ms, tflops, None, peak, "ok"))
             except torch.OutOfMemoryError:
-                status = "OOM"
-            finally:
-                system = q = k = v = None  # noqa: F841
-            tflops = attention_flops(pairs, heads, head_dim, mode) / (ms * 1e-3) / 1e12 if ms else None
-            rows.append(BenchRow(name, N, P, R, mode, ms, tflops, None, peak, status))
+                rows.append(BenchRow(name, N, P, R, mode, None, None, None, None, "OOM"))
     for mode in modes:
         fa2 = next((r for r in rows if r.system == "fa2_ncopy" and r.mode == mode and r.ms), None)
         for r in rows:
@@ -101,18 +123,59 @@ def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 
     return rows
 
 
+def varying_layouts(count: int = 20, seed: int = 0) -> list[GroupLayout]:
+    """Micro-batches whose (P, R_i) all differ, as an RL step produces them."""
+    rng = random.Random(seed)
+    return [GroupLayout.single(rng.randint(4096, 16384), [rng.randint(128, 2048) for _ in range(rng.choice([8, 16]))])
+            for _ in range(count)]
+
+
+def bench_varying(systems: Sequence[str], *, count: int = 20, heads: int = 32, kv_heads: int = 8,
+                  head_dim: int = 128, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> list[dict]:
+    """Wall time of forward + backward over ``count`` differently shaped micro-batches, per-shape work included."""
+    layouts = varying_layouts(count, seed)
+    results = []
+    for name in systems:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        status = "ok"
+        try:
+            for i, layout in enumerate(layouts):
+                q, k, v = random_inputs(layout, heads, kv_heads, head_dim, dtype, seed + i)
+                system = SYSTEMS[name](q, k, v, layout)
+                system.prepare()
+                dout = torch.randn(system.output_rows(), heads, head_dim, device="cuda", dtype=dtype)
+                system.forward(True)
+                system.backward(dout)
+                del system, q, k, v, dout
+            torch.cuda.synchronize()
+        except torch.OutOfMemoryError:
+            status = "OOM"
+        results.append({"system": name, "batches": count, "seconds": time.perf_counter() - start, "status": status})
+    return results
+
+
 def check_systems_agree(systems: Sequence[str], *, heads=8, kv_heads=2, head_dim=128, dtype=torch.bfloat16) -> dict:
-    """Max |out - dualkv out| of every baseline at a small shape (they must compute the same attention)."""
-    layout = GroupLayout.single(1000, [300, 129, 64])
-    q, k, v = _inputs(layout, heads, kv_heads, head_dim, dtype, 1)
-    outs = {}
-    with torch.no_grad():
-        for name in systems:
-            system = SYSTEMS[name](q, k, v, layout)
-            system.prepare()
-            outs[name] = system.to_packed(system.forward()).float()
-    ref = outs.get("dualkv")
-    return {name: (out - ref).abs().max().item() for name, out in outs.items()} if ref is not None else {}
+    """Max |x - dualkv x| of every system's output and gradients at a small shape (they must compute the same)."""
+    layout = GroupLayout.from_lengths([1000], [[300, 129, 64]])
+    q, k, v = random_inputs(layout, heads, kv_heads, head_dim, dtype, 1)
+    dout = torch.randn_like(q)
+    results = {}
+    for name in systems:
+        system = SYSTEMS[name](q, k, v, layout)
+        system.prepare()
+        out = system.to_packed(system.forward(True)).float()
+        d = dout
+        if name == "fa2_ncopy":  # the N-copy upstream gradient: each packed row's gradient on its first copy only
+            d = torch.zeros(system.output_rows(), *dout.shape[1:], device="cuda", dtype=dtype)
+            d[torch.from_numpy(layout.first_copy_index).cuda()] = dout
+        grads = system.backward(d)
+        if name == "fa2_ncopy":
+            index = torch.from_numpy(layout.copy_token_index).cuda()
+            grads = [torch.zeros_like(t).index_add_(0, index, g.float()).to(t.dtype) for t, g in zip((q, k, v), grads)]
+        results[name] = [out] + [g.float() for g in grads]
+    ref = results["dualkv"]
+    return {name: [round((a - b).abs().max().item(), 5) for a, b in zip(vals, ref)] for name, vals in results.items()}
 
 
 def environment() -> dict:
@@ -141,3 +204,43 @@ def format_rows(rows: Sequence[BenchRow]) -> str:
         mem = f"{r.peak_mem_gib:6.1f}" if r.peak_mem_gib else f"{'-':>6}"
         lines.append(f"{r.system:<10} {r.N:>3} {r.P:>7} {r.mode:<6} {ms} {tf} {sp} {mem}")
     return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", default="fwd,bwd,fwdbwd", help="comma list of fwd, bwd, fwdbwd")
+    p.add_argument("--systems", default="dualkv,cascade,flex,fa2_ncopy", help="comma list of " + ",".join(SYSTEMS))
+    p.add_argument("--shapes", default=None, help="comma list of N:P (default: the seed's Table 1)")
+    p.add_argument("--R", type=int, default=2048)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--varying", type=int, default=0, help="also time this many differently shaped micro-batches")
+    p.add_argument("--out", default="experiments/results", help="directory for the JSON result")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not torch.cuda.is_available():
+        print("dualkv bench kernel needs a CUDA GPU", file=sys.stderr)
+        return 2
+    modes = [m for m in args.mode.split(",") if m]
+    systems = [s for s in args.systems.split(",") if s]
+    for name in systems:
+        if name not in SYSTEMS:
+            raise SystemExit(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
+    shapes = TABLE1 if not args.shapes else [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
+    rows: list[BenchRow] = []
+    for n, p in shapes:
+        print(f"N={n} P={p} ...", file=sys.stderr, flush=True)
+        rows += bench_shape(n, p, args.R, systems, modes=modes, reps=args.reps)
+    extra = {"agreement": check_systems_agree(systems)}
+    if args.varying:
+        extra["varying"] = bench_varying(systems, count=args.varying)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = write_results(rows, Path(args.out) / f"kernel-{stamp}.json", extra)
+    print(format_rows(rows))
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m dualkv.bench.kernel")
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

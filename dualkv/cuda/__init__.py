@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+#: The kernels have a (deterministic) backward.
+HAS_BACKWARD = True
+
 
 @lru_cache(maxsize=1)
 def available() -> bool:

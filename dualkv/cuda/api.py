@@ -1,7 +1,8 @@
 """The CUDA backend's public functions: same signatures as :mod:`dualkv.reference`, for CUDA fp16/bf16 tensors.
 
-Forward only for now: a call that would need gradients raises NotImplementedError (never a silent fallback to the
-slow reference).
+Differentiable (custom ops with autograd, see :mod:`dualkv.cuda.ops`); the backward is deterministic — every
+gradient row is summed by one CTA in a fixed order, with no atomics — so ``deterministic=True`` (and
+``torch.use_deterministic_algorithms``) need nothing extra.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from .._checks import (check_cu_seqlens, check_dualkv_inputs, check_layout_tenso
                        check_window, resolve_scale)
 from ..layout import GroupLayout
 from .configs import DTYPES, HEAD_DIMS, WINDOW_HEAD_DIMS
-from .forward import ForwardPlan, attention_forward, make_plan
+from .launch import Plan, make_plan
+from .ops import fwd as _fwd_op
 from .schedule import segments_from_cu_seqlens
 
 
@@ -30,9 +32,14 @@ def _check_kernel_inputs(q: torch.Tensor, head_dim: int, causal: bool, window_le
                                   "causal=False")
     if window_left >= 0 and head_dim not in WINDOW_HEAD_DIMS:
         raise NotImplementedError(f"sliding windows are supported for head dims {WINDOW_HEAD_DIMS}, not {head_dim}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, *tensors)):
-        raise NotImplementedError("the dualkv CUDA backward is not implemented yet: call under torch.no_grad() (or "
-                                  "with tensors that do not require grad), or use dualkv.reference for training")
+    for t in tensors:
+        if t.device != q.device:
+            raise ValueError(f"all inputs must be on {q.device}; got a tensor on {t.device}")
+
+
+def _run(q, k_ctx, v_ctx, k_own, v_own, plan: Plan, scale: float, window_left: int):
+    return _fwd_op(q, k_ctx, v_ctx, k_own, v_own, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles,
+                   plan.fwd_pack, plan.dq_pack, plan.ctx_shared, scale, window_left)
 
 
 def _finish(out, lse, return_lse):
@@ -47,10 +54,9 @@ def flash_attn_dualkv_varlen_func(q, k_context, v_context, k_decoded, v_decoded,
                                        cu_seqlens_k_decoded, max_seqlen_q, context_seqlen, max_seqlen_k_decoded)
     window = check_window(window_size, causal)
     _check_kernel_inputs(q, d, causal, window[0], k_context, v_context, k_decoded, v_decoded)
-    plan = make_plan(segments_from_cu_seqlens(cu, context_seqlen), head_dim=d, dtype=q.dtype, group_size=h // hk,
-                     window_left=window[0], device=q.device)
-    out, lse = attention_forward(q, k_context, v_context, k_decoded, v_decoded, plan,
-                                 scale=resolve_scale(softmax_scale, d), window_left=window[0])
+    plan = make_plan(segments_from_cu_seqlens(cu, context_seqlen), head_dim=d, group_size=h // hk,
+                     window_left=window[0], device=q.device, ctx_shared=False)
+    out, lse = _run(q, k_context, v_context, k_decoded, v_decoded, plan, resolve_scale(softmax_scale, d), window[0])
     return _finish(out, lse, return_lse)
 
 
@@ -70,20 +76,20 @@ def context_attention(q, k, v, cu_seqlens=None, max_seqlen=None, softmax_scale=N
         check_max_seqlen(max_seqlen, "max_seqlen", [b - a for a, b in zip(cu, cu[1:])])
     window = check_window(window_size, causal)
     _check_kernel_inputs(q, d, causal, window[0], k, v)
-    plan = make_plan(segments_from_cu_seqlens(cu, 0), head_dim=d, dtype=q.dtype, group_size=h // hk,
-                     window_left=window[0], device=q.device)
-    out, lse = attention_forward(q, k, v, k, v, plan, scale=resolve_scale(softmax_scale, d), window_left=window[0])
+    plan = make_plan(segments_from_cu_seqlens(cu, 0), head_dim=d, group_size=h // hk, window_left=window[0],
+                     device=q.device, ctx_shared=True)
+    out, lse = _run(q, k, v, k, v, plan, resolve_scale(softmax_scale, d), window[0])
     return _finish(out, lse, return_lse)
 
 
-def layout_plan(layout: GroupLayout, *, head_dim: int, dtype: torch.dtype, group_size: int, window_left: int,
-                device: torch.device) -> ForwardPlan:
-    """The forward schedule of a layout, built once per (shape, device) and cached on the layout."""
-    key = ("fwd_plan", head_dim, dtype, group_size, window_left, str(device))
+def layout_plan(layout: GroupLayout, *, head_dim: int, group_size: int, window_left: int,
+                device: torch.device) -> Plan:
+    """The kernels' schedule of a layout, built once per (shape, device) and cached on the layout."""
+    key = ("plan", head_dim, group_size, window_left, str(device))
     plan = layout._device_cache.get(key)
     if plan is None:
-        plan = make_plan(layout.segment_table, head_dim=head_dim, dtype=dtype, group_size=group_size,
-                         window_left=window_left, device=device)
+        plan = make_plan(layout.segment_table, head_dim=head_dim, group_size=group_size, window_left=window_left,
+                         device=device, ctx_shared=True)
         layout._device_cache[key] = plan
     return plan
 
@@ -94,7 +100,6 @@ def shared_prefix_attention(q, k, v, layout: GroupLayout, softmax_scale=None, wi
     h, hk, d = check_layout_tensors(q, k, v, layout)
     window = check_window(window_size, True)
     _check_kernel_inputs(q, d, True, window[0], k, v)
-    plan = layout_plan(layout, head_dim=d, dtype=q.dtype, group_size=h // hk, window_left=window[0],
-                       device=q.device)
-    out, lse = attention_forward(q, k, v, k, v, plan, scale=resolve_scale(softmax_scale, d), window_left=window[0])
+    plan = layout_plan(layout, head_dim=d, group_size=h // hk, window_left=window[0], device=q.device)
+    out, lse = _run(q, k, v, k, v, plan, resolve_scale(softmax_scale, d), window[0])
     return _finish(out, lse, return_lse)

@@ -25,6 +25,8 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import cuda.core  # noqa: F401  (import once here: concurrent first imports from worker threads race)
+
     specs = [spec for arch in (args.arch or ARCHS) for spec in all_specs(arch)]
     results, failures = [], []
 
@@ -39,8 +41,7 @@ def _run(args: argparse.Namespace) -> int:
         for spec, built, err in tqdm(pool.map(build, specs), total=len(specs), desc="compiling kernels",
                                      disable=args.no_progress, file=sys.stderr):
             row = {"kernel": spec.kernel, "arch": spec.arch, "head_dim": spec.head_dim, "dtype": spec.dtype,
-                   "pack": spec.pack, "window": spec.window, "block_m": spec.tile.block_m,
-                   "block_n": spec.tile.block_n, "warps": spec.tile.warps, "smem_bytes": spec.smem_bytes,
+                   "pack": spec.pack, "window": spec.window, "tile": repr(spec.tile), "smem_bytes": spec.smem_bytes,
                    "ok": err is None}
             if built is not None and built.log:
                 row.update(resource_usage(built.log))

@@ -60,18 +60,64 @@ def pack_for(group_size: int, tile: TileConfig) -> int:
 
 
 @dataclass(frozen=True)
+class KeyTileConfig:
+    """The dK/dV kernel's tiling: ``warps / dsplit`` warps of 16 keys each (``dsplit`` warps share 16 keys and split
+    the dK/dV columns); queries come in steps of ``block_m``, staged in ``stages`` smem buffers."""
+
+    block_m: int
+    warps: int
+    dsplit: int = 1
+    stages: int = 2
+
+    @property
+    def block_keys(self) -> int:
+        return (self.warps // self.dsplit) * 16
+
+    @property
+    def threads(self) -> int:
+        return self.warps * 32
+
+
+#: Deterministic dQ kernel (query-tile parallel): three products per key block, so smaller key blocks than fwd.
+DQ_TILES: dict[int, TileConfig] = {
+    32: TileConfig(block_n=64, warps=4, mslabs=2),
+    64: TileConfig(block_n=64, warps=4, mslabs=2),
+    96: TileConfig(block_n=32, warps=4, mslabs=2),
+    128: TileConfig(block_n=32, warps=4, mslabs=2),
+    192: TileConfig(block_n=32, warps=8, mslabs=1),
+    256: TileConfig(block_n=32, warps=4, mslabs=1),
+    512: TileConfig(block_n=32, warps=4, mslabs=1, dsplit=2),
+}
+
+#: dK/dV kernel (key-block parallel, no atomics).
+DKDV_TILES: dict[int, KeyTileConfig] = {
+    32: KeyTileConfig(block_m=64, warps=8),
+    64: KeyTileConfig(block_m=64, warps=8),
+    96: KeyTileConfig(block_m=64, warps=8),
+    128: KeyTileConfig(block_m=64, warps=8),
+    192: KeyTileConfig(block_m=64, warps=8, dsplit=2),
+    256: KeyTileConfig(block_m=64, warps=8, dsplit=2, stages=1),
+    512: KeyTileConfig(block_m=32, warps=8, dsplit=4, stages=1),
+}
+
+KERNELS = ("fwd", "bwd_dq", "bwd_dkdv")
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     """One compiled specialization."""
 
-    kernel: str          # "fwd"
+    kernel: str          # "fwd" | "bwd_dq" | "bwd_dkdv"
     head_dim: int
     dtype: str           # "bf16" | "fp16"
-    tile: TileConfig
+    tile: "TileConfig | KeyTileConfig"
     pack: int
     window: bool
     arch: str
 
     def __post_init__(self):
+        if self.kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {self.kernel!r}")
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim {self.head_dim} is not supported by the CUDA kernels (supported: {HEAD_DIMS})")
         if self.window and self.head_dim not in WINDOW_HEAD_DIMS:
@@ -86,37 +132,72 @@ class KernelSpec:
         return f"dualkv_{self.kernel}"
 
     @property
+    def threads(self) -> int:
+        return self.tile.threads
+
+    @property
     def smem_bytes(self) -> int:
         row = (self.head_dim + 8) * 2
-        return (self.tile.block_m + 2 * self.tile.block_n) * row
+        t = self.tile
+        if self.kernel == "fwd":
+            return (t.block_m + 2 * t.block_n) * row
+        if self.kernel == "bwd_dq":
+            return (2 * t.block_m + 2 * t.block_n) * row
+        return (2 * t.block_keys + 2 * t.stages * t.block_m) * row + 2 * t.stages * t.block_m * 4
 
     def defines(self) -> list[tuple[str, str]]:
         t = self.tile
-        return [("DKV_HEAD_DIM", str(self.head_dim)), ("DKV_BLOCK_N", str(t.block_n)), ("DKV_WARPS", str(t.warps)),
-                ("DKV_MSLABS", str(t.mslabs)), ("DKV_DSPLIT", str(t.dsplit)), ("DKV_PACK", str(self.pack)),
-                ("DKV_BF16", "1" if self.dtype == "bf16" else "0"), ("DKV_WINDOW", "1" if self.window else "0")]
+        common = [("DKV_HEAD_DIM", str(self.head_dim)), ("DKV_WARPS", str(t.warps)), ("DKV_DSPLIT", str(t.dsplit)),
+                  ("DKV_BF16", "1" if self.dtype == "bf16" else "0"), ("DKV_WINDOW", "1" if self.window else "0")]
+        if self.kernel == "bwd_dkdv":
+            return common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages))]
+        return common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack))]
 
     def with_arch(self, arch: str) -> "KernelSpec":
         return replace(self, arch=arch)
 
 
-def fwd_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, arch: str) -> KernelSpec:
+def _check_dtype(dtype: torch.dtype) -> str:
     if dtype not in DTYPES:
         raise TypeError(f"the CUDA kernels take float16 or bfloat16, got {dtype}")
-    if head_dim not in FWD_TILES:
+    return DTYPES[dtype]
+
+
+def _check_head_dim(head_dim: int) -> None:
+    if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim} is not supported by the CUDA kernels (supported: {HEAD_DIMS})")
+
+
+def fwd_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, arch: str) -> KernelSpec:
+    name = _check_dtype(dtype)
+    _check_head_dim(head_dim)
     tile = FWD_TILES[head_dim]
-    return KernelSpec("fwd", head_dim, DTYPES[dtype], tile, pack_for(group_size, tile), window, arch)
+    return KernelSpec("fwd", head_dim, name, tile, pack_for(group_size, tile), window, arch)
+
+
+def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, arch: str) -> KernelSpec:
+    name = _check_dtype(dtype)
+    _check_head_dim(head_dim)
+    tile = DQ_TILES[head_dim]
+    return KernelSpec("bwd_dq", head_dim, name, tile, pack_for(group_size, tile), window, arch)
+
+
+def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str) -> KernelSpec:
+    name = _check_dtype(dtype)
+    _check_head_dim(head_dim)
+    return KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch)
 
 
 def all_specs(arch: str) -> list[KernelSpec]:
     """Every specialization the kernels are built in, for one architecture."""
     specs = []
-    for head_dim, dtype, pack, window in product(HEAD_DIMS, DTYPES, PACKS, (False, True)):
+    for head_dim, dtype, window in product(HEAD_DIMS, DTYPES, (False, True)):
         if window and head_dim not in WINDOW_HEAD_DIMS:
             continue
-        tile = FWD_TILES[head_dim]
-        if tile.block_m // pack < 8:
-            continue
-        specs.append(KernelSpec("fwd", head_dim, DTYPES[dtype], tile, pack, window, arch))
+        name = DTYPES[dtype]
+        for kernel, tiles in (("fwd", FWD_TILES), ("bwd_dq", DQ_TILES)):
+            for pack in PACKS:
+                if tiles[head_dim].block_m // pack >= 8:
+                    specs.append(KernelSpec(kernel, head_dim, name, tiles[head_dim], pack, window, arch))
+        specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch))
     return specs

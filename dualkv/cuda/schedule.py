@@ -82,3 +82,48 @@ def tile_table(segments: np.ndarray, pos_per_tile: int, block_n: int, window_lef
     work = (ranges[:, 3] - ranges[:, 2]) + (ranges[:, 5] - ranges[:, 4])
     order = np.argsort(-work, kind="stable")
     return np.ascontiguousarray(ranges[order, :2].astype(np.int32))
+
+
+def key_tiles(segments: np.ndarray, block_keys: int, ctx_shared: bool) -> np.ndarray:
+    """int32 (num_tiles, 4) of (own_seg, blk, dep_begin, dep_end) for the dK/dV kernel, heaviest first.
+
+    Every key row is owned by exactly one tile. With ``ctx_shared`` (shared_prefix: the context rows of a segment
+    are another segment's own rows, same tensor) a segment's own tiles also serve the segments using its rows as
+    context; otherwise (the paper's call 2: a separate context tensor) each distinct context gets tiles with
+    ``own_seg = -1``. Dependents of one context must be consecutive segments.
+    """
+    seg = np.asarray(segments, dtype=np.int64).reshape(-1, 4)
+    q_start, q_len, ctx_start, ctx_len = seg.T
+    rows, work = [], []
+
+    def dep_range(mask: np.ndarray) -> tuple[int, int]:
+        idx = np.flatnonzero(mask)
+        if idx.size == 0:
+            return 0, 0
+        if idx[-1] - idx[0] + 1 != idx.size:
+            raise ValueError("segments sharing one context must be consecutive in the segment table")
+        return int(idx[0]), int(idx[-1]) + 1
+
+    def add(own: int, length: int, deps: tuple[int, int]):
+        dep_work = int(q_len[deps[0]:deps[1]].sum())
+        for b in range((length + block_keys - 1) // block_keys):
+            rows.append((own, b, *deps))
+            work.append((max(0, length - b * block_keys) if own >= 0 else 0) + dep_work)
+
+    for s in range(seg.shape[0]):
+        deps = (0, 0)
+        if ctx_shared:
+            deps = dep_range((ctx_len > 0) & (ctx_start == q_start[s]) & (ctx_len == q_len[s]))
+        add(s, int(q_len[s]), deps)
+    if not ctx_shared:
+        seen = set()
+        for s in range(seg.shape[0]):
+            key = (int(ctx_start[s]), int(ctx_len[s]))
+            if key[1] == 0 or key in seen:
+                continue
+            seen.add(key)
+            add(-1, key[1], dep_range((ctx_start == key[0]) & (ctx_len == key[1])))
+    if not rows:
+        return np.zeros((0, 4), dtype=np.int32)
+    order = np.argsort(-np.asarray(work), kind="stable")
+    return np.ascontiguousarray(np.asarray(rows, dtype=np.int32)[order])

@@ -84,7 +84,7 @@ def _lse_oracle(q_std, k_std, cu, scale, left) -> torch.Tensor:
     for a, b in zip(cu, cu[1:]):
         qs, ks = q_std[a:b], k_std[a:b].repeat_interleave(g, dim=1)
         s = torch.einsum("qhd,khd->hqk", qs, ks) * scale
-        pos = torch.arange(b - a)
+        pos = torch.arange(b - a, device=q_std.device)
         mask = pos[None, :] <= pos[:, None]
         if left >= 0:
             mask &= pos[None, :] >= pos[:, None] - left

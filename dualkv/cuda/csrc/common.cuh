@@ -2,15 +2,8 @@
 // m16n8k16), warp reductions, and the shared-prompt tile geometry.
 //
 // Compile-time configuration arrives as macros from dualkv/cuda/configs.py (one table feeds the kernels and the
-// numba mirror of their schedule):
-//   DKV_HEAD_DIM   head dimension (multiple of 32)
-//   DKV_BLOCK_N    keys per tile
-//   DKV_WARPS      warps per CTA
-//   DKV_MSLABS     16-row MMA slabs per warp (rows per warp = 16 * DKV_MSLABS)
-//   DKV_DSPLIT     warps that share one row slab, each owning HEAD_DIM / DKV_DSPLIT output columns
-//   DKV_PACK       query heads packed into one CTA's row tile (GQA: they share the K/V head)
-//   DKV_BF16       1 for bfloat16, 0 for float16
-//   DKV_WINDOW     1 when a causal sliding window is applied
+// numba mirror of their schedule): DKV_HEAD_DIM (multiple of 32), DKV_WARPS, DKV_BF16 (1 bf16, 0 fp16),
+// DKV_WINDOW (1: causal sliding window), plus per-kernel tile macros (see qtile.cuh and bwd_dkdv.cu).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,26 +18,14 @@ namespace dkv {
 #define kInf __int_as_float(0x7f800000)
 
 constexpr int kHeadDim = DKV_HEAD_DIM;
-constexpr int kBlockN = DKV_BLOCK_N;
 constexpr int kWarps = DKV_WARPS;
 constexpr int kThreads = kWarps * 32;
-constexpr int kMSlabs = DKV_MSLABS;
-constexpr int kDSplit = DKV_DSPLIT;
-constexpr int kRowWarps = kWarps / kDSplit;              // warps along the row dimension
-constexpr int kBlockM = kRowWarps * 16 * kMSlabs;        // query rows per CTA tile (positions x packed heads)
-constexpr int kPack = DKV_PACK;
-constexpr int kPosPerTile = kBlockM / kPack;             // query positions per CTA tile
-constexpr int kOutCols = kHeadDim / kDSplit;             // output columns per warp
 constexpr bool kWindow = DKV_WINDOW != 0;
 // Shared-memory rows are padded by 16 bytes so that ldmatrix's 8 row addresses hit 8 different bank groups.
 constexpr int kRowStride = kHeadDim + 8;                 // elements
 constexpr int kChunksPerRow = kHeadDim / 8;              // 16-byte chunks per row
 
 static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
-static_assert(kBlockN % 16 == 0, "block_n must be a multiple of 16");
-static_assert(kWarps % kDSplit == 0, "warps must divide into d-split groups");
-static_assert(kOutCols % 16 == 0, "each warp's output columns must be a multiple of 16");
-static_assert(kBlockM % kPack == 0, "packed heads must divide the row tile");
 
 #if DKV_BF16
 typedef __nv_bfloat16 elem_t;
@@ -130,25 +111,69 @@ __device__ __forceinline__ Segment load_segment(const int* table, int s) {
     return Segment{v.x, v.y, v.z, v.w};
 }
 
-// Key blocks a query tile of positions [pos_lo, pos_hi] (inclusive, logical = ctx_len + pos) must visit, per
-// region. Blocks are counted from the start of each region; [first, end) in block units.
-struct KeyRange {
-    int own_first, own_end, ctx_first, ctx_end;
-};
 
-__device__ __forceinline__ KeyRange key_range(const Segment& seg, int pos_lo, int pos_hi, int window_left) {
-    KeyRange kr;
-    // Own keys: causal, so keys 0..pos_hi; a window drops keys below pos_lo - window_left.
-    kr.own_end = (pos_hi + kBlockN) / kBlockN;
-    int own_lo = 0;
-    if (kWindow) own_lo = max(0, pos_lo - window_left);
-    kr.own_first = own_lo / kBlockN;
-    // Context keys: all ctx_len of them, unless the window starts inside the context.
-    kr.ctx_end = (seg.ctx_len + kBlockN - 1) / kBlockN;
-    int ctx_lo = 0;
-    if (kWindow) ctx_lo = seg.ctx_len + pos_lo - window_left;
-    kr.ctx_first = ctx_lo <= 0 ? 0 : (ctx_lo >= seg.ctx_len ? kr.ctx_end : ctx_lo / kBlockN);
-    return kr;
+// ---- Warp-level GEMMs on padded smem tiles (rows of kRowStride elements), MS 16-row slabs per warp.
+
+// acc[MS][N/8] (16*MS rows x N cols) = A (smem rows a_row0..) x B^T (smem rows 0..N-1), over HEAD_DIM.
+template <int MS, int N>
+__device__ __forceinline__ void gemm_rows_rows(float (&acc)[MS][N / 8][4], const elem_t* sA, const elem_t* sB,
+                                               int a_row0, int lrow, int lmat) {
+#pragma unroll
+    for (int sl = 0; sl < MS; ++sl)
+#pragma unroll
+        for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[sl][nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        unsigned a[MS][4];
+#pragma unroll
+        for (int sl = 0; sl < MS; ++sl)
+            ldmatrix_x4(a[sl], sA + (a_row0 + sl * 16 + (lmat % 2) * 8 + lrow) * kRowStride + kk * 16 + (lmat / 2) * 8);
+#pragma unroll
+        for (int np = 0; np < N / 16; ++np) {
+            unsigned b[4];
+            ldmatrix_x4(b, sB + (np * 16 + (lmat / 2) * 8 + lrow) * kRowStride + kk * 16 + (lmat % 2) * 8);
+#pragma unroll
+            for (int sl = 0; sl < MS; ++sl) {
+                mma_16816(acc[sl][2 * np], a[sl], b[0], b[1]);
+                mma_16816(acc[sl][2 * np + 1], a[sl], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// acc[MS][COLS/8] += frag (16*MS rows x K, A layout) x B (smem rows 0..K-1, columns col0..col0+COLS-1).
+template <int MS, int K, int COLS>
+__device__ __forceinline__ void gemm_frag_rows(float (&acc)[MS][COLS / 8][4], const unsigned (&frag)[MS][K / 16][4],
+                                               const elem_t* sB, int col0, int lrow, int lmat) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) {
+#pragma unroll
+        for (int np = 0; np < COLS / 16; ++np) {
+            unsigned b[4];
+            ldmatrix_x4_trans(b, sB + (kk * 16 + (lmat % 2) * 8 + lrow) * kRowStride + col0 + np * 16 + (lmat / 2) * 8);
+#pragma unroll
+            for (int sl = 0; sl < MS; ++sl) {
+                mma_16816(acc[sl][2 * np], frag[sl][kk], b[0], b[1]);
+                mma_16816(acc[sl][2 * np + 1], frag[sl][kk], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// C fragments (fp32, N columns) -> A fragments (16-bit, k = N) for the next product.
+template <int MS, int N>
+__device__ __forceinline__ void to_a_frag(unsigned (&frag)[MS][N / 16][4], const float (&acc)[MS][N / 8][4]) {
+#pragma unroll
+    for (int sl = 0; sl < MS; ++sl)
+#pragma unroll
+        for (int kk = 0; kk < N / 16; ++kk) {
+            frag[sl][kk][0] = pack2(acc[sl][2 * kk][0], acc[sl][2 * kk][1]);
+            frag[sl][kk][1] = pack2(acc[sl][2 * kk][2], acc[sl][2 * kk][3]);
+            frag[sl][kk][2] = pack2(acc[sl][2 * kk + 1][0], acc[sl][2 * kk + 1][1]);
+            frag[sl][kk][3] = pack2(acc[sl][2 * kk + 1][2], acc[sl][2 * kk + 1][3]);
+        }
 }
 
 }  // namespace dkv

@@ -1,0 +1,131 @@
+"""Launchers of the three kernels: forward, deterministic dQ, and dK/dV.
+
+Kernels read rows of (tokens, heads, head_dim) tensors through token and head strides, so views (q/k/v split
+from a fused projection, transposed HF (1, H, T, d) tensors) need no copy as long as the last axis is contiguous
+and rows are 16-byte aligned; anything else is copied once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from .configs import (DKDV_TILES, DQ_TILES, FWD_TILES, KeyTileConfig, TileConfig, dkdv_spec, dq_spec, fwd_spec,
+                      pack_for)
+from .runtime import arch_of, f32, get_kernel, i32, i64, poison_enabled
+from .schedule import key_tiles, tile_table
+
+LOG2E = math.log2(math.e)
+
+
+def kernel_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` if the kernels can read it in place (unit last stride, 16-byte aligned rows), else a contiguous copy."""
+    elem = t.element_size()
+    aligned = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * elem) % 16 == 0
+               and (t.stride(1) * elem) % 16 == 0)
+    return t if aligned else t.contiguous()
+
+
+def _strided(t: torch.Tensor) -> list:
+    return [t.data_ptr(), i64(t.stride(0)), i64(t.stride(1))]
+
+
+@dataclass
+class Plan:
+    """Device-side schedule of one shape (cacheable per layout): segment table and the three kernels' work lists."""
+
+    segments: torch.Tensor   # int32 (S, 4)
+    fwd_tiles: torch.Tensor  # int32 (n, 2)
+    fwd_pack: int
+    dq_tiles: torch.Tensor   # int32 (n, 2)
+    dq_pack: int
+    key_tiles: torch.Tensor  # int32 (n, 4)
+    ctx_shared: bool
+    fwd_tile: TileConfig
+    dq_tile: TileConfig
+    dkdv_tile: KeyTileConfig
+
+
+def _to_device(a: np.ndarray, device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device, non_blocking=True)
+
+
+def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_left: int, device: torch.device,
+              ctx_shared: bool, fwd_tile: TileConfig | None = None, fwd_pack: int | None = None) -> Plan:
+    """Schedules for the default tiles of ``head_dim`` (``fwd_tile``/``fwd_pack`` override, for tuning)."""
+    fwd_tile = fwd_tile or FWD_TILES[head_dim]
+    fwd_pack = fwd_pack or pack_for(group_size, fwd_tile)
+    if group_size % fwd_pack:
+        raise ValueError(f"pack {fwd_pack} does not divide the GQA group size {group_size}")
+    dq_tile, dkdv_tile = DQ_TILES[head_dim], DKDV_TILES[head_dim]
+    dq_pack = pack_for(group_size, dq_tile)
+    return Plan(
+        segments=_to_device(segments, device),
+        fwd_tiles=_to_device(tile_table(segments, fwd_tile.block_m // fwd_pack, fwd_tile.block_n, window_left), device),
+        fwd_pack=fwd_pack,
+        dq_tiles=_to_device(tile_table(segments, dq_tile.block_m // dq_pack, dq_tile.block_n, window_left), device),
+        dq_pack=dq_pack,
+        key_tiles=_to_device(key_tiles(segments, dkdv_tile.block_keys, ctx_shared), device),
+        ctx_shared=ctx_shared, fwd_tile=fwd_tile, dq_tile=dq_tile, dkdv_tile=dkdv_tile,
+    )
+
+
+def _new(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
+    t = torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
+    if poison_enabled():
+        t.fill_(float("nan"))
+    return t
+
+
+def run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, tiles, pack: int, *, scale: float, window_left: int,
+                tile: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward kernel. q: (T_q, H, d); k_own/v_own: (T_q, H_k, d); k_ctx/v_ctx: (T_c, H_k, d).
+    Returns out (T_q, H, d) and the natural-log LSE (H, T_q) float32."""
+    heads, head_dim = q.shape[1], q.shape[2]
+    group = heads // k_own.shape[1]
+    spec = fwd_spec(head_dim, q.dtype, group, window_left >= 0, arch_of(q.device.index or 0))
+    spec = replace(spec, pack=pack, tile=tile or spec.tile)
+    q, k_ctx, v_ctx, k_own, v_own = (kernel_ready(t) for t in (q, k_ctx, v_ctx, k_own, v_own))
+    out = _new(q.shape, q)
+    lse = _new((heads, q.shape[0]), q, torch.float32)
+    args = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(out),
+            lse.data_ptr(), i64(lse.stride(0)), segments.data_ptr(), tiles.data_ptr(), i32(group),
+            f32(scale * LOG2E), i32(window_left)]
+    get_kernel(spec, q.device.index or 0).launch((tiles.shape[0], heads // pack, 1), args)
+    return out, lse
+
+
+def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles_t, dq_pack: int,
+                 ctx_shared: bool, *, scale: float, window_left: int):
+    """dQ and dK/dV kernels. Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own); with ``ctx_shared`` the context rows are
+    own rows of the same tensors and dk_ctx/dv_ctx are empty (their gradient is inside dk_own/dv_own)."""
+    heads, head_dim = q.shape[1], q.shape[2]
+    group = heads // k_own.shape[1]
+    arch = arch_of(q.device.index or 0)
+    window = window_left >= 0
+    dout, q, k_ctx, v_ctx, k_own, v_own = (kernel_ready(t) for t in (dout, q, k_ctx, v_ctx, k_own, v_own))
+    lse2 = (lse * LOG2E).contiguous()
+    delta = (dout.float() * out.float()).sum(-1).t().contiguous()  # D = rowsum(dO * O): (H, T_q) fp32
+    dq = _new(q.shape, q)
+    dk_own, dv_own = _new(k_own.shape, k_own), _new(v_own.shape, v_own)
+    if ctx_shared:
+        dk_ctx, dv_ctx = k_own.new_empty((0,)), v_own.new_empty((0,))
+        dkc_args, dvc_args = _strided(dk_own), _strided(dv_own)
+    else:
+        dk_ctx, dv_ctx = _new(k_ctx.shape, k_ctx), _new(v_ctx.shape, v_ctx)
+        dkc_args, dvc_args = _strided(dk_ctx), _strided(dv_ctx)
+    device = q.device.index or 0
+    keys = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(dout),
+            lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0))]
+    dq_kernel = get_kernel(replace(dq_spec(head_dim, q.dtype, group, window, arch), pack=dq_pack), device)
+    dq_kernel.launch((dq_tiles.shape[0], heads // dq_pack, 1),
+                     [*keys, *_strided(dq), segments.data_ptr(), dq_tiles.data_ptr(), i32(group),
+                      f32(scale * LOG2E), f32(scale), i32(window_left)])
+    dkdv_kernel = get_kernel(dkdv_spec(head_dim, q.dtype, window, arch), device)
+    dkdv_kernel.launch((key_tiles_t.shape[0], k_own.shape[1], 1),
+                       [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own), segments.data_ptr(),
+                        key_tiles_t.data_ptr(), i32(group), f32(scale * LOG2E), f32(scale), i32(window_left)])
+    return dq, dk_ctx, dv_ctx, dk_own, dv_own

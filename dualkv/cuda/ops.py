@@ -1,0 +1,70 @@
+"""The kernels as ``torch.library`` custom ops (``dualkv::fwd``, ``dualkv::bwd``) with fake implementations and
+autograd, so models using them trace under ``torch.compile`` and gradients reach all five inputs.
+
+``ctx_shared``: the context rows are own rows of the same K/V tensors (shared_prefix_attention, call 1); then the
+op is called with k_ctx = k_own, v_ctx = v_own and the whole gradient is returned through the own slots.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .launch import run_backward, run_forward
+
+Tensor = torch.Tensor
+
+
+@torch.library.custom_op("dualkv::fwd", mutates_args=(), device_types="cuda")
+def fwd(q: Tensor, k_ctx: Tensor, v_ctx: Tensor, k_own: Tensor, v_own: Tensor, segments: Tensor, fwd_tiles: Tensor,
+        dq_tiles: Tensor, key_tiles: Tensor, fwd_pack: int, dq_pack: int, ctx_shared: bool, scale: float,
+        window_left: int) -> tuple[Tensor, Tensor]:
+    return run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, fwd_pack, scale=scale,
+                       window_left=window_left)
+
+
+@fwd.register_fake
+def _(q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, dq_tiles, key_tiles, fwd_pack, dq_pack, ctx_shared, scale,
+      window_left):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("dualkv::bwd", mutates_args=(), device_types="cuda")
+def bwd(dout: Tensor, q: Tensor, k_ctx: Tensor, v_ctx: Tensor, k_own: Tensor, v_own: Tensor, out: Tensor, lse: Tensor,
+        segments: Tensor, dq_tiles: Tensor, key_tiles: Tensor, dq_pack: int, ctx_shared: bool, scale: float,
+        window_left: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles, dq_pack,
+                        ctx_shared, scale=scale, window_left=window_left)
+
+
+@bwd.register_fake
+def _(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles, dq_pack, ctx_shared, scale,
+      window_left):
+    ctx_k = k_own.new_empty((0,)) if ctx_shared else k_ctx.new_empty(k_ctx.shape)
+    ctx_v = v_own.new_empty((0,)) if ctx_shared else v_ctx.new_empty(v_ctx.shape)
+    return q.new_empty(q.shape), ctx_k, ctx_v, k_own.new_empty(k_own.shape), v_own.new_empty(v_own.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, dq_tiles, key_tiles, fwd_pack, dq_pack, ctx_shared, scale,
+     window_left) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles)
+    ctx.meta = (dq_pack, ctx_shared, scale, window_left)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, d_out, d_lse):
+    if d_lse is not None:
+        raise NotImplementedError("gradients through the returned LSE are not supported by the dualkv kernels")
+    q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles = ctx.saved_tensors
+    dq_pack, ctx_shared, scale, window_left = ctx.meta
+    if d_out is None:
+        return (None,) * 14
+    dq, dk_ctx, dv_ctx, dk_own, dv_own = bwd(d_out, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles,
+                                             key_tiles, dq_pack, ctx_shared, scale, window_left)
+    if ctx_shared:
+        dk_ctx = dv_ctx = None
+    return (dq, dk_ctx, dv_ctx, dk_own, dv_own) + (None,) * 9
+
+
+fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,103 @@
+"""One GPU session: environment, compile every kernel, GPU tests, baseline agreement, benchmark, short table.
+
+PYTHONUNBUFFERED=1 PYTHONPATH=. python3 experiments/gpu/session.py [--tests PATTERN] [--shapes N:P,...] [--modes ...]
+Writes $OUT/session.json and the benchmark JSON under $OUT.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.getcwd())
+OUT = os.environ.get("OUT", ".")
+report = {"steps": {}}
+
+
+def step(name, fn):
+    t = time.time()
+    try:
+        report["steps"][name] = {"result": fn(), "seconds": round(time.time() - t, 1)}
+    except Exception as err:
+        report["steps"][name] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:],
+                                 "seconds": round(time.time() - t, 1)}
+    text = json.dumps(report["steps"][name])
+    print(f"== {name} ({report['steps'][name]['seconds']} s): {text[:3000]}", flush=True)
+
+
+def env():
+    import cuda.core
+    from cuda.bindings import nvrtc
+
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cuda_core": cuda.core.__version__, "nvrtc": nvrtc.nvrtcVersion()[1:]}
+
+
+def compile_all():
+    proc = subprocess.run([sys.executable, "-m", "dualkv", "kernels", "--arch", "sm_90", "--no-progress", "--jobs",
+                           "12"], capture_output=True, text=True)
+    return proc.stdout[-300:] + proc.stderr[-3000:]
+
+
+def tests(pattern, timeout):
+    def run():
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                               "--maxfail=8", *pattern.split()], capture_output=True, text=True, timeout=timeout)
+        tail = proc.stdout[-7000:]
+        return {"rc": proc.returncode, "tail": tail + proc.stderr[-1500:]}
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tests", default="proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_backward.py")
+    ap.add_argument("--test-timeout", type=int, default=360)
+    ap.add_argument("--shapes", default="16:32768,28:4096")
+    ap.add_argument("--modes", default="fwd,bwd,fwdbwd")
+    ap.add_argument("--systems", default="dualkv,cascade,flex,fa2_ncopy")
+    ap.add_argument("--varying", type=int, default=0)
+    ap.add_argument("--skip", default="")
+    args = ap.parse_args()
+    skip = set(args.skip.split(","))
+
+    step("env", env)
+    if "compile" not in skip:
+        step("compile", compile_all)
+    if "tests" not in skip:
+        step("tests", tests(args.tests, args.test_timeout))
+    from dualkv.bench import kernel as kb
+
+    if "agree" not in skip:
+        step("agree", lambda: kb.check_systems_agree(args.systems.split(",")))
+    rows = []
+
+    def bench():
+        shapes = [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",") if s]
+        for n, p in shapes:
+            rows.extend(kb.bench_shape(n, p, 2048, args.systems.split(","), modes=args.modes.split(","), reps=6))
+            print(kb.format_rows(rows[-len(args.systems.split(",")) * len(args.modes.split(",")):]), flush=True)
+        return len(rows)
+
+    if "bench" not in skip:
+        step("bench", bench)
+    extra = {}
+    if args.varying:
+        step("varying", lambda: kb.bench_varying(args.systems.split(","), count=args.varying))
+        extra["varying"] = report["steps"]["varying"].get("result")
+    if rows:
+        kb.write_results(rows, os.path.join(OUT, "kernel_bench.json"), extra)
+    with open(os.path.join(OUT, "session.json"), "w") as fh:
+        json.dump(report, fh, indent=2, default=str)
+    print("\n==== summary")
+    for name, res in report["steps"].items():
+        print(f"{name:10s} {res['seconds']:7.1f}s", "ERROR " + res["error"][:200] if "error" in res else "ok")
+    if rows:
+        print(kb.format_rows(rows))
+
+
+main()
