@@ -33,9 +33,13 @@ FA_ATOL = {torch.bfloat16: 1e-4, torch.float16: 1e-5}
 
 
 # ---------------------------------------------------------------------------------------------- errors
+def _as_f64_cpu(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.detach().to(device="cpu", dtype=torch.float64) for t in tensors]
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| computed in float64 (inf if out has NaN/inf)."""
-    out64, ref64 = out.detach().to(torch.float64), ref.detach().to(torch.float64)
+    """||out - ref|| / ||ref|| computed in float64 on the CPU (inf if out has NaN/inf)."""
+    out64, ref64 = _as_f64_cpu(out, ref)
     if not torch.isfinite(out64).all():
         return math.inf
     denom = ref64.norm().item()
@@ -43,7 +47,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def max_abs_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out64, ref64 = out.detach().to(torch.float64), ref.detach().to(torch.float64)
+    out64, ref64 = _as_f64_cpu(out, ref)
     if not torch.isfinite(out64).all():
         return math.inf
     return (out64 - ref64).abs().max().item() if out64.numel() else 0.0

@@ -72,6 +72,20 @@ class DualKV(_Autograd):
         return self.out
 
 
+class Reference(_Autograd):
+    """dualkv's pure-PyTorch oracle (any device; for CPU smoke tests of the harness)."""
+
+    name = "reference"
+
+    def forward(self, train=False):
+        from ..reference import shared_prefix_attention
+
+        q, k, v = self._leaves(train)
+        with torch.set_grad_enabled(train):
+            self.out = shared_prefix_attention(q, k, v, self.layout)
+        return self.out
+
+
 def fa2_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
     """(out, lse, rng_state, unused) of PyTorch's FlashAttention-2 varlen forward."""
     out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal,
@@ -196,6 +210,8 @@ class Flex(_Autograd):
             return (kv_idx <= q_idx) & same
 
         t = self.layout.total_tokens
+        # The benchmark re-runs one backward (retain_graph=True); compiled donated buffers forbid that.
+        torch._functorch.config.donated_buffer = False
         self.block_mask = create_block_mask(mask_mod, None, None, t, t, device=self.q.device, _compile=True)
         self.flex = torch.compile(flex_attention)
 
@@ -208,4 +224,4 @@ class Flex(_Autograd):
         return self.out
 
 
-SYSTEMS = {cls.name: cls for cls in (DualKV, FA2NCopy, Cascade, Flex)}
+SYSTEMS = {cls.name: cls for cls in (DualKV, FA2NCopy, Cascade, Flex, Reference)}

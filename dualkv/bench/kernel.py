@@ -47,28 +47,38 @@ class BenchRow:
     status: str
 
 
-def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 2, reps: int = 10, budget_s: float = 4.0) -> float:
-    """Median milliseconds of ``fn`` over CUDA events (repeats cut short once ``budget_s`` is spent)."""
+def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 2, reps: int = 10, budget_s: float = 4.0,
+                 device: str = "cuda") -> float:
+    """Median milliseconds of ``fn`` over CUDA events (host clock on the CPU); repeats stop once ``budget_s`` is
+    spent (after at least 3)."""
+    on_gpu = torch.device(device).type == "cuda"
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    if on_gpu:
+        torch.cuda.synchronize()
     times: list[float] = []
     start_wall = time.perf_counter()
     for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+        if on_gpu:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
         if time.perf_counter() - start_wall > budget_s and len(times) >= 3:
             break
     return statistics.median(times)
 
 
-def random_inputs(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    make = lambda h: torch.randn(layout.total_tokens, h, head_dim, device="cuda", dtype=dtype, generator=gen)  # noqa
+def random_inputs(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int,
+                  device: str = "cuda"):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    make = lambda h: torch.randn(layout.total_tokens, h, head_dim, device=device, dtype=dtype, generator=gen)  # noqa
     return make(heads), make(kv_heads), make(kv_heads)
 
 
@@ -86,7 +96,7 @@ def _timed_call(system, mode: str, dout):
 
 def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 32, kv_heads: int = 8,
                 head_dim: int = 128, dtype: torch.dtype = torch.bfloat16, modes: Sequence[str] = ("fwd",),
-                reps: int = 10, seed: int = 0) -> list[BenchRow]:
+                reps: int = 10, seed: int = 0, device: str = "cuda") -> list[BenchRow]:
     layout = GroupLayout.single(P, [R] * N)
     try:
         from ..analysis import attention_flops, useful_pairs
@@ -94,23 +104,26 @@ def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 
     except ImportError:  # analysis package absent: report times only
         attention_flops, pairs = None, None
     rows: list[BenchRow] = []
+    on_gpu = torch.device(device).type == "cuda"
     for name in systems:
         system = q = k = v = dout = None
         gc.collect()
-        torch.cuda.empty_cache()
+        if on_gpu:
+            torch.cuda.empty_cache()
         try:
-            q, k, v = random_inputs(layout, heads, kv_heads, head_dim, dtype, seed)
+            q, k, v = random_inputs(layout, heads, kv_heads, head_dim, dtype, seed, device)
             system = SYSTEMS[name](q, k, v, layout)
             system.prepare()
-            dout = torch.randn(system.output_rows(), heads, head_dim, device="cuda", dtype=dtype)
+            dout = torch.randn(system.output_rows(), heads, head_dim, device=device, dtype=dtype)
         except torch.OutOfMemoryError:
             rows += [BenchRow(name, N, P, R, m, None, None, None, None, "OOM") for m in modes]
             continue
         for mode in modes:
-            torch.cuda.reset_peak_memory_stats()
+            if on_gpu:
+                torch.cuda.reset_peak_memory_stats()
             try:
-                ms = cuda_time_ms(_timed_call(system, mode, dout), reps=reps)
-                peak = torch.cuda.max_memory_allocated() / 2**30
+                ms = cuda_time_ms(_timed_call(system, mode, dout), reps=reps, device=device)
+                peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None
                 tflops = attention_flops(pairs, heads, head_dim, mode) / (ms * 1e-3) / 1e12 if pairs else None
                 rows.append(BenchRow(name, N, P, R, mode, ms, tflops, None, peak, "ok"))
             except torch.OutOfMemoryError:
@@ -155,10 +168,12 @@ def bench_varying(systems: Sequence[str], *, count: int = 20, heads: int = 32, k
     return results
 
 
-def check_systems_agree(systems: Sequence[str], *, heads=8, kv_heads=2, head_dim=128, dtype=torch.bfloat16) -> dict:
-    """Max |x - dualkv x| of every system's output and gradients at a small shape (they must compute the same)."""
-    layout = GroupLayout.from_lengths([1000], [[300, 129, 64]])
-    q, k, v = random_inputs(layout, heads, kv_heads, head_dim, dtype, 1)
+def check_systems_agree(systems: Sequence[str], *, heads=8, kv_heads=2, head_dim=128, dtype=torch.bfloat16,
+                        device: str = "cuda", layout: GroupLayout | None = None, reference: str = "dualkv") -> dict:
+    """Max |x - reference x| of every system's output and (dq, dk, dv) at a small shape: they must compute the
+    same thing."""
+    layout = layout or GroupLayout.from_lengths([1000], [[300, 129, 64]])
+    q, k, v = random_inputs(layout, heads, kv_heads, head_dim, dtype, 1, device)
     dout = torch.randn_like(q)
     results = {}
     for name in systems:
@@ -167,14 +182,14 @@ def check_systems_agree(systems: Sequence[str], *, heads=8, kv_heads=2, head_dim
         out = system.to_packed(system.forward(True)).float()
         d = dout
         if name == "fa2_ncopy":  # the N-copy upstream gradient: each packed row's gradient on its first copy only
-            d = torch.zeros(system.output_rows(), *dout.shape[1:], device="cuda", dtype=dtype)
-            d[torch.from_numpy(layout.first_copy_index).cuda()] = dout
+            d = torch.zeros(system.output_rows(), *dout.shape[1:], device=device, dtype=dtype)
+            d[torch.from_numpy(layout.first_copy_index).to(device)] = dout
         grads = system.backward(d)
         if name == "fa2_ncopy":
-            index = torch.from_numpy(layout.copy_token_index).cuda()
-            grads = [torch.zeros_like(t).index_add_(0, index, g.float()).to(t.dtype) for t, g in zip((q, k, v), grads)]
+            index = torch.from_numpy(layout.copy_token_index).to(device)
+            grads = [torch.zeros_like(t, dtype=torch.float32).index_add_(0, index, g.float()) for t, g in zip((q, k, v), grads)]
         results[name] = [out] + [g.float() for g in grads]
-    ref = results["dualkv"]
+    ref = results[reference]
     return {name: [round((a - b).abs().max().item(), 5) for a, b in zip(vals, ref)] for name, vals in results.items()}
 
 

@@ -69,10 +69,25 @@ class LoadedKernel:
             return
         stream = stream or torch.cuda.current_stream()
         config = LaunchConfig(grid=grid, block=(self.spec.tile.threads, 1, 1), shmem_size=self.spec.smem_bytes)
-        launch(stream, config, self.kernel, *args)
+        launch(_core_stream(stream), config, self.kernel, *args)
         if _debug["sync"]:
             stream.synchronize()
             torch.cuda.synchronize()
+
+
+_streams: dict[int, object] = {}
+
+
+def _core_stream(stream: torch.cuda.Stream):
+    """cuda.core view of a PyTorch stream (wraps the same CUstream; cached per stream handle)."""
+    from cuda.core import Device
+
+    handle = stream.cuda_stream
+    core = _streams.get(handle)
+    if core is None:
+        core = Device(stream.device.index or 0).create_stream(stream)
+        _streams[handle] = core
+    return core
 
 
 def get_kernel(spec: KernelSpec, device_index: int) -> LoadedKernel:

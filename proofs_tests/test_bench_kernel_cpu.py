@@ -1,0 +1,41 @@
+"""The kernel benchmark's harness (timing, modes, result files, agreement check) on the CPU with the reference."""
+
+import json
+
+import torch
+
+from dualkv import GroupLayout
+from dualkv.bench import kernel as kb
+
+
+def test_bench_shape_on_cpu_writes_rows(tmp_path):
+    rows = kb.bench_shape(2, 64, 16, ["reference"], heads=2, kv_heads=1, head_dim=32, dtype=torch.float32,
+                          modes=kb.MODES, reps=2, device="cpu")
+    assert [r.mode for r in rows] == list(kb.MODES)
+    assert all(r.status == "ok" and r.ms > 0 for r in rows)
+    path = kb.write_results(rows, tmp_path / "k.json")
+    data = json.loads(path.read_text())
+    assert data["benchmark"] == "kernel" and len(data["rows"]) == 3
+    assert "ms" in kb.format_rows(rows)
+
+
+def test_agreement_check_catches_a_wrong_system(monkeypatch):
+    layout = GroupLayout.from_lengths([40], [[9, 17]])
+    ok = kb.check_systems_agree(["reference"], heads=2, kv_heads=1, head_dim=32, dtype=torch.float64, device="cpu",
+                                layout=layout, reference="reference")
+    assert ok == {"reference": [0.0, 0.0, 0.0, 0.0]}
+
+    class Wrong(kb.SYSTEMS["reference"]):
+        def forward(self, train=False):
+            return super().forward(train) * 1.01
+
+    monkeypatch.setitem(kb.SYSTEMS, "wrong", Wrong)
+    res = kb.check_systems_agree(["reference", "wrong"], heads=2, kv_heads=1, head_dim=32, dtype=torch.float64,
+                                 device="cpu", layout=layout, reference="reference")
+    assert res["wrong"][0] > 1e-3
+
+
+def test_varying_layouts_all_differ():
+    layouts = kb.varying_layouts(20, seed=0)
+    shapes = {(l.prompt_lens, l.response_lens) for l in layouts}
+    assert len(shapes) == 20
