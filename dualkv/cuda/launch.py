@@ -54,13 +54,14 @@ def _to_device(a: np.ndarray, device) -> torch.Tensor:
 
 
 def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_left: int, device: torch.device,
-              ctx_shared: bool, fwd_tile: TileConfig | None = None, fwd_pack: int | None = None) -> Plan:
-    """Schedules for the default tiles of ``head_dim`` (``fwd_tile``/``fwd_pack`` override, for tuning)."""
+              ctx_shared: bool, fwd_tile: TileConfig | None = None, fwd_pack: int | None = None,
+              dq_tile: TileConfig | None = None, dkdv_tile: KeyTileConfig | None = None) -> Plan:
+    """Schedules for the default tiles of ``head_dim`` (the tile/pack arguments override them, for tuning)."""
     fwd_tile = fwd_tile or FWD_TILES[head_dim]
     fwd_pack = fwd_pack or pack_for(group_size, fwd_tile)
     if group_size % fwd_pack:
         raise ValueError(f"pack {fwd_pack} does not divide the GQA group size {group_size}")
-    dq_tile, dkdv_tile = DQ_TILES[head_dim], DKDV_TILES[head_dim]
+    dq_tile, dkdv_tile = dq_tile or DQ_TILES[head_dim], dkdv_tile or DKDV_TILES[head_dim]
     dq_pack = pack_for(group_size, dq_tile)
     return Plan(
         segments=_to_device(segments, device),
@@ -99,16 +100,23 @@ def run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, tiles, pack: int, *, sc
 
 
 def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles_t, dq_pack: int,
-                 ctx_shared: bool, *, scale: float, window_left: int):
+                 ctx_shared: bool, *, scale: float, window_left: int, d_lse: torch.Tensor | None = None,
+                 dq_tile: TileConfig | None = None, dkdv_tile: KeyTileConfig | None = None,
+                 kernels: tuple[str, ...] = ("dq", "dkdv")):
     """dQ and dK/dV kernels. Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own); with ``ctx_shared`` the context rows are
-    own rows of the same tensors and dk_ctx/dv_ctx are empty (their gradient is inside dk_own/dv_own)."""
+    own rows of the same tensors and dk_ctx/dv_ctx are empty (their gradient is inside dk_own/dv_own).
+
+    ``d_lse`` (H, T_q), the gradient reaching the returned LSE, enters as dS = P (dP - D + dLSE): it is folded into D.
+    ``kernels`` and the tile arguments exist for tuning (time one kernel, try other tiles with a matching plan).
+    """
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
     arch = arch_of(q.device.index or 0)
     window = window_left >= 0
     dout, q, k_ctx, v_ctx, k_own, v_own = (kernel_ready(t) for t in (dout, q, k_ctx, v_ctx, k_own, v_own))
     lse2 = (lse * LOG2E).contiguous()
-    delta = (dout.float() * out.float()).sum(-1).t().contiguous()  # D = rowsum(dO * O): (H, T_q) fp32
+    delta = (dout.float() * out.float()).sum(-1).t()  # D = rowsum(dO * O): (H, T_q) fp32
+    delta = (delta - d_lse.float() if d_lse is not None else delta).contiguous()
     dq = _new(q.shape, q)
     dk_own, dv_own = _new(k_own.shape, k_own), _new(v_own.shape, v_own)
     if ctx_shared:
@@ -120,12 +128,16 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     device = q.device.index or 0
     keys = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(dout),
             lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0))]
-    dq_kernel = get_kernel(replace(dq_spec(head_dim, q.dtype, group, window, arch), pack=dq_pack), device)
-    dq_kernel.launch((dq_tiles.shape[0], heads // dq_pack, 1),
-                     [*keys, *_strided(dq), segments.data_ptr(), dq_tiles.data_ptr(), i32(group),
-                      f32(scale * LOG2E), f32(scale), i32(window_left)])
-    dkdv_kernel = get_kernel(dkdv_spec(head_dim, q.dtype, window, arch), device)
-    dkdv_kernel.launch((key_tiles_t.shape[0], k_own.shape[1], 1),
-                       [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own), segments.data_ptr(),
-                        key_tiles_t.data_ptr(), i32(group), f32(scale * LOG2E), f32(scale), i32(window_left)])
+    dq_kspec = replace(dq_spec(head_dim, q.dtype, group, window, arch), pack=dq_pack)
+    dq_kernel = get_kernel(replace(dq_kspec, tile=dq_tile or dq_kspec.tile), device)
+    if "dq" in kernels:
+        dq_kernel.launch((dq_tiles.shape[0], heads // dq_pack, 1),
+                         [*keys, *_strided(dq), segments.data_ptr(), dq_tiles.data_ptr(), i32(group),
+                          f32(scale * LOG2E), f32(scale), i32(window_left)])
+    dkdv_kspec = dkdv_spec(head_dim, q.dtype, window, arch)
+    dkdv_kernel = get_kernel(replace(dkdv_kspec, tile=dkdv_tile or dkdv_kspec.tile), device)
+    if "dkdv" in kernels:
+        dkdv_kernel.launch((key_tiles_t.shape[0], k_own.shape[1], 1),
+                           [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own), segments.data_ptr(),
+                            key_tiles_t.data_ptr(), i32(group), f32(scale * LOG2E), f32(scale), i32(window_left)])
     return dq, dk_ctx, dv_ctx, dk_own, dv_own

@@ -29,16 +29,16 @@ def _(q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, dq_tiles, key_tiles, f
 
 
 @torch.library.custom_op("dualkv::bwd", mutates_args=(), device_types="cuda")
-def bwd(dout: Tensor, q: Tensor, k_ctx: Tensor, v_ctx: Tensor, k_own: Tensor, v_own: Tensor, out: Tensor, lse: Tensor,
-        segments: Tensor, dq_tiles: Tensor, key_tiles: Tensor, dq_pack: int, ctx_shared: bool, scale: float,
-        window_left: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def bwd(dout: Tensor, d_lse: Tensor | None, q: Tensor, k_ctx: Tensor, v_ctx: Tensor, k_own: Tensor, v_own: Tensor,
+        out: Tensor, lse: Tensor, segments: Tensor, dq_tiles: Tensor, key_tiles: Tensor, dq_pack: int,
+        ctx_shared: bool, scale: float, window_left: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles, dq_pack,
-                        ctx_shared, scale=scale, window_left=window_left)
+                        ctx_shared, scale=scale, window_left=window_left, d_lse=d_lse)
 
 
 @bwd.register_fake
-def _(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles, dq_pack, ctx_shared, scale,
-      window_left):
+def _(dout, d_lse, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles, dq_pack, ctx_shared,
+      scale, window_left):
     ctx_k = k_own.new_empty((0,)) if ctx_shared else k_ctx.new_empty(k_ctx.shape)
     ctx_v = v_own.new_empty((0,)) if ctx_shared else v_ctx.new_empty(v_ctx.shape)
     return q.new_empty(q.shape), ctx_k, ctx_v, k_own.new_empty(k_own.shape), v_own.new_empty(v_own.shape)
@@ -54,14 +54,14 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, d_out, d_lse):
-    if d_lse is not None:
-        raise NotImplementedError("gradients through the returned LSE are not supported by the dualkv kernels")
     q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles = ctx.saved_tensors
     dq_pack, ctx_shared, scale, window_left = ctx.meta
-    if d_out is None:
+    if d_out is None and d_lse is None:
         return (None,) * 14
-    dq, dk_ctx, dv_ctx, dk_own, dv_own = bwd(d_out, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles,
-                                             key_tiles, dq_pack, ctx_shared, scale, window_left)
+    if d_out is None:
+        d_out = torch.zeros_like(out)
+    dq, dk_ctx, dv_ctx, dk_own, dv_own = bwd(d_out, d_lse, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments,
+                                             dq_tiles, key_tiles, dq_pack, ctx_shared, scale, window_left)
     if ctx_shared:
         dk_ctx = dv_ctx = None
     return (dq, dk_ctx, dv_ctx, dk_own, dv_own) + (None,) * 9

@@ -53,6 +53,46 @@ def tests(pattern, timeout):
     return run
 
 
+def tune(shape=(16, 32768)):
+    """Per-kernel times at one shape for candidate tiles (fwd, dQ, dK/dV)."""
+    from dualkv import GroupLayout
+    from dualkv.bench.kernel import cuda_time_ms, random_inputs
+    from dualkv.cuda.configs import KeyTileConfig, TileConfig
+    from dualkv.cuda.launch import make_plan, run_backward, run_forward
+
+    n, p = shape
+    layout = GroupLayout.single(p, [2048] * n)
+    q, k, v = random_inputs(layout, 32, 8, 128, torch.bfloat16, 0)
+    scale = 128 ** -0.5
+    res = {}
+    plan = make_plan(layout.segment_table, head_dim=128, group_size=4, window_left=-1, device=q.device,
+                     ctx_shared=True)
+    out, lse = run_forward(q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.fwd_pack, scale=scale, window_left=-1)
+    dout = torch.randn_like(q)
+    res["fwd_default"] = cuda_time_ms(lambda: run_forward(q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.fwd_pack,
+                                                          scale=scale, window_left=-1), reps=5)
+    for tile in (TileConfig(32, 4, 2), TileConfig(64, 4, 2), TileConfig(32, 8, 1), TileConfig(64, 8, 1)):
+        try:
+            pl = make_plan(layout.segment_table, head_dim=128, group_size=4, window_left=-1, device=q.device,
+                           ctx_shared=True, dq_tile=tile)
+            res[f"dq {tile}"] = cuda_time_ms(lambda: run_backward(
+                dout, q, k, v, k, v, out, lse, pl.segments, pl.dq_tiles, pl.key_tiles, pl.dq_pack, True, scale=scale,
+                window_left=-1, dq_tile=tile, kernels=("dq",)), reps=5)
+        except Exception as err:
+            res[f"dq {tile}"] = repr(err)[:200]
+    for tile in (KeyTileConfig(64, 8, 1, 2), KeyTileConfig(32, 8, 1, 2), KeyTileConfig(64, 4, 1, 2),
+                 KeyTileConfig(128, 8, 2, 1), KeyTileConfig(64, 8, 2, 2)):
+        try:
+            pl = make_plan(layout.segment_table, head_dim=128, group_size=4, window_left=-1, device=q.device,
+                           ctx_shared=True, dkdv_tile=tile)
+            res[f"dkdv {tile}"] = cuda_time_ms(lambda: run_backward(
+                dout, q, k, v, k, v, out, lse, pl.segments, pl.dq_tiles, pl.key_tiles, pl.dq_pack, True, scale=scale,
+                window_left=-1, dkdv_tile=tile, kernels=("dkdv",)), reps=5)
+        except Exception as err:
+            res[f"dkdv {tile}"] = repr(err)[:200]
+    return {k2: (round(v2, 2) if isinstance(v2, float) else v2) for k2, v2 in res.items()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tests", default="proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_backward.py")
@@ -72,6 +112,8 @@ def main():
         step("tests", tests(args.tests, args.test_timeout))
     from dualkv.bench import kernel as kb
 
+    if "tune" not in skip:
+        step("tune", tune)
     if "agree" not in skip:
         step("agree", lambda: kb.check_systems_agree(args.systems.split(",")))
     rows = []

@@ -211,7 +211,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int c = nt * 8 + 2 * t4 + (e & 1);  // query column
-                float p = exp2f(fmaf(acc_s[0][nt][e], scale_log2, -bLse[c]));
+                float p = fast_exp2(fmaf(acc_s[0][nt][e], scale_log2, -bLse[c]));
                 if (need_mask) {
                     const int key = key_base + warp_key0 + g + 8 * (e >> 1);
                     const int i = seg.ctx_len + cur.pos + c;

@@ -85,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq(
                         float& x = acc_s[sl][nt][2 * hh + e1];
                         const int j = nt * 8 + 2 * t4 + e1;
                         x = (need_mask && !key_visible(j, count, key_base + j, i, window_left))
-                                ? 0.f : exp2f(fmaf(x, scale_log2, -row_lse[sl][hh]));
+                                ? 0.f : fast_exp2(fmaf(x, scale_log2, -row_lse[sl][hh]));
                     }
             }
 

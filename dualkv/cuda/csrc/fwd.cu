@@ -88,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(
                 mx = quad_max(mx);
                 const float m_new = fmaxf(row_max[sl][hh], mx * scale_log2);
                 const float m_use = m_new == -kInf ? 0.f : m_new;
-                const float alpha = exp2f(row_max[sl][hh] - m_use);
+                const float alpha = fast_exp2(row_max[sl][hh] - m_use);
                 row_max[sl][hh] = m_new;
                 float sum = 0.f;
 #pragma unroll
@@ -96,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(
 #pragma unroll
                     for (int e1 = 0; e1 < 2; ++e1) {
                         float& x = acc_s[sl][nt][2 * hh + e1];
-                        x = exp2f(fmaf(x, scale_log2, -m_use));
+                        x = fast_exp2(fmaf(x, scale_log2, -m_use));
                         sum += x;
                     }
                 row_sum[sl][hh] = row_sum[sl][hh] * alpha + sum;
