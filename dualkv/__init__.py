@@ -27,22 +27,28 @@ __all__ = [
 
 def flash_attn_dualkv_varlen_func(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q, cu_seqlens_k_decoded,
                                   max_seqlen_q, context_seqlen, max_seqlen_k_decoded, softmax_scale=None,
-                                  causal=True, window_size=(-1, -1), return_lse=False):
+                                  causal=True, window_size=(-1, -1), return_lse=False, deterministic=None):
     """Call 2 (the paper's signature): see :func:`dualkv.reference.flash_attn_dualkv_varlen_func`."""
     return backend_for(q).flash_attn_dualkv_varlen_func(
         q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q, cu_seqlens_k_decoded, max_seqlen_q,
         context_seqlen, max_seqlen_k_decoded, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-        return_lse=return_lse)
+        return_lse=return_lse, deterministic=deterministic)
 
 
 def context_attention(q, k, v, cu_seqlens=None, max_seqlen=None, softmax_scale=None, causal=True,
-                      window_size=(-1, -1), return_lse=False):
+                      window_size=(-1, -1), return_lse=False, deterministic=None):
     """Call 1: see :func:`dualkv.reference.context_attention`."""
     return backend_for(q).context_attention(q, k, v, cu_seqlens, max_seqlen, softmax_scale=softmax_scale,
-                                            causal=causal, window_size=window_size, return_lse=return_lse)
+                                            causal=causal, window_size=window_size, return_lse=return_lse,
+                                            deterministic=deterministic)
 
 
-def shared_prefix_attention(q, k, v, layout, softmax_scale=None, window_size=(-1, -1), return_lse=False):
-    """Calls 1 and 2 for every group of a packed micro-batch: see :func:`dualkv.reference.shared_prefix_attention`."""
+def shared_prefix_attention(q, k, v, layout, softmax_scale=None, window_size=(-1, -1), return_lse=False,
+                            deterministic=None):
+    """Calls 1 and 2 for every group of a packed micro-batch: see :func:`dualkv.reference.shared_prefix_attention`.
+
+    ``deterministic``: CUDA backward mode (None: ``torch.are_deterministic_algorithms_enabled()`` or the default).
+    """
     return backend_for(q).shared_prefix_attention(q, k, v, layout, softmax_scale=softmax_scale,
-                                                  window_size=window_size, return_lse=return_lse)
+                                                  window_size=window_size, return_lse=return_lse,
+                                                  deterministic=deterministic)

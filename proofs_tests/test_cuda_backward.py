@@ -49,6 +49,19 @@ def test_shared_prefix_gradients(case, dtype):
     _ok(shared_prefix_check(case, dtype=dtype, device="cuda"))
 
 
+@pytest.mark.parametrize("head_dim", (32, 64, 96, 128))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_atomic_dq_mode(head_dim, dtype):
+    """The non-deterministic mode (dQ by fp32 atomics in the dK/dV kernel) meets the same bounds."""
+    import functools
+
+    fn = functools.partial(dualkv.shared_prefix_attention, deterministic=False)
+    case = AttentionCase((129, 70), ((1, 63, 200), (5, 64)), 8, 2, head_dim, window=(-1, -1))
+    _ok(shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=fn))
+    case = AttentionCase((300,), ((65, 127),), 4, 4, head_dim, window=(50, 0))
+    _ok(shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=fn))
+
+
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_paper_api_five_gradients(head_dim, dtype):
@@ -93,7 +106,7 @@ def test_opcheck_custom_ops():
     v = torch.randn(layout.total_tokens, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     plan = layout_plan(layout, head_dim=64, group_size=2, window_left=-1, device=q.device)
     args = (q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles, plan.fwd_pack,
-            plan.dq_pack, True, 0.125, -1)
+            plan.dq_pack, True, 0.125, -1, True)
     torch.library.opcheck(torch.ops.dualkv.fwd.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 

@@ -61,15 +61,25 @@ class _Autograd(System):
 
 
 class DualKV(_Autograd):
+    """dualkv with the deterministic backward (separate dQ kernel)."""
+
     name = "dualkv"
+    deterministic = True
 
     def forward(self, train=False):
         import dualkv
 
         q, k, v = self._leaves(train)
         with torch.set_grad_enabled(train):
-            self.out = dualkv.shared_prefix_attention(q, k, v, self.layout)
+            self.out = dualkv.shared_prefix_attention(q, k, v, self.layout, deterministic=self.deterministic)
         return self.out
+
+
+class DualKVAtomic(DualKV):
+    """dualkv with dQ accumulated by fp32 atomics inside the dK/dV kernel (FlashAttention-2's scheme)."""
+
+    name = "dualkv_atomic"
+    deterministic = False
 
 
 class Reference(_Autograd):
@@ -224,4 +234,4 @@ class Flex(_Autograd):
         return self.out
 
 
-SYSTEMS = {cls.name: cls for cls in (DualKV, FA2NCopy, Cascade, Flex, Reference)}
+SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVAtomic, FA2NCopy, Cascade, Flex, Reference)}

@@ -37,9 +37,22 @@ def _check_kernel_inputs(q: torch.Tensor, head_dim: int, causal: bool, window_le
             raise ValueError(f"all inputs must be on {q.device}; got a tensor on {t.device}")
 
 
-def _run(q, k_ctx, v_ctx, k_own, v_own, plan: Plan, scale: float, window_left: int):
+#: Backward mode when the caller does not choose: the deterministic two-kernel backward, unless measurements say
+#: the atomic mode is worth its run-to-run differences (see README, "Deterministic backward").
+DEFAULT_DETERMINISTIC = True
+
+
+def resolve_deterministic(deterministic: bool | None) -> bool:
+    """``None`` means: deterministic if ``torch.are_deterministic_algorithms_enabled()``, else the default mode."""
+    if deterministic is None:
+        return torch.are_deterministic_algorithms_enabled() or DEFAULT_DETERMINISTIC
+    return bool(deterministic)
+
+
+def _run(q, k_ctx, v_ctx, k_own, v_own, plan: Plan, scale: float, window_left: int, deterministic: bool | None):
     return _fwd_op(q, k_ctx, v_ctx, k_own, v_own, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles,
-                   plan.fwd_pack, plan.dq_pack, plan.ctx_shared, scale, window_left)
+                   plan.fwd_pack, plan.dq_pack, plan.ctx_shared, scale, window_left,
+                   resolve_deterministic(deterministic))
 
 
 def _finish(out, lse, return_lse):
@@ -48,7 +61,8 @@ def _finish(out, lse, return_lse):
 
 def flash_attn_dualkv_varlen_func(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q, cu_seqlens_k_decoded,
                                   max_seqlen_q, context_seqlen, max_seqlen_k_decoded, softmax_scale=None,
-                                  causal=True, window_size: Sequence[int] = (-1, -1), return_lse=False):
+                                  causal=True, window_size: Sequence[int] = (-1, -1), return_lse=False,
+                                  deterministic: bool | None = None):
     """Call 2 on the GPU; see :func:`dualkv.reference.flash_attn_dualkv_varlen_func` for the contract."""
     h, hk, d, cu = check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q,
                                        cu_seqlens_k_decoded, max_seqlen_q, context_seqlen, max_seqlen_k_decoded)
@@ -56,12 +70,13 @@ def flash_attn_dualkv_varlen_func(q, k_context, v_context, k_decoded, v_decoded,
     _check_kernel_inputs(q, d, causal, window[0], k_context, v_context, k_decoded, v_decoded)
     plan = make_plan(segments_from_cu_seqlens(cu, context_seqlen), head_dim=d, group_size=h // hk,
                      window_left=window[0], device=q.device, ctx_shared=False)
-    out, lse = _run(q, k_context, v_context, k_decoded, v_decoded, plan, resolve_scale(softmax_scale, d), window[0])
+    out, lse = _run(q, k_context, v_context, k_decoded, v_decoded, plan, resolve_scale(softmax_scale, d), window[0],
+                    deterministic)
     return _finish(out, lse, return_lse)
 
 
 def context_attention(q, k, v, cu_seqlens=None, max_seqlen=None, softmax_scale=None, causal=True,
-                      window_size: Sequence[int] = (-1, -1), return_lse=False):
+                      window_size: Sequence[int] = (-1, -1), return_lse=False, deterministic: bool | None = None):
     """Call 1 on the GPU (causal self-attention of one or several packed prompts)."""
     h, hk, d = check_qkv({"q": q, "k": k, "v": v}, query="q", keys=("k", "v"))
     for name, t in (("k", k), ("v", v)):
@@ -78,7 +93,7 @@ def context_attention(q, k, v, cu_seqlens=None, max_seqlen=None, softmax_scale=N
     _check_kernel_inputs(q, d, causal, window[0], k, v)
     plan = make_plan(segments_from_cu_seqlens(cu, 0), head_dim=d, group_size=h // hk, window_left=window[0],
                      device=q.device, ctx_shared=True)
-    out, lse = _run(q, k, v, k, v, plan, resolve_scale(softmax_scale, d), window[0])
+    out, lse = _run(q, k, v, k, v, plan, resolve_scale(softmax_scale, d), window[0], deterministic)
     return _finish(out, lse, return_lse)
 
 
@@ -95,11 +110,11 @@ def layout_plan(layout: GroupLayout, *, head_dim: int, group_size: int, window_l
 
 
 def shared_prefix_attention(q, k, v, layout: GroupLayout, softmax_scale=None, window_size: Sequence[int] = (-1, -1),
-                            return_lse=False):
+                            return_lse=False, deterministic: bool | None = None):
     """Calls 1 and 2 of every group in ONE launch over the layout's segment table."""
     h, hk, d = check_layout_tensors(q, k, v, layout)
     window = check_window(window_size, True)
     _check_kernel_inputs(q, d, True, window[0], k, v)
     plan = layout_plan(layout, head_dim=d, group_size=h // hk, window_left=window[0], device=q.device)
-    out, lse = _run(q, k, v, k, v, plan, resolve_scale(softmax_scale, d), window[0])
+    out, lse = _run(q, k, v, k, v, plan, resolve_scale(softmax_scale, d), window[0], deterministic)
     return _finish(out, lse, return_lse)

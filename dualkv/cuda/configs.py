@@ -14,6 +14,8 @@ import torch
 HEAD_DIMS = (32, 64, 96, 128, 192, 256, 512)
 #: Head dims whose kernels support a sliding window (the paper's hd512 path is full attention only).
 WINDOW_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+#: Head dims with the atomic (FlashAttention-2-style, non-deterministic) dQ mode.
+ATOMIC_HEAD_DIMS = (32, 64, 96, 128)
 ARCHS = ("sm_80", "sm_90")
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 PACKS = (1, 2, 4, 8)
@@ -114,6 +116,7 @@ class KernelSpec:
     pack: int
     window: bool
     arch: str
+    dq_atomic: bool = False  # bwd_dkdv only: also accumulate dQ with fp32 atomics (non-deterministic mode)
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -122,6 +125,8 @@ class KernelSpec:
             raise ValueError(f"head_dim {self.head_dim} is not supported by the CUDA kernels (supported: {HEAD_DIMS})")
         if self.window and self.head_dim not in WINDOW_HEAD_DIMS:
             raise ValueError(f"sliding windows are supported for head dims {WINDOW_HEAD_DIMS}, not {self.head_dim}")
+        if self.dq_atomic and (self.kernel != "bwd_dkdv" or self.head_dim not in ATOMIC_HEAD_DIMS):
+            raise ValueError(f"the atomic dQ mode exists for the dK/dV kernel at head dims {ATOMIC_HEAD_DIMS}")
 
     @property
     def source(self) -> str:
@@ -143,14 +148,16 @@ class KernelSpec:
             return (t.block_m + 2 * t.block_n) * row
         if self.kernel == "bwd_dq":
             return (2 * t.block_m + 2 * t.block_n) * row
-        return (2 * t.block_keys + 2 * t.stages * t.block_m) * row + 2 * t.stages * t.block_m * 4
+        ds_tile = t.block_keys * (t.block_m + 8) * 2 if self.dq_atomic else 0
+        return (2 * t.block_keys + 2 * t.stages * t.block_m) * row + 2 * t.stages * t.block_m * 4 + ds_tile
 
     def defines(self) -> list[tuple[str, str]]:
         t = self.tile
         common = [("DKV_HEAD_DIM", str(self.head_dim)), ("DKV_WARPS", str(t.warps)), ("DKV_DSPLIT", str(t.dsplit)),
                   ("DKV_BF16", "1" if self.dtype == "bf16" else "0"), ("DKV_WINDOW", "1" if self.window else "0")]
         if self.kernel == "bwd_dkdv":
-            return common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages))]
+            return common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages)),
+                             ("DKV_DQ_ATOMIC", "1" if self.dq_atomic else "0")]
         return common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack))]
 
     def with_arch(self, arch: str) -> "KernelSpec":
@@ -182,10 +189,10 @@ def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, ar
     return KernelSpec("bwd_dq", head_dim, name, tile, pack_for(group_size, tile), window, arch)
 
 
-def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str) -> KernelSpec:
+def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False) -> KernelSpec:
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
-    return KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch)
+    return KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic)
 
 
 def all_specs(arch: str) -> list[KernelSpec]:
@@ -200,4 +207,6 @@ def all_specs(arch: str) -> list[KernelSpec]:
                 if tiles[head_dim].block_m // pack >= 8:
                     specs.append(KernelSpec(kernel, head_dim, name, tiles[head_dim], pack, window, arch))
         specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch))
+        if head_dim in ATOMIC_HEAD_DIMS:
+            specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, True))
     return specs

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .configs import (DKDV_TILES, DQ_TILES, FWD_TILES, KeyTileConfig, TileConfig, dkdv_spec, dq_spec, fwd_spec,
-                      pack_for)
+from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, FWD_TILES, KeyTileConfig, TileConfig, dkdv_spec,
+                      dq_spec, fwd_spec, pack_for)
 from .runtime import arch_of, f32, get_kernel, i32, i64, poison_enabled
 from .schedule import key_tiles, tile_table
 
@@ -102,12 +102,14 @@ def run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, tiles, pack: int, *, sc
 def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles_t, dq_pack: int,
                  ctx_shared: bool, *, scale: float, window_left: int, d_lse: torch.Tensor | None = None,
                  dq_tile: TileConfig | None = None, dkdv_tile: KeyTileConfig | None = None,
-                 kernels: tuple[str, ...] = ("dq", "dkdv")):
+                 kernels: tuple[str, ...] = ("dq", "dkdv"), deterministic: bool = True):
     """dQ and dK/dV kernels. Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own); with ``ctx_shared`` the context rows are
     own rows of the same tensors and dk_ctx/dv_ctx are empty (their gradient is inside dk_own/dv_own).
 
     ``d_lse`` (H, T_q), the gradient reaching the returned LSE, enters as dS = P (dP - D + dLSE): it is folded into D.
-    ``kernels`` and the tile arguments exist for tuning (time one kernel, try other tiles with a matching plan).
+    ``deterministic=False`` (head dims <= 128): dQ is added by the dK/dV kernel with fp32 atomics (one kernel, five
+    products, run-to-run rounding differences in dQ); otherwise the separate query-tile dQ kernel sums every dQ row
+    in a fixed order. ``kernels`` and the tile arguments exist for tuning.
     """
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
@@ -126,18 +128,23 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
         dk_ctx, dv_ctx = _new(k_ctx.shape, k_ctx), _new(v_ctx.shape, v_ctx)
         dkc_args, dvc_args = _strided(dk_ctx), _strided(dv_ctx)
     device = q.device.index or 0
+    atomic = not deterministic and head_dim in ATOMIC_HEAD_DIMS
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
     keys = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(dout),
             lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0))]
     dq_kspec = replace(dq_spec(head_dim, q.dtype, group, window, arch), pack=dq_pack)
     dq_kernel = get_kernel(replace(dq_kspec, tile=dq_tile or dq_kspec.tile), device)
-    if "dq" in kernels:
+    if "dq" in kernels and not atomic:
         dq_kernel.launch((dq_tiles.shape[0], heads // dq_pack, 1),
                          [*keys, *_strided(dq), segments.data_ptr(), dq_tiles.data_ptr(), i32(group),
                           f32(scale * LOG2E), f32(scale), i32(window_left)])
-    dkdv_kspec = dkdv_spec(head_dim, q.dtype, window, arch)
+    dkdv_kspec = dkdv_spec(head_dim, q.dtype, window, arch, dq_atomic=atomic)
     dkdv_kernel = get_kernel(replace(dkdv_kspec, tile=dkdv_tile or dkdv_kspec.tile), device)
     if "dkdv" in kernels:
         dkdv_kernel.launch((key_tiles_t.shape[0], k_own.shape[1], 1),
-                           [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own), segments.data_ptr(),
+                           [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own),
+                            *(_strided(dq_acc) if atomic else [0, i64(0), i64(0)]), segments.data_ptr(),
                             key_tiles_t.data_ptr(), i32(group), f32(scale * LOG2E), f32(scale), i32(window_left)])
+    if atomic:
+        dq = (dq_acc * scale).to(q.dtype)
     return dq, dk_ctx, dv_ctx, dk_own, dv_own

@@ -98,8 +98,10 @@ def standard_varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
                       max_seqlen: int | None = None, softmax_scale: float | None = None, causal: bool = True,
-                      window_size: Sequence[int] = (-1, -1), return_lse: bool = False):
-    """Call 1: self-attention of the prompt, computed once.
+                      window_size: Sequence[int] = (-1, -1), return_lse: bool = False,
+                      deterministic: bool | None = None):
+    """Call 1: self-attention of the prompt, computed once. (``deterministic`` is accepted for API parity; the
+    reference always is.)
 
     Args:
         q: (P, H, d); k, v: (P, H_k, d). With ``cu_seqlens`` (G + 1,), several prompts packed back to back.
@@ -120,7 +122,7 @@ def flash_attn_dualkv_varlen_func(q: torch.Tensor, k_context: torch.Tensor, v_co
                                   cu_seqlens_k_decoded: torch.Tensor, max_seqlen_q: int, context_seqlen: int,
                                   max_seqlen_k_decoded: int, softmax_scale: float | None = None,
                                   causal: bool = True, window_size: Sequence[int] = (-1, -1),
-                                  return_lse: bool = False):
+                                  return_lse: bool = False, deterministic: bool | None = None):
     """Call 2: every decoded query attends to the shared context and, causally, to its own decoded keys.
 
     Decoded query r of sequence i sits at logical position P + r and sees context keys 0..P-1 and its own decoded
@@ -144,7 +146,7 @@ def flash_attn_dualkv_varlen_func(q: torch.Tensor, k_context: torch.Tensor, v_co
 
 def shared_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: GroupLayout,
                             softmax_scale: float | None = None, window_size: Sequence[int] = (-1, -1),
-                            return_lse: bool = False):
+                            return_lse: bool = False, deterministic: bool | None = None):
     """Exact causal attention of a shared-prompt packed micro-batch: call 1 + call 2 for every group.
 
     Equal to running causal attention on the N-copy layout and keeping each prompt once.

@@ -13,8 +13,12 @@
 //   dV += P^T dO, dK += dS^T Q   (dK *= softmax_scale at the end).
 // Query rows beyond a segment get LSE = +inf, so their P is exactly 0.
 //
+// With DKV_DQ_ATOMIC (the non-deterministic mode, head dims <= 128) the kernel also computes this step's
+// dQ = dS K through a transposed dS tile in smem and adds it into an fp32 (T_q, H, d) accumulator with atomics, as
+// FlashAttention-2 does; otherwise dQ comes from the separate, deterministic bwd_dq kernel.
+//
 // Tile macros: DKV_BLOCK_M (query positions per step), DKV_DSPLIT (warps sharing 16 keys, each owning
-// HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles).
+// HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles), DKV_DQ_ATOMIC.
 #include "common.cuh"
 
 using namespace dkv;
@@ -27,8 +31,15 @@ constexpr int kKeyWarps = kWarps / kDSplit;
 constexpr int kBlockKeys = kKeyWarps * 16;
 constexpr int kCols = kHeadDim / kDSplit;
 constexpr int kStages = DKV_STAGES;
+constexpr bool kDqAtomic = DKV_DQ_ATOMIC != 0;
 static_assert(kBlockM % 16 == 0 && kCols % 16 == 0, "tile sizes");
 static_assert(kStages == 1 || kStages == 2, "1 or 2 stages");
+// dQ partial of a step: kBlockM rows x HEAD_DIM, warps as (kBlockM / 16 row slabs) x (column parts).
+constexpr int kDqRowSlabs = kBlockM / 16;
+constexpr int kDqColParts = kWarps / kDqRowSlabs;
+constexpr int kDqCols = kHeadDim / (kDqColParts > 0 ? kDqColParts : 1);
+constexpr int kDsStride = kBlockM + 8;  // padded row stride of the transposed dS tile (elements)
+static_assert(!kDqAtomic || (kDqColParts * kDqRowSlabs == kWarps && kDqCols % 16 == 0), "dQ warp layout");
 
 // One key tile of the schedule: keys [blk * kBlockKeys, ...) of the own region of segment own_seg (own_seg < 0:
 // of the context tensor), seen fully by segments [dep_begin, dep_end).
@@ -112,6 +123,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(
     elem_t* __restrict__ dvc, long long dvc_st, long long dvc_sh,
     elem_t* __restrict__ dkd, long long dkd_st, long long dkd_sh,
     elem_t* __restrict__ dvd, long long dvd_st, long long dvd_sh,
+    float* __restrict__ dq_acc, long long dqa_st, long long dqa_sh,
     const int* __restrict__ segments, const int* __restrict__ key_tiles,
     int group_size, float scale_log2, float scale, int window_left) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -121,6 +133,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(
     elem_t* sdO = sQ + kStages * kBlockM * kRowStride;         // [kStages][kBlockM rows]
     float* sLse = reinterpret_cast<float*>(sdO + kStages * kBlockM * kRowStride);  // [kStages][kBlockM]
     float* sDelta = sLse + kStages * kBlockM;                                     // [kStages][kBlockM]
+    elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);          // [kBlockKeys][kDsStride] (atomic)
 
     const int4 kt4 = reinterpret_cast<const int4*>(key_tiles)[blockIdx.x];
     Walk w;
@@ -235,6 +248,44 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(
         unsigned ds_frag[1][kBlockM / 16][4];
         to_a_frag<1, kBlockM>(ds_frag, acc_dp);
         gemm_frag_rows<1, kBlockM, kCols>(acc_dk, ds_frag, bQ, col0, lrow, lmat);  // dK += dS^T Q
+
+        if (kDqAtomic) {
+            // dS^T (this warp's 16 keys x kBlockM queries) to smem; then dQ_step = dS K, added with fp32 atomics.
+            if (dsplit == 0) {
+#pragma unroll
+                for (int nt = 0; nt < kBlockM / 8; ++nt)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh)
+                        *reinterpret_cast<unsigned*>(sdS + (warp_key0 + g + 8 * hh) * kDsStride + nt * 8 + 2 * t4) =
+                            pack2(acc_dp[0][nt][2 * hh], acc_dp[0][nt][2 * hh + 1]);
+            }
+            __syncthreads();
+            const int dq_slab = warp % kDqRowSlabs, dq_part = warp / kDqRowSlabs;
+            float acc_dq[1][kDqCols / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < kDqCols / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc_dq[0][nt][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < kBlockKeys / 16; ++kk) {
+                unsigned a[1][1][4];  // dS rows (queries) x 16 keys, read transposed from sdS
+                ldmatrix_x4_trans(a[0][0], sdS + (kk * 16 + (lmat / 2) * 8 + lrow) * kDsStride + dq_slab * 16 +
+                                               (lmat % 2) * 8);
+                gemm_frag_rows<1, 16, kDqCols>(acc_dq, a, sK + kk * 16 * kRowStride, dq_part * kDqCols, lrow, lmat);
+            }
+            const int head = kv_head * group_size + cur.h;
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int r = dq_slab * 16 + g + 8 * hh;
+                if (cur.pos + r > cur.p_hi) continue;
+                float* row = dq_acc + (seg.q_start + cur.pos + r) * dqa_st + head * dqa_sh + dq_part * kDqCols;
+#pragma unroll
+                for (int nt = 0; nt < kDqCols / 8; ++nt) {
+                    atomicAdd(row + nt * 8 + 2 * t4, acc_dq[0][nt][2 * hh]);
+                    atomicAdd(row + nt * 8 + 2 * t4 + 1, acc_dq[0][nt][2 * hh + 1]);
+                }
+            }
+        }
 
         __syncthreads();  // every warp is done with this buffer
         if (kStages == 1 && nxt.valid) {
