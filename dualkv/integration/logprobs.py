@@ -62,15 +62,18 @@ def _chunk_stats(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 # ---------------------------------------------------------------------------------------------- fused path
 def _grad_z(z: torch.Tensor, lse: torch.Tensor, entropy: torch.Tensor | None, targets: torch.Tensor,
             g_logp: torch.Tensor | None, g_ent: torch.Tensor | None) -> torch.Tensor:
-    """d loss / d z for one chunk: g_logp (onehot(target) - p) - g_ent p (log p + H). z (rows, V)."""
-    logp = z - lse[:, None]
-    p = logp.exp()
-    grad = torch.zeros_like(z)
-    if g_logp is not None:
-        grad -= g_logp[:, None] * p
-        grad.scatter_add_(-1, targets[:, None], g_logp[:, None])
+    """d loss / d z for one chunk: g_logp (onehot(target) - p) - g_ent p (log p + H). z (rows, V) is consumed
+    (overwritten) so that at most two (rows × V) buffers exist."""
+    logp = z.sub_(lse[:, None])
+    p = torch.exp(logp)
     if g_ent is not None and entropy is not None:
-        grad -= g_ent[:, None] * p * (logp + entropy[:, None])
+        grad = logp.add_(entropy[:, None]).mul_(p).mul_(-g_ent[:, None])
+        if g_logp is not None:
+            grad.sub_(p.mul_(g_logp[:, None]))
+    else:
+        grad = p.mul_(-g_logp[:, None]) if g_logp is not None else p.zero_()
+    if g_logp is not None:
+        grad.scatter_add_(-1, targets[:, None], g_logp[:, None])
     return grad
 
 
@@ -90,7 +93,8 @@ class _FusedLinearLogprobs(torch.autograd.Function):
             lse[a:b] = torch.logsumexp(z, dim=-1)
             logp[a:b] = z.gather(-1, targets[a:b, None])[:, 0] - lse[a:b]
             if with_entropy:
-                entropy[a:b] = lse[a:b] - (torch.softmax(z, dim=-1) * z).sum(-1)
+                entropy[a:b] = lse[a:b] - torch.softmax(z, dim=-1).mul_(z).sum(-1)
+            del z
         ctx.save_for_backward(h, weight, bias, targets, lse, entropy)
         ctx.config = (temperature, softcap, chunk_size)
         return logp, entropy
@@ -111,7 +115,7 @@ class _FusedLinearLogprobs(torch.autograd.Function):
                            None if g_logp is None else g_logp[a:b],
                            None if g_ent is None else g_ent[a:b]) / temperature
             if tanh is not None:
-                grad = grad * (1.0 - tanh * tanh)
+                grad.mul_(tanh.square_().neg_().add_(1.0))
             grad_l = grad.to(h.dtype)
             if grad_h is not None:
                 grad_h[a:b] = grad_l @ weight
