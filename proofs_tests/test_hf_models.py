@@ -69,3 +69,26 @@ def test_window_semantics():
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="sliding_window"):
             hf.hf_window(bad)
+
+
+def test_wrapped_packed_attention_for_sequence_parallelism():
+    """register(packed_attention=fn) swaps the per-layer attention (how a Ulysses wrapper plugs in): a wrapper that
+    splits the heads in two groups, as a head-scattering all-to-all would, stays exact and is called per layer."""
+    import dualkv
+
+    calls = []
+
+    def head_split(q, k, v, layout, *, softmax_scale, window_size):
+        calls.append(q.shape)
+        hq, hk = q.shape[1] // 2, k.shape[1] // 2
+        parts = [dualkv.shared_prefix_attention(q[:, i * hq:(i + 1) * hq], k[:, i * hk:(i + 1) * hk],
+                                                v[:, i * hk:(i + 1) * hk], layout, softmax_scale=softmax_scale,
+                                                window_size=window_size) for i in range(2)]
+        return torch.cat(parts, 1)
+
+    hf.register(packed_attention=head_split)
+    try:
+        errors = _errors(model_check("qwen3_sliding", PROMPTS, RESPONSES, seed=2))
+    finally:
+        hf.register()
+    assert len(calls) == 2 and max(errors.values()) <= 1e-9, errors

@@ -166,6 +166,14 @@ def register(packed_attention: PackedAttention | None = None, name: str = ATTN_N
     return fn
 
 
+def _ensure_registered() -> None:
+    """Register the default ``"dualkv"`` function unless one (possibly a wrapper from :func:`register`) is there."""
+    from transformers import AttentionInterface
+
+    if ATTN_NAME not in AttentionInterface._global_mapping:
+        register()
+
+
 # ---------------------------------------------------------------------------------------------- model switching
 _HOOK_ATTR = "_dualkv_state"
 
@@ -255,7 +263,7 @@ def enable_dualkv(model: torch.nn.Module, *, check_inputs: bool = True) -> torch
     config = getattr(model, "config", None)
     if config is None or not hasattr(model, "set_attn_implementation"):
         raise TypeError(f"enable_dualkv needs a transformers PreTrainedModel; got {type(model).__name__}")
-    register()
+    _ensure_registered()
     previous = config._attn_implementation
     model.set_attn_implementation(ATTN_NAME)
     if config._attn_implementation != ATTN_NAME:
