@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..layout import GroupLayout
+from . import register_bench
 from .baselines import SYSTEMS
 
 #: The seed's Table 1 shapes (N, P) with R = 2048, Qwen3-8B attention.
@@ -253,6 +254,10 @@ def run(args: argparse.Namespace) -> int:
     print(format_rows(rows))
     print(f"results: {path}")
     return 0
+
+
+register_bench("kernel", "attention kernels: dualkv vs FA2 N-copy, FlexAttention, stock FA2 cascade (fwd/bwd)",
+               add_arguments, run)
 
 
 if __name__ == "__main__":
