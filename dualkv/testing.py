@@ -78,6 +78,16 @@ def compare(out: torch.Tensor, ref64: torch.Tensor, *, dtype: torch.dtype, ref_l
     return Comparison(max_abs_err(out, ref64), bound, "max_abs")
 
 
+def assert_rows_pass(rows, max_error: float | None = None) -> None:
+    """Fail (AssertionError naming every failing quantity) unless every verify Row passed (and, if given, every
+    error is <= ``max_error``)."""
+    bad = [f"{r.quantity}: {r.error:.3e} > {r.bound:.3e}" for r in rows if not r.passed]
+    assert not bad, f"{rows[0].config} {rows[0].dtype}: " + "; ".join(bad)
+    if max_error is not None:
+        worst = max(rows, key=lambda r: r.error)
+        assert worst.error <= max_error, f"{worst.config} {worst.quantity}: {worst.error:.3e} > {max_error:.1e}"
+
+
 # ---------------------------------------------------------------------------------------------- oracle
 def _sdpa_row(q, k, v, q_pos, k_pos, scale, left, right):
     """q (Lq, H, d) k/v (Lk, Hk, d) through torch SDPA with an explicit boolean mask (any dtype, CPU or GPU)."""

@@ -16,3 +16,14 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def cuda_debug():
+    """Outputs poisoned with NaN before every kernel launch; every launch synchronised and error-checked."""
+    import dualkv
+    from dualkv.cuda.runtime import debug
+
+    assert dualkv.backend_name(torch.empty(0, device="cuda", dtype=torch.bfloat16)) == "cuda"
+    with debug(poison=True, sync=True):
+        yield

@@ -8,25 +8,13 @@ import torch
 
 import dualkv
 from dualkv import GroupLayout
+from dualkv.testing import assert_rows_pass
 from dualkv.verify.checks import AttentionCase, shared_prefix_check, two_call_check
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda_debug")]
 
 AWKWARD = (1, 63, 64, 65, 127, 129, 1000)
 HEAD_DIMS = (32, 64, 96, 128, 192, 256, 512)
-
-
-@pytest.fixture(autouse=True)
-def _debug_mode():
-    from dualkv.cuda.runtime import debug
-
-    with debug(poison=True, sync=True):
-        yield
-
-
-def _ok(rows):
-    bad = [f"{r.quantity}: {r.error:.3e} > {r.bound:.3e}" for r in rows if not r.passed]
-    assert not bad, f"{rows[0].config} {rows[0].dtype}: " + "; ".join(bad)
 
 
 def _sweep(count=21, seed=1):
@@ -46,7 +34,7 @@ def _sweep(count=21, seed=1):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", _sweep(), ids=lambda c: c.name)
 def test_shared_prefix_gradients(case, dtype):
-    _ok(shared_prefix_check(case, dtype=dtype, device="cuda"))
+    assert_rows_pass(shared_prefix_check(case, dtype=dtype, device="cuda"))
 
 
 @pytest.mark.parametrize("head_dim", (32, 64, 96, 128))
@@ -57,26 +45,26 @@ def test_atomic_dq_mode(head_dim, dtype):
 
     fn = functools.partial(dualkv.shared_prefix_attention, deterministic=False)
     case = AttentionCase((129, 70), ((1, 63, 200), (5, 64)), 8, 2, head_dim, window=(-1, -1))
-    _ok(shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=fn))
+    assert_rows_pass(shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=fn))
     case = AttentionCase((300,), ((65, 127),), 4, 4, head_dim, window=(50, 0))
-    _ok(shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=fn))
+    assert_rows_pass(shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=fn))
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_paper_api_five_gradients(head_dim, dtype):
-    _ok(two_call_check(AttentionCase((129,), ((1, 63, 64, 65, 127),), 8, 2, head_dim), dtype=dtype, device="cuda"))
+    assert_rows_pass(two_call_check(AttentionCase((129,), ((1, 63, 64, 65, 127),), 8, 2, head_dim), dtype=dtype, device="cuda"))
 
 
 @pytest.mark.parametrize("window", [0, 63, 200])
 def test_paper_api_windows(window):
-    _ok(two_call_check(AttentionCase((300,), ((65, 1, 128),), 4, 1, 128, window=(window, 0)), dtype=torch.bfloat16,
+    assert_rows_pass(two_call_check(AttentionCase((300,), ((65, 1, 128),), 4, 1, 128, window=(window, 0)), dtype=torch.bfloat16,
                        device="cuda"))
 
 
 def test_sixty_four_responses_share_one_context_gradient():
     case = AttentionCase((1000,), (tuple([1, 63, 65, 127, 129, 64, 2, 33] * 8),), 8, 1, 128)  # N = 64, GQA 8
-    _ok(shared_prefix_check(case, dtype=torch.bfloat16, device="cuda"))
+    assert_rows_pass(shared_prefix_check(case, dtype=torch.bfloat16, device="cuda"))
 
 
 def _grads(layout, q, k, v, dout):

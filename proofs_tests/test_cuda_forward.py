@@ -8,26 +8,13 @@ import torch
 
 import dualkv
 from dualkv import GroupLayout
+from dualkv.testing import assert_rows_pass
 from dualkv.verify.checks import AttentionCase, shared_prefix_check, two_call_check
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda_debug")]
 
 AWKWARD = (1, 63, 64, 65, 127, 129, 1000, 4097)
 HEAD_DIMS = (32, 64, 96, 128, 192, 256, 512)
-
-
-@pytest.fixture(autouse=True)
-def _debug_mode():
-    from dualkv.cuda.runtime import debug
-
-    assert dualkv.backend_name(torch.empty(0, device="cuda", dtype=torch.bfloat16)) == "cuda"
-    with debug(poison=True, sync=True):
-        yield
-
-
-def _ok(rows):
-    bad = [f"{r.quantity}: {r.error:.3e} > {r.bound:.3e}" for r in rows if not r.passed]
-    assert not bad, f"{rows[0].config} {rows[0].dtype}: " + "; ".join(bad)
 
 
 def _sweep(count=24, seed=0):
@@ -50,25 +37,25 @@ def _sweep(count=24, seed=0):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", _sweep(), ids=lambda c: c.name)
 def test_shared_prefix_forward(case, dtype):
-    _ok(shared_prefix_check(case, dtype=dtype, device="cuda", with_grad=False))
+    assert_rows_pass(shared_prefix_check(case, dtype=dtype, device="cuda", with_grad=False))
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_paper_api_every_head_dim(head_dim, dtype):
     case = AttentionCase((129,), ((1, 63, 64, 65, 127),), 8, 2, head_dim)
-    _ok(two_call_check(case, dtype=dtype, device="cuda", with_grad=False))
+    assert_rows_pass(two_call_check(case, dtype=dtype, device="cuda", with_grad=False))
 
 
 def test_many_responses_and_long_prompt():
     case = AttentionCase((4097,), tuple([tuple([1, 63, 65, 127, 129, 64, 2, 1000] * 8)]), 8, 1, 128)  # N = 64
-    _ok(shared_prefix_check(case, dtype=torch.bfloat16, device="cuda", with_grad=False))
+    assert_rows_pass(shared_prefix_check(case, dtype=torch.bfloat16, device="cuda", with_grad=False))
 
 
 @pytest.mark.parametrize("window", [0, 1, 63, 64, 65, 4000])
 def test_windows_cross_the_prompt_boundary(window):
     case = AttentionCase((1000,), ((129, 1, 64),), 4, 4, 64, window=(window, 0))
-    _ok(shared_prefix_check(case, dtype=torch.bfloat16, device="cuda", with_grad=False))
+    assert_rows_pass(shared_prefix_check(case, dtype=torch.bfloat16, device="cuda", with_grad=False))
 
 
 def test_strided_views_and_several_prompts():

@@ -5,13 +5,12 @@
 import pytest
 import torch
 
+from dualkv.testing import assert_rows_pass
 from dualkv.verify.model_checks import model_check
 
 
 def _assert_rows(rows, bound):
-    bad = [f"{r.quantity}: {r.error:.3e}" for r in rows if not r.passed]
-    assert not bad, f"{rows[0].config}: " + "; ".join(bad)
-    assert all(r.error <= bound for r in rows)
+    assert_rows_pass(rows, max_error=bound)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])

@@ -202,27 +202,13 @@ class Flex(_Autograd):
     name = "flex"
 
     def prepare(self):
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import flex_attention
 
-        seg = torch.empty(self.layout.total_tokens, dtype=torch.int32, device=self.q.device)
-        group = torch.empty_like(seg)
-        sid = 0
-        for g in range(self.layout.num_groups):
-            p0, p1 = self.layout.prompt_range(g)
-            seg[p0:p1], group[p0:p1] = -1, g
-            for i in range(len(self.layout.response_lens[g])):
-                r0, r1 = self.layout.response_range(g, i)
-                seg[r0:r1], group[r0:r1] = sid, g
-                sid += 1
+        from .systems import flex_mask
 
-        def mask_mod(b, h, q_idx, kv_idx):
-            same = (group[kv_idx] == group[q_idx]) & ((seg[kv_idx] == -1) | (seg[kv_idx] == seg[q_idx]))
-            return (kv_idx <= q_idx) & same
-
-        t = self.layout.total_tokens
         # The benchmark re-runs one backward (retain_graph=True); compiled donated buffers forbid that.
         torch._functorch.config.donated_buffer = False
-        self.block_mask = create_block_mask(mask_mod, None, None, t, t, device=self.q.device, _compile=True)
+        self.block_mask = flex_mask(self.layout, self.q.device).block_mask
         self.flex = torch.compile(flex_attention)
 
     def forward(self, train=False):

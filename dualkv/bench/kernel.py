@@ -13,10 +13,8 @@ work each system needs (mask building, recompilation, schedule building) — the
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import random
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -28,6 +26,7 @@ import torch
 from ..layout import GroupLayout
 from . import register_bench
 from .baselines import SYSTEMS
+from .harness import environment, free_memory, measure
 
 #: The seed's Table 1 shapes (N, P) with R = 2048, Qwen3-8B attention.
 TABLE1 = ((28, 4096), (28, 16384), (16, 32768), (16, 65536), (8, 8192), (4, 131072))
@@ -48,39 +47,17 @@ class BenchRow:
     status: str
 
 
-def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 2, reps: int = 10, budget_s: float = 4.0,
-                 device: str = "cuda") -> float:
-    """Median milliseconds of ``fn`` over CUDA events (host clock on the CPU); repeats stop once ``budget_s`` is
-    spent (after at least 3)."""
-    on_gpu = torch.device(device).type == "cuda"
-    for _ in range(warmup):
-        fn()
-    if on_gpu:
-        torch.cuda.synchronize()
-    times: list[float] = []
-    start_wall = time.perf_counter()
-    for _ in range(reps):
-        if on_gpu:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        if time.perf_counter() - start_wall > budget_s and len(times) >= 3:
-            break
-    return statistics.median(times)
-
-
 def random_inputs(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int,
                   device: str = "cuda"):
     gen = torch.Generator(device=device).manual_seed(seed)
     make = lambda h: torch.randn(layout.total_tokens, h, head_dim, device=device, dtype=dtype, generator=gen)  # noqa
     return make(heads), make(kv_heads), make(kv_heads)
+
+
+def time_ms(fn: Callable[[], object], device: str, reps: int) -> tuple[float, float | None]:
+    """(median ms, peak GiB or None) of ``fn`` after two warm-up calls (see :func:`harness.measure`)."""
+    timing = measure(fn, torch.device(device), warmup=2, reps=reps)
+    return timing.ms, timing.peak_mem_gib
 
 
 def _timed_call(system, mode: str, dout):
@@ -105,12 +82,9 @@ def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 
     except ImportError:  # analysis package absent: report times only
         attention_flops, pairs = None, None
     rows: list[BenchRow] = []
-    on_gpu = torch.device(device).type == "cuda"
     for name in systems:
         system = q = k = v = dout = None
-        gc.collect()
-        if on_gpu:
-            torch.cuda.empty_cache()
+        free_memory(torch.device(device))
         try:
             q, k, v = random_inputs(layout, heads, kv_heads, head_dim, dtype, seed, device)
             system = SYSTEMS[name](q, k, v, layout)
@@ -120,11 +94,8 @@ def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 
             rows += [BenchRow(name, N, P, R, m, None, None, None, None, "OOM") for m in modes]
             continue
         for mode in modes:
-            if on_gpu:
-                torch.cuda.reset_peak_memory_stats()
             try:
-                ms = cuda_time_ms(_timed_call(system, mode, dout), reps=reps, device=device)
-                peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None
+                ms, peak = time_ms(_timed_call(system, mode, dout), device, reps)
                 tflops = attention_flops(pairs, heads, head_dim, mode) / (ms * 1e-3) / 1e12 if pairs else None
                 rows.append(BenchRow(name, N, P, R, mode, ms, tflops, None, peak, "ok"))
             except torch.OutOfMemoryError:
@@ -194,16 +165,9 @@ def check_systems_agree(systems: Sequence[str], *, heads=8, kv_heads=2, head_dim
     return {name: [round((a - b).abs().max().item(), 5) for a, b in zip(vals, ref)] for name, vals in results.items()}
 
 
-def environment() -> dict:
-    from ..verify.report import environment as env
-
-    info = env()
-    info["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return info
-
-
 def write_results(rows: Sequence[BenchRow], path: str | Path, extra: dict | None = None) -> Path:
-    payload = {"environment": environment(), "benchmark": "kernel", "rows": [asdict(r) for r in rows]}
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    payload = {"environment": environment(device), "benchmark": "kernel", "rows": [asdict(r) for r in rows]}
     payload.update(extra or {})
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

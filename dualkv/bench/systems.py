@@ -26,6 +26,7 @@ import torch
 
 from ..integration import hf as dualkv_hf
 from ..integration.packing import PackedBatch
+from ..layout import GroupLayout
 from ..reference import standard_varlen_attention
 
 __all__ = ["SYSTEMS", "SystemBatch", "build_batch", "register_attention", "varlen_causal"]
@@ -131,10 +132,10 @@ def shared_prompt_mask_mod(group: torch.Tensor, segment: torch.Tensor) -> Callab
     return mask_mod
 
 
-def flex_mask(packed: PackedBatch, device, *, build_block_mask: bool = True,
+def flex_mask(packed: "PackedBatch | GroupLayout", device, *, build_block_mask: bool = True,
               mask_mod_fn: Callable = shared_prompt_mask_mod) -> FlexMask:
-    """The FlexMask of ``packed`` (group and segment ids of every packed token) on ``device``."""
-    layout = packed.layout
+    """The FlexMask of a packed micro-batch (group and segment ids of every packed token) on ``device``."""
+    layout = packed if isinstance(packed, GroupLayout) else packed.layout
     group = np.empty(layout.total_tokens, dtype=np.int64)
     segment = np.zeros(layout.total_tokens, dtype=np.int64)
     for g in range(layout.num_groups):

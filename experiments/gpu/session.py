@@ -56,7 +56,7 @@ def tests(pattern, timeout):
 def tune(shape=(16, 32768)):
     """Per-kernel times at one shape for candidate tiles (fwd, dQ, dK/dV)."""
     from dualkv import GroupLayout
-    from dualkv.bench.kernel import cuda_time_ms, random_inputs
+    from dualkv.bench.kernel import random_inputs, time_ms
     from dualkv.cuda.configs import KeyTileConfig, TileConfig
     from dualkv.cuda.launch import make_plan, run_backward, run_forward
 
@@ -69,15 +69,15 @@ def tune(shape=(16, 32768)):
                      ctx_shared=True)
     out, lse = run_forward(q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.fwd_pack, scale=scale, window_left=-1)
     dout = torch.randn_like(q)
-    res["fwd_default"] = cuda_time_ms(lambda: run_forward(q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.fwd_pack,
-                                                          scale=scale, window_left=-1), reps=5)
+    res["fwd_default"] = time_ms(lambda: run_forward(q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.fwd_pack,
+                                                          scale=scale, window_left=-1), 'cuda', 5)[0]
     for tile in (TileConfig(32, 4, 2), TileConfig(64, 4, 2), TileConfig(32, 8, 1), TileConfig(64, 8, 1)):
         try:
             pl = make_plan(layout.segment_table, head_dim=128, group_size=4, window_left=-1, device=q.device,
                            ctx_shared=True, dq_tile=tile)
-            res[f"dq {tile}"] = cuda_time_ms(lambda: run_backward(
+            res[f"dq {tile}"] = time_ms(lambda: run_backward(
                 dout, q, k, v, k, v, out, lse, pl.segments, pl.dq_tiles, pl.key_tiles, pl.dq_pack, True, scale=scale,
-                window_left=-1, dq_tile=tile, kernels=("dq",)), reps=5)
+                window_left=-1, dq_tile=tile, kernels=("dq",)), 'cuda', 5)[0]
         except Exception as err:
             res[f"dq {tile}"] = repr(err)[:200]
     for tile in (KeyTileConfig(64, 8, 1, 2), KeyTileConfig(32, 8, 1, 2), KeyTileConfig(64, 4, 1, 2),
@@ -85,9 +85,9 @@ def tune(shape=(16, 32768)):
         try:
             pl = make_plan(layout.segment_table, head_dim=128, group_size=4, window_left=-1, device=q.device,
                            ctx_shared=True, dkdv_tile=tile)
-            res[f"dkdv {tile}"] = cuda_time_ms(lambda: run_backward(
+            res[f"dkdv {tile}"] = time_ms(lambda: run_backward(
                 dout, q, k, v, k, v, out, lse, pl.segments, pl.dq_tiles, pl.key_tiles, pl.dq_pack, True, scale=scale,
-                window_left=-1, dkdv_tile=tile, kernels=("dkdv",)), reps=5)
+                window_left=-1, dkdv_tile=tile, kernels=("dkdv",)), 'cuda', 5)[0]
         except Exception as err:
             res[f"dkdv {tile}"] = repr(err)[:200]
     return {k2: (round(v2, 2) if isinstance(v2, float) else v2) for k2, v2 in res.items()}
