@@ -102,6 +102,7 @@ def main():
     ap.add_argument("--systems", default="dualkv,cascade,flex,fa2_ncopy")
     ap.add_argument("--varying", type=int, default=0)
     ap.add_argument("--skip", default="")
+    ap.add_argument("--verify", action="store_true", help="also run `dualkv verify` (JSON under $OUT)")
     args = ap.parse_args()
     skip = set(args.skip.split(","))
 
@@ -112,6 +113,14 @@ def main():
         step("tests", tests(args.tests, args.test_timeout))
     from dualkv.bench import kernel as kb
 
+    if args.verify:
+        def verify():
+            proc = subprocess.run([sys.executable, "-m", "dualkv", "verify", "--no-progress", "--json",
+                                   os.path.join(OUT, "verify.json")], capture_output=True, text=True, timeout=400)
+            lines = proc.stdout.strip().splitlines()
+            return {"rc": proc.returncode, "summary": lines[-2:] if lines else [], "failed": [
+                l for l in lines if l.rstrip().endswith("FAIL")][:20], "stderr": proc.stderr[-1000:]}
+        step("verify", verify)
     if "tune" not in skip:
         step("tune", tune)
     if "agree" not in skip:
