@@ -34,6 +34,8 @@ from typing import Callable, ContextManager, Iterator, Sequence
 import numpy as np
 import torch
 
+from .._provenance import git_commit
+
 __all__ = ["RunRecorder", "Timing", "add_sweep_arguments", "environment", "measure", "parse_dtype",
            "resolve_sweep", "run_sweep", "sample_response_lens", "smoke_threads", "sweep_command", "sweep_config",
            "sweep_configs",
@@ -159,23 +161,11 @@ def sample_response_lens(prompt_len: int, mb: int, seed: int, lo: int, hi: int) 
     return [int(r) for r in rng.integers(lo, hi + 1, size=mb)]
 
 
-def _git_commit() -> tuple[str, bool | None]:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
-        return commit or "unknown", dirty if commit else None
-    except (OSError, subprocess.SubprocessError):
-        return "unknown", None
-
-
 def environment(device: torch.device) -> dict:
     """GPU name, date, commit, torch/CUDA/transformers versions and the attention backend dualkv dispatches to."""
     from .. import backend_name
 
-    commit, dirty = _git_commit()
+    commit, dirty = git_commit()
     try:
         import transformers
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import platform
-import subprocess
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from .._provenance import git_commit
 from .checks import Row
 
 
@@ -23,11 +23,7 @@ def environment() -> dict:
         "cuda": torch.version.cuda,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
     }
-    try:
-        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                       check=True, cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        env["commit"] = None
+    env["commit"], env["dirty"] = git_commit()
     return env
 
 
