@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
