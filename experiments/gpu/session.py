@@ -47,7 +47,8 @@ def compile_all():
 def tests(pattern, timeout):
     def run():
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                               "--maxfail=8", *pattern.split()], capture_output=True, text=True, timeout=timeout)
+                               "-p", "no:logging", "--tb=short", "--maxfail=8", *pattern.split()],
+                              capture_output=True, text=True, timeout=timeout)
         tail = proc.stdout[-7000:]
         return {"rc": proc.returncode, "tail": tail + proc.stderr[-1500:]}
     return run
@@ -101,6 +102,7 @@ def main():
     ap.add_argument("--modes", default="fwd,bwd,fwdbwd")
     ap.add_argument("--systems", default="dualkv,cascade,flex,fa2_ncopy")
     ap.add_argument("--varying", type=int, default=0)
+    ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--skip", default="")
     ap.add_argument("--verify", action="store_true", help="also run `dualkv verify` (JSON under $OUT)")
     args = ap.parse_args()
@@ -130,7 +132,7 @@ def main():
     def bench():
         shapes = [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",") if s]
         for n, p in shapes:
-            rows.extend(kb.bench_shape(n, p, 2048, args.systems.split(","), modes=args.modes.split(","), reps=6))
+            rows.extend(kb.bench_shape(n, p, 2048, args.systems.split(","), modes=args.modes.split(","), reps=args.reps))
             print(kb.format_rows(rows[-len(args.systems.split(",")) * len(args.modes.split(",")):]), flush=True)
         return len(rows)
 
