@@ -26,7 +26,7 @@ QWEN3 = {
 }
 #: Tiny dimensions for smoke runs (--tiny).
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, tie_word_embeddings=False, vocab_size=256)
+            head_dim=32, tie_word_embeddings=False, vocab_size=256)  # head_dim >= 32: the CUDA kernels' smallest
 
 
 def qwen3_config(name: str, *, max_positions: int, num_layers: int | None = None):
