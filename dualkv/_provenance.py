@@ -4,6 +4,7 @@ copy without git history, e.g. the GPU machine)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -18,6 +19,8 @@ def git_commit() -> tuple[str, bool | None]:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                                 timeout=10).stdout.strip()
+        if not re.fullmatch(r"[0-9a-f]{40}", commit):  # e.g. a copy whose .git points nowhere
+            return "unknown", None
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                                     capture_output=True, text=True, timeout=10).stdout.strip())
         return commit or "unknown", dirty if commit else None
