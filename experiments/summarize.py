@@ -1,0 +1,74 @@
+"""Markdown tables of the GPU result files in experiments/results (what the README's numbers are copied from).
+
+python experiments/summarize.py [experiments/results]
+"""
+
+import json
+import sys
+from pathlib import Path
+
+
+def kernel_table(files):
+    rows = [r for f in files for r in json.loads(f.read_text())["rows"]]
+    gpu = json.loads(files[0].read_text())["environment"].get("gpu")
+    shapes = sorted({(r["N"], r["P"]) for r in rows}, key=lambda s: (s[1], s[0]))
+    systems = ["dualkv", "cascade", "flex", "fa2_ncopy"]
+    print(f"Kernel (attention only), {gpu}, bf16, H=32, H_k=8, d=128, R=2048. ms fwd / bwd / fwd+bwd; "
+          "fwd+bwd useful TFLOP/s; peak GiB (fwd+bwd).\n")
+    print("| (N, P) | " + " | ".join(systems) + " | dualkv vs FA2 (fwd+bwd) |")
+    print("|" + "---|" * (len(systems) + 2))
+    for n, p in shapes:
+        cells, fa2, dk = [], None, None
+        for s in systems:
+            got = {r["mode"]: r for r in rows if r["system"] == s and (r["N"], r["P"]) == (n, p)}
+            fb = got.get("fwdbwd")
+            if not fb or fb["status"] != "ok":
+                cells.append(fb["status"] if fb else "-")
+                continue
+            cells.append(f"{got['fwd']['ms']:.1f} / {got['bwd']['ms']:.1f} / **{fb['ms']:.1f}** "
+                         f"({fb['tflops']:.0f} TF, {fb['peak_mem_gib']:.1f} GiB)")
+            if s == "fa2_ncopy":
+                fa2 = fb["ms"]
+            if s == "dualkv":
+                dk = fb["ms"]
+        ratio = f"{fa2 / dk:.2f}x" if fa2 and dk else "-"
+        print(f"| ({n}, {p // 1024}K) | " + " | ".join(cells) + f" | {ratio} |")
+    print()
+
+
+def sweep_table(files, kind):
+    for f in files:
+        d = json.loads(f.read_text())
+        cfg = d.get("config", {})
+        print(f"`{f.name}`: {kind} {cfg.get('model', '')} on {d['environment'].get('gpu')}, fwd+bwd, "
+              f"R ~ U{tuple(cfg.get('r_range', ()))}. ms (peak GiB); speedup of dualkv over each.\n")
+        systems = [s for s in ("dualkv", "fa2_ncopy", "pg_padded", "flex_packed") if any(r["system"] == s for r in d["rows"])]
+        print("| P | mb | " + " | ".join(systems) + " |")
+        print("|" + "---|" * (len(systems) + 2))
+        keys = sorted({(r["P"], r["mb"]) for r in d["rows"]})
+        for p, mb in keys:
+            by = {r["system"]: r for r in d["rows"] if (r["P"], r["mb"]) == (p, mb)}
+            dk = by.get("dualkv", {}).get("ms")
+            cells = []
+            for s in systems:
+                r = by.get(s)
+                if not r or r["status"] != "ok":
+                    cells.append(r["status"] if r else "-")
+                    continue
+                sp = f", {r['ms'] / dk:.2f}x" if dk and s != "dualkv" else ""
+                cells.append(f"{r['ms']:.1f} ({r['peak_mem_gib']:.1f}{sp})")
+            print(f"| {p} | {mb} | " + " | ".join(cells) + " |")
+        print()
+
+
+def main(root="experiments/results"):
+    root = Path(root)
+    kernel = sorted(root.glob("kernel-*.json"))
+    if kernel:
+        kernel_table(kernel)
+    sweep_table(sorted(root.glob("layer-*.json")), "one decoder layer")
+    sweep_table(sorted(root.glob("model-*.json")), "whole model")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
