@@ -1,14 +1,13 @@
 """GPU: the backward kernels — all five gradients against the float64 N-copy oracle (FlashAttention's criterion,
 3x for gradients), deterministic to the bit, custom-op checks, torch.compile, and a short training run."""
 
-import random
-
 import pytest
 import torch
 
 import dualkv
 from dualkv import GroupLayout
 from dualkv.testing import assert_rows_pass
+from dualkv.verify.cases import random_cases
 from dualkv.verify.checks import AttentionCase, shared_prefix_check, two_call_check
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda_debug")]
@@ -17,18 +16,8 @@ AWKWARD = (1, 63, 64, 65, 127, 129, 1000)
 HEAD_DIMS = (32, 64, 96, 128, 192, 256, 512)
 
 
-def _sweep(count=21, seed=1):
-    rng = random.Random(seed)
-    cases = []
-    for i in range(count):
-        groups = rng.choice([1, 1, 2, 3])
-        d = HEAD_DIMS[i % len(HEAD_DIMS)]
-        kv, gqa = rng.choice([1, 2]), rng.choice([1, 2, 4, 8])
-        prompts = tuple(rng.choice(AWKWARD) for _ in range(groups))
-        responses = tuple(tuple(rng.choice(AWKWARD[:6]) for _ in range(rng.choice([1, 2, 3, 5, 9]))) for _ in range(groups))
-        window = (-1, -1) if d == 512 or rng.random() < 0.6 else (rng.choice([0, 17, 64, 200, 5000]), 0)
-        cases.append(AttentionCase(prompts, responses, kv * gqa, kv, d, window))
-    return cases
+def _sweep():
+    return random_cases(21, 1, prompt_lens=AWKWARD, response_lens=AWKWARD[:6], group_sizes=(1, 2, 3, 5, 9))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

@@ -1,14 +1,13 @@
 """GPU: the fused forward kernel against the float64 N-copy oracle (FlashAttention's criterion), outputs poisoned
 with NaN before every launch and every launch synchronised and error-checked."""
 
-import random
-
 import pytest
 import torch
 
 import dualkv
 from dualkv import GroupLayout
 from dualkv.testing import assert_rows_pass
+from dualkv.verify.cases import random_cases
 from dualkv.verify.checks import AttentionCase, shared_prefix_check, two_call_check
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda_debug")]
@@ -17,21 +16,10 @@ AWKWARD = (1, 63, 64, 65, 127, 129, 1000, 4097)
 HEAD_DIMS = (32, 64, 96, 128, 192, 256, 512)
 
 
-def _sweep(count=24, seed=0):
-    rng = random.Random(seed)
-    cases = []
-    for i in range(count):
-        groups = rng.choice([1, 1, 2, 3])
-        d = HEAD_DIMS[i % len(HEAD_DIMS)]
-        kv = rng.choice([1, 2])
-        gqa = rng.choice([1, 2, 4, 8])
-        big = rng.random() < 0.2
-        prompts = tuple(rng.choice(AWKWARD if big else AWKWARD[:6]) for _ in range(groups))
-        n = rng.choice([1, 2, 3, 5, 16] if not big else [1, 2, 8])
-        responses = tuple(tuple(rng.choice(AWKWARD[:6]) for _ in range(n)) for _ in range(groups))
-        window = (-1, -1) if d == 512 or rng.random() < 0.6 else (rng.choice([0, 17, 64, 200, 5000]), 0)
-        cases.append(AttentionCase(prompts, responses, kv * gqa, kv, d, window))
-    return cases
+def _sweep():
+    small = random_cases(20, 0, prompt_lens=AWKWARD[:6], response_lens=AWKWARD[:6], group_sizes=(1, 2, 3, 5, 16))
+    big = random_cases(4, 100, prompt_lens=AWKWARD, response_lens=AWKWARD[:6], group_sizes=(1, 2, 8))
+    return small + big
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

@@ -1,13 +1,11 @@
 """Call 1 + call 2 equal the N-copy layout's attention in float64 (outputs, LSE and every gradient, with prompt
 gradients summed over the N copies — Eq. 7), checked against PyTorch's own SDPA on the N-copy rows."""
 
-import random
-
 import pytest
 import torch
 
 from dualkv.testing import assert_rows_pass
-from dualkv.verify.cases import HEAD_DIMS, attention_cases
+from dualkv.verify.cases import HEAD_DIMS, attention_cases, random_cases
 from dualkv.verify.checks import AttentionCase, shared_prefix_check, two_call_check
 
 AWKWARD = (1, 2, 63, 64, 65, 127, 129)
@@ -17,20 +15,13 @@ def _assert_rows(rows):
     assert_rows_pass(rows, max_error=1e-10 if rows[0].dtype == "fp64" else None)
 
 
-def _random_case(seed: int) -> AttentionCase:
-    rng = random.Random(seed)
-    groups = rng.choice([1, 1, 2, 3])
-    kv_heads = rng.choice([1, 2])
-    gqa = rng.choice([1, 2, 4, 8])
-    prompts = tuple(rng.choice(AWKWARD) for _ in range(groups))
-    responses = tuple(tuple(rng.choice(AWKWARD) for _ in range(rng.choice([1, 2, 3, 5]))) for _ in range(groups))
-    window = rng.choice([(-1, -1), (-1, -1), (rng.choice([0, 5, 40, 200]), 0)])
-    return AttentionCase(prompts, responses, kv_heads * gqa, kv_heads, rng.choice([32, 64, 96, 128]), window)
+RANDOM_CASES = random_cases(16, 0, prompt_lens=AWKWARD, response_lens=AWKWARD, head_dims=(32, 64, 96, 128),
+                            windows=(0, 5, 40, 200), window_share=1 / 3)
 
 
-@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("seed", range(len(RANDOM_CASES)))
 def test_random_awkward_shapes(seed):
-    case = _random_case(seed)
+    case = RANDOM_CASES[seed]
     _assert_rows(shared_prefix_check(case, seed=seed))
     if len(case.prompt_lens) == 1:
         _assert_rows(two_call_check(case, seed=seed))

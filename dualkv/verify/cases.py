@@ -3,6 +3,9 @@ groups, GQA ratios 1-8, every head dim, windows shorter and longer than the prom
 
 from __future__ import annotations
 
+import random
+from typing import Sequence
+
 from .checks import AttentionCase
 
 HEAD_DIMS = (32, 64, 96, 128, 192, 256, 512)
@@ -35,3 +38,22 @@ def model_cases(quick: bool = False):
         ("qwen3", (1, 9), ((3,), (2, 2)), True),
     ]
     return cases[:1] if quick else cases
+
+
+def random_cases(count: int, seed: int, *, prompt_lens: Sequence[int], response_lens: Sequence[int],
+                 group_sizes: Sequence[int] = (1, 2, 3, 5), head_dims: Sequence[int] = HEAD_DIMS,
+                 windows: Sequence[int] = (0, 17, 64, 200, 5000), window_share: float = 0.4) -> list[AttentionCase]:
+    """Seeded random multi-group cases over awkward lengths, GQA ratios 1-8 and windows; head dims cycle through
+    ``head_dims`` (no window at d = 512, which the kernels run unwindowed only)."""
+    rng = random.Random(seed)
+    cases = []
+    for i in range(count):
+        groups = rng.choice([1, 1, 2, 3])
+        d = head_dims[i % len(head_dims)]
+        kv, gqa = rng.choice([1, 2]), rng.choice([1, 2, 4, 8])
+        prompts = tuple(rng.choice(prompt_lens) for _ in range(groups))
+        responses = tuple(tuple(rng.choice(response_lens) for _ in range(rng.choice(group_sizes)))
+                          for _ in range(groups))
+        window = (rng.choice(windows), 0) if d != 512 and rng.random() < window_share else (-1, -1)
+        cases.append(AttentionCase(prompts, responses, kv * gqa, kv, d, window))
+    return cases

@@ -31,12 +31,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq(
     if (t.n_iter > 0) load_key_block(sK, t, 0, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
     cp_async_commit();
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row_warp = warp % kRowWarps, dsplit = warp / kRowWarps;
-    const int g = lane / 4, t4 = lane % 4;
-    const int lrow = lane % 8, lmat = lane / 8;
-    const int warp_row0 = row_warp * 16 * kMSlabs;
-    const int col0 = dsplit * kOutCols;
+    const QWarp qw = qwarp();
+    const int g = qw.g, t4 = qw.t4, lrow = qw.lrow, lmat = qw.lmat, warp_row0 = qw.row0, col0 = qw.col0;
 
     // Per-row LSE (log2 domain) and D of the rows this thread holds; rows beyond the segment get P = 0 below.
     float row_lse[kMSlabs][2], row_delta[kMSlabs][2];

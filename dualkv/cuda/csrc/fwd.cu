@@ -32,12 +32,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(
     if (t.n_iter > 0) load_key_block(sK, t, 0, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
     cp_async_commit();
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row_warp = warp % kRowWarps, dsplit = warp / kRowWarps;
-    const int g = lane / 4, t4 = lane % 4;
-    const int lrow = lane % 8, lmat = lane / 8;
-    const int warp_row0 = row_warp * 16 * kMSlabs;
-    const int col0 = dsplit * kOutCols;
+    const QWarp qw = qwarp();
+    const int g = qw.g, t4 = qw.t4, lrow = qw.lrow, lmat = qw.lmat, warp_row0 = qw.row0, col0 = qw.col0;
 
     float acc_o[kMSlabs][kOutCols / 8][4];
     float row_max[kMSlabs][2], row_sum[kMSlabs][2];  // row_max in the scaled log2 domain
@@ -128,7 +124,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(
             inv_l[sl][hh] = l > 0.f ? 1.f / l : 0.f;
             const int r = warp_row0 + sl * 16 + g + 8 * hh;
             const int p = r % kPosPerTile;
-            if (dsplit == 0 && t4 == 0 && p < t.n_pos)
+            if (qw.dsplit == 0 && t4 == 0 && p < t.n_pos)
                 lse[(t.head0 + r / kPosPerTile) * lse_sh + t.seg.q_start + t.pos0 + p] =
                     l > 0.f ? (row_max[sl][hh] + log2f(l)) * 0.6931471805599453f : kInf;
         }

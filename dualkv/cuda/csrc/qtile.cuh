@@ -73,6 +73,18 @@ __device__ __forceinline__ QTile make_qtile(const int* segments, const int* tile
     return t;
 }
 
+// Where this thread sits in the CTA's MMA tiling: its warp's first row and output column, and the lane's
+// fragment coordinates (g: accumulator row within a slab, t4: column pair, lrow/lmat: ldmatrix row and matrix).
+struct QWarp {
+    int dsplit, row0, col0, g, t4, lrow, lmat;
+};
+
+__device__ __forceinline__ QWarp qwarp() {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int dsplit = warp / kRowWarps;
+    return QWarp{dsplit, (warp % kRowWarps) * 16 * kMSlabs, dsplit * kOutCols, lane / 4, lane % 4, lane % 8, lane / 8};
+}
+
 // Rows of the CTA's query tile from a (tokens, heads, head_dim) tensor (Q, dO) into smem; missing rows are zero.
 __device__ __forceinline__ void load_query_rows(elem_t* dst, const elem_t* base, long long tok_st, long long head_st,
                                                 const QTile& t) {
