@@ -130,49 +130,133 @@ def random_qkv(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int, *,
 
 
 # ---------------------------------------------------------------------------------------------- models
+def _norm_scale_kind(module: torch.nn.Module) -> str:
+    """How an RMSNorm applies its weight: ``"weight"`` (w * x), ``"one_plus"`` (Gemma 1-3: (1 + w) * x) or
+    ``"none"`` (no weight). Decided by probing the module's own forward in float32, so a new architecture's norm is
+    classified by what it computes, not by its class name."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        return "none"
+    probe = torch.linspace(-1.0, 1.0, weight.shape[-1], dtype=torch.float32, device=weight.device)[None] + 0.25
+    with torch.no_grad():
+        got = module(probe.to(weight.dtype)).to(torch.float64)
+        eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+        p64 = probe.to(torch.float64)
+        normed = p64 * torch.rsqrt(p64.pow(2).mean(-1, keepdim=True) + eps)
+        w = weight.detach().to(torch.float64)
+        errors = {"weight": (got - w * normed).abs().max().item(),
+                  "one_plus": (got - (1.0 + w) * normed).abs().max().item()}
+    kind = min(errors, key=errors.get)
+    if errors[kind] > 1e-2 * max(1.0, normed.abs().max().item()):
+        raise RuntimeError(f"{type(module).__name__} computes neither w*x/rms(x) nor (1+w)*x/rms(x); "
+                           "fp64_clean_norms cannot replace it")
+    return kind
+
+
 def fp64_clean_norms(model: torch.nn.Module) -> torch.nn.Module:
     """Make HF RMSNorms compute in their input dtype (stock ones round through float32, which caps a float64
-    model's gradient agreement near 1e-7). Only for exactness tests."""
+    model's gradient agreement near 1e-7). Only for exactness tests.
+
+    Each norm keeps its own weight convention (w, 1 + w for Gemma 1-3, none for Gemma 4's weightless v_norm),
+    found by probing its forward (:func:`_norm_scale_kind`)."""
 
     def forward(self, x):
         eps = getattr(self, "variance_epsilon", getattr(self, "eps", 1e-6))
         normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        if self._dualkv_scale_kind == "none":
+            return normed
         weight = self.weight
-        if getattr(self, "_dualkv_offset_one", False):
+        if self._dualkv_scale_kind == "one_plus":
             weight = 1.0 + weight
         return weight.to(x.dtype) * normed
 
     for module in model.modules():
         name = type(module).__name__
-        if name.endswith("RMSNorm") and hasattr(module, "weight"):
-            module._dualkv_offset_one = name.startswith("Gemma")
+        if name.endswith("RMSNorm") and not hasattr(module, "_dualkv_scale_kind"):
+            module._dualkv_scale_kind = _norm_scale_kind(module)
             module.forward = types.MethodType(forward, module)
     return model
+
+
+#: The tiny architectures :func:`tiny_causal_lm` builds (name -> what it exercises).
+TINY_ARCHS = {
+    "qwen3": "Qwen3 (q/k norms, GQA)",
+    "llama": "Llama (GQA, default RoPE)",
+    "qwen2": "Qwen2 (qkv bias, MHA)",
+    "llama3": "Llama 3 (llama3 RoPE scaling)",
+    "qwen2_sliding": "Qwen2 with a sliding-window layer (window 5)",
+    "qwen3_sliding": "Qwen3 with a sliding-window layer (window 5)",
+    "qwen3_moe": "Qwen3-MoE (4 experts, top-2)",
+    "gemma3": "Gemma 3 (sliding window 4 on 2 of 3 layers, query_pre_attn_scalar scaling, (1+w) norms)",
+    "gemma4": "Gemma 4 hybrid: sliding layers head dim 256 (window 4), a global layer head dim 512 with k=v, "
+              "per-layer inputs, final logit softcap 30",
+    "gemma4_kv_shared": "Gemma 4 with the last 2 of 4 layers reusing earlier layers' K/V (E2B-style)",
+}
+
+
+def _tiny_spec(arch: str, vocab: int) -> tuple[str, str, dict]:
+    """(config class name, model class name, config fields) of a tiny ``arch`` beyond the shared small sizes."""
+    llama3_rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    sliding = {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1}
+    gemma4 = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 256, "global_head_dim": 512,
+              "sliding_window": 4, "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": vocab,
+              "final_logit_softcapping": 30.0}
+    specs = {
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}),
+        "llama": ("LlamaConfig", "LlamaForCausalLM", {"head_dim": 8}),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+        "llama3": ("LlamaConfig", "LlamaForCausalLM", {"head_dim": 8, "rope_parameters": llama3_rope}),
+        "qwen2_sliding": ("Qwen2Config", "Qwen2ForCausalLM", sliding),
+        "qwen3_sliding": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8, **sliding}),
+        "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                      {"head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                       "norm_topk_prob": True, "experts_implementation": "eager"}),  # grouped_mm has no float64
+        "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                   {"head_dim": 8, "num_hidden_layers": 3, "sliding_window": 4, "query_pre_attn_scalar": 12,
+                    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]}),
+        "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM",
+                   {**gemma4, "num_hidden_layers": 3, "attention_k_eq_v": True, "num_global_key_value_heads": 1,
+                    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]}),
+        "gemma4_kv_shared": ("Gemma4TextConfig", "Gemma4ForCausalLM",
+                             {**gemma4, "num_hidden_layers": 4, "num_kv_shared_layers": 2,
+                              "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                                              "full_attention"]}),
+    }
+    if arch not in specs:
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHS)}")
+    return specs[arch]
+
+
+def _temper_qk_norms(model: torch.nn.Module) -> None:
+    """Scale q/k norm weights by d^(-1/4): Gemma 4 attends with scaling 1.0 after q/k RMSNorms, so at random init its
+    logits have standard deviation sqrt(d) (~23 for d = 512) and the softmax is one-hot, which makes float32
+    gradients ill-conditioned. Trained norms keep logits O(1); this gives the random model the same regime."""
+    with torch.no_grad():
+        for module in model.modules():
+            for name in ("q_norm", "k_norm"):
+                norm = getattr(module, name, None)
+                if norm is not None and isinstance(getattr(norm, "weight", None), torch.Tensor):
+                    norm.weight.mul_(norm.weight.shape[-1] ** -0.25)
 
 
 def tiny_causal_lm(arch: str, *, dtype: torch.dtype = torch.float64, seed: int = 0, vocab: int = 97,
                    **overrides) -> torch.nn.Module:
     """A tiny randomly initialised ``transformers`` causal LM built from a config (nothing is downloaded).
 
-    ``arch`` is one of ``qwen3``, ``llama``, ``qwen2``. Attention starts as ``sdpa`` (the stock N-copy path).
+    ``arch`` is one of :data:`TINY_ARCHS`. Attention starts as ``sdpa`` (the stock N-copy path). ``overrides``
+    replace config fields (they win over the architecture's tiny defaults).
     """
     import transformers
 
+    config_name, model_name, fields = _tiny_spec(arch, vocab)
     common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                   attn_implementation="sdpa")
-    common.update(overrides)
-    if arch == "qwen3":
-        config = transformers.Qwen3Config(head_dim=8, **common)
-        cls = transformers.Qwen3ForCausalLM
-    elif arch == "llama":
-        config = transformers.LlamaConfig(head_dim=8, **common)
-        cls = transformers.LlamaForCausalLM
-    elif arch == "qwen2":
-        config = transformers.Qwen2Config(**common)
-        cls = transformers.Qwen2ForCausalLM
-    else:
-        raise ValueError(f"unknown tiny architecture {arch!r}; choose qwen3, llama or qwen2")
+    config = getattr(transformers, config_name)(**{**common, **fields, **overrides})
+    cls = getattr(transformers, model_name)
     torch.manual_seed(seed)
     model = cls(config).to(dtype)
+    if arch.startswith("gemma4"):
+        _temper_qk_norms(model)
     return fp64_clean_norms(model) if dtype == torch.float64 else model

@@ -1,0 +1,280 @@
+"""The systems a benchmark compares, each as (token layout, attention function) around the same stock HF modules.
+
+* ``dualkv`` — P+ΣR packing, the ``"dualkv"`` attention (:func:`dualkv.shared_prefix_attention`: the CUDA kernels
+  for CUDA bf16/fp16 when available, else the reference).
+* ``fa2_ncopy`` — baseline (a): the N-copy varlen layout (N rows [P; R_i], N(P+R) tokens) with PyTorch's
+  FlashAttention-2 (``torch.nn.attention.varlen.varlen_attn``, causal).
+* ``pg_padded`` — baseline (b), Prefix-Grouper style as the paper's appendix runs it: a padded (N, P + R_max)
+  batch through every layer op; attention = two FlashAttention calls: the prompt's causal self-attention once, then
+  every response over [the prompt K/V repeated per response (expand + copy); its own K/V], bottom-right causal.
+  (The published Prefix Grouper packs [prefix; suffixes]; this is the padded variant the paper benchmarks.)
+* ``flex_packed`` — baseline (c): the P+ΣR packing with ``torch.compile(flex_attention)`` and the BlockMask
+  ``k <= q and same group and (k in prompt or seg[k] == seg[q])``, built per shape.
+
+On a CPU (smoke runs only) FlashAttention is replaced by :func:`dualkv.reference.standard_varlen_attention`
+(same semantics), and FlexAttention's backward (absent on CPUs) by SDPA with the same mask function made dense.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..integration import hf as dualkv_hf
+from ..integration.packing import PackedBatch
+from ..reference import standard_varlen_attention
+
+__all__ = ["SYSTEMS", "SystemBatch", "build_batch", "register_attention", "varlen_causal"]
+
+SYSTEMS = ("dualkv", "fa2_ncopy", "pg_padded", "flex_packed")
+ATTN_NAMES = {"dualkv": dualkv_hf.ATTN_NAME, "fa2_ncopy": "dualkv_bench_fa2_varlen",
+              "pg_padded": "dualkv_bench_pg_padded", "flex_packed": "dualkv_bench_flex"}
+
+
+@dataclass
+class SystemBatch:
+    """One system's view of a packed micro-batch.
+
+    Attributes:
+        grid: (B, L) shape the model/layer runs on.
+        gather: (B*L,) int64 packed token shown at each grid slot (padding slots repeat token 0).
+        position_ids: (B, L) int64.
+        to_packed: (T,) int64 grid slot (flattened) of each packed token's first copy.
+        predictor_index: (ΣR,) int64 grid slot (flattened) whose output predicts each response token.
+        forward_kwargs: what the attention function reads (layout, cu_seqlens, prompt length, block mask).
+    """
+
+    system: str
+    grid: tuple[int, int]
+    gather: torch.Tensor
+    position_ids: torch.Tensor
+    to_packed: torch.Tensor
+    predictor_index: torch.Tensor
+    forward_kwargs: dict = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def attn_name(self) -> str:
+        return ATTN_NAMES[self.system]
+
+
+def _t(array, device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(device)
+
+
+def _packed_batch(packed: PackedBatch, device) -> SystemBatch:
+    t = packed.layout.total_tokens
+    return SystemBatch("dualkv", (1, t), torch.arange(t, device=device), packed.position_ids.to(device)[None],
+                       torch.arange(t, device=device), packed.predictor_index.to(device),
+                       {dualkv_hf.LAYOUT_KWARG: packed.layout})
+
+
+def _ncopy_batch(packed: PackedBatch, device) -> SystemBatch:
+    layout = packed.layout
+    index = layout.copy_token_index
+    cu = layout.copy_cu_seqlens
+    rows_p = [layout.prompt_lens[g] for g in layout.response_group]
+    predictor = np.concatenate([np.arange(cu[b] + p - 1, cu[b] + p - 1 + r)
+                                for b, (p, r) in enumerate(zip(rows_p, layout.flat_response_lens))])
+    positions = packed.position_ids.cpu().numpy()[index]
+    kwargs = {"bench_cu_seqlens": torch.from_numpy(cu.astype(np.int32)).to(device),
+              "bench_max_seqlen": int(np.diff(cu).max())}
+    return SystemBatch("fa2_ncopy", (1, len(index)), _t(index, device), _t(positions, device)[None],
+                       _t(layout.first_copy_index, device), _t(predictor, device), kwargs)
+
+
+def _padded_batch(packed: PackedBatch, device) -> SystemBatch:
+    layout = packed.layout
+    if layout.num_groups != 1:
+        raise ValueError("the padded Prefix-Grouper baseline runs one prompt group per micro-batch")
+    p, lens = layout.prompt_lens[0], layout.flat_response_lens
+    width = p + max(lens)
+    gather = np.zeros((len(lens), width), dtype=np.int64)
+    to_packed = np.empty(layout.total_tokens, dtype=np.int64)
+    to_packed[:p] = np.arange(p)
+    predictor = []
+    for b, (start, r) in enumerate(zip(layout.response_starts, lens)):
+        gather[b, :p] = np.arange(p)
+        gather[b, p:p + r] = np.arange(start, start + r)
+        to_packed[start:start + r] = b * width + p + np.arange(r)
+        predictor.append(b * width + p - 1 + np.arange(r))
+    positions = np.broadcast_to(np.arange(width), (len(lens), width))
+    return SystemBatch("pg_padded", (len(lens), width), _t(gather.reshape(-1), device), _t(positions, device),
+                       _t(to_packed, device), _t(np.concatenate(predictor), device), {"bench_prompt_len": p})
+
+
+@dataclass
+class FlexMask:
+    """The shared-prompt mask as a FlexAttention ``mask_mod`` over packed token indices, and its BlockMask."""
+
+    mask_mod: Callable
+    block_mask: object = None
+
+
+def shared_prompt_mask_mod(group: torch.Tensor, segment: torch.Tensor) -> Callable:
+    """mask_mod(b, h, q, kv) = kv <= q and same group and (kv in the prompt or in q's response).
+
+    group: (T,) group of each packed token; segment: (T,) 0 for prompt tokens, 1 + response index otherwise.
+    """
+
+    def mask_mod(b, h, q, kv):
+        visible = (segment[kv] == 0) | (segment[kv] == segment[q])
+        return (kv <= q) & (group[kv] == group[q]) & visible
+
+    return mask_mod
+
+
+def flex_mask(packed: PackedBatch, device, *, build_block_mask: bool = True,
+              mask_mod_fn: Callable = shared_prompt_mask_mod) -> FlexMask:
+    """The FlexMask of ``packed`` (group and segment ids of every packed token) on ``device``."""
+    layout = packed.layout
+    group = np.empty(layout.total_tokens, dtype=np.int64)
+    segment = np.zeros(layout.total_tokens, dtype=np.int64)
+    for g in range(layout.num_groups):
+        a, _ = layout.prompt_range(g)
+        group[a:a + layout.prompt_lens[g] + sum(layout.response_lens[g])] = g
+    for s, (start, r) in enumerate(zip(layout.response_starts, layout.flat_response_lens)):
+        segment[start:start + r] = s + 1
+    mask = FlexMask(mask_mod_fn(_t(group, device), _t(segment, device)))
+    if build_block_mask:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        t = layout.total_tokens
+        kwargs = {"device": device}
+        if "_compile" in inspect.signature(create_block_mask).parameters and torch.device(device).type == "cuda":
+            kwargs["_compile"] = True   # no O(T^2) mask while building
+        mask.block_mask = create_block_mask(mask.mask_mod, None, None, t, t, **kwargs)
+    return mask
+
+
+def build_batch(system: str, packed: PackedBatch, device: torch.device | str, *,
+                flex_mask_fn: Callable[[PackedBatch, object], FlexMask] = flex_mask) -> SystemBatch:
+    """``system``'s layout of ``packed`` (one of :data:`SYSTEMS`)."""
+    if system == "dualkv":
+        return _packed_batch(packed, device)
+    if system == "fa2_ncopy":
+        return _ncopy_batch(packed, device)
+    if system == "pg_padded":
+        return _padded_batch(packed, device)
+    if system == "flex_packed":
+        batch = _packed_batch(packed, device)
+        batch.system = "flex_packed"
+        batch.forward_kwargs = {"bench_flex": flex_mask_fn(packed, device)}
+        return batch
+    raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+
+
+# ---------------------------------------------------------------------------------------------- attention ops
+def _varlen_kwargs(h: int, hk: int) -> dict:
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    kwargs = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if "enable_gqa" in params and h != hk:
+        kwargs["enable_gqa"] = True
+    return kwargs
+
+
+def varlen_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                  max_q: int, max_k: int, scale: float) -> torch.Tensor:
+    """Causal varlen attention, bottom-right aligned: q (Tq, H, d), k/v (Tk, H_k, d), int32 cu_seqlens.
+
+    CUDA: PyTorch's FlashAttention-2 (``varlen_attn``; torch >= 2.9). CPU: the dualkv reference of the same op.
+    """
+    if q.is_cuda:
+        from torch.nn.attention.varlen import varlen_attn
+
+        return varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, max_q, max_k, scale=scale,
+                           **_varlen_kwargs(q.shape[1], k.shape[1]))
+    return standard_varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=True)
+
+
+def _no_window(sliding_window) -> None:
+    if sliding_window:
+        raise NotImplementedError("the benchmark baselines implement full causal attention only")
+
+
+def _fa2_varlen_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                          sliding_window=None, **kwargs):
+    """(a) N-copy varlen: query (1, H, T_std, d) -> ((1, T_std, H, d), None)."""
+    _no_window(sliding_window)
+    cu, max_len = kwargs["bench_cu_seqlens"], kwargs["bench_max_seqlen"]
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    return varlen_causal(q, k, v, cu, cu, max_len, max_len, scaling)[None], None
+
+
+def _pg_padded_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                         sliding_window=None, **kwargs):
+    """(b) padded two-call attention: query (N, H, P + R_max, d) -> ((N, P + R_max, H, d), None)."""
+    _no_window(sliding_window)
+    p = kwargs["bench_prompt_len"]
+    n, h, width, d = query.shape
+    hk, rmax = key.shape[1], width - p
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))           # (N, L, heads, d)
+    dev = query.device
+    cu_p = torch.tensor([0, p], dtype=torch.int32, device=dev)
+    out_prompt = varlen_causal(q[0, :p], k[0, :p], v[0, :p], cu_p, cu_p, p, p, scaling)         # call 1, once
+    k2 = torch.cat([k[:1, :p].expand(n, p, hk, d), k[:, p:]], 1).reshape(n * width, hk, d)      # prompt K/V x N
+    v2 = torch.cat([v[:1, :p].expand(n, p, hk, d), v[:, p:]], 1).reshape(n * width, hk, d)
+    cu_q = torch.arange(n + 1, dtype=torch.int32, device=dev) * rmax
+    cu_k = torch.arange(n + 1, dtype=torch.int32, device=dev) * width
+    out_resp = varlen_causal(q[:, p:].reshape(n * rmax, h, d), k2, v2, cu_q, cu_k, rmax, width, scaling)  # call 2
+    out = torch.cat([out_prompt[None].expand(n, p, h, d), out_resp.view(n, rmax, h, d)], 1)
+    return out, None
+
+
+_COMPILED_FLEX = None
+
+
+def _flex_fn():
+    global _COMPILED_FLEX
+    if _COMPILED_FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        import torch._dynamo
+
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
+        _COMPILED_FLEX = torch.compile(flex_attention)
+    return _COMPILED_FLEX
+
+
+def _flex_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
+                    **kwargs):
+    """(c) FlexAttention on the packing: query (1, H, T, d) -> ((1, T, H, d), None)."""
+    _no_window(sliding_window)
+    mask: FlexMask = kwargs["bench_flex"]
+    gqa = query.shape[1] != key.shape[1]
+    if query.is_cuda:
+        out = _flex_fn()(query, key, value, block_mask=mask.block_mask, scale=scaling, enable_gqa=gqa)
+    elif torch.is_grad_enabled() and query.requires_grad:
+        # FlexAttention has no CPU backward: the same mask_mod, made dense, through SDPA (smoke runs only).
+        from torch.nn.attention.flex_attention import create_mask
+
+        t = query.shape[2]
+        dense = create_mask(mask.mask_mod, None, None, t, t, device=query.device)
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=dense, scale=scaling,
+                                                               enable_gqa=gqa)
+    else:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        out = flex_attention(query, key, value, block_mask=mask.block_mask, scale=scaling, enable_gqa=gqa)
+    return out.transpose(1, 2), None
+
+
+def register_attention() -> None:
+    """Register the baselines' attention functions with ``transformers.AttentionInterface`` (and ``"dualkv"``)."""
+    from transformers import AttentionInterface
+
+    dualkv_hf.register()
+    AttentionInterface.register(ATTN_NAMES["fa2_ncopy"], _fa2_varlen_attention)
+    AttentionInterface.register(ATTN_NAMES["pg_padded"], _pg_padded_attention)
+    AttentionInterface.register(ATTN_NAMES["flex_packed"], _flex_attention)

@@ -1,0 +1,186 @@
+"""The benchmark code on a CPU (not timings): every system computes the same layer and the same model step as
+dualkv (so the GPU numbers compare like with like), known-wrong variants of each baseline are caught, the CLI's
+tiny smoke runs write the JSON schema and a plot, OOM/error/time-budget rows, and the bench-kind registry."""
+
+import json
+
+import pytest
+import torch
+
+from dualkv.bench import BENCHES, register_bench
+from dualkv.bench.harness import RunRecorder, sample_response_lens, sweep_configs, synthetic_packed
+from dualkv.bench.layer import layer_forward
+from dualkv.bench.model import model_logprobs, use_system
+from dualkv.bench.qwen3 import build_layer, build_model, qwen3_config
+from dualkv.bench.systems import SYSTEMS, build_batch, flex_mask, register_attention
+from dualkv.cli import build_parser, main
+from dualkv.testing import fp64_clean_norms, rel_err
+
+PROMPT, RESPONSES = 11, [3, 1, 6]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    register_attention()
+    config = qwen3_config("tiny", max_positions=64)
+    packed = synthetic_packed(PROMPT, RESPONSES, config.vocab_size, 0)
+    return config, packed
+
+
+def _layer_run(config, packed, system, mutate=None, **batch_kwargs):
+    """Layer output in packed order and the parameter grads of a loss over response tokens only."""
+    layer, rotary = build_layer(config, torch.device("cpu"), torch.float64, seed=0)
+    fp64_clean_norms(layer)
+    batch = build_batch(system, packed, "cpu", **batch_kwargs)
+    if mutate is not None:
+        mutate(batch.forward_kwargs)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(packed.layout.total_tokens, config.hidden_size, generator=gen, dtype=torch.float64)
+    g = torch.randn(packed.layout.total_tokens, config.hidden_size, generator=gen, dtype=torch.float64)
+    g[:PROMPT] = 0
+    hidden = x[batch.gather].view(*batch.grid, -1).requires_grad_()
+    out = layer_forward(layer, rotary, batch, hidden).reshape(-1, config.hidden_size)[batch.to_packed]
+    grads = torch.autograd.grad((out * g).sum(), list(layer.parameters()))
+    return out, grads
+
+
+@pytest.mark.parametrize("system", [s for s in SYSTEMS if s != "dualkv"])
+def test_layer_systems_compute_the_same(tiny, system):
+    config, packed = tiny
+    ref_out, ref_grads = _layer_run(config, packed, "dualkv")
+    out, grads = _layer_run(config, packed, system)
+    assert rel_err(out, ref_out) < 1e-12
+    assert max(rel_err(a, b) for a, b in zip(grads, ref_grads)) < 1e-12
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_forward_through_flex_attention(tiny):
+    """Without grad the CPU flex path runs flex_attention itself (with the BlockMask)."""
+    config, packed = tiny
+    with torch.no_grad():
+        ref = _layer_run_nograd(config, packed, "dualkv")
+        out = _layer_run_nograd(config, packed, "flex_packed")
+    assert rel_err(out, ref) < 1e-12
+
+
+def _layer_run_nograd(config, packed, system):
+    layer, rotary = build_layer(config, torch.device("cpu"), torch.float64, seed=0)
+    fp64_clean_norms(layer)
+    batch = build_batch(system, packed, "cpu")
+    x = torch.randn(packed.layout.total_tokens, config.hidden_size, generator=torch.Generator().manual_seed(1),
+                    dtype=torch.float64)
+    return layer_forward(layer, rotary, batch, x[batch.gather].view(*batch.grid, -1)).reshape(
+        -1, config.hidden_size)[batch.to_packed]
+
+
+def test_wrong_flex_mask_is_caught(tiny):
+    """Negative control: a plain causal mask over the packing (responses see each other) is caught."""
+    config, packed = tiny
+    ref_out, _ = _layer_run(config, packed, "dualkv")
+
+    def causal_only(group, segment):
+        return lambda b, h, q, kv: kv <= q
+
+    wrong = lambda p, d: flex_mask(p, d, mask_mod_fn=causal_only)  # noqa: E731
+    out, _ = _layer_run(config, packed, "flex_packed", flex_mask_fn=wrong)
+    assert rel_err(out, ref_out) > 1e-3
+
+
+def _pg_prompt_one_too_long(kwargs):
+    kwargs["bench_prompt_len"] += 1
+
+
+def _ncopy_rows_merged(kwargs):
+    cu = kwargs["bench_cu_seqlens"]
+    kwargs["bench_cu_seqlens"], kwargs["bench_max_seqlen"] = cu[[0, -1]], int(cu[-1])
+
+
+@pytest.mark.parametrize("system,mutate", [("pg_padded", _pg_prompt_one_too_long), ("fa2_ncopy", _ncopy_rows_merged)])
+def test_wrong_baseline_wiring_is_caught(tiny, system, mutate):
+    """Negative controls: PG taking the first response token into the prompt, N-copy rows merged into one sequence."""
+    config, packed = tiny
+    ref_out, _ = _layer_run(config, packed, "dualkv")
+    out, _ = _layer_run(config, packed, system, mutate=mutate)
+    assert rel_err(out, ref_out) > 1e-3
+
+
+def test_model_systems_compute_the_same(tiny):
+    config, packed = tiny
+    model = fp64_clean_norms(build_model(config, torch.device("cpu"), torch.float64, seed=0))
+    params = list(model.parameters())
+    before = model.config._attn_implementation
+    results = {}
+    for system in SYSTEMS:
+        batch = build_batch(system, packed, "cpu")
+        with use_system(model, system):
+            lp, ent = model_logprobs(model, packed, batch, chunk_size=4)
+            grads = torch.autograd.grad(-lp.mean() - 1e-3 * ent.mean(), params)
+        results[system] = (lp, ent, grads)
+    lp0, ent0, g0 = results["dualkv"]
+    for system, (lp, ent, grads) in results.items():
+        assert rel_err(lp, lp0) < 1e-12 and rel_err(ent, ent0) < 1e-12, system
+        assert max(rel_err(a, b) for a, b in zip(grads, g0)) < 1e-12, system
+    assert model.config._attn_implementation == before   # every system switched back
+
+
+@pytest.mark.parametrize("kind", ["layer", "model"])
+def test_cli_tiny_smoke_writes_schema_and_plot(kind, tmp_path):
+    argv = ["bench", kind, "--device", "cpu", "--tiny", "--P", "16", "--mb", "2", "--warmup", "0", "--reps", "1",
+            "--out", str(tmp_path)]
+    assert main(argv) == 0
+    (path,) = tmp_path.glob(f"{kind}-*.json")
+    data = json.loads(path.read_text())
+    assert data["benchmark"] == kind
+    assert {"gpu", "date", "commit", "torch", "cuda"} <= set(data["environment"])
+    assert [r["system"] for r in data["rows"]] == list(SYSTEMS)
+    for row in data["rows"]:
+        assert row["status"] == "ok", row
+        assert row["P"] == 16 and row["mb"] == 2 and len(row["R_list"]) == 2 and row["ms"] > 0
+        assert {"R_total", "peak_mem_gib", "tokens"} <= set(row)
+    assert path.with_suffix(".png").exists()
+
+
+def test_rows_record_oom_errors_and_budget(tmp_path):
+    rec = RunRecorder("unit", torch.device("cpu"), {}, str(tmp_path))
+
+    def oom():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    def broken():
+        raise RuntimeError("bad\nwiring")
+
+    def cublas():
+        raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)")
+
+    assert rec.run_row("a", 8, [2, 3], oom, warmup=0, reps=1)["status"] == "OOM"
+    assert rec.run_row("a2", 8, [2, 3], cublas, warmup=0, reps=1)["status"] == "OOM"
+    row = rec.run_row("b", 8, [2, 3], broken, warmup=0, reps=1)
+    assert row["status"] == "error" and row["error"] == "RuntimeError: bad wiring"
+    assert rec.run_row("c", 8, [2, 3], lambda: ((lambda: None), 10), warmup=1, reps=3)["status"] == "ok"
+    rec.time_budget_s = 0.0
+    assert rec.run_row("d", 8, [2, 3], lambda: ((lambda: None), 10), warmup=0, reps=1)["status"] == "skipped"
+    assert [r["status"] for r in json.loads(rec.path.read_text())["rows"]] == ["OOM", "OOM", "error", "ok", "skipped"]
+
+
+def test_sweep_helpers():
+    assert sample_response_lens(8192, 8, 0, 131, 2048) == sample_response_lens(8192, 8, 0, 131, 2048)
+    lens = sample_response_lens(8192, 32, 0, 131, 2048)
+    assert len(lens) == 32 and min(lens) >= 131 and max(lens) <= 2048
+    assert sweep_configs([1, 2], [4], [(2, 4), (9, 8)]) == [(1, 4), (2, 4), (9, 8)]
+    with pytest.raises(ValueError, match="lo <= hi"):
+        sample_response_lens(8, 2, 0, 5, 3)
+
+
+def test_bench_registry_lets_other_modules_add_kinds():
+    ran = []
+    register_bench("unittest-kind", "a kind added by a test", lambda p: p.add_argument("--x", type=int),
+                   lambda args: ran.append(args.x) or 0)
+    try:
+        assert main(["bench", "unittest-kind", "--x", "3"]) == 0 and ran == [3]
+        with pytest.raises(ValueError, match="already registered"):
+            register_bench("unittest-kind", "again", lambda p: None, lambda args: 0)
+        assert {"layer", "model", "plot"} <= set(BENCHES)
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["bench", "no-such-kind"])
+    finally:
+        BENCHES.pop("unittest-kind")
