@@ -151,3 +151,14 @@ def test_bad_inputs_name_the_problem():
         packed_logprobs(h[1:], w, packed)
     with pytest.raises(ValueError, match="one per response token"):
         to_sequence_layout(torch.zeros(3), packed)
+
+
+@pytest.mark.parametrize("use", ["logp", "entropy"])
+def test_fused_with_one_output_unused(use):
+    """A loss on only one output: the fused backward gets None for the other and skips its term."""
+    h, w, b, packed = _inputs(torch.float64, seed=8)
+    pick = (lambda lp, ent: lp) if use == "logp" else (lambda lp, ent: ent)
+    ref = torch.autograd.grad(pick(*_naive(h, w, b, packed, 0.9, 2.0)).sum(), (h, w, b))
+    got = torch.autograd.grad(pick(*packed_logprobs(h, w, packed, bias=b, temperature=0.9, logit_softcap=2.0,
+                                                    chunk_size=4, fused=True)).sum(), (h, w, b))
+    assert max(rel_err(a, r) for a, r in zip(got, ref)) < 1e-12

@@ -308,4 +308,7 @@ def packed_model_inputs(packed: PackedBatch) -> dict:
             LAYOUT_KWARG: packed.layout, "use_cache": False}
 
 
-register()
+try:  # importing this module makes attn_implementation="dualkv" available (transformers is an optional extra)
+    register()
+except ImportError:
+    pass

@@ -97,6 +97,7 @@ class _FusedLinearLogprobs(torch.autograd.Function):
             del z
         ctx.save_for_backward(h, weight, bias, targets, lse, entropy)
         ctx.config = (temperature, softcap, chunk_size)
+        ctx.set_materialize_grads(False)   # an output the loss does not use gets None: its term is skipped
         return logp, entropy
 
     @staticmethod
@@ -113,7 +114,7 @@ class _FusedLinearLogprobs(torch.autograd.Function):
             z, tanh = _logits(h[a:b], weight, bias, temperature, softcap)
             grad = _grad_z(z, lse[a:b], None if entropy is None else entropy[a:b], targets[a:b],
                            None if g_logp is None else g_logp[a:b],
-                           None if g_ent is None else g_ent[a:b]) / temperature
+                           None if g_ent is None else g_ent[a:b]).div_(temperature)
             if tanh is not None:
                 grad.mul_(tanh.square_().neg_().add_(1.0))
             grad_l = grad.to(h.dtype)
