@@ -68,7 +68,7 @@ DUALKV_LINES = {
     "actor_rollout_ref.ref._target_": "dualkv.integration.verl.config.DualKVActorConfig",
     "actor_rollout_ref.ref.use_dualkv": True,
 }
-TINY = {"model": "tiny", "P": 24, "R": 6, "N": [2, 4], "mb": 2, "warmup": 1, "reps": 1}
+TINY = {"model": "tiny", "P": 24, "R": 6, "N": [2, 4], "mb": [2], "warmup": 1, "reps": 1}
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -87,7 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--P", type=int, default=None, help="prompt tokens (default 8192)")
     p.add_argument("--R", type=int, default=None, help="tokens per response (default 1024)")
     p.add_argument("--N", type=_ints, default=None, help="responses per prompt, comma-separated (default 8,16,32)")
-    p.add_argument("--mb", type=int, default=None, help="micro-batch rows (ppo/log-prob micro batch size; default 8)")
+    p.add_argument("--mb", type=_ints, default=None,
+                   help="micro-batch rows (ppo and log-prob micro batch size), comma-separated (default 8)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="stock,dualkv (default both)")
     p.add_argument("--warmup", type=int, default=None, help="untimed runs of each phase (default 1)")
     p.add_argument("--reps", type=int, default=None, help="timed runs of each phase; median reported (default 2)")
@@ -97,9 +98,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--tiny", action="store_true", help="tiny model and lengths on the CPU: a smoke run")
     p.add_argument("--out", default=str(REPO / "experiments" / "results"), help="result folder")
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="start no new (N, mb) after this many seconds; the rest are recorded as skipped")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    defaults = TINY if args.tiny else {"model": "qwen3-1.7b", "P": 8192, "R": 1024, "N": [8, 16, 32], "mb": 8,
+    defaults = TINY if args.tiny else {"model": "qwen3-1.7b", "P": 8192, "R": 1024, "N": [8, 16, 32], "mb": [8],
                                        "warmup": 1, "reps": 2}
     for key, value in defaults.items():
         if getattr(args, key) is None:
@@ -108,8 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.systems = [s for s in args.systems.split(",") if s]
     if set(args.systems) - set(SYSTEMS) or not args.systems:
         p.error(f"--systems takes a subset of {','.join(SYSTEMS)}")
-    if any(n % args.mb for n in args.N):
-        p.error(f"every N must be a multiple of --mb {args.mb} (micro-batches of whole rows); got {args.N}")
+    if any(n % mb for n in args.N for mb in args.mb):
+        p.error(f"every N must be a multiple of every --mb {args.mb} (equal micro-batches); got N {args.N}")
     return args
 
 
@@ -206,9 +209,9 @@ def trainer_config(args: argparse.Namespace, model_dir: str, n: int, system: str
         "actor_rollout_ref.actor.strategy": "fsdp2", "actor_rollout_ref.ref.strategy": "fsdp2",
         "actor_rollout_ref.rollout.n": n, "actor_rollout_ref.rollout.name": "vllm",
         "actor_rollout_ref.actor.ppo_mini_batch_size": 1,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": args.mb,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": args.mb,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": args.mb,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": args.mb[0],   # each batch sets its own
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": args.mb[0],
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": args.mb[0],
         "actor_rollout_ref.actor.use_dynamic_bsz": False,
         "actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_coef": 0.001,
         "actor_rollout_ref.actor.entropy_coeff": 0.0, "actor_rollout_ref.actor.optim.lr": 1e-6,
@@ -244,8 +247,9 @@ def release_memory() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- phases
-def batches(args: argparse.Namespace, n: int, vocab: int):
-    """(log-prob TensorDict, update TensorDict, response mask) of one prompt with N synthetic responses."""
+def batches(args: argparse.Namespace, n: int, mb: int, vocab: int):
+    """(log-prob TensorDict, update TensorDict, response mask) of one prompt with N synthetic responses, in
+    micro-batches of ``mb`` rows (the workers take ``micro_batch_size_per_gpu`` from the batch when it is set)."""
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
 
@@ -258,9 +262,9 @@ def batches(args: argparse.Namespace, n: int, vocab: int):
         tu.assign_non_tensor(out, **meta)
         return out
 
-    log = td(calculate_entropy=True, compute_loss=False)
+    log = td(calculate_entropy=True, compute_loss=False, micro_batch_size_per_gpu=mb)
     update = td(calculate_entropy=False, compute_loss=True, global_batch_size=n, mini_batch_size=n, epochs=1,
-                seed=args.seed, dataloader_kwargs={"shuffle": False})
+                seed=args.seed, dataloader_kwargs={"shuffle": False}, micro_batch_size_per_gpu=mb)
     return log, update, data.batch["response_mask"].bool()
 
 
@@ -283,14 +287,14 @@ def timed(fn: Callable[[], Any], warmup: int, reps: int, device: str) -> tuple[f
     return statistics.median(times), peak, result
 
 
-def phase_flops(model_cfg, args: argparse.Namespace, n: int, phase: str) -> float:
+def phase_flops(model_cfg, args: argparse.Namespace, n: int, mb: int, phase: str) -> float:
     """N-copy model FLOPs of one phase (micro-batches of mb rows; the update is forward + backward)."""
     from dualkv.analysis.models import model_flops
     from dualkv.layout import GroupLayout
 
-    layout = GroupLayout.single(args.P, [args.R] * args.mb)
+    layout = GroupLayout.single(args.P, [args.R] * mb)
     mode = "fwdbwd" if phase == "update_actor" else "fwd"
-    return model_flops(model_cfg, layout, mode, "ncopy")["total"] * (n // args.mb)
+    return model_flops(model_cfg, layout, mode, "ncopy")["total"] * (n // mb)
 
 
 def peak_flops(device: str) -> float | None:
@@ -302,49 +306,57 @@ def peak_flops(device: str) -> float | None:
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
 
 
-def run_system(args, system: str, model_dir: str, model_cfg, vocab: int, rows: list, logprobs: dict) -> None:
-    """All N for one system: build its actor and ref workers, then time the three phases per N."""
+def run_system(args, system: str, model_dir: str, model_cfg, vocab: int, rows: list, logprobs: dict,
+               deadline: float | None) -> None:
+    """Every (N, mb) for one system: build its actor and ref workers once, then time the three phases."""
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import no_padding_2_padding
 
     actor, ref = build_workers(trainer_config(args, model_dir, max(args.N), system))
     peak = peak_flops(args.device)
     for n in args.N:
-        log_td, update_td, mask = batches(args, n, vocab)
-        calls = {"old_log_prob": lambda: actor.compute_log_prob(log_td.clone()),
-                 "ref_log_prob": lambda: ref.compute_ref_log_prob(log_td.clone()),
-                 "update_actor": lambda: actor.update_actor(update_td.clone())}
-        for phase in PHASES:
-            row = {"system": system, "N": n, "P": args.P, "R": args.R, "mb": args.mb, "phase": phase,
-                   "seconds": None, "peak_mem_gib": None, "mfu": None, "status": "ok"}
-            try:
-                seconds, mem, result = timed(calls[phase], args.warmup, args.reps, args.device)
-                row.update(seconds=seconds, peak_mem_gib=mem)
-                if peak:
-                    row["mfu"] = phase_flops(model_cfg, args, n, phase) / (seconds * peak)
-                if phase == "old_log_prob":
-                    lp = no_padding_2_padding(tu.get(result, "log_probs"), log_td).float().cpu()
-                    logprobs.setdefault(n, {})[system] = lp.masked_fill(~mask, 0.0)
-            except torch.OutOfMemoryError:
-                row["status"] = "OOM"
-            except Exception as err:  # noqa: BLE001 - recorded in the row; the sweep goes on
-                row["status"] = f"error: {type(err).__name__}: {str(err)[:300]}"
-            release_memory()
-            rows.append(row)
-            print(f"[{system}] N={n} {phase}: {row['status']} {row['seconds']}", flush=True)
+        for mb in args.mb:
+            log_td, update_td, mask = batches(args, n, mb, vocab)
+            calls = {"old_log_prob": lambda: actor.compute_log_prob(log_td.clone()),
+                     "ref_log_prob": lambda: ref.compute_ref_log_prob(log_td.clone()),
+                     "update_actor": lambda: actor.update_actor(update_td.clone())}
+            skip = deadline is not None and time.monotonic() > deadline
+            for phase in PHASES:
+                row = {"system": system, "N": n, "P": args.P, "R": args.R, "mb": mb, "phase": phase,
+                       "seconds": None, "peak_mem_gib": None, "mfu": None, "status": "skipped" if skip else "ok"}
+                if not skip:
+                    try:
+                        seconds, mem, result = timed(calls[phase], args.warmup, args.reps, args.device)
+                        row.update(seconds=seconds, peak_mem_gib=mem)
+                        if peak:
+                            row["mfu"] = phase_flops(model_cfg, args, n, mb, phase) / (seconds * peak)
+                        if phase == "old_log_prob":
+                            lp = no_padding_2_padding(tu.get(result, "log_probs"), log_td).float().cpu()
+                            logprobs.setdefault((n, mb), {})[system] = lp.masked_fill(~mask, 0.0)
+                    except torch.OutOfMemoryError:
+                        row["status"] = "OOM"
+                    except Exception as err:  # noqa: BLE001 - recorded in the row; the sweep goes on
+                        row["status"] = f"error: {type(err).__name__}: {str(err)[:300]}"
+                    release_memory()
+                rows.append(row)
+                print(f"[{system}] N={n} mb={mb} {phase}: {row['status']} {row['seconds']}", flush=True)
     del actor, ref
 
 
 # ---------------------------------------------------------------------------------------------- report
 def logprob_diffs(logprobs: dict) -> dict[str, float]:
-    return {str(n): float((v["stock"] - v["dualkv"]).abs().max()) for n, v in logprobs.items()
-            if "stock" in v and "dualkv" in v}
+    """max |stock - dualkv| of the old log-probs per N (over every mb run)."""
+    out: dict[str, float] = {}
+    for (n, _), v in logprobs.items():
+        if "stock" in v and "dualkv" in v:
+            out[str(n)] = max(out.get(str(n), 0.0), float((v["stock"] - v["dualkv"]).abs().max()))
+    return out
 
 
 def table(rows: list[dict]) -> str:
-    """N, phase, stock/dualkv seconds, speedup, peak memory."""
-    index = {(r["system"], r["N"], r["phase"]): r for r in rows}
-    lines = [f"{'N':>4} {'phase':<13} {'stock s':>9} {'dualkv s':>9} {'speedup':>8} {'stock GiB':>10} "
+    """N, mb, phase, stock/dualkv seconds, speedup, peak memory, dualkv MFU."""
+    index = {(r["system"], r["N"], r["mb"], r["phase"]): r for r in rows}
+    lines = [f"{'N':>4} {'mb':>3} {'phase':<13} {'stock s':>9} {'dualkv s':>9} {'speedup':>8} {'stock GiB':>10} "
              f"{'dualkv GiB':>10} {'dualkv MFU':>10}"]
 
     def cell(row, key, fmt):
@@ -355,12 +367,12 @@ def table(rows: list[dict]) -> str:
         value = row[key]
         return "-" if value is None else format(value, fmt)
 
-    for n in sorted({r["N"] for r in rows}):
+    for n, mb in sorted({(r["N"], r["mb"]) for r in rows}):
         for phase in PHASES:
-            s, d = index.get(("stock", n, phase)), index.get(("dualkv", n, phase))
+            s, d = index.get(("stock", n, mb, phase)), index.get(("dualkv", n, mb, phase))
             speed = (f"{s['seconds'] / d['seconds']:.2f}x" if s and d and s["status"] == d["status"] == "ok"
                      else "-")
-            lines.append(f"{n:>4} {phase:<13} {cell(s, 'seconds', '.3f'):>9} {cell(d, 'seconds', '.3f'):>9} "
+            lines.append(f"{n:>4} {mb:>3} {phase:<13} {cell(s, 'seconds', '.3f'):>9} {cell(d, 'seconds', '.3f'):>9} "
                          f"{speed:>8} {cell(s, 'peak_mem_gib', '.1f'):>10} {cell(d, 'peak_mem_gib', '.1f'):>10} "
                          f"{cell(d, 'mfu', '.1%'):>10}")
     return "\n".join(lines)
@@ -385,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     register_stock_attention()
     rows: list[dict] = []
     logprobs: dict = {}
+    deadline = None if args.time_budget_s is None else time.monotonic() + args.time_budget_s
     with tempfile.TemporaryDirectory(prefix="dualkv-bench-model-") as tmp:
         if args.model_dir:
             from transformers import AutoConfig
@@ -394,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             model_dir, hf_config = save_model(args, Path(tmp))
         model_cfg = analysis_model(hf_config)
         for system in args.systems:
-            run_system(args, system, model_dir, model_cfg, min(int(hf_config.vocab_size), 4096), rows, logprobs)
+            run_system(args, system, model_dir, model_cfg, min(int(hf_config.vocab_size), 4096), rows, logprobs,
+                       deadline)
             release_memory()
     diffs = logprob_diffs(logprobs)
     result = {"environment": environment(args.device), "benchmark": "policy_update",
@@ -409,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {path}")
     print(f"old log-prob max |stock - dualkv|: {result['logprob_max_abs_diff']}")
     print(table(rows))
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    return 0 if all(r["status"] in ("ok", "OOM", "skipped") for r in rows) else 1
 
 
 if __name__ == "__main__":

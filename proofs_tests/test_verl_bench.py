@@ -27,7 +27,7 @@ runpy.run_path({bench!r}, run_name="__main__")
 
 
 def test_policy_update_bench_cpu_without_ray(tmp_path):
-    args = ["--tiny", "--fp32", "--N", "2,4", "--out", str(tmp_path)]
+    args = ["--tiny", "--fp32", "--N", "2,4", "--mb", "1,2", "--out", str(tmp_path)]
     code = _LAUNCH.format(blocked=list(DEFAULT_STUBS), bench=str(BENCH), args=args)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={"VERL_LOGGING_LEVEL": "ERROR", "PATH": "/usr/bin:/bin"})
@@ -37,14 +37,14 @@ def test_policy_update_bench_cpu_without_ray(tmp_path):
     assert result["benchmark"] == "policy_update"
     assert set(result["environment"]["stubbed_packages"]) == set(DEFAULT_STUBS)
     rows = result["rows"]
-    assert {(r["system"], r["N"], r["phase"]) for r in rows} == {
-        (s, n, p) for s in ("stock", "dualkv") for n in (2, 4) for p in ("old_log_prob", "ref_log_prob",
-                                                                          "update_actor")}
+    phases = ("old_log_prob", "ref_log_prob", "update_actor")
+    assert sorted((r["system"], r["N"], r["mb"], r["phase"]) for r in rows) == sorted(
+        (s, n, mb, p) for s in ("stock", "dualkv") for n in (2, 4) for mb in (1, 2) for p in phases)
     for row in rows:
         assert set(row) == {"system", "N", "P", "R", "mb", "phase", "seconds", "peak_mem_gib", "mfu", "status"}
         assert row["status"] == "ok" and row["seconds"] > 0
     assert result["logprob_max_abs_diff"] <= 1e-5
     assert set(result["logprob_max_abs_diff_by_N"]) == {"2", "4"}
-    table = proc.stdout.strip().splitlines()[-7:]          # printed last: header + 2 N x 3 phases
-    assert table[0].split()[:2] == ["N", "phase"]
-    assert [line.split()[1] for line in table[1:]] == ["old_log_prob", "ref_log_prob", "update_actor"] * 2
+    table = proc.stdout.strip().splitlines()[-13:]         # printed last: header + (2 N x 2 mb) x 3 phases
+    assert table[0].split()[:3] == ["N", "mb", "phase"]
+    assert [line.split()[2] for line in table[1:]] == list(phases) * 4

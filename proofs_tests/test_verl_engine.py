@@ -126,6 +126,23 @@ def _reorder(td, order):
     return tu.index_select_tensor_dict(td, order)
 
 
+def test_reinitialised_engine_is_switched_again(engine):
+    """``engine.initialize()`` builds a new module: dualkv must switch that one too (else a stock attention would
+    read the packed stream as plain sequences)."""
+    from dualkv.integration.verl.engine import run_packed_model
+
+    td = F.engine_batch(GROUPS)
+    lp_s, _ = _infer(engine, td, False)
+    _infer(engine, td, True)
+    engine.initialize()
+    lp_d, _ = _infer(engine, td, True)
+    assert (lp_s - lp_d).abs().max() <= TOL
+    _set(engine, False)
+    _infer(engine, td, False)                      # switched back: the packed path now refuses to run
+    with pytest.raises(RuntimeError, match="not 'dualkv'"):
+        run_packed_model(engine.module, None, None, None, None)
+
+
 def test_split_group_fails_with_named_error(engine):
     td = _reorder(F.engine_batch(GROUPS), [0, 3, 1, 2, 4, 5, 6, 7])      # group 0's rows around a row of group 1
     _set(engine, True)

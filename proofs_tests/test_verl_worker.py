@@ -68,7 +68,7 @@ def test_actor_and_ref_workers_match_stock(model_dir, dynamic):
     rows = td_log.batch_size[0]
     td_update = _td(calculate_entropy=True, global_batch_size=rows // 2, mini_batch_size=rows // 2, epochs=1,
                     seed=1, dataloader_kwargs={"shuffle": False}, compute_loss=True)
-    results = {}
+    results, actor = {}, None
     for dualkv in (False, True):
         actor = _worker(model_dir, "actor", dualkv=dualkv, extra=extra)
         ref = _worker(model_dir, "ref", dualkv=dualkv, extra=extra)
@@ -87,3 +87,20 @@ def test_actor_and_ref_workers_match_stock(model_dir, dynamic):
             assert abs(a - b) <= TOL * max(abs(a), 1e-6), key
     for name, p in s["params"].items():   # two optimizer steps (2 mini-batches) later
         assert float((d["params"][name] - p).abs().max()) <= 1e-6, name
+
+    # rows reordered as a row-level shuffle would: fixed micro-batches refuse it naming the problem; dynamic
+    # micro-batching regroups each uid's rows (and maps the outputs back), so the log-probs stay the same
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    from dualkv.integration.verl import DualKVBatchError
+
+    order = [0, 3, 1, 4, 2, 5] + list(range(6, rows))
+    shuffled = tu.index_select_tensor_dict(td_log, order)
+    if not dynamic:
+        with pytest.raises(DualKVBatchError, match="not adjacent"):
+            actor.compute_log_prob(shuffled)
+    else:
+        out = no_padding_2_padding(tu.get(actor.compute_log_prob(shuffled.clone()), "log_probs"), shuffled)
+        again = no_padding_2_padding(tu.get(actor.compute_log_prob(td_log.clone()), "log_probs"), td_log)
+        assert (out - again[order]).abs().max() <= TOL

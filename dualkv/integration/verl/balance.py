@@ -18,21 +18,13 @@ from __future__ import annotations
 
 from typing import Callable, Hashable, Sequence
 
-from .micro_batches import Unit, unit_workload
+from .micro_batches import Unit, collect_groups, unit_workload
 
-__all__ = ["collect_groups", "group_balanced_partitions", "partition_problems", "split_groups"]
-
-
-def collect_groups(group_ids: Sequence[Hashable]) -> list[list[int]]:
-    """Row indices of each distinct group id, groups in order of first appearance."""
-    groups: dict[Hashable, list[int]] = {}
-    for row, gid in enumerate(group_ids):
-        groups.setdefault(gid, []).append(row)
-    return list(groups.values())
+__all__ = ["group_balanced_partitions", "partition_problems", "split_groups"]
 
 
 def _workload(rows: list[int], prompt_lens: Sequence[int], response_lens: Sequence[int]) -> int:
-    return unit_workload(Unit(0, len(rows), int(prompt_lens[rows[0]]), tuple(int(response_lens[r]) for r in rows)))
+    return unit_workload(Unit(tuple(rows), int(prompt_lens[rows[0]]), tuple(int(response_lens[r]) for r in rows)))
 
 
 def group_balanced_partitions(group_ids: Sequence[Hashable], prompt_lens: Sequence[int],

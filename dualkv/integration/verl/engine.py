@@ -19,12 +19,13 @@ sizes keep veRL's contiguous chunks, which never reorder rows.
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
 import torch
 
-from ..hf import LAYOUT_KWARG, disable_dualkv, enable_dualkv, register
+from ..hf import ATTN_NAME, LAYOUT_KWARG, disable_dualkv, enable_dualkv, register
 from ..logprobs import DEFAULT_CHUNK, _head_of
 from .head import HeadPlan, RowKernel, dualkv_row_kernel, head_logprobs, verl_fused_row_kernel
 from .micro_batches import plan_micro_batches
@@ -38,7 +39,8 @@ __all__ = ["ENGINE_FLAG", "MICRO_BATCH_FLAG", "dualkv_enabled", "set_dualkv_atte
 ENGINE_FLAG = "use_dualkv"
 #: Non-tensor key the engine puts on a batch so micro-batching keeps prompt groups whole.
 MICRO_BATCH_FLAG = "dualkv_group_micro_batches"
-_STATE = "_dualkv_attention_on"
+#: Engine attribute: weak reference to the module currently switched to the "dualkv" attention (None: none).
+_STATE = "_dualkv_attention_module"
 
 
 def dualkv_enabled(engine: Any) -> bool:
@@ -53,14 +55,16 @@ def set_dualkv_attention(engine: Any, on: bool) -> None:
     ``shared_prefix_attention`` without an SP group. Input checks stay on at SP = 1 (inputs are then the whole
     packed stream); with SP each rank sees a slice, so they are off.
     """
-    if bool(getattr(engine, _STATE, False)) == on:
-        return
-    if on:
+    module = engine.module
+    ref = getattr(engine, _STATE, None)
+    switched = ref is not None and ref() is module      # a re-initialised engine has a new, unswitched module
+    if on and not switched:
         register(packed_attention=ulysses_packed_attention)
-        enable_dualkv(engine.module, check_inputs=engine.ulysses_sequence_parallel_size == 1)
-    else:
-        disable_dualkv(engine.module)
-    setattr(engine, _STATE, on)
+        enable_dualkv(module, check_inputs=engine.ulysses_sequence_parallel_size == 1)
+        setattr(engine, _STATE, weakref.ref(module))
+    elif not on and switched:
+        disable_dualkv(module)
+        setattr(engine, _STATE, None)
 
 
 @contextmanager
@@ -91,6 +95,10 @@ def run_packed_model(module: torch.nn.Module, input_ids: torch.Tensor, position_
     lm_head = module.get_output_embeddings()
     if decoder is None or lm_head is None:
         raise NotImplementedError(f"{type(module).__name__} has no decoder/output head to run dualkv on")
+    implementation = getattr(module.config, "_attn_implementation", None)
+    if implementation != ATTN_NAME:   # any other attention would treat the packed stream as plain sequences
+        raise RuntimeError(f"the model runs the {implementation!r} attention, not {ATTN_NAME!r}; a packed micro-batch "
+                           "needs dualkv.integration.verl.engine.set_dualkv_attention(engine, True) first")
 
     def root_forward(input_ids: torch.Tensor, position_ids: torch.Tensor) -> Any:
         hidden = decoder(input_ids=input_ids, position_ids=position_ids, attention_mask=None, use_cache=False,
