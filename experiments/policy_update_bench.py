@@ -10,11 +10,13 @@ three phases the paper speeds up:
 * ``ref_log_prob`` — ``compute_ref_log_prob`` (ref, forward);
 * ``update_actor`` — ``update_actor`` (forward + backward + optimizer step over one mini-batch of N rows),
 
-with micro-batches of ``--mb`` rows, and reports wall time (median of ``--reps`` after ``--warmup``), peak GPU
+with micro-batches of ``--mb`` rows (a list runs each), and reports wall time (median of ``--reps`` after ``--warmup``), peak GPU
 memory, MFU and the per-phase speedup. The model is a Qwen3 built from its published config with random weights
 (``dualkv.bench.qwen3``). MFU counts the N-copy model FLOPs for both systems (veRL's convention: the work of the
 rows the trainer sees), so the MFU ratio equals the speedup. The old log-probs of the two systems are compared
-(``logprob_max_abs_diff``; bf16 noise expected).
+(``logprob_max_abs_diff``; bf16 noise expected). Each system runs in its own child process (its own CUDA context
+and peak-memory counter; nothing of the other system stays resident); an out-of-memory phase is a row with status
+``OOM`` and the sweep goes on; ``--time-budget-s`` stops starting new (N, mb) points.
 
 Result: ``experiments/results/policy_update-<device>-<UTC time>.json``::
 
@@ -24,7 +26,7 @@ Result: ``experiments/results/policy_update-<device>-<UTC time>.json``::
 
 GPU (H100/H200, one card)::
 
-    python experiments/policy_update_bench.py --model qwen3-1.7b --P 8192 --R 1024 --N 8,16,32 --mb 8
+    python experiments/policy_update_bench.py --model qwen3-1.7b --P 8192 --R 2048 --N 8,16,32 --mb 8
 
 CPU smoke run (seconds; what the test suite runs)::
 
@@ -57,7 +59,12 @@ import torch  # noqa: E402
 
 from dualkv.integration.verl import import_stubs  # noqa: E402
 
-STUBBED = import_stubs.stub_missing()   # Ray, datasets: imported by veRL at module top, unused in process
+#: Pretend these packages are not installed (comma-separated; how the tests exercise the stubs on a machine that
+#: has them). Inherited by the per-system child processes.
+HIDE_ENV = "DUALKV_BENCH_HIDE_PACKAGES"
+for _name in filter(None, os.environ.get(HIDE_ENV, "").split(",")):
+    sys.modules[_name] = None
+STUBBED = import_stubs.stub_missing()   # Ray, datasets, ...: imported by veRL at module top, unused in process
 
 SYSTEMS = ("stock", "dualkv")
 PHASES = ("old_log_prob", "ref_log_prob", "update_actor")
@@ -85,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=None, help="override the number of decoder layers")
     p.add_argument("--model-dir", default=None, help="use this saved HF model (+tokenizer) instead of random weights")
     p.add_argument("--P", type=int, default=None, help="prompt tokens (default 8192)")
-    p.add_argument("--R", type=int, default=None, help="tokens per response (default 1024)")
+    p.add_argument("--R", type=int, default=None, help="tokens per response (default 2048, the paper's R_max)")
     p.add_argument("--N", type=_ints, default=None, help="responses per prompt, comma-separated (default 8,16,32)")
     p.add_argument("--mb", type=_ints, default=None,
                    help="micro-batch rows (ppo and log-prob micro batch size), comma-separated (default 8)")
@@ -101,8 +108,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="start no new (N, mb) after this many seconds; the rest are recorded as skipped")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--worker-system", default=None, help=argparse.SUPPRESS)   # internal: one system per process
+    p.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    defaults = TINY if args.tiny else {"model": "qwen3-1.7b", "P": 8192, "R": 1024, "N": [8, 16, 32], "mb": [8],
+    defaults = TINY if args.tiny else {"model": "qwen3-1.7b", "P": 8192, "R": 2048, "N": [8, 16, 32], "mb": [8],
                                        "warmup": 1, "reps": 2}
     for key, value in defaults.items():
         if getattr(args, key) is None:
@@ -165,13 +174,13 @@ def register_stock_attention() -> None:
 
 
 def save_model(args: argparse.Namespace, folder: Path) -> tuple[str, Any]:
-    """A randomly initialised Qwen3 of the requested size saved to ``folder`` (bf16), and its config."""
+    """A randomly initialised Qwen3 of the requested size (built on the CPU) saved to ``folder``, and its config."""
     from dualkv.bench.qwen3 import build_model, qwen3_config
     from dualkv.integration.verl.synthetic import save_random_model
 
     config = qwen3_config(args.model, max_positions=args.P + args.R + 16, num_layers=args.layers)
     dtype = torch.float32 if args.fp32 else torch.bfloat16
-    model = build_model(config, torch.device(args.device), dtype, seed=args.seed)
+    model = build_model(config, torch.device("cpu"), dtype, seed=args.seed)   # the GPU is left to the children
     path = save_random_model(folder, model)
     del model
     release_memory()
@@ -389,30 +398,68 @@ def environment(device: str) -> dict:
     return env
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_worker_process(args: argparse.Namespace) -> int:
+    """Child process: one system, every (N, mb); rows and old log-probs saved to ``--worker-out``."""
+    from transformers import AutoConfig
+
     if args.device == "cpu":
         torch.set_num_threads(min(4, torch.get_num_threads()))
     setup_process(args.device)
     register_stock_attention()
+    hf_config = AutoConfig.from_pretrained(args.model_dir)
     rows: list[dict] = []
     logprobs: dict = {}
     deadline = None if args.time_budget_s is None else time.monotonic() + args.time_budget_s
-    with tempfile.TemporaryDirectory(prefix="dualkv-bench-model-") as tmp:
-        if args.model_dir:
-            from transformers import AutoConfig
+    run_system(args, args.worker_system, args.model_dir, analysis_model(hf_config),
+               min(int(hf_config.vocab_size), 4096), rows, logprobs, deadline)
+    torch.save({"rows": rows, "logprobs": logprobs}, args.worker_out)
+    return 0
 
-            model_dir, hf_config = args.model_dir, AutoConfig.from_pretrained(args.model_dir)
+
+def run_system_process(argv: list[str], system: str, model_dir: str, budget_s: float | None, folder: Path,
+                       args: argparse.Namespace) -> tuple[list[dict], dict]:
+    """Run one system in a fresh Python process (its own CUDA context, allocator and peak-memory counter; nothing
+    of the other system's workers stays resident); a crash becomes error rows."""
+    import subprocess
+
+    out = folder / f"{system}.pt"
+    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--model-dir", model_dir, "--worker-system", system,
+           "--worker-out", str(out)]
+    if budget_s is not None:
+        cmd += ["--time-budget-s", str(max(budget_s, 0.0))]
+    proc = subprocess.run(cmd)
+    if proc.returncode == 0 and out.exists():
+        result = torch.load(out, weights_only=False)
+        return result["rows"], result["logprobs"]
+    status = f"error: {system} process exited with {proc.returncode}"
+    rows = [{"system": system, "N": n, "P": args.P, "R": args.R, "mb": mb, "phase": phase, "seconds": None,
+             "peak_mem_gib": None, "mfu": None, "status": status}
+            for n in args.N for mb in args.mb for phase in PHASES]
+    return rows, {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.worker_system:
+        return run_worker_process(args)
+    start = time.monotonic()
+    rows: list[dict] = []
+    logprobs: dict = {}
+    with tempfile.TemporaryDirectory(prefix="dualkv-bench-") as tmp:
+        if args.model_dir:
+            model_dir = args.model_dir
         else:
-            model_dir, hf_config = save_model(args, Path(tmp))
-        model_cfg = analysis_model(hf_config)
+            model_dir, _ = save_model(args, Path(tmp) / "model")
         for system in args.systems:
-            run_system(args, system, model_dir, model_cfg, min(int(hf_config.vocab_size), 4096), rows, logprobs,
-                       deadline)
-            release_memory()
+            budget = None if args.time_budget_s is None else args.time_budget_s - (time.monotonic() - start)
+            sys_rows, sys_logprobs = run_system_process(argv, system, model_dir, budget, Path(tmp), args)
+            rows += sys_rows
+            for key, value in sys_logprobs.items():
+                logprobs.setdefault(key, {}).update(value)
     diffs = logprob_diffs(logprobs)
     result = {"environment": environment(args.device), "benchmark": "policy_update",
-              "config": {k: v for k, v in vars(args).items() if k != "out"},
+              "config": {k: v for k, v in vars(args).items() if k not in ("out", "worker_system", "worker_out")},
               "rows": rows, "logprob_max_abs_diff": max(diffs.values()) if diffs else None,
               "logprob_max_abs_diff_by_N": diffs}
     out = Path(args.out)
