@@ -28,9 +28,10 @@ def _groups(count=8, n=4, seed=0):
     return [(rng.randint(3, 40), [rng.randint(1, 30) for _ in range(n)]) for _ in range(count)]
 
 
-def _config(dualkv: bool):
-    return OmegaConf.create({"actor_rollout_ref": {"actor": {"use_dualkv": dualkv, "ppo_mini_batch_size": 4},
-                                                   "rollout": {"n": 4}}, "trainer": {"critic_warmup": 0}})
+def _config(dualkv: bool, role: str = "actor"):
+    roles = {"actor": {"ppo_mini_batch_size": 4}, "ref": {}, "rollout": {"n": 4}}
+    roles[role]["use_dualkv"] = dualkv
+    return OmegaConf.create({"actor_rollout_ref": roles, "trainer": {"critic_warmup": 0}})
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +50,9 @@ def v1_cls():
     return PPOTrainer
 
 
-def _legacy(cls, dualkv):
+def _legacy(cls, dualkv, role="actor"):
     trainer = object.__new__(cls)
-    trainer.config = _config(dualkv)
+    trainer.config = _config(dualkv, role)
     trainer.use_prefix_grouper = False
     trainer.actor_rollout_wg = None
     trainer._get_dp_size = lambda worker_group, role: DP
@@ -74,11 +75,12 @@ def _assert_packable(batch, chunk):
               list(tu.get(td, "uid")))
 
 
-def test_legacy_trainer_balancing_keeps_groups(legacy_cls):
+@pytest.mark.parametrize("role", ["actor", "ref"])
+def test_legacy_trainer_balancing_keeps_groups(legacy_cls, role):
     groups = _groups()
     batch = rollout_batch(groups, vocab_size=F.VOCAB, loss_fields=False)
     metrics = {}
-    _legacy(legacy_cls, True)._balance_batch(batch, metrics=metrics)
+    _legacy(legacy_cls, True, role)._balance_batch(batch, metrics=metrics)
     uids = list(batch.non_tensor_batch["uid"])
     chunks = _rank_chunks(uids)
     assert partition_problems(uids, chunks) == [] and split_groups(uids, chunks) == []

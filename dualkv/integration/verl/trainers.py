@@ -1,4 +1,5 @@
-"""Group-preserving ``_balance_batch`` for veRL's two PPO trainers (used when the actor has ``use_dualkv``).
+"""Group-preserving ``_balance_batch`` for veRL's two PPO trainers (used when the actor or the ref has
+``use_dualkv``).
 
 * legacy ``verl.trainer.ppo.ray_trainer.RayPPOTrainer._balance_batch(batch: DataProto, metrics, ...)`` — reorders
   the DataProto in place;
@@ -18,13 +19,14 @@ import torch
 
 from .balance import group_balanced_partitions
 
-__all__ = ["actor_uses_dualkv", "dualkv_partitions", "balance_legacy", "balance_v1", "uid_of_v1_key"]
+__all__ = ["uses_dualkv", "dualkv_partitions", "balance_legacy", "balance_v1", "uid_of_v1_key"]
 
 
-def actor_uses_dualkv(config: Any) -> bool:
-    """``actor_rollout_ref.actor.use_dualkv`` of a trainer's (OmegaConf) config."""
-    actor = config.actor_rollout_ref.actor
-    return bool(actor.get("use_dualkv", False))
+def uses_dualkv(config: Any) -> bool:
+    """Whether the actor or the ref of a trainer's (OmegaConf) config has ``use_dualkv`` (either packs groups, so
+    either needs them kept together)."""
+    roles = config.actor_rollout_ref
+    return any(bool(roles.get(role, {}).get("use_dualkv", False)) for role in ("actor", "ref"))
 
 
 def dualkv_partitions(group_ids: Sequence, prompt_lens: Sequence[int], response_lens: Sequence[int], dp_size: int,
