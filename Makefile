@@ -7,13 +7,17 @@ VENV        := .venv
 TORCH_SPEC  ?= torch==2.13.0
 EXTRAS      ?= dev
 STAMP       := $(VENV)/.dualkv-$(EXTRAS)
+# veRL 0.9.1 (and what its workers/trainers import) for proofs_tests/test_verl_*.py; `make test` only
+VERL_STAMP  := $(VENV)/.dualkv-verl
 
 ifeq ($(SYSTEM),1)
 PY   := PYTHONPATH=$(CURDIR) python3
 DEPS :=
+TEST_DEPS :=
 else
 PY   := $(VENV)/bin/python
 DEPS := $(STAMP)
+TEST_DEPS := $(STAMP) $(VERL_STAMP)
 endif
 
 .PHONY: verify test test-gpu setup clean
@@ -21,7 +25,7 @@ endif
 verify: $(DEPS)
 	$(PY) -m dualkv verify $(VERIFY_ARGS)
 
-test: $(DEPS)
+test: $(TEST_DEPS)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-gpu: $(DEPS)
@@ -36,6 +40,10 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
 	$(VENV)/bin/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
+
+$(VERL_STAMP): $(STAMP) pyproject.toml
+	$(VENV)/bin/python -m pip install -q -e ".[verl]"
+	touch $(VERL_STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,40 @@
+"""dualkv for veRL 0.9.x: shared-prompt packing in the FSDP actor and ref (GRPO, DAPO, any recipe with N
+responses per prompt). See the README's "veRL" section.
+
+Add to a veRL recipe (Hydra overrides)::
+
+    actor_rollout_ref.actor._target_=dualkv.integration.verl.config.DualKVActorConfig
+    +actor_rollout_ref.actor.use_dualkv=true
+    actor_rollout_ref.ref._target_=dualkv.integration.verl.config.DualKVActorConfig
+    +actor_rollout_ref.ref.use_dualkv=true
+
+With dualkv installed (``pip install dualkv[verl]``), its ``verl.plugins`` entry point installs the patches in
+every process that imports veRL; :func:`enable` does the same explicitly. Modules:
+
+* :mod:`.rows` — micro-batch rows <-> P+ΣR packing, and the run-time checks (:class:`DualKVBatchError`);
+* :mod:`.head` — response-token log-probs/entropy from hidden states, Ulysses-aware (seed Eq. 9);
+* :mod:`.sequence_parallel` — the all-to-alls around the "dualkv" attention;
+* :mod:`.micro_batches`, :mod:`.balance` — group-preserving dynamic micro-batches and DP balancing;
+* :mod:`.engine`, :mod:`.trainers`, :mod:`.patches` — the veRL seams; :mod:`.config` — ``DualKVActorConfig``.
+
+Importing this package does not import veRL (``DualKVActorConfig`` loads it on first access).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .compat import SUPPORTED_VERL, TESTED_VERL, UnsupportedVerlError, check_verl_version
+from .patches import enable, is_enabled
+from .rows import DualKVBatchError
+
+__all__ = ["DualKVActorConfig", "DualKVBatchError", "SUPPORTED_VERL", "TESTED_VERL", "UnsupportedVerlError",
+           "check_verl_version", "enable", "is_enabled"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DualKVActorConfig":
+        from .config import DualKVActorConfig
+
+        return DualKVActorConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,49 @@
+"""Which veRL releases this integration supports, and the check that refuses the others.
+
+The patch points (``FSDPEngineWithLMHead.forward_step``, ``prepare_micro_batches`` imported by name into
+``transformer_impl``, the two trainers' ``_balance_batch``) were read from, and tested against, veRL 0.9.1; they
+moved between 0.7 and 0.8 and may move again, so any other minor series is refused with an error rather than
+patched blindly.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from packaging.version import InvalidVersion, Version
+
+__all__ = ["SUPPORTED_VERL", "TESTED_VERL", "UnsupportedVerlError", "check_verl_version", "installed_verl_version"]
+
+#: Half-open range of veRL versions whose patch points this package knows: >= 0.9.1, < 0.10.
+SUPPORTED_VERL = (Version("0.9.1"), Version("0.10"))
+#: The release the CPU test suite runs against.
+TESTED_VERL = "0.9.1"
+
+
+class UnsupportedVerlError(RuntimeError):
+    """veRL is missing or outside :data:`SUPPORTED_VERL`."""
+
+
+def installed_verl_version() -> str | None:
+    """The installed veRL distribution's version string, or None when veRL is not installed."""
+    try:
+        return metadata.version("verl")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_verl_version(version: str | None = None) -> Version:
+    """Return the parsed veRL version; raise :class:`UnsupportedVerlError` naming the supported range otherwise."""
+    text = installed_verl_version() if version is None else version
+    low, high = SUPPORTED_VERL
+    wanted = f"verl>={low},<{high} (tested with {TESTED_VERL}; `pip install 'dualkv[verl]'`)"
+    if text is None:
+        raise UnsupportedVerlError(f"dualkv's veRL integration needs {wanted}, but veRL is not installed")
+    try:
+        found = Version(text)
+    except InvalidVersion:
+        raise UnsupportedVerlError(f"cannot parse the installed veRL version {text!r}; dualkv needs {wanted}") from None
+    if not low <= found < high:
+        raise UnsupportedVerlError(f"dualkv's veRL integration supports {wanted}; found verl {text}. Its patch points "
+                                   "(engine forward_step, micro-batching, trainer balancing) differ in other releases")
+    return found

@@ -1,0 +1,40 @@
+"""``experiments/policy_update_bench.py`` at its CPU size, run as on the GPU machine: without Ray, datasets, pandas,
+Pillow, uvicorn or fastapi (hidden from its processes, so the import stubs are exercised), float32 so that the
+stock and dualkv old log-probs must agree to 1e-5, and the JSON schema the lead's tooling reads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl")
+
+from dualkv.integration.verl.import_stubs import DEFAULT_STUBS  # noqa: E402
+
+BENCH = Path(__file__).resolve().parents[1] / "experiments" / "policy_update_bench.py"
+
+def test_policy_update_bench_cpu_without_ray(tmp_path):
+    args = ["--tiny", "--fp32", "--N", "2", "--mb", "1,2", "--out", str(tmp_path)]
+    env = {"VERL_LOGGING_LEVEL": "ERROR", "PATH": "/usr/bin:/bin", "DUALKV_BENCH_HIDE_PACKAGES": ",".join(DEFAULT_STUBS)}
+    proc = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = tmp_path.glob("policy_update-cpu-*.json")
+    result = json.loads(path.read_text())
+    assert result["benchmark"] == "policy_update"
+    assert set(result["environment"]["stubbed_packages"]) == set(DEFAULT_STUBS)
+    rows = result["rows"]
+    phases = ("old_log_prob", "ref_log_prob", "update_actor")
+    assert sorted((r["system"], r["N"], r["mb"], r["phase"]) for r in rows) == sorted(
+        (s, 2, mb, p) for s in ("stock", "dualkv") for mb in (1, 2) for p in phases)
+    for row in rows:
+        assert set(row) == {"system", "N", "P", "R", "mb", "phase", "seconds", "peak_mem_gib", "mfu", "status"}
+        assert row["status"] == "ok" and row["seconds"] > 0
+    assert result["logprob_max_abs_diff"] <= 1e-5
+    assert set(result["logprob_max_abs_diff_by_N"]) == {"2"}
+    table = proc.stdout.strip().splitlines()[-7:]          # printed last: header + 2 mb x 3 phases
+    assert table[0].split()[:3] == ["N", "mb", "phase"]
+    assert [line.split()[1:3] for line in table[1:]] == [[mb, p] for mb in ("1", "2") for p in phases]

@@ -1,0 +1,113 @@
+"""Config and loading: the documented recipe lines select ``DualKVActorConfig`` through Hydra's ``_target_``, pass
+veRL's own validation, mark the engine config, and refuse settings that would mix groups; the ``verl.plugins`` entry
+point installs the patches on ``import verl`` in a fresh process; ``enable()`` and the config do it without the
+plugin; an unsupported veRL is reported."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+
+pytest.importorskip("verl")
+
+import verl_fixtures as F  # noqa: E402
+
+from dualkv.integration import verl as dv  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    F.setup_cpu_verl()
+    return F.build_model_dir(tmp_path_factory.mktemp("cfg"))
+
+
+def test_recipe_lines_select_the_dualkv_config(model_dir):
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    from verl.workers.config import FSDPActorConfig
+
+    cfg = F.compose_grpo(model_dir, 4, dualkv=True)
+    validate_config(cfg, use_reference_policy=True, use_critic=False)
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert type(actor) is dv.DualKVActorConfig and isinstance(actor, FSDPActorConfig)
+    assert actor.use_dualkv is True and actor.engine.use_dualkv is True
+    assert cfg.actor_rollout_ref.ref._target_ == "dualkv.integration.verl.config.DualKVActorConfig"
+    assert cfg.actor_rollout_ref.ref.use_dualkv is True
+
+    stock = omega_conf_to_dataclass(F.compose_grpo(model_dir, 4, dualkv=False).actor_rollout_ref.actor)
+    assert type(stock) is FSDPActorConfig and not getattr(stock.engine, "use_dualkv", False)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.actor.shuffle=true", "shuffle=True"),
+    ("actor_rollout_ref.actor.strategy=fsdp", "strategy='fsdp'"),
+    ("actor_rollout_ref.actor.use_prefix_grouper=true", "use_prefix_grouper"),
+])
+def test_settings_that_mix_groups_are_refused(model_dir, override, message):
+    from hydra.errors import InstantiationException
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = F.compose_grpo(model_dir, 4, dualkv=True, extra=[override])
+    with pytest.raises((ValueError, InstantiationException), match=message):
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+def test_entry_point_is_declared():
+    eps = {ep.name: ep.value for ep in metadata.entry_points(group="verl.plugins")}
+    assert eps.get("dualkv") == "dualkv.integration.verl.plugin"
+
+
+_PROBE = """
+import json, os
+import verl
+import verl.workers.engine.fsdp.transformer_impl as ti
+import verl.trainer.ppo.ray_trainer as rt
+def patched():
+    return {"engine": hasattr(ti.FSDPEngineWithLMHead.forward_step, "__dualkv_original__"),
+            "micro_batches": hasattr(ti.prepare_micro_batches, "__dualkv_original__"),
+            "trainer": hasattr(rt.RayPPOTrainer._balance_batch, "__dualkv_original__")}
+out = {"after_import": patched()}
+from dualkv.integration.verl.config import DualKVActorConfig
+DualKVActorConfig(strategy="fsdp2", rollout_n=2, ppo_micro_batch_size_per_gpu=1, use_dualkv=True)
+out["after_config"] = patched()
+print("PROBE" + json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("plugins", ["auto", "none"])
+def test_fresh_process_gets_the_patches(plugins):
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "VERL_ENGINE_DEVICE")}
+    env.update(VERL_USE_EXTERNAL_PLUGINS=plugins, VERL_LOGGING_LEVEL="ERROR")
+    proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE")]
+    assert proc.returncode == 0 and line, proc.stderr[-3000:]
+    out = json.loads(line[0][5:])
+    expected = plugins == "auto"   # the plugin patches on import; without it the config does
+    assert out["after_import"] == {"engine": expected, "micro_batches": expected, "trainer": expected}
+    assert out["after_config"] == {"engine": True, "micro_batches": True, "trainer": True}
+
+
+def test_enable_is_idempotent_and_patches_once():
+    from verl.workers.engine.fsdp import transformer_impl as ti
+
+    dv.enable()
+    dv.enable()
+    assert dv.is_enabled()
+    step = ti.FSDPEngineWithLMHead.forward_step
+    assert step.__dualkv_original__ is not None
+    assert not hasattr(step.__dualkv_original__, "__dualkv_original__")
+
+
+def test_unsupported_verl_is_reported_by_the_plugin(monkeypatch):
+    from dualkv.integration.verl import compat, patches, plugin
+
+    monkeypatch.setattr(compat, "installed_verl_version", lambda: "0.8.0")
+    monkeypatch.setattr(patches, "_enabled", False)
+    with pytest.warns(RuntimeWarning, match=r"supports verl>=0\.9\.1,<0\.10.*found verl 0\.8\.0"):
+        importlib.reload(plugin)
+    assert not patches.is_enabled()

@@ -1,0 +1,103 @@
+"""Multi-process cases (gloo, CPU): each rank builds a real FSDP2 engine, runs the same batches with stock veRL and
+with dualkv, and saves what it saw to ``out_dir/rank{r}.pt`` for the test process to compare.
+
+Run with :func:`spawn`; every case is a top-level function so ``torch.multiprocessing`` can pickle it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+def spawn(case: Callable, world_size: int, *args) -> list[dict]:
+    """Run ``case(rank, world_size, port, *args)`` on ``world_size`` processes; return each rank's saved dict."""
+    import torch.multiprocessing as mp
+
+    from . import free_port
+
+    out_dir = Path(args[-1])
+    mp.spawn(_entry, args=(case, world_size, free_port(), args), nprocs=world_size, join=True)
+    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def _entry(rank: int, case: Callable, world_size: int, port: int, args: tuple) -> None:
+    from . import init_process_group, setup_cpu_verl
+
+    torch.set_num_threads(1)
+    setup_cpu_verl()
+    init_process_group(rank, world_size, port)
+    try:
+        result = case(rank, world_size, *args)
+        torch.save(result, Path(args[-1]) / f"rank{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _run_both(engine, td, n: int, *, train: bool) -> dict:
+    """Stock then dualkv on one engine (same weights): outputs, loss and full gradients of each."""
+    from verl.utils import tensordict_utils as tu
+
+    from . import full_grads, loss_fn, response_values
+
+    td = td.clone()
+    tu.assign_non_tensor(td, return_model_output=True)
+    out = {}
+    for system in ("stock", "dualkv"):
+        engine.engine_config.__dict__["use_dualkv"] = system == "dualkv"
+        if train:
+            with engine.train_mode():
+                res = engine.forward_backward_batch(td.clone(), loss_fn(n), forward_only=False)
+                grads = full_grads(engine.module)
+                engine.optimizer_zero_grad()
+        else:
+            with engine.eval_mode():
+                res = engine.infer_batch(td.clone(), loss_function=None)
+            grads = {}
+        mo = res["model_output"]
+        out[system] = {"log_probs": response_values(mo["log_probs"], td),
+                       "entropy": response_values(mo["entropy"], td) if "entropy" in mo else None,
+                       "loss": res["loss"], "grads": grads}
+    return out
+
+
+def sequence_parallel(rank: int, world_size: int, model_dir: str, groups: list, n: int, mutant: bool,
+                      out_dir: str) -> dict:
+    """SP = world_size (DP = 1): both ranks run the whole batch; stock and dualkv, inference and training.
+
+    ``mutant``: the head's SP collectives removed (a known-wrong variant: each rank keeps only its own rows)."""
+    from . import build_engine, engine_batch
+
+    if mutant:
+        from dualkv.integration.verl import head
+
+        head._sum_over = lambda values, group: values
+    engine = build_engine(model_dir, dualkv=False, sp=world_size)
+    td = engine_batch(groups)
+    if mutant:
+        return {"infer": _run_both(engine, td, n, train=False)}
+    return {"infer": _run_both(engine, td, n, train=False), "train": _run_both(engine, td, n, train=True)}
+
+
+def data_parallel(rank: int, world_size: int, model_dir: str, groups_per_rank: list, n: int, dynamic: bool,
+                  out_dir: str) -> dict:
+    """DP = world_size: rank r runs its own groups; stock and dualkv training, gradients after FSDP's reduce."""
+    from . import build_engine, engine_batch
+
+    engine = build_engine(model_dir, dualkv=False, dynamic=dynamic, max_token_len=40)
+    td = engine_batch(groups_per_rank[rank], seed=rank, use_dynamic_bsz=dynamic, max_token_len_per_gpu=40,
+                      micro_batch_size_per_gpu=n)
+    return {"infer": _run_both(engine, td, n, train=False), "train": _run_both(engine, td, n, train=True)}
+
+
+def fused_kernels(rank: int, world_size: int, model_dir: str, groups: list, n: int, out_dir: str) -> dict:
+    """use_fused_kernels=True (veRL patches the model class's forward, hence its own process)."""
+    from . import build_engine, engine_batch
+
+    engine = build_engine(model_dir, dualkv=False, fused=True)
+    td = engine_batch(groups, use_fused_kernels=True)
+    return {"infer": _run_both(engine, td, n, train=False), "train": _run_both(engine, td, n, train=True),
+            "pid": os.getpid()}
