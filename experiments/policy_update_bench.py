@@ -16,7 +16,8 @@ memory, MFU and the per-phase speedup. The model is a Qwen3 built from its publi
 rows the trainer sees), so the MFU ratio equals the speedup. The old log-probs of the two systems are compared
 (``logprob_max_abs_diff``; bf16 noise expected). Each system runs in its own child process (its own CUDA context
 and peak-memory counter; nothing of the other system stays resident); an out-of-memory phase is a row with status
-``OOM`` and the sweep goes on; ``--time-budget-s`` stops starting new (N, mb) points.
+``OOM`` and the sweep goes on; ``--time-budget-s`` is shared equally by the systems and stops starting new
+phases; the result file is rewritten after each system, so a killed run keeps what it measured.
 
 Result: ``experiments/results/policy_update-<device>-<UTC time>.json``::
 
@@ -329,8 +330,8 @@ def run_system(args, system: str, model_dir: str, model_cfg, vocab: int, rows: l
             calls = {"old_log_prob": lambda: actor.compute_log_prob(log_td.clone()),
                      "ref_log_prob": lambda: ref.compute_ref_log_prob(log_td.clone()),
                      "update_actor": lambda: actor.update_actor(update_td.clone())}
-            skip = deadline is not None and time.monotonic() > deadline
             for phase in PHASES:
+                skip = deadline is not None and time.monotonic() > deadline
                 row = {"system": system, "N": n, "P": args.P, "R": args.R, "mb": mb, "phase": phase,
                        "seconds": None, "peak_mem_gib": None, "mfu": None, "status": "skipped" if skip else "ok"}
                 if not skip:
@@ -438,6 +439,18 @@ def run_system_process(argv: list[str], system: str, model_dir: str, budget_s: f
     return rows, {}
 
 
+def write_result(path: Path, args: argparse.Namespace, rows: list[dict], logprobs: dict) -> dict:
+    """Write the result file (environment, config, rows, old log-prob agreement); returns its content."""
+    diffs = logprob_diffs(logprobs)
+    result = {"environment": environment(args.device), "benchmark": "policy_update",
+              "config": {k: v for k, v in vars(args).items() if k not in ("out", "worker_system", "worker_out")},
+              "rows": rows, "logprob_max_abs_diff": max(diffs.values()) if diffs else None,
+              "logprob_max_abs_diff_by_N": diffs}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -446,27 +459,23 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     rows: list[dict] = []
     logprobs: dict = {}
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = Path(args.out) / f"policy_update-{args.device}-{stamp}.json"
     with tempfile.TemporaryDirectory(prefix="dualkv-bench-") as tmp:
         if args.model_dir:
             model_dir = args.model_dir
         else:
             model_dir, _ = save_model(args, Path(tmp) / "model")
-        for system in args.systems:
-            budget = None if args.time_budget_s is None else args.time_budget_s - (time.monotonic() - start)
+        for i, system in enumerate(args.systems):
+            # Each system gets an equal share of what is left, so a slow first system cannot starve the next one.
+            budget = None
+            if args.time_budget_s is not None:
+                budget = (args.time_budget_s - (time.monotonic() - start)) / (len(args.systems) - i)
             sys_rows, sys_logprobs = run_system_process(argv, system, model_dir, budget, Path(tmp), args)
             rows += sys_rows
             for key, value in sys_logprobs.items():
                 logprobs.setdefault(key, {}).update(value)
-    diffs = logprob_diffs(logprobs)
-    result = {"environment": environment(args.device), "benchmark": "policy_update",
-              "config": {k: v for k, v in vars(args).items() if k not in ("out", "worker_system", "worker_out")},
-              "rows": rows, "logprob_max_abs_diff": max(diffs.values()) if diffs else None,
-              "logprob_max_abs_diff_by_N": diffs}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = out / f"policy_update-{args.device}-{stamp}.json"
-    path.write_text(json.dumps(result, indent=2))
+            result = write_result(path, args, rows, logprobs)  # after every system: a killed run keeps its rows
     print(f"wrote {path}")
     print(f"old log-prob max |stock - dualkv|: {result['logprob_max_abs_diff']}")
     print(table(rows))

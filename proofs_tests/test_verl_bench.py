@@ -38,3 +38,31 @@ def test_policy_update_bench_cpu_without_ray(tmp_path):
     table = proc.stdout.strip().splitlines()[-7:]          # printed last: header + 2 mb x 3 phases
     assert table[0].split()[:3] == ["N", "mb", "phase"]
     assert [line.split()[1:3] for line in table[1:]] == [[mb, p] for mb in ("1", "2") for p in phases]
+
+
+def test_time_budget_is_shared_and_results_survive_each_system(tmp_path, monkeypatch):
+    """A slow first system must not starve the second (each gets an equal share of what is left), and the result
+    file is written after every system."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("policy_update_bench", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    budgets, clock = [], [0.0]
+
+    def fake_system(argv, system, model_dir, budget_s, folder, args):
+        budgets.append(budget_s)
+        clock[0] += 300.0  # the first system overruns its share
+        written = list(tmp_path.glob("policy_update-*.json"))
+        assert (system == "stock") == (not written)  # written after the first system already
+        return [{"system": system, "N": 2, "P": 8, "R": 4, "mb": 1, "phase": "old_log_prob", "seconds": 1.0,
+                 "peak_mem_gib": None, "mfu": None, "status": "ok"}], {}
+
+    monkeypatch.setattr(bench, "run_system_process", fake_system)
+    monkeypatch.setattr(bench, "save_model", lambda args, path: (str(path), None))
+    monkeypatch.setattr(bench.time, "monotonic", lambda: clock[0])
+    assert bench.main(["--tiny", "--N", "2", "--mb", "1", "--time-budget-s", "400", "--out", str(tmp_path)]) == 0
+    assert budgets[0] == 200.0                      # half of 400 for the first of two systems
+    assert budgets[1] == 100.0                      # what is left (400 - 300) for the last one, not a negative value
+    rows = json.loads(next(tmp_path.glob("policy_update-*.json")).read_text())["rows"]
+    assert [r["system"] for r in rows] == ["stock", "dualkv"]
