@@ -4,7 +4,6 @@ hidden-state invariant (appendix A.2)."""
 
 from __future__ import annotations
 
-import random
 from typing import Callable, Sequence
 
 import torch
@@ -112,12 +111,3 @@ def _hidden_invariant(layout: GroupLayout, packed_hidden, copy_hidden, dtype) ->
             if cmp.error >= worst.error:
                 worst = cmp
     return worst
-
-
-def default_model_cases(rng: random.Random | None = None):
-    """(arch, prompt_lens, response_lens) covering several groups, R = 1, N = 1."""
-    return [
-        ("qwen3", (7, 3), ((2, 1, 5), (1,))),
-        ("llama", (5,), ((4, 1, 3, 2),)),
-        ("qwen3", (1, 9), ((3,), (2, 2))),
-    ]

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_window, resolve_scale
+from .._checks import check_layout_tensors, check_window, resolve_scale
 from ..layout import GroupLayout
 from ..reference import flash_attn_dualkv_varlen_func
-from ..reference.attention import check_layout_tensors, per_group_attention
+from ..reference.attention import per_group_attention
 from ..reference.core import masked_attention
 
 

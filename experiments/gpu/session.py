@@ -72,25 +72,21 @@ def tune(shape=(16, 32768)):
     dout = torch.randn_like(q)
     res["fwd_default"] = time_ms(lambda: run_forward(q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.fwd_pack,
                                                           scale=scale, window_left=-1), 'cuda', 5)[0]
-    for tile in (TileConfig(32, 4, 2), TileConfig(64, 4, 2), TileConfig(32, 8, 1), TileConfig(64, 8, 1)):
+    candidates = [("dq", t) for t in (TileConfig(32, 4, 2), TileConfig(64, 4, 2), TileConfig(32, 8, 1),
+                                      TileConfig(64, 8, 1))]
+    candidates += [("dkdv", t) for t in (KeyTileConfig(64, 8, 1, 2), KeyTileConfig(32, 8, 1, 2),
+                                         KeyTileConfig(64, 4, 1, 2), KeyTileConfig(128, 8, 2, 1),
+                                         KeyTileConfig(64, 8, 2, 2))]
+    for kernel, tile in candidates:  # one backward kernel at a time, with a plan built for its tile
+        override = {f"{kernel}_tile": tile}
         try:
             pl = make_plan(layout.segment_table, head_dim=128, group_size=4, window_left=-1, device=q.device,
-                           ctx_shared=True, dq_tile=tile)
-            res[f"dq {tile}"] = time_ms(lambda: run_backward(
+                           ctx_shared=True, **override)
+            res[f"{kernel} {tile}"] = time_ms(lambda: run_backward(
                 dout, q, k, v, k, v, out, lse, pl.segments, pl.dq_tiles, pl.key_tiles, pl.dq_pack, True, scale=scale,
-                window_left=-1, dq_tile=tile, kernels=("dq",)), 'cuda', 5)[0]
+                window_left=-1, kernels=(kernel,), **override), "cuda", 5)[0]
         except Exception as err:
-            res[f"dq {tile}"] = repr(err)[:200]
-    for tile in (KeyTileConfig(64, 8, 1, 2), KeyTileConfig(32, 8, 1, 2), KeyTileConfig(64, 4, 1, 2),
-                 KeyTileConfig(128, 8, 2, 1), KeyTileConfig(64, 8, 2, 2)):
-        try:
-            pl = make_plan(layout.segment_table, head_dim=128, group_size=4, window_left=-1, device=q.device,
-                           ctx_shared=True, dkdv_tile=tile)
-            res[f"dkdv {tile}"] = time_ms(lambda: run_backward(
-                dout, q, k, v, k, v, out, lse, pl.segments, pl.dq_tiles, pl.key_tiles, pl.dq_pack, True, scale=scale,
-                window_left=-1, dkdv_tile=tile, kernels=("dkdv",)), 'cuda', 5)[0]
-        except Exception as err:
-            res[f"dkdv {tile}"] = repr(err)[:200]
+            res[f"{kernel} {tile}"] = repr(err)[:200]
     return {k2: (round(v2, 2) if isinstance(v2, float) else v2) for k2, v2 in res.items()}
 
 
