@@ -102,6 +102,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None, help="timed runs of each phase; median reported (default 2)")
     p.add_argument("--fused-kernels", choices=("off", "torch", "triton"), default="off",
                    help="veRL's use_fused_kernels log-prob head (default off, veRL's default)")
+    p.add_argument("--stock-logprobs", choices=("fused", "verl-fallback"), default="fused",
+                   help="stock's log-prob head: 'fused' (default) = a chunked fp32 log-softmax + gather standing in "
+                        "for flash-attn's Triton cross-entropy, which veRL uses when flash-attn is installed; "
+                        "'verl-fallback' = veRL's own path without flash-attn (a Python loop over tokens in bf16)")
     p.add_argument("--fp32", action="store_true", help="float32 end to end (exactness check; default bf16 mixed)")
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--tiny", action="store_true", help="tiny model and lengths on the CPU: a smoke run")
@@ -172,6 +176,27 @@ def register_stock_attention() -> None:
         return varlen_causal(q, k, v, cu, cu, max_len, max_len, scaling)[None], None
 
     AttentionInterface.register(STOCK_ATTENTION, attention)
+
+
+def use_fused_stock_logprobs() -> None:
+    """Stock veRL computes log-probs with flash-attn's Triton cross-entropy when flash-attn is installed (the GPU
+    image here has none); without it veRL loops over tokens (``logprobs_from_logits_v2``), seconds per micro-batch.
+    This stands in for the fused kernel: fp32 log-softmax + gather over chunks of rows, all on the GPU."""
+    import verl.utils.torch_functional as tf
+    import verl.workers.engine.fsdp.transformer_impl as engine
+    from torch.utils.checkpoint import checkpoint
+
+    def chunk_logprobs(chunk, lab):
+        return torch.gather(chunk.float().log_softmax(-1), -1, lab.unsqueeze(-1)).squeeze(-1)
+
+    def logprobs(logits, labels, inplace_backward=True):
+        flat, flat_labels = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+        # Checkpointed per chunk: like the fused kernel, no (T, V) fp32 tensor is kept for the backward.
+        out = torch.cat([checkpoint(chunk_logprobs, chunk, lab, use_reentrant=False)
+                         for chunk, lab in zip(flat.split(4096), flat_labels.split(4096))])
+        return out.view(labels.shape)
+
+    tf.logprobs_from_logits = engine.logprobs_from_logits = logprobs
 
 
 def save_model(args: argparse.Namespace, folder: Path) -> tuple[str, Any]:
@@ -354,12 +379,13 @@ def run_system(args, system: str, model_dir: str, model_cfg, vocab: int, rows: l
 
 
 # ---------------------------------------------------------------------------------------------- report
-def logprob_diffs(logprobs: dict) -> dict[str, float]:
-    """max |stock - dualkv| of the old log-probs per N (over every mb run)."""
+def logprob_diffs(logprobs: dict, reduce: str = "max") -> dict[str, float]:
+    """max (or mean) |stock - dualkv| of the old log-probs per N (max over every mb run)."""
     out: dict[str, float] = {}
     for (n, _), v in logprobs.items():
         if "stock" in v and "dualkv" in v:
-            out[str(n)] = max(out.get(str(n), 0.0), float((v["stock"] - v["dualkv"]).abs().max()))
+            delta = (v["stock"] - v["dualkv"]).abs()
+            out[str(n)] = max(out.get(str(n), 0.0), float(delta.max() if reduce == "max" else delta.mean()))
     return out
 
 
@@ -407,6 +433,8 @@ def run_worker_process(args: argparse.Namespace) -> int:
         torch.set_num_threads(min(4, torch.get_num_threads()))
     setup_process(args.device)
     register_stock_attention()
+    if args.worker_system == "stock" and args.stock_logprobs == "fused":
+        use_fused_stock_logprobs()
     hf_config = AutoConfig.from_pretrained(args.model_dir)
     rows: list[dict] = []
     logprobs: dict = {}
@@ -445,7 +473,7 @@ def write_result(path: Path, args: argparse.Namespace, rows: list[dict], logprob
     result = {"environment": environment(args.device), "benchmark": "policy_update",
               "config": {k: v for k, v in vars(args).items() if k not in ("out", "worker_system", "worker_out")},
               "rows": rows, "logprob_max_abs_diff": max(diffs.values()) if diffs else None,
-              "logprob_max_abs_diff_by_N": diffs}
+              "logprob_max_abs_diff_by_N": diffs, "logprob_mean_abs_diff_by_N": logprob_diffs(logprobs, "mean")}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     return result

@@ -26,6 +26,19 @@ def test_shared_prefix_gradients(case, dtype):
     assert_rows_pass(shared_prefix_check(case, dtype=dtype, device="cuda"))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("case", _sweep()[::3], ids=lambda c: c.name)
+def test_mma_backward_on_hopper_too(case, head_dim):
+    """On sm_90 the public functions run the wgmma kernels for d = 64 / 128; the mma.sync kernels (what sm_80 runs
+    and `kernel_family("mma")` selects) stay correct there too."""
+    from dataclasses import replace
+
+    from dualkv.cuda.configs import kernel_family
+
+    with kernel_family("mma"):
+        assert_rows_pass(shared_prefix_check(replace(case, head_dim=head_dim), dtype=torch.bfloat16, device="cuda"))
+
+
 @pytest.mark.parametrize("head_dim", (32, 64, 96, 128))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_atomic_dq_mode(head_dim, dtype):
@@ -82,8 +95,8 @@ def test_opcheck_custom_ops():
     k = torch.randn(layout.total_tokens, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(layout.total_tokens, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     plan = layout_plan(layout, head_dim=64, group_size=2, window_left=-1, device=q.device)
-    args = (q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles, plan.fwd_pack,
-            plan.dq_pack, True, 0.125, -1, True)
+    args = (q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles, plan.fwd_kernel,
+            plan.fwd_pack, plan.dq_pack, True, 0.125, -1, True)
     torch.library.opcheck(torch.ops.dualkv.fwd.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 

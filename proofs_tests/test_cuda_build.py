@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dualkv.cuda.build import KernelBuildError, compile_spec, resource_usage
-from dualkv.cuda.configs import FWD_TILES, KernelSpec, TileConfig, all_specs, fwd_spec
+from dualkv.cuda.configs import FWD_TILES, SM90_FWD_TILES, KernelSpec, TileConfig, all_specs, fwd_spec, kernel_family
 
 
 def test_every_specialization_compiles_for_sm80_and_sm90(tmp_path):
@@ -24,12 +24,12 @@ def test_every_specialization_compiles_for_sm80_and_sm90(tmp_path):
 
 def test_cache_is_content_addressed(tmp_path, monkeypatch):
     monkeypatch.setenv("DUALKV_CACHE_DIR", str(tmp_path))
-    spec = fwd_spec(64, torch.bfloat16, 1, False, "sm_90")
+    spec = fwd_spec(64, torch.bfloat16, 1, False, "sm_90", kernel="fwd")
     first = compile_spec(spec)
     assert first.cubin and any(tmp_path.rglob("*"))
     again = compile_spec(spec)
     assert again.cubin == first.cubin and again.log == ""          # served from the cache
-    other = compile_spec(fwd_spec(64, torch.float16, 1, False, "sm_90"))
+    other = compile_spec(fwd_spec(64, torch.float16, 1, False, "sm_90", kernel="fwd"))
     assert other.cubin != first.cubin                              # another macro set, another entry
     sm80 = compile_spec(spec.with_arch("sm_80"))
     assert sm80.cubin != first.cubin
@@ -42,6 +42,28 @@ def test_resource_report_has_no_spills_for_default_tiles():
         usage = resource_usage(built.log)
         assert usage["registers"] <= 255
         assert usage["spill_stores"] <= 64, usage
+
+
+def test_hopper_forward_is_wgmma_in_registers():
+    """sm_90 picks the wgmma forward for d = 64 / 128 (sm_90a); it must not spill (accumulators live in registers
+    while wgmma runs); the mma.sync forward stays selectable and is what other archs get."""
+    for d in sorted(SM90_FWD_TILES):
+        spec = fwd_spec(d, torch.bfloat16, 4, False, "sm_90")
+        assert (spec.kernel, spec.arch, spec.threads) == ("fwd_sm90", "sm_90a", 256)
+        usage = resource_usage(compile_spec(spec, use_cache=False, verbose=True).log)
+        assert usage["registers"] <= 255 and usage["spill_stores"] == 0 and usage["stack"] == 0, usage
+    assert fwd_spec(128, torch.bfloat16, 4, False, "sm_80").kernel == "fwd"
+    assert fwd_spec(256, torch.bfloat16, 4, False, "sm_90").kernel == "fwd"
+    with kernel_family("mma"):
+        assert fwd_spec(128, torch.bfloat16, 4, False, "sm_90").kernel == "fwd"
+    with pytest.raises(ValueError, match="fwd_sm90 is built for sm_90a"):
+        fwd_spec(128, torch.bfloat16, 4, False, "sm_90").with_arch("sm_80")
+
+
+def test_generated_wgmma_header_is_current():
+    from dualkv.cuda import gen_wgmma
+
+    assert gen_wgmma.HEADER.read_text() == gen_wgmma.render(), "run python -m dualkv.cuda.gen_wgmma"
 
 
 def test_bad_configuration_reports_the_nvrtc_log():

@@ -35,6 +35,38 @@ def test_paper_api_every_head_dim(head_dim, dtype):
     assert_rows_pass(two_call_check(case, dtype=dtype, device="cuda", with_grad=False))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("case", _sweep()[::3], ids=lambda c: c.name)
+def test_mma_forward_on_hopper_too(case, head_dim):
+    """On sm_90 the public functions run the wgmma forward for d = 64 / 128; the mma.sync forward stays correct
+    there too (it is what sm_80 runs and what `kernel_family("mma")` selects)."""
+    from dataclasses import replace
+
+    from dualkv.cuda.configs import kernel_family
+
+    with kernel_family("mma"):
+        assert_rows_pass(shared_prefix_check(replace(case, head_dim=head_dim), dtype=torch.bfloat16, device="cuda",
+                                             with_grad=False))
+
+
+def test_wgmma_and_mma_forwards_agree():
+    """Both forwards against each other at a long shape (same rounding order is not expected; bf16-close is)."""
+    from dualkv.cuda.configs import forward_kernel_for, kernel_family
+    from dualkv.cuda.runtime import arch_of
+
+    if forward_kernel_for(128, arch_of(0)) != "fwd_sm90":
+        pytest.skip("no wgmma forward on this GPU")
+    layout = GroupLayout.from_lengths([3000], [[1, 700, 129, 2048]])
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(layout.total_tokens, h, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+               for h in (16, 4, 4))
+    out, lse = dualkv.shared_prefix_attention(q, k, v, layout, return_lse=True)
+    with kernel_family("mma"):
+        out_mma, lse_mma = dualkv.shared_prefix_attention(q, k, v, layout, return_lse=True)
+    assert (out.float() - out_mma.float()).abs().max().item() < 2e-2
+    assert (lse - lse_mma).abs().max().item() < 1e-3
+
+
 def test_many_responses_and_long_prompt():
     case = AttentionCase((4097,), tuple([tuple([1, 63, 65, 127, 129, 64, 2, 1000] * 8)]), 8, 1, 128)  # N = 64
     assert_rows_pass(shared_prefix_check(case, dtype=torch.bfloat16, device="cuda", with_grad=False))

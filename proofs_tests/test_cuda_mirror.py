@@ -8,7 +8,7 @@ import torch
 
 from dualkv import GroupLayout
 from dualkv.cuda import schedule
-from dualkv.cuda.configs import FWD_TILES, TileConfig
+from dualkv.cuda.configs import FWD_TILES, SM90_FWD_TILES, TileConfig
 from dualkv.cuda.mirror import make_mirror, mirror_forward
 from dualkv.reference import flash_attn_dualkv_varlen_func, shared_prefix_attention
 
@@ -32,6 +32,15 @@ def _mirror_error(layout, h, hk, d, window, tile, pack=None, mirror=None, seed=0
 def test_mirror_matches_reference_for_every_head_dim(head_dim):
     layout = GroupLayout.from_lengths([65, 2], [[63, 1, 129], [70]])
     err, _ = _mirror_error(layout, 4, 2, head_dim, -1, FWD_TILES[head_dim])
+    assert err < 1e-12
+
+
+@pytest.mark.parametrize("head_dim", sorted(SM90_FWD_TILES))
+@pytest.mark.parametrize("window", [-1, 100])
+def test_mirror_of_the_hopper_forward_tiles(head_dim, window):
+    """The wgmma forward's schedule (128-key blocks, 128 query rows): partial blocks on both sides of 128."""
+    layout = GroupLayout.from_lengths([129, 127, 1], [[1, 127, 128, 257], [129], [64, 2]])
+    err, _ = _mirror_error(layout, 8, 2, head_dim, window, SM90_FWD_TILES[head_dim], pack=4)
     assert err < 1e-12
 
 

@@ -95,3 +95,20 @@ def test_memory_sane_large_prompt_forward():
         core._chunk_attention = original
     assert torch.isfinite(out).all()
     assert max(seen) <= core.SCORE_BUDGET + 16 * layout.total_tokens * 2
+
+
+def test_cancellation_floor_covers_fp32_reordering_of_dp_minus_d():
+    """With a window of 0 (O = V) dS = dP - D is exactly 0 when dP and D are summed in one order, and not in
+    another; cancellation_slack bounds the difference (carried to dQ), so a fp32-accumulating kernel is not
+    failed for a rounding PyTorch avoids by luck."""
+    from dualkv.testing import cancellation_slack
+
+    g = torch.Generator().manual_seed(0)
+    for d in (64, 128, 256):
+        q, k, v, d_out = (torch.randn(512, 1, d, generator=g).half().float() for _ in range(4))
+        dp = (d_out * v).sum(-1)                                       # one order
+        delta = (d_out * v).flip(-1).cumsum(-1)[..., -1]               # another
+        d_q = (dp - delta).abs().max().item() * d ** -0.5 * k.abs().max().item()
+        floor = cancellation_slack(q, k, v, d_out)
+        assert 0 < d_q <= floor, (d, d_q, floor)
+    assert cancellation_slack(q, k, v, 2 * d_out) == 2 * floor

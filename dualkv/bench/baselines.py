@@ -82,6 +82,18 @@ class DualKVAtomic(DualKV):
     deterministic = False
 
 
+class DualKVMma(DualKV):
+    """dualkv with the mma.sync kernels on Hopper too (what sm_80 runs; the wgmma kernels' baseline)."""
+
+    name = "dualkv_mma"
+
+    def forward(self, train=False):
+        from dualkv.cuda.configs import kernel_family
+
+        with kernel_family("mma"):
+            return super().forward(train)
+
+
 class Reference(_Autograd):
     """dualkv's pure-PyTorch oracle (any device; for CPU smoke tests of the harness)."""
 
@@ -220,4 +232,4 @@ class Flex(_Autograd):
         return self.out
 
 
-SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVAtomic, FA2NCopy, Cascade, Flex, Reference)}
+SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVAtomic, DualKVMma, FA2NCopy, Cascade, Flex, Reference)}

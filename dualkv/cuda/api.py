@@ -14,9 +14,10 @@ import torch
 from .._checks import (check_cu_seqlens, check_dualkv_inputs, check_layout_tensors, check_max_seqlen, check_qkv,
                        check_window, resolve_scale)
 from ..layout import GroupLayout
-from .configs import DTYPES, HEAD_DIMS, WINDOW_HEAD_DIMS
+from .configs import DTYPES, HEAD_DIMS, WINDOW_HEAD_DIMS, forward_kernel_for
 from .launch import Plan, make_plan
 from .ops import fwd as _fwd_op
+from .runtime import arch_of
 from .schedule import segments_from_cu_seqlens
 
 
@@ -51,7 +52,7 @@ def resolve_deterministic(deterministic: bool | None) -> bool:
 
 def _run(q, k_ctx, v_ctx, k_own, v_own, plan: Plan, scale: float, window_left: int, deterministic: bool | None):
     return _fwd_op(q, k_ctx, v_ctx, k_own, v_own, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles,
-                   plan.fwd_pack, plan.dq_pack, plan.ctx_shared, scale, window_left,
+                   plan.fwd_kernel, plan.fwd_pack, plan.dq_pack, plan.ctx_shared, scale, window_left,
                    resolve_deterministic(deterministic))
 
 
@@ -100,7 +101,8 @@ def context_attention(q, k, v, cu_seqlens=None, max_seqlen=None, softmax_scale=N
 def layout_plan(layout: GroupLayout, *, head_dim: int, group_size: int, window_left: int,
                 device: torch.device) -> Plan:
     """The kernels' schedule of a layout, built once per (shape, device) and cached on the layout."""
-    key = ("plan", head_dim, group_size, window_left, str(device))
+    fwd_kernel = forward_kernel_for(head_dim, arch_of(device.index or 0))
+    key = ("plan", head_dim, group_size, window_left, str(device), fwd_kernel)
     plan = layout._device_cache.get(key)
     if plan is None:
         plan = make_plan(layout.segment_table, head_dim=head_dim, group_size=group_size, window_left=window_left,

@@ -6,6 +6,8 @@ block schedule (:mod:`dualkv.cuda.mirror`), so the CPU-tested schedule is the on
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import product
 
@@ -30,6 +32,7 @@ class TileConfig:
     warps: int
     mslabs: int
     dsplit: int = 1
+    overlap: bool = False  # wgmma forward only: issue S of the next block before the softmax of this one
 
     @property
     def block_m(self) -> int:
@@ -102,7 +105,77 @@ DKDV_TILES: dict[int, KeyTileConfig] = {
     512: KeyTileConfig(block_m=32, warps=8, dsplit=4, stages=1),
 }
 
-KERNELS = ("fwd", "bwd_dq", "bwd_dkdv")
+#: Hopper forward (wgmma, sm_90a): two warpgroups of 64 query rows, 128-key blocks, double-buffered K/V.
+SM90_FWD_TILES: dict[int, TileConfig] = {
+    64: TileConfig(block_n=128, warps=8, mslabs=1),
+    128: TileConfig(block_n=128, warps=8, mslabs=1),
+}
+
+#: Hopper dK/dV kernel (wgmma, sm_90a): two warpgroups of 64 keys, 64-query steps, deterministic (no atomic dQ).
+SM90_DKDV_TILES: dict[int, KeyTileConfig] = {
+    64: KeyTileConfig(block_m=64, warps=8),
+    128: KeyTileConfig(block_m=64, warps=8),
+}
+
+#: Hopper dQ kernel (wgmma, sm_90a): two warpgroups of 64 query rows, 64-key blocks, double-buffered K/V.
+SM90_DQ_TILES: dict[int, TileConfig] = {
+    64: TileConfig(block_n=64, warps=8, mslabs=1),
+    128: TileConfig(block_n=64, warps=8, mslabs=1),
+}
+
+# The plan's tile tables are built for DQ_TILES / DKDV_TILES; the wgmma kernels must take the same tiles.
+assert all(SM90_DKDV_TILES[d].block_keys == DKDV_TILES[d].block_keys for d in SM90_DKDV_TILES)
+assert all(SM90_DQ_TILES[d].block_m == DQ_TILES[d].block_m for d in SM90_DQ_TILES)
+
+KERNELS = ("fwd", "fwd_sm90", "bwd_dq", "bwd_dq_sm90", "bwd_dkdv", "bwd_dkdv_sm90")
+#: Hopper-only (sm_90a) kernels and the head dims they exist for.
+SM90_KERNELS = {"fwd_sm90": tuple(SM90_FWD_TILES), "bwd_dq_sm90": tuple(SM90_DQ_TILES),
+                "bwd_dkdv_sm90": tuple(SM90_DKDV_TILES)}
+#: Which kernel family runs where both exist: "auto" (the wgmma kernels on sm_90), "mma" (the mma.sync kernels
+#: everywhere, what sm_80 runs).
+KERNEL_FAMILIES = ("auto", "mma")
+_family = [os.environ.get("DUALKV_KERNELS", "auto")]
+
+
+@contextmanager
+def kernel_family(choice: str):
+    """Temporarily choose the kernel family ("auto" or "mma"; also ``$DUALKV_KERNELS``), e.g. to benchmark the
+    mma.sync kernels on a Hopper GPU."""
+    if choice not in KERNEL_FAMILIES:
+        raise ValueError(f"kernel family must be one of {KERNEL_FAMILIES}, got {choice!r}")
+    old = _family[0]
+    _family[0] = choice
+    try:
+        yield
+    finally:
+        _family[0] = old
+
+
+def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
+    choice = _family[0]
+    if choice not in KERNEL_FAMILIES:
+        raise ValueError(f"DUALKV_KERNELS must be one of {KERNEL_FAMILIES}, got {choice!r}")
+    return choice == "auto" and arch == "sm_90" and head_dim in SM90_KERNELS[kernel]
+
+
+def forward_kernel_for(head_dim: int, arch: str) -> str:
+    """``"fwd_sm90"`` where the wgmma forward exists and is chosen, else ``"fwd"``."""
+    return "fwd_sm90" if _use_sm90("fwd_sm90", head_dim, arch) else "fwd"
+
+
+def dq_kernel_for(head_dim: int, arch: str) -> str:
+    """``"bwd_dq_sm90"`` where the wgmma dQ kernel exists and is chosen, else ``"bwd_dq"``."""
+    return "bwd_dq_sm90" if _use_sm90("bwd_dq_sm90", head_dim, arch) else "bwd_dq"
+
+
+def dkdv_kernel_for(head_dim: int, arch: str, dq_atomic: bool = False) -> str:
+    """``"bwd_dkdv_sm90"`` where the wgmma dK/dV kernel exists and is chosen (deterministic mode), else
+    ``"bwd_dkdv"``."""
+    return "bwd_dkdv_sm90" if not dq_atomic and _use_sm90("bwd_dkdv_sm90", head_dim, arch) else "bwd_dkdv"
+
+
+def forward_tile(kernel: str, head_dim: int) -> TileConfig:
+    return (SM90_FWD_TILES if kernel == "fwd_sm90" else FWD_TILES)[head_dim]
 
 
 @dataclass(frozen=True)
@@ -127,6 +200,8 @@ class KernelSpec:
             raise ValueError(f"sliding windows are supported for head dims {WINDOW_HEAD_DIMS}, not {self.head_dim}")
         if self.dq_atomic and (self.kernel != "bwd_dkdv" or self.head_dim not in ATOMIC_HEAD_DIMS):
             raise ValueError(f"the atomic dQ mode exists for the dK/dV kernel at head dims {ATOMIC_HEAD_DIMS}")
+        if self.kernel in SM90_KERNELS and (self.arch != "sm_90a" or self.head_dim not in SM90_KERNELS[self.kernel]):
+            raise ValueError(f"{self.kernel} is built for sm_90a at head dims {SM90_KERNELS[self.kernel]}")
 
     @property
     def source(self) -> str:
@@ -146,8 +221,14 @@ class KernelSpec:
         t = self.tile
         if self.kernel == "fwd":
             return (t.block_m + 2 * t.block_n) * row
+        if self.kernel == "fwd_sm90":  # swizzled (unpadded) Q + two stages of K and V, 1 KB alignment slack
+            return (t.block_m + 4 * t.block_n) * self.head_dim * 2 + 1024
         if self.kernel == "bwd_dq":
             return (2 * t.block_m + 2 * t.block_n) * row
+        if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V; 1 KB alignment slack
+            return (2 * t.block_m + 4 * t.block_n) * self.head_dim * 2 + 1024
+        if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + two stages of Q, dO, LSE, D; 1 KB alignment slack
+            return (2 * t.block_keys + 4 * t.block_m) * self.head_dim * 2 + 4 * t.block_m * 4 + 1024
         ds_tile = t.block_keys * (t.block_m + 8) * 2 if self.dq_atomic else 0
         return (2 * t.block_keys + 2 * t.stages * t.block_m) * row + 2 * t.stages * t.block_m * 4 + ds_tile
 
@@ -155,10 +236,11 @@ class KernelSpec:
         t = self.tile
         common = [("DKV_HEAD_DIM", str(self.head_dim)), ("DKV_WARPS", str(t.warps)), ("DKV_DSPLIT", str(t.dsplit)),
                   ("DKV_BF16", "1" if self.dtype == "bf16" else "0"), ("DKV_WINDOW", "1" if self.window else "0")]
-        if self.kernel == "bwd_dkdv":
+        if self.kernel in ("bwd_dkdv", "bwd_dkdv_sm90"):
             return common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages)),
                              ("DKV_DQ_ATOMIC", "1" if self.dq_atomic else "0")]
-        return common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack))]
+        return common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack)),
+                         ("DKV_OVERLAP", "1" if getattr(t, "overlap", False) else "0")]
 
     def with_arch(self, arch: str) -> "KernelSpec":
         return replace(self, arch=arch)
@@ -175,24 +257,37 @@ def _check_head_dim(head_dim: int) -> None:
         raise ValueError(f"head_dim {head_dim} is not supported by the CUDA kernels (supported: {HEAD_DIMS})")
 
 
-def fwd_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, arch: str) -> KernelSpec:
+def fwd_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, arch: str,
+             kernel: str | None = None) -> KernelSpec:
+    """The forward specialization; ``kernel`` defaults to :func:`forward_kernel_for` (``arch`` is the device's)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
-    tile = FWD_TILES[head_dim]
-    return KernelSpec("fwd", head_dim, name, tile, pack_for(group_size, tile), window, arch)
+    kernel = kernel or forward_kernel_for(head_dim, arch)
+    tile = forward_tile(kernel, head_dim)
+    return KernelSpec(kernel, head_dim, name, tile, pack_for(group_size, tile), window,
+                      "sm_90a" if kernel == "fwd_sm90" else arch)
 
 
-def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, arch: str) -> KernelSpec:
+def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, arch: str,
+            kernel: str | None = None) -> KernelSpec:
+    """The dQ specialization; ``kernel`` defaults to :func:`dq_kernel_for` (``arch`` is the device's)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
-    tile = DQ_TILES[head_dim]
-    return KernelSpec("bwd_dq", head_dim, name, tile, pack_for(group_size, tile), window, arch)
+    kernel = kernel or dq_kernel_for(head_dim, arch)
+    tile = (SM90_DQ_TILES if kernel == "bwd_dq_sm90" else DQ_TILES)[head_dim]
+    return KernelSpec(kernel, head_dim, name, tile, pack_for(group_size, tile), window,
+                      "sm_90a" if kernel == "bwd_dq_sm90" else arch)
 
 
-def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False) -> KernelSpec:
+def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,
+              kernel: str | None = None) -> KernelSpec:
+    """The dK/dV specialization; ``kernel`` defaults to :func:`dkdv_kernel_for` (``arch`` is the device's)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
-    return KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic)
+    kernel = kernel or dkdv_kernel_for(head_dim, arch, dq_atomic)
+    if kernel == "bwd_dkdv_sm90":
+        return KernelSpec(kernel, head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a")
+    return KernelSpec(kernel, head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic)
 
 
 def all_specs(arch: str) -> list[KernelSpec]:
@@ -202,10 +297,17 @@ def all_specs(arch: str) -> list[KernelSpec]:
         if window and head_dim not in WINDOW_HEAD_DIMS:
             continue
         name = DTYPES[dtype]
-        for kernel, tiles in (("fwd", FWD_TILES), ("bwd_dq", DQ_TILES)):
+        query_kernels = [("fwd", FWD_TILES, arch), ("bwd_dq", DQ_TILES, arch)]
+        if arch == "sm_90":
+            query_kernels += [("fwd_sm90", SM90_FWD_TILES, "sm_90a"), ("bwd_dq_sm90", SM90_DQ_TILES, "sm_90a")]
+        for kernel, tiles, kernel_arch in query_kernels:
+            if head_dim not in tiles:
+                continue
             for pack in PACKS:
                 if tiles[head_dim].block_m // pack >= 8:
-                    specs.append(KernelSpec(kernel, head_dim, name, tiles[head_dim], pack, window, arch))
+                    specs.append(KernelSpec(kernel, head_dim, name, tiles[head_dim], pack, window, kernel_arch))
+        if arch == "sm_90" and head_dim in SM90_DKDV_TILES:
+            specs.append(KernelSpec("bwd_dkdv_sm90", head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a"))
         specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch))
         if head_dim in ATOMIC_HEAD_DIMS:
             specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, True))

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, FWD_TILES, KeyTileConfig, TileConfig, dkdv_spec,
-                      dq_spec, fwd_spec, pack_for)
+from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, KeyTileConfig, TileConfig, dkdv_spec, dq_spec,
+                      forward_kernel_for, forward_tile, fwd_spec, pack_for)
 from .runtime import arch_of, f32, get_kernel, i32, i64, poison_enabled
 from .schedule import key_tiles, tile_table
 
@@ -38,6 +38,7 @@ class Plan:
     """Device-side schedule of one shape (cacheable per layout): segment table and the three kernels' work lists."""
 
     segments: torch.Tensor   # int32 (S, 4)
+    fwd_kernel: str          # "fwd" (mma.sync) | "fwd_sm90" (wgmma)
     fwd_tiles: torch.Tensor  # int32 (n, 2)
     fwd_pack: int
     dq_tiles: torch.Tensor   # int32 (n, 2)
@@ -54,10 +55,13 @@ def _to_device(a: np.ndarray, device) -> torch.Tensor:
 
 
 def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_left: int, device: torch.device,
-              ctx_shared: bool, fwd_tile: TileConfig | None = None, fwd_pack: int | None = None,
-              dq_tile: TileConfig | None = None, dkdv_tile: KeyTileConfig | None = None) -> Plan:
-    """Schedules for the default tiles of ``head_dim`` (the tile/pack arguments override them, for tuning)."""
-    fwd_tile = fwd_tile or FWD_TILES[head_dim]
+              ctx_shared: bool, fwd_kernel: str | None = None, fwd_tile: TileConfig | None = None,
+              fwd_pack: int | None = None, dq_tile: TileConfig | None = None,
+              dkdv_tile: KeyTileConfig | None = None) -> Plan:
+    """Schedules for the default kernels and tiles of ``head_dim`` (the kernel/tile/pack arguments override them,
+    for tuning; a forward tile without a forward kernel means the mma.sync forward)."""
+    fwd_kernel = fwd_kernel or ("fwd" if fwd_tile else forward_kernel_for(head_dim, arch_of(device.index or 0)))
+    fwd_tile = fwd_tile or forward_tile(fwd_kernel, head_dim)
     fwd_pack = fwd_pack or pack_for(group_size, fwd_tile)
     if group_size % fwd_pack:
         raise ValueError(f"pack {fwd_pack} does not divide the GQA group size {group_size}")
@@ -65,6 +69,7 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
     dq_pack = pack_for(group_size, dq_tile)
     return Plan(
         segments=_to_device(segments, device),
+        fwd_kernel=fwd_kernel,
         fwd_tiles=_to_device(tile_table(segments, fwd_tile.block_m // fwd_pack, fwd_tile.block_n, window_left), device),
         fwd_pack=fwd_pack,
         dq_tiles=_to_device(tile_table(segments, dq_tile.block_m // dq_pack, dq_tile.block_n, window_left), device),
@@ -82,12 +87,12 @@ def _new(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
 
 
 def run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, tiles, pack: int, *, scale: float, window_left: int,
-                tile: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward kernel. q: (T_q, H, d); k_own/v_own: (T_q, H_k, d); k_ctx/v_ctx: (T_c, H_k, d).
-    Returns out (T_q, H, d) and the natural-log LSE (H, T_q) float32."""
+                kernel: str = "fwd", tile: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward kernel (``kernel``: the plan's ``fwd_kernel``). q: (T_q, H, d); k_own/v_own: (T_q, H_k, d);
+    k_ctx/v_ctx: (T_c, H_k, d). Returns out (T_q, H, d) and the natural-log LSE (H, T_q) float32."""
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
-    spec = fwd_spec(head_dim, q.dtype, group, window_left >= 0, arch_of(q.device.index or 0))
+    spec = fwd_spec(head_dim, q.dtype, group, window_left >= 0, arch_of(q.device.index or 0), kernel)
     spec = replace(spec, pack=pack, tile=tile or spec.tile)
     q, k_ctx, v_ctx, k_own, v_own = (kernel_ready(t) for t in (q, k_ctx, v_ctx, k_own, v_own))
     out = _new(q.shape, q)
@@ -132,13 +137,14 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
     keys = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(dout),
             lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0))]
-    dq_kspec = replace(dq_spec(head_dim, q.dtype, group, window, arch), pack=dq_pack)
-    dq_kernel = get_kernel(replace(dq_kspec, tile=dq_tile or dq_kspec.tile), device)
+    dq_kspec = dq_spec(head_dim, q.dtype, group, window, arch, kernel="bwd_dq" if dq_tile else None)
+    dq_kernel = get_kernel(replace(dq_kspec, pack=dq_pack, tile=dq_tile or dq_kspec.tile), device)
     if "dq" in kernels and not atomic:
         dq_kernel.launch((dq_tiles.shape[0], heads // dq_pack, 1),
                          [*keys, *_strided(dq), segments.data_ptr(), dq_tiles.data_ptr(), i32(group),
                           f32(scale * LOG2E), f32(scale), i32(window_left)])
-    dkdv_kspec = dkdv_spec(head_dim, q.dtype, window, arch, dq_atomic=atomic)
+    dkdv_kspec = dkdv_spec(head_dim, q.dtype, window, arch, dq_atomic=atomic,
+                           kernel="bwd_dkdv" if dkdv_tile else None)  # a tile override is an mma.sync tile
     dkdv_kernel = get_kernel(replace(dkdv_kspec, tile=dkdv_tile or dkdv_kspec.tile), device)
     if "dkdv" in kernels:
         dkdv_kernel.launch((key_tiles_t.shape[0], k_own.shape[1], 1),

@@ -16,15 +16,15 @@ Tensor = torch.Tensor
 
 @torch.library.custom_op("dualkv::fwd", mutates_args=(), device_types="cuda")
 def fwd(q: Tensor, k_ctx: Tensor, v_ctx: Tensor, k_own: Tensor, v_own: Tensor, segments: Tensor, fwd_tiles: Tensor,
-        dq_tiles: Tensor, key_tiles: Tensor, fwd_pack: int, dq_pack: int, ctx_shared: bool, scale: float,
-        window_left: int, deterministic: bool) -> tuple[Tensor, Tensor]:
+        dq_tiles: Tensor, key_tiles: Tensor, fwd_kernel: str, fwd_pack: int, dq_pack: int, ctx_shared: bool,
+        scale: float, window_left: int, deterministic: bool) -> tuple[Tensor, Tensor]:
     return run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, fwd_pack, scale=scale,
-                       window_left=window_left)
+                       window_left=window_left, kernel=fwd_kernel)
 
 
 @fwd.register_fake
-def _(q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, dq_tiles, key_tiles, fwd_pack, dq_pack, ctx_shared, scale,
-      window_left, deterministic):
+def _(q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, dq_tiles, key_tiles, fwd_kernel, fwd_pack, dq_pack,
+      ctx_shared, scale, window_left, deterministic):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -46,8 +46,8 @@ def _(dout, d_lse, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, 
 
 
 def _setup_context(ctx, inputs, output):
-    (q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, dq_tiles, key_tiles, fwd_pack, dq_pack, ctx_shared, scale,
-     window_left, deterministic) = inputs
+    (q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, dq_tiles, key_tiles, fwd_kernel, fwd_pack, dq_pack,
+     ctx_shared, scale, window_left, deterministic) = inputs
     out, lse = output
     ctx.save_for_backward(q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles)
     ctx.meta = (dq_pack, ctx_shared, scale, window_left, deterministic)
@@ -58,7 +58,7 @@ def _backward(ctx, d_out, d_lse):
     q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles = ctx.saved_tensors
     dq_pack, ctx_shared, scale, window_left, deterministic = ctx.meta
     if d_out is None and d_lse is None:
-        return (None,) * 15
+        return (None,) * 16
     if d_out is None:
         d_out = torch.zeros_like(out)
     dq, dk_ctx, dv_ctx, dk_own, dv_own = bwd(d_out, d_lse, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments,
@@ -66,7 +66,7 @@ def _backward(ctx, d_out, d_lse):
                                              deterministic)
     if ctx_shared:
         dk_ctx = dv_ctx = None
-    return (dq, dk_ctx, dv_ctx, dk_own, dv_own) + (None,) * 10
+    return (dq, dk_ctx, dv_ctx, dk_own, dv_own) + (None,) * 11
 
 
 fwd.register_autograd(_backward, setup_context=_setup_context)

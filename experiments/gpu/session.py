@@ -68,10 +68,14 @@ def tune(shape=(16, 32768)):
     res = {}
     plan = make_plan(layout.segment_table, head_dim=128, group_size=4, window_left=-1, device=q.device,
                      ctx_shared=True)
-    out, lse = run_forward(q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.fwd_pack, scale=scale, window_left=-1)
+    out, lse = run_forward(q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.fwd_pack, scale=scale, window_left=-1,
+                           kernel=plan.fwd_kernel)
     dout = torch.randn_like(q)
-    res["fwd_default"] = time_ms(lambda: run_forward(q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.fwd_pack,
-                                                          scale=scale, window_left=-1), 'cuda', 5)[0]
+    res[f"fwd_default ({plan.fwd_kernel})"] = time_ms(lambda: run_forward(
+        q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.fwd_pack, scale=scale, window_left=-1,
+        kernel=plan.fwd_kernel), 'cuda', 5)[0]
+    res["fwd mma.sync"] = time_ms(lambda: run_forward(q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.fwd_pack,
+                                                      scale=scale, window_left=-1, kernel="fwd"), 'cuda', 5)[0]
     candidates = [("dq", t) for t in (TileConfig(32, 4, 2), TileConfig(64, 4, 2), TileConfig(32, 8, 1),
                                       TileConfig(64, 8, 1))]
     candidates += [("dkdv", t) for t in (KeyTileConfig(64, 8, 1, 2), KeyTileConfig(32, 8, 1, 2),

@@ -19,7 +19,8 @@
 //
 // Tile macros: DKV_BLOCK_M (query positions per step), DKV_DSPLIT (warps sharing 16 keys, each owning
 // HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles), DKV_DQ_ATOMIC.
-#include "common.cuh"
+#include "kernel_params.cuh"
+#include "keywalk.cuh"
 
 using namespace dkv;
 
@@ -41,91 +42,9 @@ constexpr int kDqCols = kHeadDim / (kDqColParts > 0 ? kDqColParts : 1);
 constexpr int kDsStride = kBlockM + 8;  // padded row stride of the transposed dS tile (elements)
 static_assert(!kDqAtomic || (kDqColParts * kDqRowSlabs == kWarps && kDqCols % 16 == 0), "dQ warp layout");
 
-// One key tile of the schedule: keys [blk * kBlockKeys, ...) of the own region of segment own_seg (own_seg < 0:
-// of the context tensor), seen fully by segments [dep_begin, dep_end).
-struct KeyTile {
-    int own_seg, blk, dep_begin, dep_end;
-};
-
-// A (query head, source segment, query tile) step of a CTA's walk.
-struct Cursor {
-    int h, src, pos, p_hi;  // src 0 is the owning segment when there is one
-    bool valid;
-};
-
-struct Walk {
-    KeyTile kt;
-    int n_src, key0, count, group, window_left;
-    const int* segments;
-
-    __device__ __forceinline__ int seg_of(int src) const {
-        return kt.own_seg >= 0 ? (src == 0 ? kt.own_seg : kt.dep_begin + src - 1) : kt.dep_begin + src;
-    }
-    __device__ __forceinline__ bool is_own(int src) const { return kt.own_seg >= 0 && src == 0; }
-
-    // Query positions [p_lo, p_hi] of source src that can see some key of the block.
-    __device__ __forceinline__ void range(int src, int& p_lo, int& p_hi) const {
-        const Segment seg = load_segment(segments, seg_of(src));
-        const int key_max = key0 + count - 1;  // in the source's logical coordinates below
-        if (is_own(src)) {
-            p_lo = key0;  // causal: a query sees the block only from its first key on
-            p_hi = seg.q_len - 1;
-            if (kWindow) p_hi = min(p_hi, key_max + window_left);
-        } else {
-            p_lo = 0;
-            p_hi = seg.q_len - 1;
-            if (kWindow) p_hi = min(p_hi, key_max + window_left - seg.ctx_len);
-        }
-    }
-
-    __device__ __forceinline__ bool settle(Cursor& c) const {  // move forward to the first non-empty source
-        while (c.h < group) {
-            while (c.src < n_src) {
-                int p_lo, p_hi;
-                range(c.src, p_lo, p_hi);
-                if (c.pos < 0) c.pos = p_lo;
-                if (c.pos <= p_hi) {
-                    c.p_hi = p_hi;
-                    return true;
-                }
-                ++c.src;
-                c.pos = -1;
-            }
-            ++c.h;
-            c.src = 0;
-            c.pos = -1;
-        }
-        return false;
-    }
-    __device__ __forceinline__ Cursor first() const {
-        Cursor c{0, 0, -1, 0, false};
-        c.valid = settle(c);
-        return c;
-    }
-    __device__ __forceinline__ Cursor next(Cursor c) const {
-        c.pos += kBlockM;
-        c.valid = settle(c);
-        return c;
-    }
-};
-
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(
-    const elem_t* __restrict__ q, long long q_st, long long q_sh,
-    const elem_t* __restrict__ kc, long long kc_st, long long kc_sh,
-    const elem_t* __restrict__ vc, long long vc_st, long long vc_sh,
-    const elem_t* __restrict__ kd, long long kd_st, long long kd_sh,
-    const elem_t* __restrict__ vd, long long vd_st, long long vd_sh,
-    const elem_t* __restrict__ dout, long long do_st, long long do_sh,
-    const float* __restrict__ lse2, const float* __restrict__ delta, long long lse_sh,
-    elem_t* __restrict__ dkc, long long dkc_st, long long dkc_sh,
-    elem_t* __restrict__ dvc, long long dvc_st, long long dvc_sh,
-    elem_t* __restrict__ dkd, long long dkd_st, long long dkd_sh,
-    elem_t* __restrict__ dvd, long long dvd_st, long long dvd_sh,
-    float* __restrict__ dq_acc, long long dqa_st, long long dqa_sh,
-    const int* __restrict__ segments, const int* __restrict__ key_tiles,
-    int group_size, float scale_log2, float scale, int window_left) {
+extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_PARAMS) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);
     elem_t* sV = sK + kBlockKeys * kRowStride;
@@ -135,28 +54,18 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(
     float* sDelta = sLse + kStages * kBlockM;                                     // [kStages][kBlockM]
     elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);          // [kBlockKeys][kDsStride] (atomic)
 
-    const int4 kt4 = reinterpret_cast<const int4*>(key_tiles)[blockIdx.x];
-    Walk w;
-    w.kt = KeyTile{kt4.x, kt4.y, kt4.z, kt4.w};
-    w.segments = segments;
-    w.group = group_size;
-    w.window_left = window_left;
-    w.n_src = (w.kt.own_seg >= 0 ? 1 : 0) + (w.kt.dep_end - w.kt.dep_begin);
+    const KeyBlock<kBlockM> kb = make_key_block<kBlockM>(key_tiles, segments, group_size, window_left, kBlockKeys);
+    const Walk<kBlockM>& w = kb.w;
     const int kv_head = blockIdx.y;
-    w.key0 = w.kt.blk * kBlockKeys;
-
-    // The key rows: own rows of own_seg, or context rows of the first dependent segment.
-    const bool has_own = w.kt.own_seg >= 0;
-    const Segment key_seg = load_segment(segments, has_own ? w.kt.own_seg : w.kt.dep_begin);
-    const int key_token0 = (has_own ? key_seg.q_start : key_seg.ctx_start) + w.key0;
-    w.count = min(kBlockKeys, (has_own ? key_seg.q_len : key_seg.ctx_len) - w.key0);
+    const bool has_own = kb.has_own;
+    const int key_token0 = kb.key_token0;
     {
         const elem_t* kbase = has_own ? kd + key_token0 * kd_st + kv_head * kd_sh : kc + key_token0 * kc_st + kv_head * kc_sh;
         const elem_t* vbase = has_own ? vd + key_token0 * vd_st + kv_head * vd_sh : vc + key_token0 * vc_st + kv_head * vc_sh;
         const long long k_st = has_own ? kd_st : kc_st, v_st = has_own ? vd_st : vc_st;
         const int count = w.count;
-        load_rows_async<kBlockKeys>(sK, q, [=](int r) -> const elem_t* { return r < count ? kbase + r * k_st : nullptr; });
-        load_rows_async<kBlockKeys>(sV, q, [=](int r) -> const elem_t* { return r < count ? vbase + r * v_st : nullptr; });
+        load_strided_rows<kBlockKeys>(sK, kbase, k_st, count, q);
+        load_strided_rows<kBlockKeys>(sV, vbase, v_st, count, q);
     }
 
     // Stage the Q/dO rows, LSE and D of one step into buffer `buf`.
@@ -168,8 +77,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(
         const elem_t* qb = q + tok0 * q_st + head * q_sh;
         const elem_t* db = dout + tok0 * do_st + head * do_sh;
         const long long qs = q_st, ds = do_st;
-        load_rows_async<kBlockM>(sQ + buf * kBlockM * kRowStride, q, [=](int r) -> const elem_t* { return r < n ? qb + r * qs : nullptr; });
-        load_rows_async<kBlockM>(sdO + buf * kBlockM * kRowStride, q, [=](int r) -> const elem_t* { return r < n ? db + r * ds : nullptr; });
+        load_strided_rows<kBlockM>(sQ + buf * kBlockM * kRowStride, qb, qs, n, q);
+        load_strided_rows<kBlockM>(sdO + buf * kBlockM * kRowStride, db, ds, n, q);
         for (int r = threadIdx.x; r < kBlockM; r += kThreads) {
             const long long idx = head * lse_sh + tok0 + r;
             sLse[buf * kBlockM + r] = r < n ? lse2[idx] : kInf;
@@ -185,10 +94,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(
     const int col0 = dsplit * kCols;
 
     float acc_dk[1][kCols / 8][4], acc_dv[1][kCols / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < kCols / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_dk[0][nt][e] = acc_dv[0][nt][e] = 0.f;
+    zero_acc(acc_dk[0]);
+    zero_acc(acc_dv[0]);
 
     Cursor cur = w.first();
     if (cur.valid) load_step(cur, 0);
@@ -219,32 +126,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(
 
         float acc_s[1][kBlockM / 8][4];
         gemm_rows_rows<1, kBlockM>(acc_s, sK, bQ, warp_key0, lrow, lmat);  // S^T = K Q^T
-#pragma unroll
-        for (int nt = 0; nt < kBlockM / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int c = nt * 8 + 2 * t4 + (e & 1);  // query column
-                float p = fast_exp2(fmaf(acc_s[0][nt][e], scale_log2, -bLse[c]));
-                if (need_mask) {
-                    const int key = key_base + warp_key0 + g + 8 * (e >> 1);
-                    const int i = seg.ctx_len + cur.pos + c;
-                    if (key > i || (kWindow && key < i - window_left)) p = 0.f;
-                }
-                acc_s[0][nt][e] = p;  // P^T
-            }
+        probs_t(acc_s[0], bLse, need_mask, key_base + warp_key0, seg.ctx_len + cur.pos, window_left, g, t4,
+                scale_log2);  // P^T
         unsigned p_frag[1][kBlockM / 16][4];
         to_a_frag<1, kBlockM>(p_frag, acc_s);
         gemm_frag_rows<1, kBlockM, kCols>(acc_dv, p_frag, bdO, col0, lrow, lmat);  // dV += P^T dO
 
         float acc_dp[1][kBlockM / 8][4];
         gemm_rows_rows<1, kBlockM>(acc_dp, sV, bdO, warp_key0, lrow, lmat);  // dP^T = V dO^T
-#pragma unroll
-        for (int nt = 0; nt < kBlockM / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int c = nt * 8 + 2 * t4 + (e & 1);
-                acc_dp[0][nt][e] = acc_s[0][nt][e] * (acc_dp[0][nt][e] - bDelta[c]);  // dS^T
-            }
+        dscores_t(acc_dp[0], acc_s[0], bDelta, t4);  // dS^T
         unsigned ds_frag[1][kBlockM / 16][4];
         to_a_frag<1, kBlockM>(ds_frag, acc_dp);
         gemm_frag_rows<1, kBlockM, kCols>(acc_dk, ds_frag, bQ, col0, lrow, lmat);  // dK += dS^T Q
@@ -299,25 +189,12 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(
     __syncthreads();
 
     // dK (scaled) and dV through smem (the K/V tiles are free now), coalesced 16-byte stores of valid keys.
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        const int r = warp_key0 + g + 8 * hh;
-#pragma unroll
-        for (int nt = 0; nt < kCols / 8; ++nt) {
-            *reinterpret_cast<unsigned*>(sK + r * kRowStride + col0 + nt * 8 + 2 * t4) =
-                pack2(acc_dk[0][nt][2 * hh] * scale, acc_dk[0][nt][2 * hh + 1] * scale);
-            *reinterpret_cast<unsigned*>(sV + r * kRowStride + col0 + nt * 8 + 2 * t4) =
-                pack2(acc_dv[0][nt][2 * hh], acc_dv[0][nt][2 * hh + 1]);
-        }
-    }
+    stage_acc_rows(sK, acc_dk[0], warp_key0, col0, g, t4, scale);
+    stage_acc_rows(sV, acc_dv[0], warp_key0, col0, g, t4, 1.f);
     __syncthreads();
     elem_t* dk_base = has_own ? dkd + key_token0 * dkd_st + kv_head * dkd_sh : dkc + key_token0 * dkc_st + kv_head * dkc_sh;
     elem_t* dv_base = has_own ? dvd + key_token0 * dvd_st + kv_head * dvd_sh : dvc + key_token0 * dvc_st + kv_head * dvc_sh;
     const long long dk_st = has_own ? dkd_st : dkc_st, dv_st = has_own ? dvd_st : dvc_st;
-    for (int idx = threadIdx.x; idx < kBlockKeys * kChunksPerRow; idx += kThreads) {
-        const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
-        if (r >= w.count) continue;
-        *reinterpret_cast<uint4*>(dk_base + r * dk_st + c * 8) = *reinterpret_cast<const uint4*>(sK + r * kRowStride + c * 8);
-        *reinterpret_cast<uint4*>(dv_base + r * dv_st + c * 8) = *reinterpret_cast<const uint4*>(sV + r * kRowStride + c * 8);
-    }
+    store_padded_rows(dk_base, dk_st, sK, kBlockKeys, w.count);
+    store_padded_rows(dv_base, dv_st, sV, kBlockKeys, w.count);
 }

@@ -3,21 +3,12 @@
 //
 // Per key block: S = Q K^T, P = exp(S * scale - LSE) (masked like the forward), dP = dO V^T,
 // dS = P * (dP - D) with D = rowsum(dO * O), dQ += dS K. Finally dQ *= softmax_scale.
+#include "kernel_params.cuh"
 #include "qtile.cuh"
 
 using namespace dkv;
 
-extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq(
-    const elem_t* __restrict__ q, long long q_st, long long q_sh,
-    const elem_t* __restrict__ kc, long long kc_st, long long kc_sh,
-    const elem_t* __restrict__ vc, long long vc_st, long long vc_sh,
-    const elem_t* __restrict__ kd, long long kd_st, long long kd_sh,
-    const elem_t* __restrict__ vd, long long vd_st, long long vd_sh,
-    const elem_t* __restrict__ dout, long long do_st, long long do_sh,
-    const float* __restrict__ lse2, const float* __restrict__ delta, long long lse_sh,
-    elem_t* __restrict__ dq, long long dq_st, long long dq_sh,
-    const int* __restrict__ segments, const int* __restrict__ tiles,
-    int group_size, float scale_log2, float scale, int window_left) {
+extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq(DKV_DQ_PARAMS) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t* sQ = reinterpret_cast<elem_t*>(smem_raw);
     elem_t* sdO = sQ + kBlockM * kRowStride;
@@ -36,24 +27,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq(
 
     // Per-row LSE (log2 domain) and D of the rows this thread holds; rows beyond the segment get P = 0 below.
     float row_lse[kMSlabs][2], row_delta[kMSlabs][2];
-#pragma unroll
-    for (int sl = 0; sl < kMSlabs; ++sl)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const int r = warp_row0 + sl * 16 + g + 8 * hh;
-            const int p = r % kPosPerTile;
-            const long long idx = (t.head0 + r / kPosPerTile) * lse_sh + t.seg.q_start + t.pos0 + min(p, t.n_pos - 1);
-            row_lse[sl][hh] = lse2[idx];
-            row_delta[sl][hh] = delta[idx];
-        }
+    load_row_stats(row_lse, row_delta, lse2, delta, lse_sh, t, warp_row0, g);
 
     float acc_dq[kMSlabs][kOutCols / 8][4];
-#pragma unroll
-    for (int sl = 0; sl < kMSlabs; ++sl)
-#pragma unroll
-        for (int nt = 0; nt < kOutCols / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc_dq[sl][nt][e] = 0.f;
+    zero_rows(acc_dq);
 
     for (int it = 0; it < t.n_iter; ++it) {
         cp_async_wait<0>();
@@ -68,34 +45,13 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq(
 
         float acc_s[kMSlabs][kBlockN / 8][4];
         gemm_rows_rows<kMSlabs, kBlockN>(acc_s, sQ, sK, warp_row0, lrow, lmat);  // S = Q K^T
-        const bool need_mask = block_needs_mask(t, is_own, count, key_base, window_left);
-#pragma unroll
-        for (int sl = 0; sl < kMSlabs; ++sl)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int i = row_position(t, warp_row0, sl, g, hh);
-#pragma unroll
-                for (int nt = 0; nt < kBlockN / 8; ++nt)
-#pragma unroll
-                    for (int e1 = 0; e1 < 2; ++e1) {
-                        float& x = acc_s[sl][nt][2 * hh + e1];
-                        const int j = nt * 8 + 2 * t4 + e1;
-                        x = (need_mask && !key_visible(j, count, key_base + j, i, window_left))
-                                ? 0.f : fast_exp2(fmaf(x, scale_log2, -row_lse[sl][hh]));
-                    }
-            }
+        probs_rows(acc_s, row_lse, t, is_own, count, key_base, window_left, warp_row0, g, t4, scale_log2);  // P
 
         cp_async_wait<0>();
         __syncthreads();  // V[it] landed
         float acc_dp[kMSlabs][kBlockN / 8][4];
         gemm_rows_rows<kMSlabs, kBlockN>(acc_dp, sdO, sV, warp_row0, lrow, lmat);  // dP = dO V^T
-#pragma unroll
-        for (int sl = 0; sl < kMSlabs; ++sl)
-#pragma unroll
-            for (int nt = 0; nt < kBlockN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    acc_dp[sl][nt][e] = acc_s[sl][nt][e] * (acc_dp[sl][nt][e] - row_delta[sl][e / 2]);  // dS
+        dscores_rows(acc_dp, acc_s, row_delta);  // dS
         unsigned ds_frag[kMSlabs][kBlockN / 16][4];
         to_a_frag<kMSlabs, kBlockN>(ds_frag, acc_dp);
         gemm_frag_rows<kMSlabs, kBlockN, kOutCols>(acc_dq, ds_frag, sK, col0, lrow, lmat);  // dQ += dS K

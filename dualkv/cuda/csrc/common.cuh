@@ -94,15 +94,76 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
-// Copy kRows rows of HEAD_DIM elements into a padded smem tile. row_ptr(r) returns the row's global address, or
-// nullptr for a row that does not exist (zero-filled).
-template <int kRows, typename RowPtr>
+// Byte offset of 16-byte chunk c of row r in a kRows-row tile in the wgmma 128-byte-swizzle K-major layout: the
+// head dim is cut into 64-element atoms stored one after another (kRows rows of 128 bytes each), and chunk c % 8
+// of row r sits at (c % 8) ^ (r % 8). The tile must start 1024-byte aligned.
+template <int kRows>
+__device__ __forceinline__ int swizzled_offset(int r, int c) {
+    return (c / 8) * kRows * 128 + r * 128 + (((c % 8) ^ (r % 8)) << 4);
+}
+
+// Copy kRows rows of HEAD_DIM elements into a smem tile: padded rows (kRowStride, for ldmatrix) or, with kSwizzle,
+// the wgmma layout above. row_ptr(r) returns the row's global address, or nullptr for a row that does not exist
+// (zero-filled).
+template <int kRows, bool kSwizzle = false, typename RowPtr>
 __device__ __forceinline__ void load_rows_async(elem_t* smem, const elem_t* any_valid, RowPtr row_ptr) {
     for (int idx = threadIdx.x; idx < kRows * kChunksPerRow; idx += kThreads) {
         const int r = idx / kChunksPerRow;
         const int c = idx % kChunksPerRow;
         const elem_t* row = row_ptr(r);
-        cp_async_16(smem + r * kRowStride + c * 8, row ? row + c * 8 : any_valid, row != nullptr);
+        void* dst = kSwizzle ? static_cast<void*>(reinterpret_cast<unsigned char*>(smem) + swizzled_offset<kRows>(r, c))
+                             : static_cast<void*>(smem + r * kRowStride + c * 8);
+        cp_async_16(dst, row ? row + c * 8 : any_valid, row != nullptr);
+    }
+}
+
+// The same for rows first + r * row_stride, r < count (the rest zero-filled). Where the threads tile the rows
+// evenly, each thread keeps one chunk column and, rows advancing by a multiple of 8, one swizzle phase: a fully
+// unrolled loop with one 64-bit add per row (this runs every key block, so its instruction count matters).
+template <int kRows, bool kSwizzle = false>
+__device__ __forceinline__ void load_strided_rows(elem_t* smem, const elem_t* first, long long row_stride, int count,
+                                                  const elem_t* any_valid) {
+    constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+    if constexpr (kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0) {
+        const int r0 = threadIdx.x / kChunksPerRow, c = threadIdx.x % kChunksPerRow;
+        unsigned char* dst = reinterpret_cast<unsigned char*>(smem) +
+                             (kSwizzle ? swizzled_offset<kRows>(r0, c) : (r0 * kRowStride + c * 8) * 2);
+        constexpr int kDstStep = kSwizzle ? kRowsPerPass * 128 : kRowsPerPass * kRowStride * 2;
+        const elem_t* src = first + r0 * row_stride + c * 8;
+        const long long step = kRowsPerPass * row_stride;
+#pragma unroll
+        for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+            const bool ok = r0 + i * kRowsPerPass < count;
+            cp_async_16(dst + i * kDstStep, ok ? src : any_valid, ok);
+            src += step;
+        }
+    } else {
+        load_rows_async<kRows, kSwizzle>(smem, any_valid, [=](int r) -> const elem_t* {
+            return r < count ? first + r * row_stride : nullptr;
+        });
+    }
+}
+
+template <int kN8>
+__device__ __forceinline__ void zero_acc(float (&acc)[kN8][4]) {
+#pragma unroll
+    for (int nt = 0; nt < kN8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+}
+
+// A warp's accumulator slab (16 rows from row0, 8 kN8 columns from col0, m16n8 layout), times scale, as 16-bit
+// values into a padded (kRowStride) smem tile.
+template <int kN8>
+__device__ __forceinline__ void stage_acc_rows(elem_t* tile, const float (&acc)[kN8][4], int row0, int col0,
+                                               int g, int t4, float scale) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int r = row0 + g + 8 * hh;
+#pragma unroll
+        for (int nt = 0; nt < kN8; ++nt)
+            *reinterpret_cast<unsigned*>(tile + r * kRowStride + col0 + nt * 8 + 2 * t4) =
+                pack2(acc[nt][2 * hh] * scale, acc[nt][2 * hh + 1] * scale);
     }
 }
 

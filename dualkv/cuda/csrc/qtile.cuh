@@ -86,11 +86,12 @@ __device__ __forceinline__ QWarp qwarp() {
 }
 
 // Rows of the CTA's query tile from a (tokens, heads, head_dim) tensor (Q, dO) into smem; missing rows are zero.
+template <bool kSwizzle = false>
 __device__ __forceinline__ void load_query_rows(elem_t* dst, const elem_t* base, long long tok_st, long long head_st,
                                                 const QTile& t) {
     const elem_t* tile0 = base + (t.seg.q_start + t.pos0) * tok_st + t.head0 * head_st;
     const int n_pos = t.n_pos;
-    load_rows_async<kBlockM>(dst, base, [=](int r) -> const elem_t* {
+    load_rows_async<kBlockM, kSwizzle>(dst, base, [=](int r) -> const elem_t* {
         const int p = r % kPosPerTile;
         return p < n_pos ? tile0 + p * tok_st + (r / kPosPerTile) * head_st : nullptr;
     });
@@ -108,6 +109,7 @@ __device__ __forceinline__ int block_count(const QTile& t, bool is_own, int k0) 
 }
 
 // Load block `it` of one key-side tensor pair (own rows from `own`, context rows from `ctx`) into dst.
+template <bool kSwizzle = false>
 __device__ __forceinline__ void load_key_block(elem_t* dst, const QTile& t, int it, const elem_t* own,
                                                long long own_st, long long own_sh, const elem_t* ctx, long long ctx_st,
                                                long long ctx_sh, const elem_t* any_valid) {
@@ -117,7 +119,7 @@ __device__ __forceinline__ void load_key_block(elem_t* dst, const QTile& t, int 
     const elem_t* base = is_own ? own + (t.seg.q_start + k0) * own_st + t.kv_head * own_sh
                                 : ctx + (t.seg.ctx_start + k0) * ctx_st + t.kv_head * ctx_sh;
     const long long st = is_own ? own_st : ctx_st;
-    load_rows_async<kBlockN>(dst, any_valid, [=](int r) -> const elem_t* { return r < count ? base + r * st : nullptr; });
+    load_strided_rows<kBlockN, kSwizzle>(dst, base, st, count, any_valid);
 }
 
 // Whether a key block needs per-element masking (partial block, causal diagonal, window boundary).
@@ -134,6 +136,65 @@ __device__ __forceinline__ int row_position(const QTile& t, int warp_row0, int s
 
 __device__ __forceinline__ bool key_visible(int j, int count, int key, int i, int window_left) {
     return j < count && key <= i && (!kWindow || key >= i - window_left);
+}
+
+// ---- The dQ kernels' per-row backward math (rows = queries; accumulators in the m16n8 layout, kMSlabs slabs).
+
+template <int kN8>
+__device__ __forceinline__ void zero_rows(float (&acc)[kMSlabs][kN8][4]) {
+#pragma unroll
+    for (int sl = 0; sl < kMSlabs; ++sl) zero_acc(acc[sl]);
+}
+
+// LSE (log2 domain) and D = rowsum(dO * O) of the rows this thread holds (rows beyond the segment repeat the last
+// valid row; their P is masked to 0).
+__device__ __forceinline__ void load_row_stats(float (&row_lse)[kMSlabs][2], float (&row_delta)[kMSlabs][2],
+                                               const float* lse2, const float* delta, long long lse_sh,
+                                               const QTile& t, int warp_row0, int g) {
+#pragma unroll
+    for (int sl = 0; sl < kMSlabs; ++sl)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int r = warp_row0 + sl * 16 + g + 8 * hh;
+            const int p = r % kPosPerTile;
+            const long long idx = (t.head0 + r / kPosPerTile) * lse_sh + t.seg.q_start + t.pos0 + min(p, t.n_pos - 1);
+            row_lse[sl][hh] = lse2[idx];
+            row_delta[sl][hh] = delta[idx];
+        }
+}
+
+// P = exp2(S * scale_log2 - LSE) in place of S, masked like the forward.
+__device__ __forceinline__ void probs_rows(float (&acc_s)[kMSlabs][kBlockN / 8][4], const float (&row_lse)[kMSlabs][2],
+                                           const QTile& t, bool is_own, int count, int key_base, int window_left,
+                                           int warp_row0, int g, int t4, float scale_log2) {
+    const bool need_mask = block_needs_mask(t, is_own, count, key_base, window_left);
+#pragma unroll
+    for (int sl = 0; sl < kMSlabs; ++sl)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int i = row_position(t, warp_row0, sl, g, hh);
+#pragma unroll
+            for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+                for (int e1 = 0; e1 < 2; ++e1) {
+                    float& x = acc_s[sl][nt][2 * hh + e1];
+                    const int j = nt * 8 + 2 * t4 + e1;
+                    x = (need_mask && !key_visible(j, count, key_base + j, i, window_left))
+                            ? 0.f : fast_exp2(fmaf(x, scale_log2, -row_lse[sl][hh]));
+                }
+        }
+}
+
+// dS = P * (dP - D) in place of dP.
+__device__ __forceinline__ void dscores_rows(float (&acc_dp)[kMSlabs][kBlockN / 8][4],
+                                             const float (&p)[kMSlabs][kBlockN / 8][4],
+                                             const float (&row_delta)[kMSlabs][2]) {
+#pragma unroll
+    for (int sl = 0; sl < kMSlabs; ++sl)
+#pragma unroll
+        for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc_dp[sl][nt][e] = p[sl][nt][e] * (acc_dp[sl][nt][e] - row_delta[sl][e / 2]);
 }
 
 // Normalised rows (acc * row_scale) into the smem tile sT, then coalesced 16-byte stores of the valid rows to dst.

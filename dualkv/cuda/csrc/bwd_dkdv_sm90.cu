@@ -1,0 +1,168 @@
+// DualKV backward, dK and dV, for Hopper (sm_90a): the walk, masks and fp32 accumulation of bwd_dkdv.cu (one CTA per
+// key block and K/V head, no atomics, deterministic), with the four products on warpgroup MMAs.
+//
+// kWarps = 8: two warpgroups of 64 keys each (warp w owns keys 16w .. 16w + 15, the mma.sync kernel's rows). K and
+// V of the block stay in shared memory; each step's Q and dO tiles (kBlockM queries of one head) and their LSE / D
+// are double-buffered with cp.async. Per step and warpgroup (smem tiles in the 128-byte-swizzle layout):
+//   S^T  = K Q^T     and   dP^T = V dO^T       wgmma m64 n{kBlockM}, both operands K-major, issued together;
+//   P^T  = exp2(S^T * scale_log2 - LSE)        (masked), in registers, while dP^T runs;
+//   dV  += P^T dO    wgmma m64 n{HEAD_DIM}, A (P^T) from registers, B (dO) N-major;
+//   dS^T = P^T * (dP^T - D);  dK += dS^T Q     likewise.
+// dK *= softmax_scale at the end; both are cast once and stored through padded smem tiles.
+#include "kernel_params.cuh"
+#include "keywalk.cuh"
+#include "sm90.cuh"
+
+using namespace dkv;
+
+namespace {
+
+constexpr int kBlockM = DKV_BLOCK_M;
+constexpr int kBlockKeys = 128;
+static_assert(kWarps == 8 && DKV_DSPLIT == 1 && DKV_STAGES == 2 && DKV_DQ_ATOMIC == 0,
+              "the wgmma dK/dV kernel runs two warpgroups of 64 keys, two stages, deterministic dQ elsewhere");
+static_assert(kHeadDim % 64 == 0 && kBlockM % 64 == 0, "swizzle atoms are 64 elements wide");
+constexpr int kKeyBytes = kBlockKeys * kHeadDim * 2;
+constexpr int kStepBytes = kBlockM * kHeadDim * 2;
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(DKV_DKDV_PARAMS) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char* base = align_1024(smem_raw);
+    elem_t* sK = reinterpret_cast<elem_t*>(base);
+    elem_t* sV = reinterpret_cast<elem_t*>(base + kKeyBytes);
+    auto sQ = [=](int b) { return reinterpret_cast<elem_t*>(base + 2 * kKeyBytes + b * kStepBytes); };
+    auto sdO = [=](int b) { return reinterpret_cast<elem_t*>(base + 2 * kKeyBytes + (2 + b) * kStepBytes); };
+    float* sLse = reinterpret_cast<float*>(base + 2 * kKeyBytes + 4 * kStepBytes);  // [2][kBlockM]
+    float* sDelta = sLse + 2 * kBlockM;                                              // [2][kBlockM]
+
+    const KeyBlock<kBlockM> kb = make_key_block<kBlockM>(key_tiles, segments, group_size, window_left, kBlockKeys);
+    const Walk<kBlockM>& w = kb.w;
+    const int kv_head = blockIdx.y;
+    {
+        const elem_t* kbase = kb.has_own ? kd + kb.key_token0 * kd_st + kv_head * kd_sh
+                                         : kc + kb.key_token0 * kc_st + kv_head * kc_sh;
+        const elem_t* vbase = kb.has_own ? vd + kb.key_token0 * vd_st + kv_head * vd_sh
+                                         : vc + kb.key_token0 * vc_st + kv_head * vc_sh;
+        const long long k_st = kb.has_own ? kd_st : kc_st, v_st = kb.has_own ? vd_st : vc_st;
+        const int count = w.count;
+        load_strided_rows<kBlockKeys, true>(sK, kbase, k_st, count, q);
+        load_strided_rows<kBlockKeys, true>(sV, vbase, v_st, count, q);
+    }
+
+    // Stage the Q/dO rows, LSE and D of one step into buffer `buf`.
+    auto load_step = [&](const Cursor& c, int buf) {
+        const Segment seg = load_segment(segments, w.seg_of(c.src));
+        const int head = kv_head * group_size + c.h;
+        const int n = min(kBlockM, c.p_hi + 1 - c.pos);
+        const long long tok0 = seg.q_start + c.pos;
+        const elem_t* qb = q + tok0 * q_st + head * q_sh;
+        const elem_t* db = dout + tok0 * do_st + head * do_sh;
+        const long long qs = q_st, ds = do_st;
+        load_strided_rows<kBlockM, true>(sQ(buf), qb, qs, n, q);
+        load_strided_rows<kBlockM, true>(sdO(buf), db, ds, n, q);
+        for (int r = threadIdx.x; r < kBlockM; r += kThreads) {
+            const long long idx = head * lse_sh + tok0 + r;
+            sLse[buf * kBlockM + r] = r < n ? lse2[idx] : kInf;
+            sDelta[buf * kBlockM + r] = r < n ? delta[idx] : 0.f;
+        }
+    };
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t4 = lane % 4;
+    const int warp_key0 = warp * 16;
+    const int wg_key0 = __shfl_sync(0xffffffff, (warp / 4) * 64, 0);  // warp-uniform: descriptors in uniform registers
+    const unsigned long long k_desc = kmajor_tile(smem_addr(sK), wg_key0), v_desc = kmajor_tile(smem_addr(sV), wg_key0);
+
+    float acc_dk[1][kHeadDim / 8][4], acc_dv[1][kHeadDim / 8][4];
+    zero_acc(acc_dk[0]);
+    zero_acc(acc_dv[0]);
+
+    Cursor cur = w.first();
+    if (cur.valid) load_step(cur, 0);
+    cp_async_commit();
+    int buf = 0;
+    while (cur.valid) {
+        const Cursor nxt = w.next(cur);
+        if (nxt.valid) load_step(nxt, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        fence_async_smem();
+        __syncthreads();  // this step's Q/dO/LSE/D (and the K/V block) are in smem
+
+        const float* bLse = sLse + buf * kBlockM;
+        const float* bDelta = sDelta + buf * kBlockM;
+        const Segment seg = load_segment(segments, w.seg_of(cur.src));
+        const bool own = w.is_own(cur.src);
+        // Logical positions: keys of the block and this step's queries, in the source segment's coordinates.
+        const int key_base = (own ? seg.ctx_len : 0) + w.key0;
+        const int i_min = seg.ctx_len + cur.pos;
+        const int i_max = seg.ctx_len + min(cur.pos + kBlockM, cur.p_hi + 1) - 1;
+        const bool need_mask = (own && key_base + kBlockKeys - 1 > i_min) || (kWindow && key_base < i_max - window_left);
+        const unsigned q_addr = smem_addr(sQ(buf)), do_addr = smem_addr(sdO(buf));
+        const unsigned long long q_desc = kmajor_tile(q_addr, 0), do_desc = kmajor_tile(do_addr, 0);
+        const unsigned long long qn_desc = nmajor_tile<kBlockM>(q_addr), don_desc = nmajor_tile<kBlockM>(do_addr);
+
+        float acc_s[1][kBlockM / 8][4], acc_dp[1][kBlockM / 8][4];
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < kHeadDim / 16; ++s)  // S^T = K Q^T
+            wgmma_ss(acc_s[0], kmajor_desc<kBlockKeys>(k_desc, s), kmajor_desc<kBlockM>(q_desc, s), s > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int s = 0; s < kHeadDim / 16; ++s)  // dP^T = V dO^T
+            wgmma_ss(acc_dp[0], kmajor_desc<kBlockKeys>(v_desc, s), kmajor_desc<kBlockM>(do_desc, s), s > 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_acc(acc_s[0]);
+
+        probs_t(acc_s[0], bLse, need_mask, key_base + warp_key0, seg.ctx_len + cur.pos, window_left, g, t4,
+                scale_log2);  // P^T
+        unsigned p_frag[1][kBlockM / 16][4];
+        to_a_frag<1, kBlockM>(p_frag, acc_s);
+        fence_acc(acc_dv[0]);
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < kBlockM / 16; ++s)  // dV += P^T dO
+            wgmma_rs(acc_dv[0], p_frag[0][s], nmajor_desc(don_desc, s));
+        wgmma_commit();
+        wgmma_wait<1>();  // dP^T done (dV may still run)
+        fence_acc(acc_dp[0]);
+
+        dscores_t(acc_dp[0], acc_s[0], bDelta, t4);  // dS^T
+        unsigned ds_frag[1][kBlockM / 16][4];
+        to_a_frag<1, kBlockM>(ds_frag, acc_dp);
+        fence_acc(acc_dk[0]);
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < kBlockM / 16; ++s)  // dK += dS^T Q
+            wgmma_rs(acc_dk[0], ds_frag[0][s], nmajor_desc(qn_desc, s));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_acc(acc_dk[0]);
+        fence_acc(acc_dv[0]);
+        fence_frag(p_frag[0]);
+        fence_frag(ds_frag[0]);
+
+        __syncthreads();  // every warp is done with this buffer before the next step's loads overwrite it
+        cur = nxt;
+        buf ^= 1;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // dK (scaled) and dV through padded smem tiles (the K/V/Q/dO tiles are free now), coalesced 16-byte stores.
+    elem_t* tile_dk = reinterpret_cast<elem_t*>(base);
+    elem_t* tile_dv = tile_dk + kBlockKeys * kRowStride;
+    stage_acc_rows(tile_dk, acc_dk[0], warp_key0, 0, g, t4, scale);
+    stage_acc_rows(tile_dv, acc_dv[0], warp_key0, 0, g, t4, 1.f);
+    __syncthreads();
+    const bool has_own = kb.has_own;
+    elem_t* dk_base = has_own ? dkd + kb.key_token0 * dkd_st + kv_head * dkd_sh
+                              : dkc + kb.key_token0 * dkc_st + kv_head * dkc_sh;
+    elem_t* dv_base = has_own ? dvd + kb.key_token0 * dvd_st + kv_head * dvd_sh
+                              : dvc + kb.key_token0 * dvc_st + kv_head * dvc_sh;
+    store_padded_rows(dk_base, has_own ? dkd_st : dkc_st, tile_dk, kBlockKeys, w.count);
+    store_padded_rows(dv_base, has_own ? dvd_st : dvc_st, tile_dv, kBlockKeys, w.count);
+}
