@@ -8,9 +8,18 @@ import sys
 from pathlib import Path
 
 
+def latest_rows(files):
+    """Rows of every file, a later file (names sort by UTC time) replacing an earlier one's (system, N, P, mode)."""
+    latest = {}
+    for f in files:
+        for r in json.loads(f.read_text())["rows"]:
+            latest[(r["system"], r["N"], r["P"], r["mode"])] = r
+    return list(latest.values())
+
+
 def kernel_table(files):
-    rows = [r for f in files for r in json.loads(f.read_text())["rows"]]
-    gpu = json.loads(files[0].read_text())["environment"].get("gpu")
+    rows = latest_rows(files)
+    gpu = json.loads(files[-1].read_text())["environment"].get("gpu")
     shapes = sorted({(r["N"], r["P"]) for r in rows}, key=lambda s: (s[1], s[0]))
     systems = ["dualkv", "cascade", "flex", "fa2_ncopy"]
     print(f"Kernel (attention only), {gpu}, bf16, H=32, H_k=8, d=128, R=2048. ms fwd / bwd / fwd+bwd; "
@@ -61,11 +70,42 @@ def sweep_table(files, kind):
         print()
 
 
+def varying_table(files):
+    """The varying-shape runs (every micro-batch a new (P, R_i) set; mask builds and recompiles included)."""
+    for f in files:
+        d = json.loads(f.read_text())
+        if d.get("varying"):
+            print(f"`{f.name}`: " + ", ".join(f"{r['system']} {r['seconds']:.3f} s ({r['batches']} batches)"
+                                              for r in d["varying"] if r.get("status") == "ok") + "\n")
+
+
+def policy_update_table(files):
+    for f in files:
+        d = json.loads(f.read_text())
+        cfg = d["config"]
+        print(f"`{f.name}`: {cfg.get('model')} P={cfg.get('P')} R={cfg.get('R')} mb={cfg.get('mb')}, stock log-probs "
+              f"{cfg.get('stock_logprobs', 'verl-fallback')}; s per phase (peak GiB); old log-prob max |Δ| "
+              f"{d.get('logprob_max_abs_diff_by_N')}, mean |Δ| {d.get('logprob_mean_abs_diff_by_N')}\n")
+        print("| N | phase | stock | dualkv | speedup |")
+        print("|---|---|---|---|---|")
+        by = {(r["system"], r["N"], r["phase"]): r for r in d["rows"]}
+        for (system, n, phase), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+            if system != "dualkv":
+                continue
+            st = by.get(("stock", n, phase))
+            cell = lambda x: f"{x['seconds']:.2f} ({x['peak_mem_gib']:.1f})" if x and x["status"] == "ok" else (x or {}).get("status", "-")  # noqa: E731
+            speed = f"{st['seconds'] / r['seconds']:.2f}x" if st and st["status"] == "ok" and r["status"] == "ok" else "-"
+            print(f"| {n} | {phase} | {cell(st)} | {cell(r)} | {speed} |")
+        print()
+
+
 def main(root="experiments/results"):
     root = Path(root)
     kernel = sorted(root.glob("kernel-*.json"))
     if kernel:
         kernel_table(kernel)
+        varying_table(kernel)
+    policy_update_table(sorted(root.glob("policy_update-*.json")))
     sweep_table(sorted(root.glob("layer-*.json")), "one decoder layer")
     sweep_table(sorted(root.glob("model-*.json")), "whole model")
 
