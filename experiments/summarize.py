@@ -7,19 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-
-def latest_rows(files):
-    """Rows of every file, a later file (names sort by UTC time) replacing an earlier one's (system, N, P, mode)."""
-    latest = {}
-    for f in files:
-        for r in json.loads(f.read_text())["rows"]:
-            latest[(r["system"], r["N"], r["P"], r["mode"])] = r
-    return list(latest.values())
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dualkv.bench.plot import latest_kernel_rows  # noqa: E402
 
 
 def kernel_table(files):
-    rows = latest_rows(files)
-    gpu = json.loads(files[-1].read_text())["environment"].get("gpu")
+    rows, env = latest_kernel_rows(files)
+    gpu = env.get("gpu")
     shapes = sorted({(r["N"], r["P"]) for r in rows}, key=lambda s: (s[1], s[0]))
     systems = ["dualkv", "cascade", "flex", "fa2_ncopy"]
     print(f"Kernel (attention only), {gpu}, bf16, H=32, H_k=8, d=128, R=2048. ms fwd / bwd / fwd+bwd; "

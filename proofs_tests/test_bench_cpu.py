@@ -184,3 +184,30 @@ def test_bench_registry_lets_other_modules_add_kinds():
             build_parser().parse_args(["bench", "no-such-kind"])
     finally:
         BENCHES.pop("unittest-kind")
+
+
+def test_kernel_plot_merges_runs_and_refuses_other_files(tmp_path):
+    """`dualkv bench plot` on kernel results: one figure over several files, a later file replacing an earlier
+    one's rows; a layer file handed to the kernel plot is refused by name."""
+    from dualkv.bench.plot import latest_kernel_rows, plot_kernel_results
+
+    def row(system, n, p, mode, ms):
+        return {"system": system, "N": n, "P": p, "R": 8, "mode": mode, "ms": ms, "tflops": 1.0 / ms,
+                "speedup_vs_fa2": None, "peak_mem_gib": 0.1, "status": "ok"}
+
+    env = {"gpu": "none", "date": "today"}
+    first = tmp_path / "kernel-a.json"
+    first.write_text(json.dumps({"environment": env, "benchmark": "kernel", "rows": [
+        row(s, 2, 64, m, 3.0) for s in ("dualkv", "cascade") for m in ("fwd", "fwdbwd")]}))
+    second = tmp_path / "kernel-b.json"
+    second.write_text(json.dumps({"environment": env, "benchmark": "kernel", "rows": [
+        row("dualkv", 2, 64, "fwdbwd", 1.0), row("dualkv", 4, 128, "fwdbwd", 2.0)]}))
+    rows, _ = latest_kernel_rows([first, second])
+    ms = {(r["system"], r["N"], r["mode"]): r["ms"] for r in rows}
+    assert ms[("dualkv", 2, "fwdbwd")] == 1.0 and ms[("dualkv", 2, "fwd")] == 3.0 and len(rows) == 5
+    assert main(["bench", "plot", str(first), str(second)]) == 0
+    assert second.with_suffix(".png").exists() and not first.with_suffix(".png").exists()
+    layer = tmp_path / "layer-x.json"
+    layer.write_text(json.dumps({"environment": env, "benchmark": "layer", "rows": []}))
+    with pytest.raises(ValueError, match="is not a `dualkv bench kernel` result"):
+        plot_kernel_results([layer], tmp_path / "x.png")

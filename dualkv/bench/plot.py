@@ -13,7 +13,7 @@ from typing import Sequence
 
 from . import register_bench
 
-__all__ = ["plot_results", "speedup_table"]
+__all__ = ["latest_kernel_rows", "plot_kernel_results", "plot_results", "speedup_table"]
 
 REFERENCE_SYSTEM = "dualkv"
 
@@ -51,13 +51,8 @@ def speedup_table(rows: Sequence[dict], reference: str = REFERENCE_SYSTEM) -> st
 
 def plot_results(path: str | Path) -> Path | None:
     """Draw time and peak memory per (P, mb) and system next to the JSON file; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot (run `dualkv bench plot FILE` where it is)")
+    plt = _pyplot()
+    if plt is None:
         return None
     path = Path(path)
     data = json.loads(path.read_text())
@@ -98,12 +93,81 @@ def plot_results(path: str | Path) -> Path | None:
     return png
 
 
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (run `dualkv bench plot FILE` where it is)")
+        return None
+    return plt
+
+
+def latest_kernel_rows(paths: Sequence[str | Path]) -> tuple[list[dict], dict]:
+    """Rows of ``dualkv bench kernel`` files, a later file replacing an earlier one's (system, N, P, mode) row, and
+    the last file's environment."""
+    latest, env = {}, {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        if data.get("benchmark") != "kernel":
+            raise ValueError(f"{path} is not a `dualkv bench kernel` result (benchmark={data.get('benchmark')!r})")
+        env = data["environment"]
+        for r in data["rows"]:
+            latest[(r["system"], r["N"], r["P"], r["mode"])] = r
+    return list(latest.values()), env
+
+
+def plot_kernel_results(paths: Sequence[str | Path], out: str | Path) -> Path | None:
+    """``dualkv bench kernel`` files (later files replace earlier rows of the same system, shape and mode): per
+    (N, P), each system's fwd / bwd / fwd+bwd ms (log scale) and fwd+bwd useful TFLOP/s, as grouped bars."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    rows, env = latest_kernel_rows(paths)
+    shapes = sorted({(r["N"], r["P"]) for r in rows}, key=lambda s: (s[1], s[0]))
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.6 * len(shapes)), 7))
+    width = 0.8 / len(systems)
+    for i, system in enumerate(systems):
+        x = [j + (i - (len(systems) - 1) / 2) * width for j in range(len(shapes))]
+        got = {(r["N"], r["P"], r["mode"]): r for r in rows if r["system"] == system and _ok(r)}
+        fb = [got.get((n, p, "fwdbwd")) for n, p in shapes]
+        fwd = [got.get((n, p, "fwd")) for n, p in shapes]
+        bars = axes[0].bar(x, [r["ms"] if r else 0 for r in fb], width, label=system)
+        axes[0].bar(x, [r["ms"] if r else 0 for r in fwd], width, color="white", alpha=0.45)  # forward share
+        axes[1].bar(x, [r["tflops"] if r and r.get("tflops") else 0 for r in fb], width,
+                    color=bars.patches[0].get_facecolor() if bars.patches else None)
+    labels = [f"N={n}\nP={p // 1024}K" for n, p in shapes]
+    for ax in axes:
+        ax.set_xticks(range(len(shapes)), labels)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("fwd+bwd ms (light: forward part)")
+    axes[1].set_ylabel("fwd+bwd useful TFLOP/s")
+    axes[0].legend(fontsize=7, ncol=len(systems))
+    fig.suptitle(f"dualkv bench kernel — {env.get('gpu')} — {env.get('date')}", fontsize=9)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def _plot_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", help="result JSON files written by dualkv bench")
 
 
 def _plot_run(args: argparse.Namespace) -> int:
+    kernel_files = [f for f in args.files if json.loads(Path(f).read_text()).get("benchmark") == "kernel"]
+    if kernel_files:  # one figure for all of them (a table is often split over several runs)
+        png = plot_kernel_results(kernel_files, Path(kernel_files[-1]).with_suffix(".png"))
+        if png is None:
+            return 1
+        print(f"plot: {png}")
     for f in args.files:
+        if f in kernel_files:
+            continue
         rows = json.loads(Path(f).read_text())["rows"]
         print(speedup_table(rows))
         png = plot_results(f)
