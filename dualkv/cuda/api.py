@@ -106,7 +106,7 @@ def layout_plan(layout: GroupLayout, *, head_dim: int, group_size: int, window_l
     plan = layout._device_cache.get(key)
     if plan is None:
         plan = make_plan(layout.segment_table, head_dim=head_dim, group_size=group_size, window_left=window_left,
-                         device=device, ctx_shared=True)
+                         device=device, ctx_shared=True, fwd_kernel=fwd_kernel)
         layout._device_cache[key] = plan
     return plan
 

@@ -57,33 +57,18 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     const KeyBlock<kBlockM> kb = make_key_block<kBlockM>(key_tiles, segments, group_size, window_left, kBlockKeys);
     const Walk<kBlockM>& w = kb.w;
     const int kv_head = blockIdx.y;
-    const bool has_own = kb.has_own;
-    const int key_token0 = kb.key_token0;
     {
-        const elem_t* kbase = has_own ? kd + key_token0 * kd_st + kv_head * kd_sh : kc + key_token0 * kc_st + kv_head * kc_sh;
-        const elem_t* vbase = has_own ? vd + key_token0 * vd_st + kv_head * vd_sh : vc + key_token0 * vc_st + kv_head * vc_sh;
-        const long long k_st = has_own ? kd_st : kc_st, v_st = has_own ? vd_st : vc_st;
-        const int count = w.count;
-        load_strided_rows<kBlockKeys>(sK, kbase, k_st, count, q);
-        load_strided_rows<kBlockKeys>(sV, vbase, v_st, count, q);
+        const StridedRows<const elem_t> k_rows = kb.rows(kd, kd_st, kd_sh, kc, kc_st, kc_sh, kv_head);
+        const StridedRows<const elem_t> v_rows = kb.rows(vd, vd_st, vd_sh, vc, vc_st, vc_sh, kv_head);
+        load_strided_rows<kBlockKeys>(sK, k_rows.first, k_rows.stride, w.count, q);
+        load_strided_rows<kBlockKeys>(sV, v_rows.first, v_rows.stride, w.count, q);
     }
 
     // Stage the Q/dO rows, LSE and D of one step into buffer `buf`.
     auto load_step = [&](const Cursor& c, int buf) {
-        const Segment seg = load_segment(segments, w.seg_of(c.src));
-        const int head = kv_head * group_size + c.h;
-        const int n = min(kBlockM, c.p_hi + 1 - c.pos);
-        const long long tok0 = seg.q_start + c.pos;
-        const elem_t* qb = q + tok0 * q_st + head * q_sh;
-        const elem_t* db = dout + tok0 * do_st + head * do_sh;
-        const long long qs = q_st, ds = do_st;
-        load_strided_rows<kBlockM>(sQ + buf * kBlockM * kRowStride, qb, qs, n, q);
-        load_strided_rows<kBlockM>(sdO + buf * kBlockM * kRowStride, db, ds, n, q);
-        for (int r = threadIdx.x; r < kBlockM; r += kThreads) {
-            const long long idx = head * lse_sh + tok0 + r;
-            sLse[buf * kBlockM + r] = r < n ? lse2[idx] : kInf;
-            sDelta[buf * kBlockM + r] = r < n ? delta[idx] : 0.f;
-        }
+        load_walk_step<kBlockM, false>(w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2, delta, lse_sh,
+                                       sQ + buf * kBlockM * kRowStride, sdO + buf * kBlockM * kRowStride,
+                                       sLse + buf * kBlockM, sDelta + buf * kBlockM);
     };
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -116,17 +101,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         const elem_t* bdO = sdO + buf * kBlockM * kRowStride;
         const float* bLse = sLse + buf * kBlockM;
         const float* bDelta = sDelta + buf * kBlockM;
-        const Segment seg = load_segment(segments, w.seg_of(cur.src));
-        const bool own = w.is_own(cur.src);
-        // Logical positions: keys of the block and this step's queries, in the source segment's coordinates.
-        const int key_base = (own ? seg.ctx_len : 0) + w.key0;
-        const int i_min = seg.ctx_len + cur.pos;
-        const int i_max = seg.ctx_len + min(cur.pos + kBlockM, cur.p_hi + 1) - 1;
-        const bool need_mask = (own && key_base + kBlockKeys - 1 > i_min) || (kWindow && key_base < i_max - window_left);
+        const StepGeometry sg = step_geometry(w, cur, kBlockKeys);
 
         float acc_s[1][kBlockM / 8][4];
         gemm_rows_rows<1, kBlockM>(acc_s, sK, bQ, warp_key0, lrow, lmat);  // S^T = K Q^T
-        probs_t(acc_s[0], bLse, need_mask, key_base + warp_key0, seg.ctx_len + cur.pos, window_left, g, t4,
+        probs_t(acc_s[0], bLse, sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
                 scale_log2);  // P^T
         unsigned p_frag[1][kBlockM / 16][4];
         to_a_frag<1, kBlockM>(p_frag, acc_s);
@@ -152,10 +131,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             __syncthreads();
             const int dq_slab = warp % kDqRowSlabs, dq_part = warp / kDqRowSlabs;
             float acc_dq[1][kDqCols / 8][4];
-#pragma unroll
-            for (int nt = 0; nt < kDqCols / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc_dq[0][nt][e] = 0.f;
+            zero_acc(acc_dq[0]);
 #pragma unroll
             for (int kk = 0; kk < kBlockKeys / 16; ++kk) {
                 unsigned a[1][1][4];  // dS rows (queries) x 16 keys, read transposed from sdS
@@ -168,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             for (int hh = 0; hh < 2; ++hh) {
                 const int r = dq_slab * 16 + g + 8 * hh;
                 if (cur.pos + r > cur.p_hi) continue;
-                float* row = dq_acc + (seg.q_start + cur.pos + r) * dqa_st + head * dqa_sh + dq_part * kDqCols;
+                float* row = dq_acc + (sg.seg.q_start + cur.pos + r) * dqa_st + head * dqa_sh + dq_part * kDqCols;
 #pragma unroll
                 for (int nt = 0; nt < kDqCols / 8; ++nt) {
                     atomicAdd(row + nt * 8 + 2 * t4, acc_dq[0][nt][2 * hh]);
@@ -192,9 +168,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     stage_acc_rows(sK, acc_dk[0], warp_key0, col0, g, t4, scale);
     stage_acc_rows(sV, acc_dv[0], warp_key0, col0, g, t4, 1.f);
     __syncthreads();
-    elem_t* dk_base = has_own ? dkd + key_token0 * dkd_st + kv_head * dkd_sh : dkc + key_token0 * dkc_st + kv_head * dkc_sh;
-    elem_t* dv_base = has_own ? dvd + key_token0 * dvd_st + kv_head * dvd_sh : dvc + key_token0 * dvc_st + kv_head * dvc_sh;
-    const long long dk_st = has_own ? dkd_st : dkc_st, dv_st = has_own ? dvd_st : dvc_st;
-    store_padded_rows(dk_base, dk_st, sK, kBlockKeys, w.count);
-    store_padded_rows(dv_base, dv_st, sV, kBlockKeys, w.count);
+    const StridedRows<elem_t> dk_rows = kb.rows(dkd, dkd_st, dkd_sh, dkc, dkc_st, dkc_sh, kv_head);
+    const StridedRows<elem_t> dv_rows = kb.rows(dvd, dvd_st, dvd_sh, dvc, dvc_st, dvc_sh, kv_head);
+    store_padded_rows(dk_rows.first, dk_rows.stride, sK, kBlockKeys, w.count);
+    store_padded_rows(dv_rows.first, dv_rows.stride, sV, kBlockKeys, w.count);
 }

@@ -41,32 +41,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
     const Walk<kBlockM>& w = kb.w;
     const int kv_head = blockIdx.y;
     {
-        const elem_t* kbase = kb.has_own ? kd + kb.key_token0 * kd_st + kv_head * kd_sh
-                                         : kc + kb.key_token0 * kc_st + kv_head * kc_sh;
-        const elem_t* vbase = kb.has_own ? vd + kb.key_token0 * vd_st + kv_head * vd_sh
-                                         : vc + kb.key_token0 * vc_st + kv_head * vc_sh;
-        const long long k_st = kb.has_own ? kd_st : kc_st, v_st = kb.has_own ? vd_st : vc_st;
-        const int count = w.count;
-        load_strided_rows<kBlockKeys, true>(sK, kbase, k_st, count, q);
-        load_strided_rows<kBlockKeys, true>(sV, vbase, v_st, count, q);
+        const StridedRows<const elem_t> k_rows = kb.rows(kd, kd_st, kd_sh, kc, kc_st, kc_sh, kv_head);
+        const StridedRows<const elem_t> v_rows = kb.rows(vd, vd_st, vd_sh, vc, vc_st, vc_sh, kv_head);
+        load_strided_rows<kBlockKeys, true>(sK, k_rows.first, k_rows.stride, w.count, q);
+        load_strided_rows<kBlockKeys, true>(sV, v_rows.first, v_rows.stride, w.count, q);
     }
 
     // Stage the Q/dO rows, LSE and D of one step into buffer `buf`.
     auto load_step = [&](const Cursor& c, int buf) {
-        const Segment seg = load_segment(segments, w.seg_of(c.src));
-        const int head = kv_head * group_size + c.h;
-        const int n = min(kBlockM, c.p_hi + 1 - c.pos);
-        const long long tok0 = seg.q_start + c.pos;
-        const elem_t* qb = q + tok0 * q_st + head * q_sh;
-        const elem_t* db = dout + tok0 * do_st + head * do_sh;
-        const long long qs = q_st, ds = do_st;
-        load_strided_rows<kBlockM, true>(sQ(buf), qb, qs, n, q);
-        load_strided_rows<kBlockM, true>(sdO(buf), db, ds, n, q);
-        for (int r = threadIdx.x; r < kBlockM; r += kThreads) {
-            const long long idx = head * lse_sh + tok0 + r;
-            sLse[buf * kBlockM + r] = r < n ? lse2[idx] : kInf;
-            sDelta[buf * kBlockM + r] = r < n ? delta[idx] : 0.f;
-        }
+        load_walk_step<kBlockM, true>(w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2, delta, lse_sh, sQ(buf),
+                                      sdO(buf), sLse + buf * kBlockM, sDelta + buf * kBlockM);
     };
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -93,13 +77,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
 
         const float* bLse = sLse + buf * kBlockM;
         const float* bDelta = sDelta + buf * kBlockM;
-        const Segment seg = load_segment(segments, w.seg_of(cur.src));
-        const bool own = w.is_own(cur.src);
-        // Logical positions: keys of the block and this step's queries, in the source segment's coordinates.
-        const int key_base = (own ? seg.ctx_len : 0) + w.key0;
-        const int i_min = seg.ctx_len + cur.pos;
-        const int i_max = seg.ctx_len + min(cur.pos + kBlockM, cur.p_hi + 1) - 1;
-        const bool need_mask = (own && key_base + kBlockKeys - 1 > i_min) || (kWindow && key_base < i_max - window_left);
+        const StepGeometry sg = step_geometry(w, cur, kBlockKeys);
         const unsigned q_addr = smem_addr(sQ(buf)), do_addr = smem_addr(sdO(buf));
         const unsigned long long q_desc = kmajor_tile(q_addr, 0), do_desc = kmajor_tile(do_addr, 0);
         const unsigned long long qn_desc = nmajor_tile<kBlockM>(q_addr), don_desc = nmajor_tile<kBlockM>(do_addr);
@@ -117,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
         wgmma_wait<1>();
         fence_acc(acc_s[0]);
 
-        probs_t(acc_s[0], bLse, need_mask, key_base + warp_key0, seg.ctx_len + cur.pos, window_left, g, t4,
+        probs_t(acc_s[0], bLse, sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
                 scale_log2);  // P^T
         unsigned p_frag[1][kBlockM / 16][4];
         to_a_frag<1, kBlockM>(p_frag, acc_s);
@@ -158,11 +136,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
     stage_acc_rows(tile_dk, acc_dk[0], warp_key0, 0, g, t4, scale);
     stage_acc_rows(tile_dv, acc_dv[0], warp_key0, 0, g, t4, 1.f);
     __syncthreads();
-    const bool has_own = kb.has_own;
-    elem_t* dk_base = has_own ? dkd + kb.key_token0 * dkd_st + kv_head * dkd_sh
-                              : dkc + kb.key_token0 * dkc_st + kv_head * dkc_sh;
-    elem_t* dv_base = has_own ? dvd + kb.key_token0 * dvd_st + kv_head * dvd_sh
-                              : dvc + kb.key_token0 * dvc_st + kv_head * dvc_sh;
-    store_padded_rows(dk_base, has_own ? dkd_st : dkc_st, tile_dk, kBlockKeys, w.count);
-    store_padded_rows(dv_base, has_own ? dvd_st : dvc_st, tile_dv, kBlockKeys, w.count);
+    const StridedRows<elem_t> dk_rows = kb.rows(dkd, dkd_st, dkd_sh, dkc, dkc_st, dkc_sh, kv_head);
+    const StridedRows<elem_t> dv_rows = kb.rows(dvd, dvd_st, dvd_sh, dvc, dvc_st, dvc_sh, kv_head);
+    store_padded_rows(dk_rows.first, dk_rows.stride, tile_dk, kBlockKeys, w.count);
+    store_padded_rows(dv_rows.first, dv_rows.stride, tile_dv, kBlockKeys, w.count);
 }

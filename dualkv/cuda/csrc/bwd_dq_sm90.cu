@@ -8,32 +8,22 @@
 //   dQ += dS K                       wgmma m64 n{HEAD_DIM}, A (dS) from registers, B (K) N-major.
 // Finally dQ *= softmax_scale, cast once, stored through a padded smem tile.
 #include "kernel_params.cuh"
-#include "qtile.cuh"
-#include "sm90.cuh"
+#include "qtile_sm90.cuh"
 
 using namespace dkv;
-
-static_assert(kMSlabs == 1 && kDSplit == 1 && kWarps == 8, "the wgmma dQ kernel runs two warpgroups of 64 rows");
-static_assert(kHeadDim % 64 == 0 && kBlockN % 64 == 0, "swizzle atoms are 64 elements wide");
-
-namespace {
-constexpr int kTileBytesQ = kBlockM * kHeadDim * 2;
-constexpr int kTileBytesKV = kBlockN * kHeadDim * 2;
-}  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dq_sm90(DKV_DQ_PARAMS) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char* base = align_1024(smem_raw);
     elem_t* sQ = reinterpret_cast<elem_t*>(base);
     elem_t* sdO = reinterpret_cast<elem_t*>(base + kTileBytesQ);
-    auto sK = [=](int s) { return reinterpret_cast<elem_t*>(base + 2 * kTileBytesQ + s * kTileBytesKV); };
-    auto sV = [=](int s) { return reinterpret_cast<elem_t*>(base + 2 * kTileBytesQ + (2 + s) * kTileBytesKV); };
+    const KVStages kv{base + 2 * kTileBytesQ};
 
     const QTile t = make_qtile(segments, tiles, group_size, window_left);
     const QWarp qw = qwarp();
     const int warpgroup = __shfl_sync(0xffffffff, threadIdx.x / 128, 0);  // warp-uniform: descriptors in uniform registers
-    auto load_k = [&](int it) { load_key_block<true>(sK(it & 1), t, it, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q); };
-    auto load_v = [&](int it) { load_key_block<true>(sV(it & 1), t, it, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q); };
+    auto load_k = [&](int it) { load_key_block<true>(kv.k(it), t, it, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q); };
+    auto load_v = [&](int it) { load_key_block<true>(kv.v(it), t, it, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q); };
     load_query_rows<true>(sQ, q, q_st, q_sh, t);
     load_query_rows<true>(sdO, dout, do_st, do_sh, t);
     load_k(0);
@@ -61,8 +51,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dq_sm90(DKV
         const int k0 = block_start(t, it, is_own);
         const int count = block_count(t, is_own, k0);
         const int key_base = (is_own ? t.seg.ctx_len : 0) + k0;
-        const unsigned k_addr = smem_addr(sK(it & 1));
-        const unsigned long long k_desc = kmajor_tile(k_addr, 0), v_desc = kmajor_tile(smem_addr(sV(it & 1)), 0);
+        const unsigned k_addr = smem_addr(kv.k(it));
+        const unsigned long long k_desc = kmajor_tile(k_addr, 0), v_desc = kmajor_tile(smem_addr(kv.v(it)), 0);
         const unsigned long long kn_desc = nmajor_tile<kBlockN>(k_addr);
 
         float acc_s[1][kBlockN / 8][4], acc_dp[1][kBlockN / 8][4];

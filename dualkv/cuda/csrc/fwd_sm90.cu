@@ -12,18 +12,12 @@
 // intra-warpgroup overlap): S of block it + 1 is issued before the softmax of block it, so the tensor cores work
 // while the softmax runs; K[it + 2] and V[it + 1] load meanwhile.
 #include "kernel_params.cuh"
+#include "qtile_sm90.cuh"
 #include "softmax.cuh"
-#include "sm90.cuh"
 
 using namespace dkv;
 
-static_assert(kMSlabs == 1 && kDSplit == 1 && kWarps == 8, "the wgmma forward runs two warpgroups of 64 rows");
-static_assert(kHeadDim % 64 == 0 && kBlockN % 64 == 0, "swizzle atoms are 64 elements wide");
-
 namespace {
-
-constexpr int kTileBytesQ = kBlockM * kHeadDim * 2;
-constexpr int kTileBytesKV = kBlockN * kHeadDim * 2;
 
 // S = Q K^T for this warpgroup's 64 rows (q_desc: kmajor_tile of them) and one K tile (HEAD_DIM / 16 wgmma steps), issued and committed.
 __device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 8][4], unsigned long long q_desc, unsigned k_addr) {
@@ -52,16 +46,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_fwd_sm90(DKV_FW
     // wgmma's swizzle pattern is anchored to 1024-byte boundaries (the launcher adds 1 KB of slack).
     unsigned char* base = align_1024(smem_raw);
     elem_t* sQ = reinterpret_cast<elem_t*>(base);
-    // Stage s of K at base + kTileBytesQ + s * kTileBytesKV, of V two tiles further.
-    auto sK = [=](int s) { return reinterpret_cast<elem_t*>(base + kTileBytesQ + s * kTileBytesKV); };
-    auto sV = [=](int s) { return reinterpret_cast<elem_t*>(base + kTileBytesQ + (2 + s) * kTileBytesKV); };
+    const KVStages kv{base + kTileBytesQ};
 
     const QTile t = make_qtile(segments, tiles, group_size, window_left);
     const QWarp qw = qwarp();
     const int warpgroup = __shfl_sync(0xffffffff, threadIdx.x / 128, 0);  // warp-uniform: descriptors in uniform registers
     const unsigned long long q_desc = kmajor_tile(smem_addr(sQ), warpgroup * 64);
-    auto load_k = [&](int it) { load_key_block<true>(sK(it & 1), t, it, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q); };
-    auto load_v = [&](int it) { load_key_block<true>(sV(it & 1), t, it, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q); };
+    auto load_k = [&](int it) { load_key_block<true>(kv.k(it), t, it, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q); };
+    auto load_v = [&](int it) { load_key_block<true>(kv.v(it), t, it, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q); };
 
     float acc_o[1][kHeadDim / 8][4];
     float row_max[1][2], row_sum[1][2];  // row_max in the scaled log2 domain
@@ -77,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_fwd_sm90(DKV_FW
         online_softmax_step(acc_s, acc_o, row_max, row_sum, t, is_own, count, key_base, window_left, qw.row0, qw.g,
                             qw.t4, scale_log2);
         to_a_frag<1, kBlockN>(p_frag, acc_s);
-        issue_pv(acc_o[0], p_frag[0], smem_addr(sV(it & 1)));
+        issue_pv(acc_o[0], p_frag[0], smem_addr(kv.v(it)));
     };
 
     load_query_rows<true>(sQ, q, q_st, q_sh, t);
@@ -91,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_fwd_sm90(DKV_FW
     fence_async_smem();
     __syncthreads();
     float acc_a[1][kBlockN / 8][4], acc_b[1][kBlockN / 8][4];
-    issue_qk(acc_a[0], q_desc, smem_addr(sK(0)));
+    issue_qk(acc_a[0], q_desc, smem_addr(kv.k(0)));
     wgmma_wait<0>();
     fence_acc(acc_a[0]);
     // Block it: S[it] is in cur; K[it + 1] and V[it] are loaded (or loading).
@@ -104,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_fwd_sm90(DKV_FW
         if (it + 2 < t.n_iter) load_k(it + 2);  // into K[it]'s stage
         if (it + 1 < t.n_iter) load_v(it + 1);  // into V[it - 1]'s stage
         cp_async_commit();
-        if (it + 1 < t.n_iter) issue_qk(nxt[0], q_desc, smem_addr(sK((it + 1) & 1)));
+        if (it + 1 < t.n_iter) issue_qk(nxt[0], q_desc, smem_addr(kv.k(it + 1)));
         unsigned p_frag[1][kBlockN / 16][4];
         softmax_and_pv(it, cur, p_frag);
         wgmma_wait<0>();
@@ -128,7 +120,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_fwd_sm90(DKV_FW
         }
         cp_async_commit();
         float acc_s[1][kBlockN / 8][4];
-        issue_qk(acc_s[0], q_desc, smem_addr(sK(it & 1)));
+        issue_qk(acc_s[0], q_desc, smem_addr(kv.k(it)));
         wgmma_wait<0>();
         fence_acc(acc_s[0]);
         unsigned p_frag[1][kBlockN / 16][4];

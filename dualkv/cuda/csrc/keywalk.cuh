@@ -78,13 +78,71 @@ struct Walk {
 };
 
 
+// Rows of a (tokens, heads, d) tensor from a first row on: pointer and token stride (elements).
+template <typename T>
+struct StridedRows {
+    T* first;
+    long long stride;
+};
+
 // The CTA's walk (blockIdx.x indexes the key-tile table) and where its key rows live.
 template <int kStep>
 struct KeyBlock {
     Walk<kStep> w;
     bool has_own;
     int key_token0;  // first key row in the own (has_own) or context tensor
+
+    // The block's key rows of head `head` in a key-side tensor pair (K, V, dK or dV): own rows or context rows.
+    template <typename T>
+    __device__ __forceinline__ StridedRows<T> rows(T* own, long long own_st, long long own_sh, T* ctx, long long ctx_st,
+                                                   long long ctx_sh, int head) const {
+        return has_own ? StridedRows<T>{own + key_token0 * own_st + head * own_sh, own_st}
+                       : StridedRows<T>{ctx + key_token0 * ctx_st + head * ctx_sh, ctx_st};
+    }
 };
+
+// Where one step (cursor) of the walk sits in logical positions, in the source segment's coordinates.
+struct StepGeometry {
+    Segment seg;     // the source segment
+    int key_base;    // logical position of the block's first key
+    int query_pos0;  // logical position of the step's first query
+    bool need_mask;  // some (key, query) pair of the step is causal-diagonal or at a window boundary
+};
+
+template <int kStep>
+__device__ __forceinline__ StepGeometry step_geometry(const Walk<kStep>& w, const Cursor& c, int block_keys) {
+    StepGeometry sg;
+    sg.seg = load_segment(w.segments, w.seg_of(c.src));
+    const bool own = w.is_own(c.src);
+    sg.key_base = (own ? sg.seg.ctx_len : 0) + w.key0;
+    sg.query_pos0 = sg.seg.ctx_len + c.pos;
+    const int i_max = sg.seg.ctx_len + min(c.pos + kStep, c.p_hi + 1) - 1;
+    sg.need_mask = (own && sg.key_base + block_keys - 1 > sg.query_pos0) ||
+                   (kWindow && sg.key_base < i_max - w.window_left);
+    return sg;
+}
+
+// Stage one step's Q and dO rows (kStep positions of one query head; smem tiles padded, or swizzled for wgmma) and
+// their LSE / D (rows beyond the segment: LSE = +inf so P = 0, D = 0) into the buffers given.
+template <int kStep, bool kSwizzle>
+__device__ __forceinline__ void load_walk_step(const Walk<kStep>& w, const Cursor& c, int kv_head,
+                                               const elem_t* __restrict__ q, long long q_st, long long q_sh,
+                                               const elem_t* __restrict__ dout, long long do_st, long long do_sh,
+                                               const float* __restrict__ lse2, const float* __restrict__ delta,
+                                               long long lse_sh, elem_t* sQ, elem_t* sdO, float* sLse,
+                                               float* sDelta) {
+    const Segment seg = load_segment(w.segments, w.seg_of(c.src));
+    const int head = kv_head * w.group + c.h;
+    const int n = min(kStep, c.p_hi + 1 - c.pos);
+    const long long tok0 = seg.q_start + c.pos;
+    load_strided_rows<kStep, kSwizzle>(sQ, q + tok0 * q_st + head * q_sh, q_st, n, q);
+    load_strided_rows<kStep, kSwizzle>(sdO, dout + tok0 * do_st + head * do_sh, do_st, n, q);
+    for (int r = threadIdx.x; r < kStep; r += kThreads) {
+        const long long idx = head * lse_sh + tok0 + r;
+        sLse[r] = r < n ? lse2[idx] : kInf;
+        sDelta[r] = r < n ? delta[idx] : 0.f;
+    }
+}
 
 template <int kStep>
 __device__ __forceinline__ KeyBlock<kStep> make_key_block(const int* key_tiles, const int* segments, int group_size,
