@@ -60,6 +60,17 @@ def test_hopper_forward_is_wgmma_in_registers():
         fwd_spec(128, torch.bfloat16, 4, False, "sm_90").with_arch("sm_80")
 
 
+def test_bad_kernel_family_is_refused_by_name(monkeypatch):
+    from dualkv.cuda import configs
+
+    with pytest.raises(ValueError, match="kernel family must be one of"):
+        with kernel_family("wgmma"):
+            pass
+    monkeypatch.setattr(configs, "_family", ["fast"])   # what DUALKV_KERNELS=fast leaves at import
+    with pytest.raises(ValueError, match="DUALKV_KERNELS must be one of"):
+        fwd_spec(128, torch.bfloat16, 4, False, "sm_90")
+
+
 def test_generated_wgmma_header_is_current():
     from dualkv.cuda import gen_wgmma
 
