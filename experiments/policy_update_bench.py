@@ -12,8 +12,11 @@ three phases the paper speeds up:
 
 with micro-batches of ``--mb`` rows (a list runs each), and reports wall time (median of ``--reps`` after ``--warmup``), peak GPU
 memory, MFU and the per-phase speedup. The model is a Qwen3 built from its published config with random weights
-(``dualkv.bench.qwen3``). MFU counts the N-copy model FLOPs for both systems (veRL's convention: the work of the
-rows the trainer sees), so the MFU ratio equals the speedup. The old log-probs of the two systems are compared
+(``dualkv.bench.qwen3``). Two MFUs per row, both without the checkpointing recompute: ``mfu_useful`` counts the
+FLOPs the system itself executes (stock: the N-copy layout; dualkv: the P+ΣR layout), so it is ≤ 100% and says
+how well each system uses the GPU; ``mfu`` counts the N-copy FLOPs for both (veRL's convention: the work of the
+rows the trainer sees), so dualkv's can exceed 100% and the ratio of the two systems' ``mfu`` is the speedup. The
+old log-probs of the two systems are compared
 (``logprob_max_abs_diff``; bf16 noise expected). Each system runs in its own child process (its own CUDA context
 and peak-memory counter; nothing of the other system stays resident); an out-of-memory phase is a row with status
 ``OOM`` and the sweep goes on; ``--time-budget-s`` is shared equally by the systems and stops starting new
@@ -22,7 +25,8 @@ phases; the result file is rewritten after each system, so a killed run keeps wh
 Result: ``experiments/results/policy_update-<device>-<UTC time>.json``::
 
     {"environment": {...}, "benchmark": "policy_update", "config": {...},
-     "rows": [{"system", "N", "P", "R", "mb", "phase", "seconds", "peak_mem_gib", "mfu", "status"}, ...],
+     "rows": [{"system", "N", "P", "R", "mb", "phase", "seconds", "peak_mem_gib", "mfu", "mfu_useful",
+               "status"}, ...],
      "logprob_max_abs_diff": float, "logprob_max_abs_diff_by_N": {"8": ..., ...}}
 
 GPU (H100/H200, one card)::
@@ -325,11 +329,32 @@ def timed(fn: Callable[[], Any], warmup: int, reps: int, device: str) -> tuple[f
 def phase_flops(model_cfg, args: argparse.Namespace, n: int, mb: int, phase: str) -> float:
     """N-copy model FLOPs of one phase (micro-batches of mb rows; the update is forward + backward)."""
     from dualkv.analysis.models import model_flops
+
+    return model_flops(model_cfg, phase_layout(args.P, args.R, mb), phase_mode(phase), "ncopy")["total"] * (n // mb)
+
+
+def phase_layout(prompt_len: int, response_len: int, mb: int):
+    """The GroupLayout of one micro-batch: one prompt and ``mb`` responses."""
     from dualkv.layout import GroupLayout
 
-    layout = GroupLayout.single(args.P, [args.R] * mb)
-    mode = "fwdbwd" if phase == "update_actor" else "fwd"
-    return model_flops(model_cfg, layout, mode, "ncopy")["total"] * (n // mb)
+    return GroupLayout.single(prompt_len, [response_len] * mb)
+
+
+def phase_mode(phase: str) -> str:
+    return "fwdbwd" if phase == "update_actor" else "fwd"
+
+
+def useful_mfu(model_cfg, row: dict) -> float | None:
+    """A row's MFU over the FLOPs its own system executes: ``row["mfu"]`` (N-copy FLOPs) for stock, divided by the
+    N-copy/dualkv FLOP ratio of the micro-batch for dualkv."""
+    from dualkv.analysis.models import step_speedup_bounds
+
+    if row.get("mfu") is None:
+        return None
+    if row["system"] != "dualkv":
+        return row["mfu"]
+    layout = phase_layout(row["P"], row["R"], row["mb"])
+    return row["mfu"] / step_speedup_bounds(model_cfg, layout, phase_mode(row["phase"]))["flop_ratio"]
 
 
 def peak_flops(device: str) -> float | None:
@@ -358,13 +383,15 @@ def run_system(args, system: str, model_dir: str, model_cfg, vocab: int, rows: l
             for phase in PHASES:
                 skip = deadline is not None and time.monotonic() > deadline
                 row = {"system": system, "N": n, "P": args.P, "R": args.R, "mb": mb, "phase": phase,
-                       "seconds": None, "peak_mem_gib": None, "mfu": None, "status": "skipped" if skip else "ok"}
+                       "seconds": None, "peak_mem_gib": None, "mfu": None, "mfu_useful": None,
+                       "status": "skipped" if skip else "ok"}
                 if not skip:
                     try:
                         seconds, mem, result = timed(calls[phase], args.warmup, args.reps, args.device)
                         row.update(seconds=seconds, peak_mem_gib=mem)
                         if peak:
                             row["mfu"] = phase_flops(model_cfg, args, n, mb, phase) / (seconds * peak)
+                            row["mfu_useful"] = useful_mfu(model_cfg, row)
                         if phase == "old_log_prob":
                             lp = no_padding_2_padding(tu.get(result, "log_probs"), log_td).float().cpu()
                             logprobs.setdefault((n, mb), {})[system] = lp.masked_fill(~mask, 0.0)
@@ -390,10 +417,10 @@ def logprob_diffs(logprobs: dict, reduce: str = "max") -> dict[str, float]:
 
 
 def table(rows: list[dict]) -> str:
-    """N, mb, phase, stock/dualkv seconds, speedup, peak memory, dualkv MFU."""
+    """N, mb, phase, stock/dualkv seconds, speedup, peak memory, each system's MFU over its own FLOPs."""
     index = {(r["system"], r["N"], r["mb"], r["phase"]): r for r in rows}
     lines = [f"{'N':>4} {'mb':>3} {'phase':<13} {'stock s':>9} {'dualkv s':>9} {'speedup':>8} {'stock GiB':>10} "
-             f"{'dualkv GiB':>10} {'dualkv MFU':>10}"]
+             f"{'dualkv GiB':>10} {'stock MFU':>10} {'dualkv MFU':>10}"]
 
     def cell(row, key, fmt):
         if row is None:
@@ -410,7 +437,7 @@ def table(rows: list[dict]) -> str:
                      else "-")
             lines.append(f"{n:>4} {mb:>3} {phase:<13} {cell(s, 'seconds', '.3f'):>9} {cell(d, 'seconds', '.3f'):>9} "
                          f"{speed:>8} {cell(s, 'peak_mem_gib', '.1f'):>10} {cell(d, 'peak_mem_gib', '.1f'):>10} "
-                         f"{cell(d, 'mfu', '.1%'):>10}")
+                         f"{cell(s, 'mfu_useful', '.1%'):>10} {cell(d, 'mfu_useful', '.1%'):>10}")
     return "\n".join(lines)
 
 
@@ -462,7 +489,7 @@ def run_system_process(argv: list[str], system: str, model_dir: str, budget_s: f
         return result["rows"], result["logprobs"]
     status = f"error: {system} process exited with {proc.returncode}"
     rows = [{"system": system, "N": n, "P": args.P, "R": args.R, "mb": mb, "phase": phase, "seconds": None,
-             "peak_mem_gib": None, "mfu": None, "status": status}
+             "peak_mem_gib": None, "mfu": None, "mfu_useful": None, "status": status}
             for n in args.N for mb in args.mb for phase in PHASES]
     return rows, {}
 

@@ -73,21 +73,41 @@ def varying_table(files):
                                               for r in d["varying"] if r.get("status") == "ok") + "\n")
 
 
+def policy_mfu(d: dict):
+    """row -> MFU over the FLOPs the row's own system executes (``mfu_useful``; derived from ``mfu`` for files
+    written before that field existed)."""
+    from policy_update_bench import analysis_model, useful_mfu
+
+    from dualkv.bench.qwen3 import qwen3_config
+
+    cfg = d["config"]
+    model = analysis_model(qwen3_config(cfg["model"], max_positions=cfg["P"] + cfg["R"], num_layers=cfg.get("layers")))
+    return lambda row: row["mfu_useful"] if "mfu_useful" in row else useful_mfu(model, row)
+
+
 def policy_update_table(files):
     for f in files:
         d = json.loads(f.read_text())
         cfg = d["config"]
         print(f"`{f.name}`: {cfg.get('model')} P={cfg.get('P')} R={cfg.get('R')} mb={cfg.get('mb')}, stock log-probs "
-              f"{cfg.get('stock_logprobs', 'verl-fallback')}; s per phase (peak GiB); old log-prob max |Δ| "
-              f"{d.get('logprob_max_abs_diff_by_N')}, mean |Δ| {d.get('logprob_mean_abs_diff_by_N')}\n")
+              f"{cfg.get('stock_logprobs', 'verl-fallback')}; s per phase (peak GiB, MFU over the system's own "
+              f"FLOPs); old log-prob max |Δ| {d.get('logprob_max_abs_diff_by_N')}, mean |Δ| "
+              f"{d.get('logprob_mean_abs_diff_by_N')}\n")
         print("| N | phase | stock | dualkv | speedup |")
         print("|---|---|---|---|---|")
         by = {(r["system"], r["N"], r["phase"]): r for r in d["rows"]}
+        own_mfu = policy_mfu(d)
+
+        def cell(x):
+            if not x or x["status"] != "ok":
+                return (x or {}).get("status", "-")
+            mfu = own_mfu(x)
+            return f"{x['seconds']:.2f} ({x['peak_mem_gib']:.1f}" + (f", {mfu:.0%})" if mfu is not None else ")")
+
         for (system, n, phase), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2])):
             if system != "dualkv":
                 continue
             st = by.get(("stock", n, phase))
-            cell = lambda x: f"{x['seconds']:.2f} ({x['peak_mem_gib']:.1f})" if x and x["status"] == "ok" else (x or {}).get("status", "-")  # noqa: E731
             speed = f"{st['seconds'] / r['seconds']:.2f}x" if st and st["status"] == "ok" and r["status"] == "ok" else "-"
             print(f"| {n} | {phase} | {cell(st)} | {cell(r)} | {speed} |")
         print()

@@ -31,7 +31,8 @@ def test_policy_update_bench_cpu_without_ray(tmp_path):
     assert sorted((r["system"], r["N"], r["mb"], r["phase"]) for r in rows) == sorted(
         (s, 2, mb, p) for s in ("stock", "dualkv") for mb in (1, 2) for p in phases)
     for row in rows:
-        assert set(row) == {"system", "N", "P", "R", "mb", "phase", "seconds", "peak_mem_gib", "mfu", "status"}
+        assert set(row) == {"system", "N", "P", "R", "mb", "phase", "seconds", "peak_mem_gib", "mfu", "mfu_useful",
+                            "status"}
         assert row["status"] == "ok" and row["seconds"] > 0
     assert result["logprob_max_abs_diff"] <= 1e-5
     assert set(result["logprob_max_abs_diff_by_N"]) == {"2"}
@@ -40,14 +41,19 @@ def test_policy_update_bench_cpu_without_ray(tmp_path):
     assert [line.split()[1:3] for line in table[1:]] == [[mb, p] for mb in ("1", "2") for p in phases]
 
 
-def test_time_budget_is_shared_and_results_survive_each_system(tmp_path, monkeypatch):
-    """A slow first system must not starve the second (each gets an equal share of what is left), and the result
-    file is written after every system."""
+def load_bench():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("policy_update_bench", BENCH)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_time_budget_is_shared_and_results_survive_each_system(tmp_path, monkeypatch):
+    """A slow first system must not starve the second (each gets an equal share of what is left), and the result
+    file is written after every system."""
+    bench = load_bench()
     budgets, clock = [], [0.0]
 
     def fake_system(argv, system, model_dir, budget_s, folder, args):
@@ -56,7 +62,7 @@ def test_time_budget_is_shared_and_results_survive_each_system(tmp_path, monkeyp
         written = list(tmp_path.glob("policy_update-*.json"))
         assert (system == "stock") == (not written)  # written after the first system already
         return [{"system": system, "N": 2, "P": 8, "R": 4, "mb": 1, "phase": "old_log_prob", "seconds": 1.0,
-                 "peak_mem_gib": None, "mfu": None, "status": "ok"}], {}
+                 "peak_mem_gib": None, "mfu": None, "mfu_useful": None, "status": "ok"}], {}
 
     monkeypatch.setattr(bench, "run_system_process", fake_system)
     monkeypatch.setattr(bench, "save_model", lambda args, path: (str(path), None))
@@ -66,3 +72,28 @@ def test_time_budget_is_shared_and_results_survive_each_system(tmp_path, monkeyp
     assert budgets[1] == 100.0                      # what is left (400 - 300) for the last one, not a negative value
     rows = json.loads(next(tmp_path.glob("policy_update-*.json")).read_text())["rows"]
     assert [r["system"] for r in rows] == ["stock", "dualkv"]
+
+
+@pytest.mark.parametrize("phase", ["old_log_prob", "update_actor"])
+def test_useful_mfu_counts_each_systems_own_flops(phase):
+    """``mfu`` counts N-copy FLOPs for both systems; ``mfu_useful`` the FLOPs each executes: for dualkv the
+    P+ΣR layout's (so it stays ≤ 100% where the N-copy count would exceed it)."""
+    from transformers import Qwen3Config
+
+    from dualkv.analysis.models import model_flops
+
+    bench = load_bench()
+    model = bench.analysis_model(Qwen3Config(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                             vocab_size=1000, tie_word_embeddings=True))
+    n, mb, prompt, response, seconds, peak = 8, 4, 512, 64, 2.0, 1e12
+    mode = "fwdbwd" if phase == "update_actor" else "fwd"
+    layout = bench.phase_layout(prompt, response, mb)
+    ncopy = model_flops(model, layout, mode, "ncopy")["total"] * n // mb
+    own = model_flops(model, layout, mode, "dualkv")["total"] * n // mb
+    row = {"system": "dualkv", "N": n, "P": prompt, "R": response, "mb": mb, "phase": phase,
+           "mfu": ncopy / (seconds * peak)}
+    assert bench.useful_mfu(model, row) == pytest.approx(own / (seconds * peak), rel=1e-12)
+    assert bench.useful_mfu(model, row) < row["mfu"] / 2            # P=512 shared by 4 rows of 64: ρ > 2
+    assert bench.useful_mfu(model, {**row, "system": "stock"}) == row["mfu"]
+    assert bench.useful_mfu(model, {**row, "mfu": None}) is None
