@@ -6,7 +6,8 @@
 * ``cascade``     — three stock FA2 calls (prompt causal; all response queries x prompt keys; responses causal per
                     sequence) merged by log-sum-exp; backward: each part's FA2 backward with the merged output and
                     LSE (as ring attention does). Exact, no custom kernel.
-* ``flex``        — ``torch.compile(flex_attention)`` over the P+ΣR layout with a shared-prefix BlockMask.
+* ``flex``        — ``torch.compile(flex_attention, dynamic=False)`` over the P+ΣR layout with a shared-prefix
+                    BlockMask (a static kernel per shape); ``flex_dynamic`` the same under torch.compile's default.
 
 Every system has ``prepare()`` (untimed one-time work: input copies for the N-copy layout, mask building,
 compilation), ``forward(train)`` and ``backward(dout)`` (after a ``forward(train=True)``).
@@ -211,17 +212,18 @@ class Cascade(System):
 
 
 class Flex(_Autograd):
+    """FlexAttention compiled for this shape (static: its fastest kernel for one shape)."""
+
     name = "flex"
+    dynamic: bool | None = False
 
     def prepare(self):
-        from torch.nn.attention.flex_attention import flex_attention
-
-        from .systems import flex_mask
+        from .systems import compiled_flex_attention, flex_mask
 
         # The benchmark re-runs one backward (retain_graph=True); compiled donated buffers forbid that.
         torch._functorch.config.donated_buffer = False
         self.block_mask = flex_mask(self.layout, self.q.device).block_mask
-        self.flex = torch.compile(flex_attention)
+        self.flex = compiled_flex_attention(self.dynamic)
 
     def forward(self, train=False):
         q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in self._leaves(train))
@@ -232,4 +234,13 @@ class Flex(_Autograd):
         return self.out
 
 
-SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVAtomic, DualKVMma, FA2NCopy, Cascade, Flex, Reference)}
+class FlexDynamic(Flex):
+    """FlexAttention under torch.compile's default (dynamic-shape kernels once a second shape is seen): what a
+    trainer whose (P, R_i) change every micro-batch runs, rather than recompiling per shape."""
+
+    name = "flex_dynamic"
+    dynamic = None
+
+
+SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVAtomic, DualKVMma, FA2NCopy, Cascade, Flex, FlexDynamic,
+                                     Reference)}

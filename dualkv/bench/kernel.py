@@ -108,6 +108,10 @@ def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 
     return rows
 
 
+#: Systems that run as another variant in the varying-shape benchmark.
+VARYING_VARIANT = {"flex": "flex_dynamic"}
+
+
 def varying_layouts(count: int = 20, seed: int = 0) -> list[GroupLayout]:
     """Micro-batches whose (P, R_i) all differ, as an RL step produces them."""
     rng = random.Random(seed)
@@ -117,10 +121,13 @@ def varying_layouts(count: int = 20, seed: int = 0) -> list[GroupLayout]:
 
 def bench_varying(systems: Sequence[str], *, count: int = 20, heads: int = 32, kv_heads: int = 8,
                   head_dim: int = 128, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> list[dict]:
-    """Wall time of forward + backward over ``count`` differently shaped micro-batches, per-shape work included."""
+    """Wall time of forward + backward over ``count`` differently shaped micro-batches, per-shape work included.
+
+    ``flex`` runs as ``flex_dynamic`` here (torch.compile's default): a static compile per shape would recompile
+    every micro-batch."""
     layouts = varying_layouts(count, seed)
     results = []
-    for name in systems:
+    for name in dict.fromkeys(VARYING_VARIANT.get(s, s) for s in systems):
         torch.cuda.synchronize()
         start = time.perf_counter()
         status = "ok"

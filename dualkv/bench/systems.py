@@ -231,12 +231,18 @@ def _pg_padded_attention(module, query, key, value, attention_mask, scaling=None
     return out, None
 
 
-_COMPILED_FLEX = None
+_COMPILED_FLEX: dict = {}
 
 
-def _flex_fn():
-    global _COMPILED_FLEX
-    if _COMPILED_FLEX is None:
+def compiled_flex_attention(dynamic: bool | None = False) -> Callable:
+    """``torch.compile(flex_attention, dynamic=dynamic)``, one per setting, with room for a recompile per shape.
+
+    ``dynamic=False`` (the benchmarks' default) compiles a static kernel for every shape: with torch.compile's
+    default, the second shape a process sees switches it to dynamic-shape kernels, which measured up to 25% slower
+    in FlexAttention's backward on an H200. ``None`` keeps that default (what a trainer whose shapes change every
+    micro-batch would run: see ``bench_varying``).
+    """
+    if dynamic not in _COMPILED_FLEX:
         from torch.nn.attention.flex_attention import flex_attention
 
         import torch._dynamo
@@ -244,8 +250,8 @@ def _flex_fn():
         for name in ("recompile_limit", "cache_size_limit"):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
-        _COMPILED_FLEX = torch.compile(flex_attention)
-    return _COMPILED_FLEX
+        _COMPILED_FLEX[dynamic] = torch.compile(flex_attention, dynamic=dynamic)
+    return _COMPILED_FLEX[dynamic]
 
 
 def _flex_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
@@ -255,7 +261,7 @@ def _flex_attention(module, query, key, value, attention_mask, scaling=None, dro
     mask: FlexMask = kwargs["bench_flex"]
     gqa = query.shape[1] != key.shape[1]
     if query.is_cuda:
-        out = _flex_fn()(query, key, value, block_mask=mask.block_mask, scale=scaling, enable_gqa=gqa)
+        out = compiled_flex_attention()(query, key, value, block_mask=mask.block_mask, scale=scaling, enable_gqa=gqa)
     elif torch.is_grad_enabled() and query.requires_grad:
         # FlexAttention has no CPU backward: the same mask_mod, made dense, through SDPA (smoke runs only).
         from torch.nn.attention.flex_attention import create_mask
