@@ -124,10 +124,12 @@ def bench_varying(systems: Sequence[str], *, count: int = 20, heads: int = 32, k
     """Wall time of forward + backward over ``count`` differently shaped micro-batches, per-shape work included.
 
     ``flex`` runs as ``flex_dynamic`` here (torch.compile's default): a static compile per shape would recompile
-    every micro-batch."""
+    every micro-batch. Each system starts from an empty torch.compile cache (its compiles are counted, and entries an
+    earlier static benchmark left in the same process do not steer its dynamic-shape decisions)."""
     layouts = varying_layouts(count, seed)
     results = []
     for name in dict.fromkeys(VARYING_VARIANT.get(s, s) for s in systems):
+        torch._dynamo.reset()
         torch.cuda.synchronize()
         start = time.perf_counter()
         status = "ok"

@@ -113,10 +113,11 @@ SM90_FWD_TILES: dict[int, TileConfig] = {
     128: TileConfig(block_n=128, warps=8, mslabs=1),
 }
 
-#: Hopper dK/dV kernel (wgmma, sm_90a): two warpgroups of 64 keys, 64-query steps, deterministic (no atomic dQ).
+#: Hopper dK/dV kernel (wgmma, sm_90a): two warpgroups of 64 keys, 64-query steps, deterministic (no atomic dQ);
+#: stages=3: three Q/dO buffers and steps in pairs (one tensor-core drain per pair), stages=2: one per step.
 SM90_DKDV_TILES: dict[int, KeyTileConfig] = {
-    64: KeyTileConfig(block_m=64, warps=8),
-    128: KeyTileConfig(block_m=64, warps=8),
+    64: KeyTileConfig(block_m=64, warps=8, stages=3),
+    128: KeyTileConfig(block_m=64, warps=8, stages=3),
 }
 
 #: Hopper dQ kernel (wgmma, sm_90a): two warpgroups of 64 query rows, 64-key blocks, double-buffered K/V.
@@ -229,8 +230,9 @@ class KernelSpec:
             return (2 * t.block_m + 2 * t.block_n) * row
         if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V; 1 KB alignment slack
             return (2 * t.block_m + 4 * t.block_n) * self.head_dim * 2 + 1024
-        if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + two stages of Q, dO, LSE, D; 1 KB alignment slack
-            return (2 * t.block_keys + 4 * t.block_m) * self.head_dim * 2 + 4 * t.block_m * 4 + 1024
+        if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + `stages` stages of Q, dO, LSE, D; 1 KB alignment slack
+            return ((2 * t.block_keys + 2 * t.stages * t.block_m) * self.head_dim * 2 + 2 * t.stages * t.block_m * 4
+                    + 1024)
         ds_tile = t.block_keys * (t.block_m + 8) * 2 if self.dq_atomic else 0
         return (2 * t.block_keys + 2 * t.stages * t.block_m) * row + 2 * t.stages * t.block_m * 4 + ds_tile
 

@@ -17,7 +17,8 @@ PREAMBLE = """\
 // Warpgroup MMA (sm_90a) wrappers. Accumulators use the m16n8 fragment layout per warp: d[i][0..3] of thread
 // (g = lane / 4, t4 = lane % 4) in warp w of the warpgroup hold rows 16w + g (0, 1) and 16w + g + 8 (2, 3) at
 // columns 8i + 2 t4 (+1). A register operands use the mma.sync m16n8k16 A layout.
-//   wgmma_ss: D (+)= A B^T, A (64 x 16) and B (N x 16) both K-major in shared memory (descriptors).
+//   wgmma_ss: D (+)= A B^T, A (64 x 16) and B (N x 16) both K-major in shared memory (descriptors);
+//   wgmma_ss_first: D = A B^T, D written only.
 //   wgmma_rs: D += A B, A (64 x 16) in registers, B (16 x N) N-major in shared memory (descriptor, transposed).
 #pragma once
 
@@ -58,6 +59,24 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[{n // 8}][4], unsigned long 
 """
 
 
+def _ss_first(n: int) -> str:
+    regs, cons = _outs(n)
+    cons = cons.replace('"+f"', '"=f"')
+    c = n // 2
+    return f"""
+// D = A B^T (the first k-step: D is only written, so no value flows into it from earlier code, e.g. across a loop).
+__device__ __forceinline__ void wgmma_ss_first(float (&d)[{n // 8}][4], unsigned long long desc_a,
+                                               unsigned long long desc_b) {{
+    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 0, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32." DKV_MMA_TYPE "." DKV_MMA_TYPE " "
+        "{{{regs}}}, %{c}, %{c + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+        : {cons}
+        : "l"(desc_a), "l"(desc_b));
+}}
+"""
+
+
 def _rs(n: int) -> str:
     regs, cons = _outs(n)
     c = n // 2
@@ -74,7 +93,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[{n // 8}][4], const unsigned
 
 
 def render() -> str:
-    body = "".join(_ss(n) + _rs(n) for n in WIDTHS)
+    body = "".join(_ss(n) + _ss_first(n) + _rs(n) for n in WIDTHS)
     return PREAMBLE + body + "\n}  // namespace dkv\n"
 
 

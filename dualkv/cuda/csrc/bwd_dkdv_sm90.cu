@@ -9,6 +9,11 @@
 //   dV  += P^T dO    wgmma m64 n{HEAD_DIM}, A (P^T) from registers, B (dO) N-major;
 //   dS^T = P^T * (dP^T - D);  dK += dS^T Q     likewise.
 // dK *= softmax_scale at the end; both are cast once and stored through padded smem tiles.
+//
+// DKV_STAGES = 2: every step waits for its dK product before the next begins. DKV_STAGES = 3: three Q/dO buffers and
+// steps in pairs: the first step's dV/dK products keep running while the second step's S^T/dP^T are issued behind
+// them, so the tensor cores drain once per pair instead of once per step. (Leaving products in flight across the
+// loop's back edge instead makes ptxas serialize every wgmma: it cannot count the groups in flight there.)
 #include "kernel_params.cuh"
 #include "keywalk.cuh"
 #include "sm90.cuh"
@@ -19,8 +24,9 @@ namespace {
 
 constexpr int kBlockM = DKV_BLOCK_M;
 constexpr int kBlockKeys = 128;
-static_assert(kWarps == 8 && DKV_DSPLIT == 1 && DKV_STAGES == 2 && DKV_DQ_ATOMIC == 0,
-              "the wgmma dK/dV kernel runs two warpgroups of 64 keys, two stages, deterministic dQ elsewhere");
+constexpr int kStages = DKV_STAGES;
+static_assert(kWarps == 8 && DKV_DSPLIT == 1 && (kStages == 2 || kStages == 3) && DKV_DQ_ATOMIC == 0,
+              "the wgmma dK/dV kernel runs two warpgroups of 64 keys, 2 or 3 stages, deterministic dQ elsewhere");
 static_assert(kHeadDim % 64 == 0 && kBlockM % 64 == 0, "swizzle atoms are 64 elements wide");
 constexpr int kKeyBytes = kBlockKeys * kHeadDim * 2;
 constexpr int kStepBytes = kBlockM * kHeadDim * 2;
@@ -33,9 +39,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
     elem_t* sK = reinterpret_cast<elem_t*>(base);
     elem_t* sV = reinterpret_cast<elem_t*>(base + kKeyBytes);
     auto sQ = [=](int b) { return reinterpret_cast<elem_t*>(base + 2 * kKeyBytes + b * kStepBytes); };
-    auto sdO = [=](int b) { return reinterpret_cast<elem_t*>(base + 2 * kKeyBytes + (2 + b) * kStepBytes); };
-    float* sLse = reinterpret_cast<float*>(base + 2 * kKeyBytes + 4 * kStepBytes);  // [2][kBlockM]
-    float* sDelta = sLse + 2 * kBlockM;                                              // [2][kBlockM]
+    auto sdO = [=](int b) { return reinterpret_cast<elem_t*>(base + 2 * kKeyBytes + (kStages + b) * kStepBytes); };
+    float* sLse = reinterpret_cast<float*>(base + 2 * kKeyBytes + 2 * kStages * kStepBytes);  // [kStages][kBlockM]
+    float* sDelta = sLse + kStages * kBlockM;                                                 // [kStages][kBlockM]
 
     const KeyBlock<kBlockM> kb = make_key_block<kBlockM>(key_tiles, segments, group_size, window_left, kBlockKeys);
     const Walk<kBlockM>& w = kb.w;
@@ -63,43 +69,40 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
     zero_acc(acc_dk[0]);
     zero_acc(acc_dv[0]);
 
-    Cursor cur = w.first();
-    if (cur.valid) load_step(cur, 0);
-    cp_async_commit();
-    int buf = 0;
-    while (cur.valid) {
-        const Cursor nxt = w.next(cur);
-        if (nxt.valid) load_step(nxt, buf ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-        fence_async_smem();
-        __syncthreads();  // this step's Q/dO/LSE/D (and the K/V block) are in smem
-
+    // One step's four products on staged buffer `buf`. It returns with the dV and dK products in flight; `retire`
+    // says whether the products of an earlier step are in flight too (then the wait for S^T retires them, and the
+    // fragments they read stay untouched until then).
+    unsigned p_frag[1][kBlockM / 16][4], ds_frag[1][kBlockM / 16][4];
+    auto step = [&](const Cursor& c, int buf) {
         const float* bLse = sLse + buf * kBlockM;
         const float* bDelta = sDelta + buf * kBlockM;
-        const StepGeometry sg = step_geometry(w, cur, kBlockKeys);
+        const StepGeometry sg = step_geometry(w, c, kBlockKeys);
         const unsigned q_addr = smem_addr(sQ(buf)), do_addr = smem_addr(sdO(buf));
         const unsigned long long q_desc = kmajor_tile(q_addr, 0), do_desc = kmajor_tile(do_addr, 0);
         const unsigned long long qn_desc = nmajor_tile<kBlockM>(q_addr), don_desc = nmajor_tile<kBlockM>(do_addr);
 
         float acc_s[1][kBlockM / 8][4], acc_dp[1][kBlockM / 8][4];
         wgmma_fence();
+        wgmma_ss_first(acc_s[0], kmajor_desc<kBlockKeys>(k_desc, 0), kmajor_desc<kBlockM>(q_desc, 0));
 #pragma unroll
-        for (int s = 0; s < kHeadDim / 16; ++s)  // S^T = K Q^T
-            wgmma_ss(acc_s[0], kmajor_desc<kBlockKeys>(k_desc, s), kmajor_desc<kBlockM>(q_desc, s), s > 0);
+        for (int s = 1; s < kHeadDim / 16; ++s)  // S^T = K Q^T
+            wgmma_ss(acc_s[0], kmajor_desc<kBlockKeys>(k_desc, s), kmajor_desc<kBlockM>(q_desc, s), 1);
         wgmma_commit();
+        wgmma_ss_first(acc_dp[0], kmajor_desc<kBlockKeys>(v_desc, 0), kmajor_desc<kBlockM>(do_desc, 0));
 #pragma unroll
-        for (int s = 0; s < kHeadDim / 16; ++s)  // dP^T = V dO^T
-            wgmma_ss(acc_dp[0], kmajor_desc<kBlockKeys>(v_desc, s), kmajor_desc<kBlockM>(do_desc, s), s > 0);
+        for (int s = 1; s < kHeadDim / 16; ++s)  // dP^T = V dO^T
+            wgmma_ss(acc_dp[0], kmajor_desc<kBlockKeys>(v_desc, s), kmajor_desc<kBlockM>(do_desc, s), 1);
         wgmma_commit();
-        wgmma_wait<1>();
+        wgmma_wait<1>();  // S^T done (and any earlier step's dV and dK)
         fence_acc(acc_s[0]);
+        fence_acc(acc_dk[0]);
+        fence_acc(acc_dv[0]);
+        fence_frag(p_frag[0]);
+        fence_frag(ds_frag[0]);
 
         probs_t(acc_s[0], bLse, sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
                 scale_log2);  // P^T
-        unsigned p_frag[1][kBlockM / 16][4];
         to_a_frag<1, kBlockM>(p_frag, acc_s);
-        fence_acc(acc_dv[0]);
         wgmma_fence();
 #pragma unroll
         for (int s = 0; s < kBlockM / 16; ++s)  // dV += P^T dO
@@ -109,7 +112,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
         fence_acc(acc_dp[0]);
 
         dscores_t(acc_dp[0], acc_s[0], bDelta, t4);  // dS^T
-        unsigned ds_frag[1][kBlockM / 16][4];
         to_a_frag<1, kBlockM>(ds_frag, acc_dp);
         fence_acc(acc_dk[0]);
         wgmma_fence();
@@ -117,15 +119,53 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
         for (int s = 0; s < kBlockM / 16; ++s)  // dK += dS^T Q
             wgmma_rs(acc_dk[0], ds_frag[0][s], nmajor_desc(qn_desc, s));
         wgmma_commit();
+    };
+    auto retire = [&]() {
         wgmma_wait<0>();
         fence_acc(acc_dk[0]);
         fence_acc(acc_dv[0]);
         fence_frag(p_frag[0]);
         fence_frag(ds_frag[0]);
+    };
+    // Wait for step `c`'s loads, then start the loads of the step after it into `nxt_buf`.
+    auto advance = [&](const Cursor& c, int nxt_buf) {
+        const Cursor nxt = w.next(c);
+        if constexpr (kStages == 2) {
+            if (nxt.valid) load_step(nxt, nxt_buf);
+            cp_async_commit();
+            cp_async_wait<1>();
+            fence_async_smem();
+            __syncthreads();  // this step's Q/dO/LSE/D (and the K/V block) are in smem
+        } else {
+            cp_async_wait<0>();  // this step's loads, issued one step ago
+            fence_async_smem();
+            __syncthreads();  // ... are in smem everywhere; nxt_buf's last step was retired by every warpgroup
+            if (nxt.valid) load_step(nxt, nxt_buf);
+            cp_async_commit();
+        }
+        return nxt;
+    };
 
-        __syncthreads();  // every warp is done with this buffer before the next step's loads overwrite it
+    Cursor cur = w.first();
+    if (cur.valid) load_step(cur, 0);
+    cp_async_commit();
+    int buf = 0;
+    auto following = [](int b) { return b + 1 == kStages ? 0 : b + 1; };
+    while (cur.valid) {
+        Cursor nxt = advance(cur, following(buf));
+        step(cur, buf);
         cur = nxt;
-        buf ^= 1;
+        buf = following(buf);
+        if constexpr (kStages == 3) {
+            if (cur.valid) {  // the pair's second step: its S^T/dP^T queue behind the first step's dV/dK
+                nxt = advance(cur, following(buf));
+                step(cur, buf);
+                cur = nxt;
+                buf = following(buf);
+            }
+        }
+        retire();
+        if constexpr (kStages == 2) __syncthreads();  // every warp is done with this buffer before it is reloaded
     }
     cp_async_wait<0>();
     __syncthreads();
