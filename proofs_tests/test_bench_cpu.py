@@ -211,3 +211,8 @@ def test_kernel_plot_merges_runs_and_refuses_other_files(tmp_path):
     layer.write_text(json.dumps({"environment": env, "benchmark": "layer", "rows": []}))
     with pytest.raises(ValueError, match="is not a `dualkv bench kernel` result"):
         plot_kernel_results([layer], tmp_path / "x.png")
+    picked = tmp_path / "picked.png"
+    assert main(["bench", "plot", str(first), str(second), "--systems", "cascade", "--out", str(picked)]) == 0
+    assert picked.exists()
+    with pytest.raises(ValueError, match=r"no rows for system\(s\) \['flex'\]"):
+        plot_kernel_results([first, second], tmp_path / "y.png", ["dualkv", "flex"])

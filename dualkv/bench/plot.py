@@ -119,15 +119,23 @@ def latest_kernel_rows(paths: Sequence[str | Path]) -> tuple[list[dict], dict]:
     return list(latest.values()), env
 
 
-def plot_kernel_results(paths: Sequence[str | Path], out: str | Path) -> Path | None:
+def plot_kernel_results(paths: Sequence[str | Path], out: str | Path,
+                        systems: Sequence[str] | None = None) -> Path | None:
     """``dualkv bench kernel`` files (later files replace earlier rows of the same system, shape and mode): per
-    (N, P), each system's fwd / bwd / fwd+bwd ms (log scale) and fwd+bwd useful TFLOP/s, as grouped bars."""
+    (N, P), each system's fwd / bwd / fwd+bwd ms (log scale) and fwd+bwd useful TFLOP/s, as grouped bars;
+    ``systems`` picks and orders the systems drawn (default: all, in file order)."""
     plt = _pyplot()
     if plt is None:
         return None
     rows, env = latest_kernel_rows(paths)
+    present = list(dict.fromkeys(r["system"] for r in rows))
+    if systems:
+        missing = [s for s in systems if s not in present]
+        if missing:
+            raise ValueError(f"no rows for system(s) {missing} in these files (present: {present})")
+        rows = [r for r in rows if r["system"] in systems]
+    systems = list(systems or present)
     shapes = sorted({(r["N"], r["P"]) for r in rows}, key=lambda s: (s[1], s[0]))
-    systems = list(dict.fromkeys(r["system"] for r in rows))
     fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.6 * len(shapes)), 7))
     width = 0.8 / len(systems)
     for i, system in enumerate(systems):
@@ -156,12 +164,16 @@ def plot_kernel_results(paths: Sequence[str | Path], out: str | Path) -> Path | 
 
 def _plot_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", help="result JSON files written by dualkv bench")
+    p.add_argument("--systems", default=None,
+                   help="kernel files: comma list of the systems to draw, in this order (default: all)")
+    p.add_argument("--out", default=None, help="kernel files: the PNG to write (default: next to the last file)")
 
 
 def _plot_run(args: argparse.Namespace) -> int:
     kernel_files = [f for f in args.files if json.loads(Path(f).read_text()).get("benchmark") == "kernel"]
     if kernel_files:  # one figure for all of them (a table is often split over several runs)
-        png = plot_kernel_results(kernel_files, Path(kernel_files[-1]).with_suffix(".png"))
+        systems = args.systems.split(",") if args.systems else None
+        png = plot_kernel_results(kernel_files, args.out or Path(kernel_files[-1]).with_suffix(".png"), systems)
         if png is None:
             return 1
         print(f"plot: {png}")

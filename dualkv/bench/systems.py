@@ -237,10 +237,12 @@ _COMPILED_FLEX: dict = {}
 def compiled_flex_attention(dynamic: bool | None = False) -> Callable:
     """``torch.compile(flex_attention, dynamic=dynamic)``, one per setting, with room for a recompile per shape.
 
-    ``dynamic=False`` (the benchmarks' default) compiles a static kernel for every shape: with torch.compile's
-    default, the second shape a process sees switches it to dynamic-shape kernels, which measured up to 25% slower
-    in FlexAttention's backward on an H200. ``None`` keeps that default (what a trainer whose shapes change every
-    micro-batch would run: see ``bench_varying``).
+    ``dynamic=False`` (the benchmarks' default) compiles a static kernel for every shape. With torch.compile's
+    default, the second shape a process sees switches it to dynamic-shape kernels: an earlier Table 1 run that had
+    compiled FlexAttention at a small shape first (the agreement check) measured its backward at (16, 32K) on an H200
+    at 224.7 ms, against 176.3 ms compiled for that shape (we attribute the gap to the dynamic-shape kernels; it was
+    not isolated further). ``None`` keeps the default (what a trainer whose shapes change every micro-batch would
+    run: see ``bench_varying``).
     """
     if dynamic not in _COMPILED_FLEX:
         from torch.nn.attention.flex_attention import flex_attention

@@ -113,8 +113,8 @@ SM90_FWD_TILES: dict[int, TileConfig] = {
     128: TileConfig(block_n=128, warps=8, mslabs=1),
 }
 
-#: Hopper dK/dV kernel (wgmma, sm_90a): two warpgroups of 64 keys, 64-query steps, deterministic (no atomic dQ);
-#: stages=3: three Q/dO buffers and steps in pairs (one tensor-core drain per pair), stages=2: one per step.
+#: Hopper dK/dV kernel (wgmma, sm_90a): two warpgroups of 64 keys, 64-query steps in pairs over three Q/dO buffers,
+#: deterministic (no atomic dQ).
 SM90_DKDV_TILES: dict[int, KeyTileConfig] = {
     64: KeyTileConfig(block_m=64, warps=8, stages=3),
     128: KeyTileConfig(block_m=64, warps=8, stages=3),

@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,7 +28,6 @@ from dualkv import GroupLayout  # noqa: E402
 from dualkv.analysis import attention_flops, useful_pairs  # noqa: E402
 from dualkv.bench.kernel import bench_shape, random_inputs, time_ms  # noqa: E402
 import dualkv  # noqa: E402
-from dualkv.cuda import configs  # noqa: E402
 from dualkv.cuda.configs import FWD_TILES, SM90_FWD_TILES, kernel_family  # noqa: E402
 from dualkv.cuda.launch import make_plan, run_backward, run_forward  # noqa: E402
 from dualkv.reference import shared_prefix_attention  # noqa: E402
@@ -107,20 +105,8 @@ def check_backward(errors: list) -> dict:
     return {"rows": len(errors), "failed": len(bad), "first_failures": bad[:12]}
 
 
-@contextmanager
-def dkdv_stages(stages: int):
-    """The Hopper dK/dV kernel with ``stages`` Q/dO buffers (3: steps in pairs) inside the block."""
-    saved = dict(configs.SM90_DKDV_TILES)
-    configs.SM90_DKDV_TILES.update({d: replace(t, stages=stages) for d, t in saved.items()})
-    try:
-        yield
-    finally:
-        configs.SM90_DKDV_TILES.update(saved)
-
-
-def backward_speed(shapes, reps: int, stage_choices=(2, 3)) -> list:
-    """Per-kernel backward ms (dQ, dK/dV) of both families at each shape; the wgmma dK/dV kernel at each of
-    ``stage_choices``."""
+def backward_speed(shapes, reps: int) -> list:
+    """Per-kernel backward ms (dQ, dK/dV) of both families at each shape."""
     rows = []
     for n, p in shapes:
         layout = GroupLayout.single(p, [2048] * n)
@@ -132,16 +118,13 @@ def backward_speed(shapes, reps: int, stage_choices=(2, 3)) -> list:
         out, lse = run_forward(q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.fwd_pack, scale=scale,
                                window_left=-1, kernel=plan.fwd_kernel)
         dout = torch.randn_like(q)
-        for family, stages in [("mma", 2)] + [("auto", st) for st in stage_choices]:
-            with kernel_family(family), dkdv_stages(stages):
+        for family in ("mma", "auto"):
+            with kernel_family(family):
                 for kernels in (("dq",), ("dkdv",), ("dq", "dkdv")):
-                    if family == "mma" and kernels != ("dq", "dkdv") and len(stage_choices) > 1:
-                        continue
                     ms = time_ms(lambda: run_backward(dout, q, k, v, k, v, out, lse, plan.segments, plan.dq_tiles,
                                                       plan.key_tiles, plan.dq_pack, True, scale=scale,
                                                       window_left=-1, kernels=kernels), "cuda", reps)[0]
-                    tag = f"{family}:{'+'.join(kernels)}" + (f"[stages={stages}]" if family == "auto" else "")
-                    row = {"N": n, "P": p, "system": tag, "ms": round(ms, 2)}
+                    row = {"N": n, "P": p, "system": f"{family}:{'+'.join(kernels)}", "ms": round(ms, 2)}
                     if len(kernels) == 2:
                         row["tflops"] = round(attention_flops(pairs, 32, 128, "bwd") / ms / 1e9, 1)
                     rows.append(row)

@@ -3,17 +3,17 @@
 //
 // kWarps = 8: two warpgroups of 64 keys each (warp w owns keys 16w .. 16w + 15, the mma.sync kernel's rows). K and
 // V of the block stay in shared memory; each step's Q and dO tiles (kBlockM queries of one head) and their LSE / D
-// are double-buffered with cp.async. Per step and warpgroup (smem tiles in the 128-byte-swizzle layout):
+// go through three cp.async buffers. Per step and warpgroup (smem tiles in the 128-byte-swizzle layout):
 //   S^T  = K Q^T     and   dP^T = V dO^T       wgmma m64 n{kBlockM}, both operands K-major, issued together;
 //   P^T  = exp2(S^T * scale_log2 - LSE)        (masked), in registers, while dP^T runs;
 //   dV  += P^T dO    wgmma m64 n{HEAD_DIM}, A (P^T) from registers, B (dO) N-major;
 //   dS^T = P^T * (dP^T - D);  dK += dS^T Q     likewise.
 // dK *= softmax_scale at the end; both are cast once and stored through padded smem tiles.
 //
-// DKV_STAGES = 2: every step waits for its dK product before the next begins. DKV_STAGES = 3: three Q/dO buffers and
-// steps in pairs: the first step's dV/dK products keep running while the second step's S^T/dP^T are issued behind
-// them, so the tensor cores drain once per pair instead of once per step. (Leaving products in flight across the
-// loop's back edge instead makes ptxas serialize every wgmma: it cannot count the groups in flight there.)
+// Steps run in pairs: the first step's dV/dK products keep running while the second step's S^T/dP^T are issued behind
+// them, so the tensor cores drain once per pair instead of once per step (dK/dV 121 -> 100 ms at N=16, P=32K on an
+// H200). Leaving products in flight across the loop's back edge instead makes ptxas serialize every wgmma (C7515: it
+// cannot count the groups in flight there), and so does a first k-step that reads its accumulator: wgmma_ss_first.
 #include "kernel_params.cuh"
 #include "keywalk.cuh"
 #include "sm90.cuh"
@@ -24,9 +24,9 @@ namespace {
 
 constexpr int kBlockM = DKV_BLOCK_M;
 constexpr int kBlockKeys = 128;
-constexpr int kStages = DKV_STAGES;
-static_assert(kWarps == 8 && DKV_DSPLIT == 1 && (kStages == 2 || kStages == 3) && DKV_DQ_ATOMIC == 0,
-              "the wgmma dK/dV kernel runs two warpgroups of 64 keys, 2 or 3 stages, deterministic dQ elsewhere");
+constexpr int kStages = 3;
+static_assert(kWarps == 8 && DKV_DSPLIT == 1 && DKV_STAGES == kStages && DKV_DQ_ATOMIC == 0,
+              "the wgmma dK/dV kernel runs two warpgroups of 64 keys, three stages, deterministic dQ elsewhere");
 static_assert(kHeadDim % 64 == 0 && kBlockM % 64 == 0, "swizzle atoms are 64 elements wide");
 constexpr int kKeyBytes = kBlockKeys * kHeadDim * 2;
 constexpr int kStepBytes = kBlockM * kHeadDim * 2;
@@ -69,9 +69,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
     zero_acc(acc_dk[0]);
     zero_acc(acc_dv[0]);
 
-    // One step's four products on staged buffer `buf`. It returns with the dV and dK products in flight; `retire`
-    // says whether the products of an earlier step are in flight too (then the wait for S^T retires them, and the
-    // fragments they read stay untouched until then).
+    // One step's four products on staged buffer `buf`. It returns with its dV and dK products in flight; when the
+    // previous step's are in flight too, its wait for S^T retires them (the fragments they read stay untouched until
+    // then). `retire` waits for everything.
     unsigned p_frag[1][kBlockM / 16][4], ds_frag[1][kBlockM / 16][4];
     auto step = [&](const Cursor& c, int buf) {
         const float* bLse = sLse + buf * kBlockM;
@@ -127,22 +127,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
         fence_frag(p_frag[0]);
         fence_frag(ds_frag[0]);
     };
-    // Wait for step `c`'s loads, then start the loads of the step after it into `nxt_buf`.
+    // Wait for step `c`'s loads (issued one step ago), then start the loads of the step after it into `nxt_buf`.
     auto advance = [&](const Cursor& c, int nxt_buf) {
         const Cursor nxt = w.next(c);
-        if constexpr (kStages == 2) {
-            if (nxt.valid) load_step(nxt, nxt_buf);
-            cp_async_commit();
-            cp_async_wait<1>();
-            fence_async_smem();
-            __syncthreads();  // this step's Q/dO/LSE/D (and the K/V block) are in smem
-        } else {
-            cp_async_wait<0>();  // this step's loads, issued one step ago
-            fence_async_smem();
-            __syncthreads();  // ... are in smem everywhere; nxt_buf's last step was retired by every warpgroup
-            if (nxt.valid) load_step(nxt, nxt_buf);
-            cp_async_commit();
-        }
+        cp_async_wait<0>();
+        fence_async_smem();
+        // Step c's Q/dO/LSE/D (and the K/V block) are in smem everywhere, and nxt_buf's last step (two steps back,
+        // the previous pair) was retired by every warpgroup; the previous step's buffer may still be read.
+        __syncthreads();
+        if (nxt.valid) load_step(nxt, nxt_buf);
+        cp_async_commit();
         return nxt;
     };
 
@@ -156,16 +150,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
         step(cur, buf);
         cur = nxt;
         buf = following(buf);
-        if constexpr (kStages == 3) {
-            if (cur.valid) {  // the pair's second step: its S^T/dP^T queue behind the first step's dV/dK
-                nxt = advance(cur, following(buf));
-                step(cur, buf);
-                cur = nxt;
-                buf = following(buf);
-            }
+        if (cur.valid) {  // the pair's second step: its S^T/dP^T queue behind the first step's dV/dK
+            nxt = advance(cur, following(buf));
+            step(cur, buf);
+            cur = nxt;
+            buf = following(buf);
         }
         retire();
-        if constexpr (kStages == 2) __syncthreads();  // every warp is done with this buffer before it is reloaded
     }
     cp_async_wait<0>();
     __syncthreads();
