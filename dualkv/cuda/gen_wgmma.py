@@ -36,43 +36,29 @@ __device__ __forceinline__ void reg_fence(unsigned& x) { asm volatile("" : "+r"(
 """
 
 
-def _outs(n: int) -> tuple[str, str]:
+def _outs(n: int, constraint: str = "+f") -> tuple[str, str]:
     count = n // 2
     regs = ", ".join(f"%{i}" for i in range(count))
-    cons = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(count))
+    cons = ", ".join(f'"{constraint}"(d[{i // 4}][{i % 4}])' for i in range(count))
     return regs, cons
 
 
-def _ss(n: int) -> str:
-    regs, cons = _outs(n)
+def _ss(n: int, first: bool = False) -> str:
+    """wgmma_ss, or with ``first`` wgmma_ss_first: D = A B^T with D only written (output-only constraints and a
+    constant scale-d of 0), so no value flows into D from earlier code, e.g. across a loop."""
+    regs, cons = _outs(n, "=f" if first else "+f")
     c = n // 2
+    name, accumulate, scale_d, inputs = (("wgmma_ss_first", "", "0", "") if first else
+                                         ("wgmma_ss", ", int accumulate", f"%{c + 2}", ', "r"(accumulate)'))
     return f"""
-__device__ __forceinline__ void wgmma_ss(float (&d)[{n // 8}][4], unsigned long long desc_a, unsigned long long desc_b,
-                                         int accumulate) {{
+__device__ __forceinline__ void {name}(float (&d)[{n // 8}][4], unsigned long long desc_a,
+                                         unsigned long long desc_b{accumulate}) {{
     asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{c + 2}, 0;\\n"
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, {scale_d}, 0;\\n"
         "wgmma.mma_async.sync.aligned.m64n{n}k16.f32." DKV_MMA_TYPE "." DKV_MMA_TYPE " "
         "{{{regs}}}, %{c}, %{c + 1}, p, 1, 1, 0, 0;\\n}}\\n"
         : {cons}
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}}
-"""
-
-
-def _ss_first(n: int) -> str:
-    regs, cons = _outs(n)
-    cons = cons.replace('"+f"', '"=f"')
-    c = n // 2
-    return f"""
-// D = A B^T (the first k-step: D is only written, so no value flows into it from earlier code, e.g. across a loop).
-__device__ __forceinline__ void wgmma_ss_first(float (&d)[{n // 8}][4], unsigned long long desc_a,
-                                               unsigned long long desc_b) {{
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 0, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32." DKV_MMA_TYPE "." DKV_MMA_TYPE " "
-        "{{{regs}}}, %{c}, %{c + 1}, p, 1, 1, 0, 0;\\n}}\\n"
-        : {cons}
-        : "l"(desc_a), "l"(desc_b));
+        : "l"(desc_a), "l"(desc_b){inputs});
 }}
 """
 
@@ -93,7 +79,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[{n // 8}][4], const unsigned
 
 
 def render() -> str:
-    body = "".join(_ss(n) + _ss_first(n) + _rs(n) for n in WIDTHS)
+    body = "".join(_ss(n) + _ss(n, first=True) + _rs(n) for n in WIDTHS)
     return PREAMBLE + body + "\n}  // namespace dkv\n"
 
 

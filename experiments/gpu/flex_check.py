@@ -82,17 +82,17 @@ def main() -> None:
                      "wall_s": round(time.time() - t, 1)})
         print(f"{name:12s} {mode:7s} {ms:9.2f} ms {tf:6.1f} TF {peak or 0:6.1f} GiB ({rows[-1]['wall_s']} s)", flush=True)
 
-    for name in ("dualkv", "flex"):
+    for name, label in (("dualkv", "dualkv"), ("flex", "bench")):
         system = SYSTEMS[name](q, k, v, layout)
         system.prepare()
         with torch.no_grad():
-            outputs["bench" if name == "flex" else name] = system.forward(False).float()
-        record("bench" if name == "flex" else name, "fwd", lambda: system.forward(False))
+            outputs[label] = system.forward(False).float()
+        record(label, "fwd", lambda: system.forward(False))
         if args.device != "cuda":       # FlexAttention has no CPU backward
             continue
         system.forward(True)
-        record("bench" if name == "flex" else name, "bwd", lambda: system.backward(dout))
-        record("bench" if name == "flex" else name, "fwdbwd", lambda: (system.forward(True), system.backward(dout)))
+        record(label, "bwd", lambda: system.backward(dout))
+        record(label, "fwdbwd", lambda: (system.forward(True), system.backward(dout)))
         del system
     from dualkv.bench.systems import shared_prompt_mask_mod
 

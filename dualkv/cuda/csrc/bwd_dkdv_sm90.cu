@@ -94,11 +94,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
             wgmma_ss(acc_dp[0], kmajor_desc<kBlockKeys>(v_desc, s), kmajor_desc<kBlockM>(do_desc, s), 1);
         wgmma_commit();
         wgmma_wait<1>();  // S^T done (and any earlier step's dV and dK)
-        fence_acc(acc_s[0]);
-        fence_acc(acc_dk[0]);
-        fence_acc(acc_dv[0]);
-        fence_frag(p_frag[0]);
-        fence_frag(ds_frag[0]);
+        fence_regs(acc_s[0]);
+        fence_regs(acc_dk[0]);
+        fence_regs(acc_dv[0]);
+        fence_regs(p_frag[0]);
+        fence_regs(ds_frag[0]);
 
         probs_t(acc_s[0], bLse, sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
                 scale_log2);  // P^T
@@ -109,11 +109,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
             wgmma_rs(acc_dv[0], p_frag[0][s], nmajor_desc(don_desc, s));
         wgmma_commit();
         wgmma_wait<1>();  // dP^T done (dV may still run)
-        fence_acc(acc_dp[0]);
+        fence_regs(acc_dp[0]);
 
         dscores_t(acc_dp[0], acc_s[0], bDelta, t4);  // dS^T
         to_a_frag<1, kBlockM>(ds_frag, acc_dp);
-        fence_acc(acc_dk[0]);
+        fence_regs(acc_dk[0]);
         wgmma_fence();
 #pragma unroll
         for (int s = 0; s < kBlockM / 16; ++s)  // dK += dS^T Q
@@ -122,10 +122,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
     };
     auto retire = [&]() {
         wgmma_wait<0>();
-        fence_acc(acc_dk[0]);
-        fence_acc(acc_dv[0]);
-        fence_frag(p_frag[0]);
-        fence_frag(ds_frag[0]);
+        fence_regs(acc_dk[0]);
+        fence_regs(acc_dv[0]);
+        fence_regs(p_frag[0]);
+        fence_regs(ds_frag[0]);
     };
     // Wait for step `c`'s loads (issued one step ago), then start the loads of the step after it into `nxt_buf`.
     auto advance = [&](const Cursor& c, int nxt_buf) {

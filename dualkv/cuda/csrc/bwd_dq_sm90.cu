@@ -66,22 +66,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dq_sm90(DKV
             wgmma_ss(acc_dp[0], kmajor_desc<kBlockM>(do_desc, s), kmajor_desc<kBlockN>(v_desc, s), s > 0);
         wgmma_commit();
         wgmma_wait<1>();
-        fence_acc(acc_s[0]);
+        fence_regs(acc_s[0]);
         probs_rows(acc_s, row_lse, t, is_own, count, key_base, window_left, qw.row0, qw.g, qw.t4, scale_log2);  // P
         wgmma_wait<0>();
-        fence_acc(acc_dp[0]);
+        fence_regs(acc_dp[0]);
         dscores_rows(acc_dp, acc_s, row_delta);  // dS
         unsigned ds_frag[1][kBlockN / 16][4];
         to_a_frag<1, kBlockN>(ds_frag, acc_dp);
-        fence_acc(acc_dq[0]);
+        fence_regs(acc_dq[0]);
         wgmma_fence();
 #pragma unroll
         for (int s = 0; s < kBlockN / 16; ++s)  // dQ += dS K
             wgmma_rs(acc_dq[0], ds_frag[0][s], nmajor_desc(kn_desc, s));
         wgmma_commit();
         wgmma_wait<0>();
-        fence_acc(acc_dq[0]);
-        fence_frag(ds_frag[0]);
+        fence_regs(acc_dq[0]);
+        fence_regs(ds_frag[0]);
     }
 
     float scale_rows[1][2] = {{scale, scale}};

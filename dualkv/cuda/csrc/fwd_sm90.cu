@@ -65,7 +65,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_fwd_sm90(DKV_FW
         const int k0 = block_start(t, it, is_own);
         const int count = block_count(t, is_own, k0);
         const int key_base = (is_own ? t.seg.ctx_len : 0) + k0;  // logical position of key 0 of the block
-        fence_acc(acc_o[0]);
+        fence_regs(acc_o[0]);
         online_softmax_step(acc_s, acc_o, row_max, row_sum, t, is_own, count, key_base, window_left, qw.row0, qw.g,
                             qw.t4, scale_log2);
         to_a_frag<1, kBlockN>(p_frag, acc_s);
@@ -85,7 +85,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_fwd_sm90(DKV_FW
     float acc_a[1][kBlockN / 8][4], acc_b[1][kBlockN / 8][4];
     issue_qk(acc_a[0], q_desc, smem_addr(kv.k(0)));
     wgmma_wait<0>();
-    fence_acc(acc_a[0]);
+    fence_regs(acc_a[0]);
     // Block it: S[it] is in cur; K[it + 1] and V[it] are loaded (or loading).
     auto step = [&](int it, float (&cur)[1][kBlockN / 8][4], float (&nxt)[1][kBlockN / 8][4]) {
         if (it > 0) {
@@ -100,9 +100,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_fwd_sm90(DKV_FW
         unsigned p_frag[1][kBlockN / 16][4];
         softmax_and_pv(it, cur, p_frag);
         wgmma_wait<0>();
-        fence_acc(nxt[0]);
-        fence_acc(acc_o[0]);
-        fence_frag(p_frag[0]);
+        fence_regs(nxt[0]);
+        fence_regs(acc_o[0]);
+        fence_regs(p_frag[0]);
     };
     for (int it = 0; it < t.n_iter; it += 2) {
         step(it, acc_a, acc_b);
@@ -122,12 +122,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_fwd_sm90(DKV_FW
         float acc_s[1][kBlockN / 8][4];
         issue_qk(acc_s[0], q_desc, smem_addr(kv.k(it)));
         wgmma_wait<0>();
-        fence_acc(acc_s[0]);
+        fence_regs(acc_s[0]);
         unsigned p_frag[1][kBlockN / 16][4];
         softmax_and_pv(it, acc_s, p_frag);
         wgmma_wait<0>();
-        fence_acc(acc_o[0]);
-        fence_frag(p_frag[0]);
+        fence_regs(acc_o[0]);
+        fence_regs(p_frag[0]);
     }
 #endif
 

@@ -44,20 +44,13 @@ __device__ __forceinline__ unsigned long long nmajor_desc(unsigned long long til
 
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-template <int N>
-__device__ __forceinline__ void fence_acc(float (&acc)[N][4]) {
+// Orders the compiler's use of a register tile (accumulators, or A fragments) that an in-flight wgmma reads or writes.
+template <typename T, int N>
+__device__ __forceinline__ void fence_regs(T (&regs)[N][4]) {
 #pragma unroll
     for (int i = 0; i < N; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) reg_fence(acc[i][e]);
-}
-
-template <int N>
-__device__ __forceinline__ void fence_frag(unsigned (&frag)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) reg_fence(frag[i][e]);
+        for (int e = 0; e < 4; ++e) reg_fence(regs[i][e]);
 }
 
 }  // namespace dkv

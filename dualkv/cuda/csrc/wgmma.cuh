@@ -20,8 +20,8 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 __device__ __forceinline__ void reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void reg_fence(unsigned& x) { asm volatile("" : "+r"(x)::"memory"); }
 
-__device__ __forceinline__ void wgmma_ss(float (&d)[8][4], unsigned long long desc_a, unsigned long long desc_b,
-                                         int accumulate) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[8][4], unsigned long long desc_a,
+                                         unsigned long long desc_b, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32." DKV_MMA_TYPE "." DKV_MMA_TYPE " "
@@ -30,9 +30,8 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], unsigned long long de
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// D = A B^T (the first k-step: D is only written, so no value flows into it from earlier code, e.g. across a loop).
 __device__ __forceinline__ void wgmma_ss_first(float (&d)[8][4], unsigned long long desc_a,
-                                               unsigned long long desc_b) {
+                                         unsigned long long desc_b) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32." DKV_MMA_TYPE "." DKV_MMA_TYPE " "
@@ -50,8 +49,8 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[8][4], const unsigned (&a)[4
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
 }
 
-__device__ __forceinline__ void wgmma_ss(float (&d)[16][4], unsigned long long desc_a, unsigned long long desc_b,
-                                         int accumulate) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[16][4], unsigned long long desc_a,
+                                         unsigned long long desc_b, int accumulate) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32." DKV_MMA_TYPE "." DKV_MMA_TYPE " "
@@ -60,9 +59,8 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[16][4], unsigned long long d
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// D = A B^T (the first k-step: D is only written, so no value flows into it from earlier code, e.g. across a loop).
 __device__ __forceinline__ void wgmma_ss_first(float (&d)[16][4], unsigned long long desc_a,
-                                               unsigned long long desc_b) {
+                                         unsigned long long desc_b) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32." DKV_MMA_TYPE "." DKV_MMA_TYPE " "
