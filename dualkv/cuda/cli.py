@@ -52,7 +52,8 @@ def _run(args: argparse.Namespace) -> int:
         for r in results:
             print(f"{r['arch']} {r['kernel']} d={r['head_dim']:<3} {r['dtype']} pack={r['pack']} "
                   f"window={int(r['window'])}: {r.get('registers')} regs, spill {r.get('spill_stores')}/"
-                  f"{r.get('spill_loads')} B, smem {r['smem_bytes']} B")
+                  f"{r.get('spill_loads')} B, smem {r['smem_bytes']} B"
+                  + (", wgmma SERIALIZED by ptxas" if r.get("wgmma_serialized") else ""))
     for err in failures:
         print(err, file=sys.stderr)
     ok = sum(r["ok"] for r in results)

@@ -13,7 +13,9 @@
 // Steps run in pairs: the first step's dV/dK products keep running while the second step's S^T/dP^T are issued behind
 // them, so the tensor cores drain once per pair instead of once per step (dK/dV 121 -> 100 ms at N=16, P=32K on an
 // H200). Leaving products in flight across the loop's back edge instead makes ptxas serialize every wgmma (C7515: it
-// cannot count the groups in flight there), and so does a first k-step that reads its accumulator: wgmma_ss_first.
+// cannot count the groups in flight there). The first k-step of S^T and dP^T is wgmma_ss_first (write-only
+// accumulators: no value flows into them from the previous step); ptxas does not need it here, it is the build that
+// was checked on the GPU.
 #include "kernel_params.cuh"
 #include "keywalk.cuh"
 #include "sm90.cuh"
