@@ -39,3 +39,11 @@ def test_varying_layouts_all_differ():
     layouts = kb.varying_layouts(20, seed=0)
     shapes = {(l.prompt_lens, l.response_lens) for l in layouts}
     assert len(shapes) == 20
+
+
+def test_cudnn_systems_compose_exactly_on_cpu():
+    """The cuDNN systems' plumbing (padded N-copy batch, per-group cascade) with plain-math parts in float64."""
+    layout = GroupLayout.from_lengths([13, 5], [[9, 17, 1], [4]])
+    res = kb.check_systems_agree(["reference", "cudnn_cascade", "cudnn_ncopy"], heads=4, kv_heads=2, head_dim=16,
+                                 dtype=torch.float64, device="cpu", layout=layout, reference="reference")
+    assert all(err < 1e-10 for name in ("cudnn_cascade", "cudnn_ncopy") for err in res[name]), res

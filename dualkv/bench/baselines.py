@@ -6,6 +6,10 @@
 * ``cascade``     — three stock FA2 calls (prompt causal; all response queries x prompt keys; responses causal per
                     sequence) merged by log-sum-exp; backward: each part's FA2 backward with the merged output and
                     LSE (as ring attention does). Exact, no custom kernel.
+* ``cudnn_cascade`` — the same three parts on PyTorch's cuDNN attention (:mod:`dualkv.cascade`; native GQA,
+                    varlen through per-group calls and padded responses): the strongest exact composition of stock
+                    PyTorch kernels on Hopper.
+* ``cudnn_ncopy`` — cuDNN causal attention on the N-copy layout as a padded (N, P + R_max) batch.
 * ``flex``        — ``torch.compile(flex_attention, dynamic=False)`` over the P+ΣR layout with a shared-prefix
                     BlockMask (a static kernel per shape); ``flex_dynamic`` the same under torch.compile's default.
 
@@ -46,6 +50,14 @@ class System:
     def to_packed(self, out: torch.Tensor) -> torch.Tensor:
         """The system's output in packed (T, H, d) order."""
         return out
+
+    def upstream(self, dout: torch.Tensor) -> torch.Tensor:
+        """A packed (T, H, d) upstream gradient in this system's output rows (copies other than the first get 0)."""
+        return dout
+
+    def packed_grads(self, grads):
+        """(dq, dk, dv) in this system's rows -> packed (T, heads, d), summed over copies (fp32)."""
+        return [g.float() for g in grads]
 
 
 class _Autograd(System):
@@ -149,6 +161,70 @@ class FA2NCopy(System):
     def to_packed(self, out):
         return out[torch.from_numpy(self.layout.first_copy_index).to(out.device)]
 
+    def upstream(self, dout):
+        d = dout.new_zeros((self.output_rows(), *dout.shape[1:]))
+        d[torch.from_numpy(self.layout.first_copy_index).to(dout.device)] = dout
+        return d
+
+    def packed_grads(self, grads):
+        index = torch.from_numpy(self.layout.copy_token_index).to(self.q.device)
+        return [torch.zeros(t.shape, dtype=torch.float32, device=t.device).index_add_(0, index, g.float())
+                for t, g in zip((self.q, self.k, self.v), grads)]
+
+
+class CudnnNCopy(System):
+    """cuDNN causal attention over the N-copy layout as a padded (S, L_max) batch (S = responses, L = P_g + R_i;
+    padding at the end, which a causal query never sees). The padded copies are built in :meth:`prepare`, like
+    FA2 N-copy's: in that pipeline they are the activations themselves."""
+
+    name = "cudnn_ncopy"
+
+    def prepare(self):
+        import numpy as np
+
+        lay = self.layout
+        lens = [lay.prompt_lens[g] + r for g, r in zip(lay.response_group, lay.flat_response_lens)]
+        self.batch, self.width = len(lens), max(lens)
+        slot_of_copy = np.concatenate([s * self.width + np.arange(n) for s, n in enumerate(lens)])
+        gather = np.zeros(self.batch * self.width, dtype=np.int64)
+        gather[slot_of_copy] = lay.copy_token_index
+        dev = self.q.device
+        self.slot_of_copy = torch.from_numpy(slot_of_copy).to(dev)
+        self.token_of_slot = torch.from_numpy(gather).to(dev)
+        self.first_slot = torch.from_numpy(slot_of_copy[lay.first_copy_index]).to(dev)
+        self.q4, self.k4, self.v4 = (t[self.token_of_slot].view(self.batch, self.width, *t.shape[1:]).transpose(1, 2)
+                                     for t in (self.q, self.k, self.v))
+
+    def output_rows(self):
+        return self.batch * self.width
+
+    def forward(self, train=False):
+        from ..cascade import engine_for
+
+        self.engine = engine_for(self.q)  # cuDNN on CUDA bf16/fp16; plain math elsewhere (CPU checks)
+        self.out4, self.lse, self.state = self.engine.forward(self.q4, self.k4, self.v4, True, self.scale)
+        return self.out4.transpose(1, 2).reshape(self.output_rows(), *self.q.shape[1:])
+
+    def backward(self, dout):
+        d4 = dout.view(self.batch, self.width, *dout.shape[1:]).transpose(1, 2)
+        grads = self.engine.backward(d4, self.q4, self.k4, self.v4, self.out4, self.lse, self.state, True,
+                                       self.scale)
+        return [g.transpose(1, 2).reshape(self.output_rows(), *g.shape[1:2], g.shape[-1]) for g in grads]
+
+    def to_packed(self, out):
+        return out[self.first_slot]
+
+    def upstream(self, dout):
+        d = dout.new_zeros((self.output_rows(), *dout.shape[1:]))
+        d[self.first_slot] = dout
+        return d
+
+    def packed_grads(self, grads):
+        rows = self.token_of_slot[self.slot_of_copy]
+        return [torch.zeros(t.shape, dtype=torch.float32, device=t.device).index_add_(0, rows,
+                                                                                      g[self.slot_of_copy].float())
+                for t, g in zip((self.q, self.k, self.v), grads)]
+
 
 def merge_by_lse(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor):
     """Exact merge of attentions over two disjoint key sets: o (T, H, d), l (H, T) natural-log LSE -> (o, l)."""
@@ -211,6 +287,20 @@ class Cascade(System):
         return dq, dk, dv
 
 
+class CudnnCascade(_Autograd):
+    """:mod:`dualkv.cascade` on cuDNN attention parts (what the dispatch floor routes to where it is faster)."""
+
+    name = "cudnn_cascade"
+
+    def forward(self, train=False):
+        from ..cascade import shared_prefix_attention
+
+        q, k, v = self._leaves(train)
+        with torch.set_grad_enabled(train):  # cuDNN parts on CUDA bf16/fp16 (plain math elsewhere: CPU checks)
+            self.out = shared_prefix_attention(q, k, v, self.layout)
+        return self.out
+
+
 class Flex(_Autograd):
     """FlexAttention compiled for this shape (static: its fastest kernel for one shape)."""
 
@@ -242,5 +332,5 @@ class FlexDynamic(Flex):
     dynamic = None
 
 
-SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVAtomic, DualKVMma, FA2NCopy, Cascade, Flex, FlexDynamic,
-                                     Reference)}
+SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVAtomic, DualKVMma, FA2NCopy, Cascade, CudnnCascade, CudnnNCopy,
+                                     Flex, FlexDynamic, Reference)}

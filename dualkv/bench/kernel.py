@@ -45,6 +45,9 @@ class BenchRow:
     speedup_vs_fa2: float | None
     peak_mem_gib: float | None
     status: str
+    ms_min: float | None = None
+    ms_max: float | None = None
+    reps: int | None = None
 
 
 def random_inputs(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int,
@@ -54,9 +57,14 @@ def random_inputs(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int,
     return make(heads), make(kv_heads), make(kv_heads)
 
 
+def time_runs(fn: Callable[[], object], device: str, reps: int):
+    """:class:`harness.Timing` of ``fn`` (median and every run, peak GiB) after two warm-up calls."""
+    return measure(fn, torch.device(device), warmup=2, reps=reps)
+
+
 def time_ms(fn: Callable[[], object], device: str, reps: int) -> tuple[float, float | None]:
     """(median ms, peak GiB or None) of ``fn`` after two warm-up calls (see :func:`harness.measure`)."""
-    timing = measure(fn, torch.device(device), warmup=2, reps=reps)
+    timing = time_runs(fn, device, reps)
     return timing.ms, timing.peak_mem_gib
 
 
@@ -95,9 +103,11 @@ def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 
             continue
         for mode in modes:
             try:
-                ms, peak = time_ms(_timed_call(system, mode, dout), device, reps)
+                timing = time_runs(_timed_call(system, mode, dout), device, reps)
+                ms = timing.ms
                 tflops = attention_flops(pairs, heads, head_dim, mode) / (ms * 1e-3) / 1e12 if pairs else None
-                rows.append(BenchRow(name, N, P, R, mode, ms, tflops, None, peak, "ok"))
+                rows.append(BenchRow(name, N, P, R, mode, ms, tflops, None, timing.peak_mem_gib, "ok",
+                                     min(timing.ms_runs), max(timing.ms_runs), len(timing.ms_runs)))
             except torch.OutOfMemoryError:
                 rows.append(BenchRow(name, N, P, R, mode, None, None, None, None, "OOM"))
     for mode in modes:
@@ -161,15 +171,9 @@ def check_systems_agree(systems: Sequence[str], *, heads=8, kv_heads=2, head_dim
         system = SYSTEMS[name](q, k, v, layout)
         system.prepare()
         out = system.to_packed(system.forward(True)).float()
-        d = dout
-        if name == "fa2_ncopy":  # the N-copy upstream gradient: each packed row's gradient on its first copy only
-            d = torch.zeros(system.output_rows(), *dout.shape[1:], device=device, dtype=dtype)
-            d[torch.from_numpy(layout.first_copy_index).to(device)] = dout
-        grads = system.backward(d)
-        if name == "fa2_ncopy":
-            index = torch.from_numpy(layout.copy_token_index).to(device)
-            grads = [torch.zeros_like(t, dtype=torch.float32).index_add_(0, index, g.float()) for t, g in zip((q, k, v), grads)]
-        results[name] = [out] + [g.float() for g in grads]
+        # N-copy systems: each packed row's upstream gradient on its first copy only, gradients summed over copies
+        grads = system.packed_grads(system.backward(system.upstream(dout)))
+        results[name] = [out] + grads
     ref = results[reference]
     return {name: [round((a - b).abs().max().item(), 5) for a, b in zip(vals, ref)] for name, vals in results.items()}
 
@@ -185,19 +189,22 @@ def write_results(rows: Sequence[BenchRow], path: str | Path, extra: dict | None
 
 
 def format_rows(rows: Sequence[BenchRow]) -> str:
-    lines = [f"{'system':<10} {'N':>3} {'P':>7} {'mode':<6} {'ms':>9} {'TFLOP/s':>8} {'x FA2':>6} {'GiB':>6}"]
+    lines = [f"{'system':<14} {'N':>3} {'P':>7} {'mode':<6} {'ms':>9} {'min-max':>17} {'TFLOP/s':>8} {'x FA2':>6} "
+             f"{'GiB':>6}"]
     for r in rows:
         ms = f"{r.ms:9.2f}" if r.ms else f"{r.status:>9}"
+        spread = f"{r.ms_min:8.2f}-{r.ms_max:<8.2f}" if r.ms_min is not None else f"{'-':>17}"
         tf = f"{r.tflops:8.1f}" if r.tflops else f"{'-':>8}"
         sp = f"{r.speedup_vs_fa2:6.2f}" if r.speedup_vs_fa2 else f"{'-':>6}"
         mem = f"{r.peak_mem_gib:6.1f}" if r.peak_mem_gib else f"{'-':>6}"
-        lines.append(f"{r.system:<10} {r.N:>3} {r.P:>7} {r.mode:<6} {ms} {tf} {sp} {mem}")
+        lines.append(f"{r.system:<14} {r.N:>3} {r.P:>7} {r.mode:<6} {ms} {spread} {tf} {sp} {mem}")
     return "\n".join(lines)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", default="fwd,bwd,fwdbwd", help="comma list of fwd, bwd, fwdbwd")
-    p.add_argument("--systems", default="dualkv,cascade,flex,fa2_ncopy", help="comma list of " + ",".join(SYSTEMS))
+    p.add_argument("--systems", default="dualkv,cudnn_cascade,cascade,flex,cudnn_ncopy,fa2_ncopy",
+                   help="comma list of " + ",".join(SYSTEMS))
     p.add_argument("--shapes", default=None, help="comma list of N:P (default: the seed's Table 1)")
     p.add_argument("--R", type=int, default=2048)
     p.add_argument("--reps", type=int, default=10)

@@ -1,0 +1,113 @@
+"""The cascade (dualkv.cascade): shared-prefix attention composed from ordinary attention calls merged by LSE.
+
+On the CPU the parts run on the reference engine in float64, so the composition itself (the LSE merge, the merged
+O/LSE handed to each part's backward, the sums of dQ and of the prompt dK/dV, padding of unequal responses) is
+checked exactly against the N-copy oracle; known-wrong compositions must fail. On a GPU the parts run on cuDNN.
+"""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from dualkv import GroupLayout
+from dualkv.cascade import CudnnEngine, ReferenceEngine, shared_prefix_attention
+from dualkv.testing import assert_rows_pass
+from dualkv.verify.cases import attention_cases, random_cases
+from dualkv.verify.checks import AttentionCase, shared_prefix_check
+
+
+
+def _unwindowed(cases):
+    return [replace(c, window=(-1, -1)) for c in cases]
+
+
+NO_WINDOW = [c for c in attention_cases() if c.window == (-1, -1)]
+CPU_CASES = NO_WINDOW + _unwindowed(random_cases(6, 3, prompt_lens=(1, 5, 17), response_lens=(1, 2, 9, 16),
+                                                 group_sizes=(1, 2, 5)))
+
+
+def _cascade(engine):
+    def fn(q, k, v, layout, window_size=(-1, -1), return_lse=False):
+        return shared_prefix_attention(q, k, v, layout, window_size=window_size, return_lse=return_lse,
+                                       engine=engine)
+    return fn
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: c.name)
+def test_cascade_float64_equals_ncopy(case):
+    rows = shared_prefix_check(case, attention_fn=_cascade(ReferenceEngine()), backend="cascade")
+    assert_rows_pass(rows, max_error=1e-10)
+
+
+class _UnmergedLse(ReferenceEngine):
+    """Known-wrong: each part's backward gets its own LSE instead of the merged one."""
+
+    def like(self, lse, rows):
+        return lse
+
+
+class _NoCrossPromptGrad(ReferenceEngine):
+    """Known-wrong: the responses' gradient into the prompt K/V (the cross part's dK/dV) is dropped."""
+
+    def backward(self, dout, q, k, v, out, lse, state, causal, scale):
+        dq, dk, dv = super().backward(dout, q, k, v, out, lse, state, causal, scale)
+        return (dq, torch.zeros_like(dk), torch.zeros_like(dv)) if not causal else (dq, dk, dv)
+
+
+class _OwnNotCausal(ReferenceEngine):
+    """Known-wrong: the responses see their own later tokens."""
+
+    def forward(self, q, k, v, causal, scale):
+        return super().forward(q, k, v, False, scale)
+
+
+@pytest.mark.parametrize("engine", [_UnmergedLse(), _NoCrossPromptGrad(), _OwnNotCausal()],
+                         ids=lambda e: type(e).__name__)
+def test_known_wrong_compositions_are_caught(engine):
+    case = AttentionCase((9,), ((4, 1, 7),), 4, 2, 16)
+    rows = shared_prefix_check(case, attention_fn=_cascade(engine), backend="mutant")
+    assert not all(r.passed for r in rows), "a known-wrong cascade passed the oracle"
+
+
+def test_unequal_and_equal_responses_agree_with_reference_bitwise_layout():
+    """The padded own part (unequal R_i) and the batched view (equal R_i) give the same rows for equal lengths."""
+    torch.manual_seed(1)
+    layout = GroupLayout.from_lengths([6, 3], [[4, 4, 4], [2, 5]])
+    q = torch.randn(layout.total_tokens, 4, 8, dtype=torch.float64)
+    k, v = (torch.randn(layout.total_tokens, 2, 8, dtype=torch.float64) for _ in range(2))
+    from dualkv.reference import shared_prefix_attention as reference
+
+    out, lse = shared_prefix_attention(q, k, v, layout, return_lse=True)
+    ref_out, ref_lse = reference(q, k, v, layout, return_lse=True)
+    torch.testing.assert_close(out, ref_out, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-12, atol=1e-12)
+
+
+def test_refuses_windows_and_lse_gradients():
+    layout = GroupLayout.single(5, [3, 2])
+    q = torch.randn(layout.total_tokens, 2, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(layout.total_tokens, 2, 8, dtype=torch.float64) for _ in range(2))
+    with pytest.raises(NotImplementedError, match="sliding window"):
+        shared_prefix_attention(q, k, v, layout, window_size=(4, 0))
+    out, lse = shared_prefix_attention(q, k, v, layout, return_lse=True)
+    with pytest.raises(NotImplementedError, match="LSE"):
+        lse.sum().backward()
+    with pytest.raises(ValueError):
+        shared_prefix_attention(q, k[:-1], v, layout)
+
+
+# ---------------------------------------------------------------------------------------------- GPU (cuDNN parts)
+GPU_CASES = [replace(c, head_dim=d) for c in NO_WINDOW[:5] for d in (64, 128)] + _unwindowed(random_cases(
+    6, 11, prompt_lens=(1, 63, 65, 129, 1000), response_lens=(1, 63, 64, 65, 127, 129), group_sizes=(1, 2, 8)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.name)
+def test_cudnn_cascade_gpu(case, dtype):
+    if case.head_dim > 128:
+        pytest.skip("cuDNN attention covers head dims <= 128 on every GPU")
+    rows = shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=_cascade(CudnnEngine()),
+                               backend="cudnn_cascade")
+    assert_rows_pass(rows)
