@@ -107,6 +107,18 @@ class DualKVMma(DualKV):
             return super().forward(train)
 
 
+class DualKVV1(DualKV):
+    """dualkv with the first-generation Hopper wgmma kernels (cp.async loads, no warp specialisation)."""
+
+    name = "dualkv_v1"
+
+    def forward(self, train=False):
+        from dualkv.cuda.configs import kernel_family
+
+        with kernel_family("wgmma_v1"):
+            return super().forward(train)
+
+
 class Reference(_Autograd):
     """dualkv's pure-PyTorch oracle (any device; for CPU smoke tests of the harness)."""
 
@@ -332,5 +344,5 @@ class FlexDynamic(Flex):
     dynamic = None
 
 
-SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVAtomic, DualKVMma, FA2NCopy, Cascade, CudnnCascade, CudnnNCopy,
+SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVAtomic, DualKVMma, DualKVV1, FA2NCopy, Cascade, CudnnCascade, CudnnNCopy,
                                      Flex, FlexDynamic, Reference)}

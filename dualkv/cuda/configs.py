@@ -35,6 +35,11 @@ class TileConfig:
     # wgmma forward only: issue S of the next block before the softmax of this one (FlashAttention-3's intra-warpgroup
     # overlap). Correct, but measured no faster on an H200 (62.7 vs 61.9 ms at N=16, P=32K), so not the default.
     overlap: bool = False
+    # Warp-specialised kernels: a producer warpgroup (TMA) beside the ``warps`` consumer warps, ``stages`` K/V
+    # stages, and ping-pong issue between the two consumer warpgroups.
+    producer_warps: int = 0
+    stages: int = 2
+    pingpong: bool = False
 
     @property
     def block_m(self) -> int:
@@ -43,7 +48,7 @@ class TileConfig:
 
     @property
     def threads(self) -> int:
-        return self.warps * 32
+        return (self.warps + self.producer_warps) * 32
 
 
 #: Forward tiles per head dim (FlashAttention-2-like sizes; d = 512 splits the output columns over warp pairs).
@@ -113,6 +118,13 @@ SM90_FWD_TILES: dict[int, TileConfig] = {
     128: TileConfig(block_n=128, warps=8, mslabs=1),
 }
 
+#: Hopper forward, warp-specialised (sm_90a): a TMA producer warpgroup and two consumer warpgroups of 64 query rows
+#: taking turns on the tensor cores, 128-key blocks in a ring of mbarrier stages.
+SM90_WS_FWD_TILES: dict[int, TileConfig] = {
+    64: TileConfig(block_n=128, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
+    128: TileConfig(block_n=128, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
+}
+
 #: Hopper dK/dV kernel (wgmma, sm_90a): two warpgroups of 64 keys, 64-query steps in pairs over three Q/dO buffers,
 #: deterministic (no atomic dQ).
 SM90_DKDV_TILES: dict[int, KeyTileConfig] = {
@@ -130,20 +142,25 @@ SM90_DQ_TILES: dict[int, TileConfig] = {
 assert all(SM90_DKDV_TILES[d].block_keys == DKDV_TILES[d].block_keys for d in SM90_DKDV_TILES)
 assert all(SM90_DQ_TILES[d].block_m == DQ_TILES[d].block_m for d in SM90_DQ_TILES)
 
-KERNELS = ("fwd", "fwd_sm90", "bwd_dq", "bwd_dq_sm90", "bwd_dkdv", "bwd_dkdv_sm90")
+KERNELS = ("fwd", "fwd_sm90", "fwd_sm90_ws", "bwd_prep", "bwd_dq", "bwd_dq_sm90", "bwd_dkdv", "bwd_dkdv_sm90")
+#: The backward's preprocessing kernel (D = rowsum(dO * O), LSE in log2): one thread per row, no tiles.
+PREP_TILE = TileConfig(block_n=16, warps=8, mslabs=1)
 #: Hopper-only (sm_90a) kernels and the head dims they exist for.
-SM90_KERNELS = {"fwd_sm90": tuple(SM90_FWD_TILES), "bwd_dq_sm90": tuple(SM90_DQ_TILES),
-                "bwd_dkdv_sm90": tuple(SM90_DKDV_TILES)}
-#: Which kernel family runs where both exist: "auto" (the wgmma kernels on sm_90), "mma" (the mma.sync kernels
-#: everywhere, what sm_80 runs).
-KERNEL_FAMILIES = ("auto", "mma")
+SM90_KERNELS = {"fwd_sm90": tuple(SM90_FWD_TILES), "fwd_sm90_ws": tuple(SM90_WS_FWD_TILES),
+                "bwd_dq_sm90": tuple(SM90_DQ_TILES), "bwd_dkdv_sm90": tuple(SM90_DKDV_TILES)}
+#: Kernels whose K/V (and Q) arrive by TMA: launched with tensor maps (dualkv/cuda/tma.py).
+TMA_KERNELS = ("fwd_sm90_ws",)
+#: Which kernel family runs where several exist: "auto" (on sm_90 the newest Hopper kernels: the warp-specialised
+#: TMA forward where it exists, the wgmma backward), "wgmma_v1" (the first wgmma kernels: cp.async loads, no warp
+#: specialisation), "mma" (the mma.sync kernels everywhere, what sm_80 runs).
+KERNEL_FAMILIES = ("auto", "wgmma_v1", "mma")
 _family = [os.environ.get("DUALKV_KERNELS", "auto")]
 
 
 @contextmanager
 def kernel_family(choice: str):
-    """Temporarily choose the kernel family ("auto" or "mma"; also ``$DUALKV_KERNELS``), e.g. to benchmark the
-    mma.sync kernels on a Hopper GPU."""
+    """Temporarily choose the kernel family (one of :data:`KERNEL_FAMILIES`; also ``$DUALKV_KERNELS``), e.g. to
+    benchmark the mma.sync kernels on a Hopper GPU."""
     if choice not in KERNEL_FAMILIES:
         raise ValueError(f"kernel family must be one of {KERNEL_FAMILIES}, got {choice!r}")
     old = _family[0]
@@ -158,12 +175,18 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
     choice = _family[0]
     if choice not in KERNEL_FAMILIES:
         raise ValueError(f"DUALKV_KERNELS must be one of {KERNEL_FAMILIES}, got {choice!r}")
-    return choice == "auto" and arch == "sm_90" and head_dim in SM90_KERNELS[kernel]
+    if kernel in TMA_KERNELS and choice != "auto":
+        return False
+    return choice != "mma" and arch == "sm_90" and head_dim in SM90_KERNELS[kernel]
 
 
 def forward_kernel_for(head_dim: int, arch: str) -> str:
-    """``"fwd_sm90"`` where the wgmma forward exists and is chosen, else ``"fwd"``."""
-    return "fwd_sm90" if _use_sm90("fwd_sm90", head_dim, arch) else "fwd"
+    """The forward of the chosen family: ``"fwd_sm90_ws"`` (warp-specialised, TMA) or ``"fwd_sm90"`` (wgmma) where
+    they exist on this arch and head dim, else ``"fwd"`` (mma.sync)."""
+    for kernel in ("fwd_sm90_ws", "fwd_sm90"):
+        if _use_sm90(kernel, head_dim, arch):
+            return kernel
+    return "fwd"
 
 
 def dq_kernel_for(head_dim: int, arch: str) -> str:
@@ -178,7 +201,7 @@ def dkdv_kernel_for(head_dim: int, arch: str, dq_atomic: bool = False) -> str:
 
 
 def forward_tile(kernel: str, head_dim: int) -> TileConfig:
-    return (SM90_FWD_TILES if kernel == "fwd_sm90" else FWD_TILES)[head_dim]
+    return {"fwd_sm90": SM90_FWD_TILES, "fwd_sm90_ws": SM90_WS_FWD_TILES}.get(kernel, FWD_TILES)[head_dim]
 
 
 @dataclass(frozen=True)
@@ -222,10 +245,14 @@ class KernelSpec:
     def smem_bytes(self) -> int:
         row = (self.head_dim + 8) * 2
         t = self.tile
+        if self.kernel == "bwd_prep":
+            return 0
         if self.kernel == "fwd":
             return (t.block_m + 2 * t.block_n) * row
         if self.kernel == "fwd_sm90":  # swizzled (unpadded) Q + two stages of K and V, 1 KB alignment slack
             return (t.block_m + 4 * t.block_n) * self.head_dim * 2 + 1024
+        if self.kernel == "fwd_sm90_ws":  # swizzled Q + `stages` stages of K and V, mbarriers, 1 KB alignment slack
+            return (t.block_m + 2 * t.stages * t.block_n) * self.head_dim * 2 + 8 * (1 + 3 * t.stages) + 1024
         if self.kernel == "bwd_dq":
             return (2 * t.block_m + 2 * t.block_n) * row
         if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V; 1 KB alignment slack
@@ -240,11 +267,16 @@ class KernelSpec:
         t = self.tile
         common = [("DKV_HEAD_DIM", str(self.head_dim)), ("DKV_WARPS", str(t.warps)), ("DKV_DSPLIT", str(t.dsplit)),
                   ("DKV_BF16", "1" if self.dtype == "bf16" else "0"), ("DKV_WINDOW", "1" if self.window else "0")]
+        if self.kernel == "bwd_prep":
+            return common
         if self.kernel in ("bwd_dkdv", "bwd_dkdv_sm90"):
             return common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages)),
                              ("DKV_DQ_ATOMIC", "1" if self.dq_atomic else "0")]
-        return common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack)),
-                         ("DKV_OVERLAP", "1" if getattr(t, "overlap", False) else "0")]
+        query = common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack)),
+                          ("DKV_OVERLAP", "1" if getattr(t, "overlap", False) else "0")]
+        if self.kernel == "fwd_sm90_ws":
+            query += [("DKV_STAGES", str(t.stages)), ("DKV_PINGPONG", "1" if t.pingpong else "0")]
+        return query
 
     def with_arch(self, arch: str) -> "KernelSpec":
         return replace(self, arch=arch)
@@ -269,7 +301,7 @@ def fwd_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, a
     kernel = kernel or forward_kernel_for(head_dim, arch)
     tile = forward_tile(kernel, head_dim)
     return KernelSpec(kernel, head_dim, name, tile, pack_for(group_size, tile), window,
-                      "sm_90a" if kernel == "fwd_sm90" else arch)
+                      "sm_90a" if kernel in SM90_KERNELS else arch)
 
 
 def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, arch: str,
@@ -294,16 +326,23 @@ def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_ato
     return KernelSpec(kernel, head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic)
 
 
+def prep_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
+    """The backward's preprocessing kernel for this head dim and dtype."""
+    _check_head_dim(head_dim)
+    return KernelSpec("bwd_prep", head_dim, _check_dtype(dtype), PREP_TILE, 1, False, arch)
+
+
 def all_specs(arch: str) -> list[KernelSpec]:
     """Every specialization the kernels are built in, for one architecture."""
-    specs = []
+    specs = [prep_spec(d, dtype, arch) for d in HEAD_DIMS for dtype in DTYPES]
     for head_dim, dtype, window in product(HEAD_DIMS, DTYPES, (False, True)):
         if window and head_dim not in WINDOW_HEAD_DIMS:
             continue
         name = DTYPES[dtype]
         query_kernels = [("fwd", FWD_TILES, arch), ("bwd_dq", DQ_TILES, arch)]
         if arch == "sm_90":
-            query_kernels += [("fwd_sm90", SM90_FWD_TILES, "sm_90a"), ("bwd_dq_sm90", SM90_DQ_TILES, "sm_90a")]
+            query_kernels += [("fwd_sm90", SM90_FWD_TILES, "sm_90a"), ("fwd_sm90_ws", SM90_WS_FWD_TILES, "sm_90a"),
+                              ("bwd_dq_sm90", SM90_DQ_TILES, "sm_90a")]
         for kernel, tiles, kernel_arch in query_kernels:
             if head_dim not in tiles:
                 continue

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, KeyTileConfig, TileConfig, dkdv_spec, dq_spec,
-                      forward_kernel_for, forward_tile, fwd_spec, pack_for)
+from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, TMA_KERNELS, KeyTileConfig, TileConfig, dkdv_spec,
+                      dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for, prep_spec)
 from .runtime import arch_of, f32, get_kernel, i32, i64, poison_enabled
 from .schedule import key_tiles, tile_table
 
@@ -97,11 +97,38 @@ def run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, tiles, pack: int, *, sc
     q, k_ctx, v_ctx, k_own, v_own = (kernel_ready(t) for t in (q, k_ctx, v_ctx, k_own, v_own))
     out = _new(q.shape, q)
     lse = _new((heads, q.shape[0]), q, torch.float32)
+    kern = get_kernel(spec, q.device.index or 0)
+    if spec.kernel in TMA_KERNELS:
+        from .tma import launch_raw, tensor_map_3d
+
+        block_n = spec.tile.block_n
+        maps = [tensor_map_3d(q, spec.tile.block_m // pack), tensor_map_3d(k_own, block_n),
+                tensor_map_3d(v_own, block_n), tensor_map_3d(k_ctx, block_n), tensor_map_3d(v_ctx, block_n)]
+        launch_raw(kern, (tiles.shape[0], heads // pack, 1),
+                   [*maps, *_strided(out), lse.data_ptr(), i64(lse.stride(0)), segments.data_ptr(), tiles.data_ptr(),
+                    i32(group), f32(scale * LOG2E), i32(window_left)])
+        return out, lse
     args = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(out),
             lse.data_ptr(), i64(lse.stride(0)), segments.data_ptr(), tiles.data_ptr(), i32(group),
             f32(scale * LOG2E), i32(window_left)]
-    get_kernel(spec, q.device.index or 0).launch((tiles.shape[0], heads // pack, 1), args)
+    kern.launch((tiles.shape[0], heads // pack, 1), args)
     return out, lse
+
+
+def run_prep(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_lse: torch.Tensor | None = None):
+    """(LSE * log2(e), D = rowsum(dO * O) - dLSE), both (H, T_q) fp32, from one pass over dO and O (no fp32
+    copies). dout/out: (T_q, H, d) with 16-byte aligned rows; lse, d_lse: (H, T_q)."""
+    dout, out = kernel_ready(dout), kernel_ready(out)
+    tokens, heads, head_dim = out.shape
+    lse = lse.float().contiguous()
+    d_lse = d_lse.float().contiguous() if d_lse is not None else None
+    lse2, delta = _new(lse.shape, lse), _new(lse.shape, lse)
+    kern = get_kernel(prep_spec(head_dim, out.dtype, arch_of(out.device.index or 0)), out.device.index or 0)
+    rows_per_cta = kern.spec.threads
+    kern.launch(((tokens * heads + rows_per_cta - 1) // rows_per_cta, 1, 1),
+                [*_strided(dout), *_strided(out), lse.data_ptr(), d_lse.data_ptr() if d_lse is not None else 0,
+                 i64(lse.stride(0)), lse2.data_ptr(), delta.data_ptr(), i32(tokens), i32(heads)])
+    return lse2, delta
 
 
 def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles_t, dq_pack: int,
@@ -121,9 +148,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     arch = arch_of(q.device.index or 0)
     window = window_left >= 0
     dout, q, k_ctx, v_ctx, k_own, v_own = (kernel_ready(t) for t in (dout, q, k_ctx, v_ctx, k_own, v_own))
-    lse2 = (lse * LOG2E).contiguous()
-    delta = (dout.float() * out.float()).sum(-1).t()  # D = rowsum(dO * O): (H, T_q) fp32
-    delta = (delta - d_lse.float() if d_lse is not None else delta).contiguous()
+    lse2, delta = run_prep(dout, out, lse, d_lse)
     dq = _new(q.shape, q)
     dk_own, dv_own = _new(k_own.shape, k_own), _new(v_own.shape, v_own)
     if ctx_shared:
