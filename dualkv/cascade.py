@@ -57,16 +57,30 @@ class Engine(Protocol):
 
 
 class CudnnEngine:
-    """PyTorch's cuDNN fused attention (``aten._scaled_dot_product_cudnn_attention`` and its backward)."""
+    """PyTorch's cuDNN fused attention (``aten._scaled_dot_product_cudnn_attention`` and its backward).
+
+    cuDNN refuses one query against one key ("s_q = s_kv = 1 is not supported"); those parts (a one-token prompt, a
+    one-token response) run as plain fp32 math, with the LSE in cuDNN's (B, H, S, 1) shape."""
 
     name = "cudnn"
 
+    @staticmethod
+    def _tiny(q, k) -> bool:
+        return q.shape[2] == 1 and k.shape[2] == 1
+
     def forward(self, q, k, v, causal, scale):
+        if self._tiny(q, k):
+            out, lse, _ = ReferenceEngine().forward(q.float(), k.float(), v.float(), causal, scale)
+            return out.to(q.dtype), lse[..., None], None
         (out, lse, cum_q, cum_k, max_q, max_k, seed, offset,
          _) = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)
         return out, lse, (cum_q, cum_k, max_q, max_k, seed, offset)
 
     def backward(self, dout, q, k, v, out, lse, state, causal, scale):
+        if state is None:  # a tiny part (see forward)
+            grads = ReferenceEngine().backward(dout.float(), q.float(), k.float(), v.float(), out.float(),
+                                               lse[..., 0], None, causal, scale)
+            return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
         cum_q, cum_k, max_q, max_k, seed, offset = state
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
             dout, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, causal, scale=scale)

@@ -111,3 +111,22 @@ def test_cudnn_cascade_gpu(case, dtype):
     rows = shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=_cascade(CudnnEngine()),
                                backend="cudnn_cascade")
     assert_rows_pass(rows)
+
+
+def test_cudnn_engine_tiny_parts_run_as_fp32_math():
+    """cuDNN refuses s_q = s_kv = 1; such parts (one-token prompts and responses) take the engine's fp32 path, whose
+    LSE keeps cuDNN's (B, H, S, 1) shape. Forced here for every part, on the CPU."""
+
+    class AllTiny(CudnnEngine):
+        _tiny = staticmethod(lambda q, k: True)
+
+    layout = GroupLayout.from_lengths([1, 1], [[1], [1, 1]])
+    q = torch.randn(layout.total_tokens, 4, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(layout.total_tokens, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    from dualkv.reference import shared_prefix_attention as reference
+
+    out = shared_prefix_attention(q, k, v, layout, engine=AllTiny())
+    ref = reference(q, k, v, layout)
+    d = torch.randn_like(out)
+    for a, b in zip((out, *torch.autograd.grad(out, (q, k, v), d)), (ref, *torch.autograd.grad(ref, (q, k, v), d))):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
