@@ -80,6 +80,7 @@ class KeyTileConfig:
     warps: int
     dsplit: int = 1
     stages: int = 2
+    producer_warps: int = 0  # warp-specialised kernels: a producer warpgroup beside the consumer warps
 
     @property
     def block_keys(self) -> int:
@@ -87,7 +88,7 @@ class KeyTileConfig:
 
     @property
     def threads(self) -> int:
-        return self.warps * 32
+        return (self.warps + self.producer_warps) * 32
 
 
 #: Deterministic dQ kernel (query-tile parallel): three products per key block, so smaller key blocks than fwd.
@@ -132,6 +133,13 @@ SM90_DKDV_TILES: dict[int, KeyTileConfig] = {
     128: KeyTileConfig(block_m=64, warps=8, stages=3),
 }
 
+#: Hopper backward, warp-specialised (sm_90a): dK, dV AND dQ in one kernel (five products per step), a TMA producer
+#: warpgroup (with the LSE/D warp and the dQ warp) and two consumer warpgroups of 64 keys; dQ summed in a fixed order
+#: (per-query-tile counters), so it stays deterministic. Head dim 128, no sliding window.
+SM90_WS_BWD_TILES: dict[int, KeyTileConfig] = {
+    128: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
+}
+
 #: Hopper dQ kernel (wgmma, sm_90a): two warpgroups of 64 query rows, 64-key blocks, double-buffered K/V.
 SM90_DQ_TILES: dict[int, TileConfig] = {
     64: TileConfig(block_n=64, warps=8, mslabs=1),
@@ -142,14 +150,16 @@ SM90_DQ_TILES: dict[int, TileConfig] = {
 assert all(SM90_DKDV_TILES[d].block_keys == DKDV_TILES[d].block_keys for d in SM90_DKDV_TILES)
 assert all(SM90_DQ_TILES[d].block_m == DQ_TILES[d].block_m for d in SM90_DQ_TILES)
 
-KERNELS = ("fwd", "fwd_sm90", "fwd_sm90_ws", "bwd_prep", "bwd_dq", "bwd_dq_sm90", "bwd_dkdv", "bwd_dkdv_sm90")
+KERNELS = ("fwd", "fwd_sm90", "fwd_sm90_ws", "bwd_prep", "bwd_dq", "bwd_dq_sm90", "bwd_dkdv", "bwd_dkdv_sm90",
+           "bwd_sm90_ws")
 #: The backward's preprocessing kernel (D = rowsum(dO * O), LSE in log2): one thread per row, no tiles.
 PREP_TILE = TileConfig(block_n=16, warps=8, mslabs=1)
 #: Hopper-only (sm_90a) kernels and the head dims they exist for.
 SM90_KERNELS = {"fwd_sm90": tuple(SM90_FWD_TILES), "fwd_sm90_ws": tuple(SM90_WS_FWD_TILES),
-                "bwd_dq_sm90": tuple(SM90_DQ_TILES), "bwd_dkdv_sm90": tuple(SM90_DKDV_TILES)}
+                "bwd_dq_sm90": tuple(SM90_DQ_TILES), "bwd_dkdv_sm90": tuple(SM90_DKDV_TILES),
+                "bwd_sm90_ws": tuple(SM90_WS_BWD_TILES)}
 #: Kernels whose K/V (and Q) arrive by TMA: launched with tensor maps (dualkv/cuda/tma.py).
-TMA_KERNELS = ("fwd_sm90_ws",)
+TMA_KERNELS = ("fwd_sm90_ws", "bwd_sm90_ws")
 #: Which kernel family runs where several exist: "auto" (on sm_90 the newest Hopper kernels: the warp-specialised
 #: TMA forward where it exists, the wgmma backward), "wgmma_v1" (the first wgmma kernels: cp.async loads, no warp
 #: specialisation), "mma" (the mma.sync kernels everywhere, what sm_80 runs).
@@ -187,6 +197,11 @@ def forward_kernel_for(head_dim: int, arch: str) -> str:
         if _use_sm90(kernel, head_dim, arch):
             return kernel
     return "fwd"
+
+
+def ws_backward_for(head_dim: int, arch: str, window: bool) -> bool:
+    """Whether the fused warp-specialised backward (dK, dV and dQ in one kernel) serves this call."""
+    return not window and _use_sm90("bwd_sm90_ws", head_dim, arch)
 
 
 def dq_kernel_for(head_dim: int, arch: str) -> str:
@@ -257,6 +272,10 @@ class KernelSpec:
             return (2 * t.block_m + 2 * t.block_n) * row
         if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V; 1 KB alignment slack
             return (2 * t.block_m + 4 * t.block_n) * self.head_dim * 2 + 1024
+        if self.kernel == "bwd_sm90_ws":  # K, V; Q/dO/LSE/D stages; 2 dS tiles; padded fp32 dQ rows; mbarriers
+            return (2 * t.block_keys * self.head_dim * 2 + 2 * t.stages * t.block_m * self.head_dim * 2
+                    + 2 * t.block_m * t.block_keys * 2 + t.block_m * (self.head_dim * 4 + 16)
+                    + 2 * t.stages * t.block_m * 4 + 8 * (3 + 2 * t.stages) + 1024)
         if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + `stages` stages of Q, dO, LSE, D; 1 KB alignment slack
             return ((2 * t.block_keys + 2 * t.stages * t.block_m) * self.head_dim * 2 + 2 * t.stages * t.block_m * 4
                     + 1024)
@@ -269,7 +288,7 @@ class KernelSpec:
                   ("DKV_BF16", "1" if self.dtype == "bf16" else "0"), ("DKV_WINDOW", "1" if self.window else "0")]
         if self.kernel == "bwd_prep":
             return common
-        if self.kernel in ("bwd_dkdv", "bwd_dkdv_sm90"):
+        if self.kernel in ("bwd_dkdv", "bwd_dkdv_sm90", "bwd_sm90_ws"):
             return common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages)),
                              ("DKV_DQ_ATOMIC", "1" if self.dq_atomic else "0")]
         query = common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack)),
@@ -315,6 +334,11 @@ def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, ar
                       "sm_90a" if kernel == "bwd_dq_sm90" else arch)
 
 
+def ws_bwd_spec(head_dim: int, dtype: torch.dtype) -> KernelSpec:
+    """The warp-specialised Hopper backward (sm_90a, no window)."""
+    return KernelSpec("bwd_sm90_ws", head_dim, _check_dtype(dtype), SM90_WS_BWD_TILES[head_dim], 1, False, "sm_90a")
+
+
 def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,
               kernel: str | None = None) -> KernelSpec:
     """The dK/dV specialization; ``kernel`` defaults to :func:`dkdv_kernel_for` (``arch`` is the device's)."""
@@ -351,6 +375,8 @@ def all_specs(arch: str) -> list[KernelSpec]:
                     specs.append(KernelSpec(kernel, head_dim, name, tiles[head_dim], pack, window, kernel_arch))
         if arch == "sm_90" and head_dim in SM90_DKDV_TILES:
             specs.append(KernelSpec("bwd_dkdv_sm90", head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a"))
+        if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES and not window:
+            specs.append(KernelSpec("bwd_sm90_ws", head_dim, name, SM90_WS_BWD_TILES[head_dim], 1, False, "sm_90a"))
         specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch))
         if head_dim in ATOMIC_HEAD_DIMS:
             specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, True))

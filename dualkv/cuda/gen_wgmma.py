@@ -20,6 +20,7 @@ PREAMBLE = """\
 //   wgmma_ss: D (+)= A B^T, A (64 x 16) and B (N x 16) both K-major in shared memory (descriptors);
 //   wgmma_ss_first: D = A B^T, D written only.
 //   wgmma_rs: D += A B, A (64 x 16) in registers, B (16 x N) N-major in shared memory (descriptor, transposed).
+//   wgmma_ss_nb: D (+)= A B, A (64 x 16) K-major and B (16 x N) N-major, both in shared memory.
 #pragma once
 
 #include "common.cuh"
@@ -63,6 +64,22 @@ __device__ __forceinline__ void {name}(float (&d)[{n // 8}][4], unsigned long lo
 """
 
 
+def _ss_nb(n: int) -> str:
+    regs, cons = _outs(n)
+    c = n // 2
+    return f"""
+__device__ __forceinline__ void wgmma_ss_nb(float (&d)[{n // 8}][4], unsigned long long desc_a,
+                                            unsigned long long desc_b, int accumulate) {{
+    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{c + 2}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32." DKV_MMA_TYPE "." DKV_MMA_TYPE " "
+        "{{{regs}}}, %{c}, %{c + 1}, p, 1, 1, 0, 1;\\n}}\\n"
+        : {cons}
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}}
+"""
+
+
 def _rs(n: int) -> str:
     regs, cons = _outs(n)
     c = n // 2
@@ -79,7 +96,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[{n // 8}][4], const unsigned
 
 
 def render() -> str:
-    body = "".join(_ss(n) + _ss(n, first=True) + _rs(n) for n in WIDTHS)
+    body = "".join(_ss(n) + _ss(n, first=True) + _rs(n) for n in WIDTHS) + _ss_nb(64)
     return PREAMBLE + body + "\n}  // namespace dkv\n"
 
 

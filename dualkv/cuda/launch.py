@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, TMA_KERNELS, KeyTileConfig, TileConfig, dkdv_spec,
-                      dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for, prep_spec)
+                      dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for, prep_spec, ws_backward_for,
+                      ws_bwd_spec)
 from .runtime import arch_of, f32, get_kernel, i32, i64, poison_enabled
-from .schedule import key_tiles, tile_table
+from .schedule import check_block_order, key_tiles, tile_table
 
 LOG2E = math.log2(math.e)
 
@@ -67,6 +68,8 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
         raise ValueError(f"pack {fwd_pack} does not divide the GQA group size {group_size}")
     dq_tile, dkdv_tile = dq_tile or DQ_TILES[head_dim], dkdv_tile or DKDV_TILES[head_dim]
     dq_pack = pack_for(group_size, dq_tile)
+    keys = key_tiles(segments, dkdv_tile.block_keys, ctx_shared)
+    check_block_order(keys)
     return Plan(
         segments=_to_device(segments, device),
         fwd_kernel=fwd_kernel,
@@ -74,7 +77,7 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
         fwd_pack=fwd_pack,
         dq_tiles=_to_device(tile_table(segments, dq_tile.block_m // dq_pack, dq_tile.block_n, window_left), device),
         dq_pack=dq_pack,
-        key_tiles=_to_device(key_tiles(segments, dkdv_tile.block_keys, ctx_shared), device),
+        key_tiles=_to_device(keys, device),
         ctx_shared=ctx_shared, fwd_tile=fwd_tile, dq_tile=dq_tile, dkdv_tile=dkdv_tile,
     )
 
@@ -158,6 +161,10 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
         dk_ctx, dv_ctx = _new(k_ctx.shape, k_ctx), _new(v_ctx.shape, v_ctx)
         dkc_args, dvc_args = _strided(dk_ctx), _strided(dv_ctx)
     device = q.device.index or 0
+    if ws_backward_for(head_dim, arch, window) and not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv"):
+        _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
+                         segments, key_tiles_t, group, scale)
+        return dq, dk_ctx, dv_ctx, dk_own, dv_own
     atomic = not deterministic and head_dim in ATOMIC_HEAD_DIMS
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
     keys = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(dout),
@@ -179,3 +186,37 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     if atomic:
         dq = (dq_acc * scale).to(q.dtype)
     return dq, dk_ctx, dv_ctx, dk_own, dv_own
+
+
+#: Query rows per step of the warp-specialised backward: the unit of its dQ counters.
+WS_BWD_STEP = 64
+
+
+def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
+                     segments, key_tiles_t, group: int, scale: float) -> None:
+    """The warp-specialised Hopper backward: dK, dV (written) and dQ (fp32, fixed-order adds into two class
+    accumulators, then summed, scaled and cast into ``dq``) from one kernel."""
+    from .tma import launch_raw, tensor_map_3d
+
+    tokens, heads, head_dim = q.shape
+    spec = ws_bwd_spec(head_dim, q.dtype)
+    kern = get_kernel(spec, q.device.index or 0)
+    step, keys = spec.tile.block_m, spec.tile.block_keys
+    # dQ counters: one per (class, head, query tile); tile t of segment s is qtile_offset[s] + t. The count is an
+    # upper bound from shapes alone (every segment adds at most one partial tile), so nothing is read back.
+    n_tiles = (segments[:, 1] + step - 1) // step
+    qtile_offset = (torch.cumsum(n_tiles, 0) - n_tiles).to(torch.int32)
+    n_qtiles = tokens // step + segments.shape[0] + 1
+    sems = torch.zeros((2, heads, n_qtiles), dtype=torch.int32, device=q.device)
+    rows = tokens + step  # a step's tile may reach past the last token
+    dq_acc = torch.zeros((2, heads, rows, head_dim), dtype=torch.float32, device=q.device)
+    maps = [tensor_map_3d(q, step), tensor_map_3d(dout, step), tensor_map_3d(k_own, keys), tensor_map_3d(v_own, keys),
+            tensor_map_3d(k_ctx, keys), tensor_map_3d(v_ctx, keys)]
+    launch_raw(kern, (key_tiles_t.shape[0], k_own.shape[1], 1),
+               [*maps, lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0)), *dkc_args, *dvc_args,
+                *_strided(dk_own), *_strided(dv_own), dq_acc.data_ptr(), i64(rows * head_dim),
+                i64(heads * rows * head_dim), sems.data_ptr(), i64(heads * n_qtiles), i32(n_qtiles),
+                qtile_offset.data_ptr(), segments.data_ptr(), key_tiles_t.data_ptr(), i32(group), f32(scale * LOG2E),
+                f32(scale)])
+    total = dq_acc[0, :, :tokens].add_(dq_acc[1, :, :tokens]).mul_(scale)  # class 0 + class 1, a fixed order
+    dq.copy_(total.transpose(0, 1))

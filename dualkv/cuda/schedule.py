@@ -127,3 +127,16 @@ def key_tiles(segments: np.ndarray, block_keys: int, ctx_shared: bool) -> np.nda
         return np.zeros((0, 4), dtype=np.int32)
     order = np.argsort(-np.asarray(work), kind="stable")
     return np.ascontiguousarray(np.asarray(rows, dtype=np.int32)[order])
+
+
+def check_block_order(tiles: np.ndarray) -> None:
+    """Raise unless, within every run of key blocks (same ``own_seg`` and dependents), the blocks appear in ascending
+    order. The warp-specialised backward relies on it: it adds the dQ contributions of a run's blocks in block order
+    (block b waits for block b - 1) and CTAs start in table order, so a CTA must never wait on a later one."""
+    last: dict[tuple[int, int, int], int] = {}
+    for own, blk, dep_begin, dep_end in np.asarray(tiles).reshape(-1, 4).tolist():
+        run = (own, dep_begin, dep_end) if own >= 0 else (-1, dep_begin, dep_end)
+        if blk != last.get(run, -1) + 1:
+            raise RuntimeError(f"key tile table out of block order for run {run}: block {blk} after "
+                               f"{last.get(run, -1)} (the warp-specialised backward would deadlock)")
+        last[run] = blk

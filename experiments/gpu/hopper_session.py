@@ -101,6 +101,69 @@ def variants_section(out: dict, shapes) -> None:
           f"{all(r['finite'] for r in rows)}", flush=True)
 
 
+def _grads(q, k, v, layout, dout, family):
+    import dualkv
+    from dualkv.cuda.configs import kernel_family
+
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    with kernel_family(family):
+        out = dualkv.shared_prefix_attention(*leaves, layout)
+        return [out.detach()] + list(torch.autograd.grad(out, leaves, dout))
+
+
+def bwd_section(out: dict, shapes, reps: int) -> None:
+    """The fused warp-specialised backward against the first wgmma backward and float64; determinism; timing."""
+    from dualkv.reference import shared_prefix_attention as reference
+
+    rows = []
+    layouts = [GroupLayout.from_lengths([129], [[1, 63, 64, 65, 127]]), GroupLayout.from_lengths([1, 300], [[1], [129, 2, 257]]),
+               GroupLayout.from_lengths([4097], [[128, 129, 1]]), GroupLayout.from_lengths([700, 65], [[300, 1000], [64]])]
+    for group in (1, 4, 8):
+        for li, layout in enumerate(layouts):
+            q, k, v = random_inputs(layout, 8, 8 // group, 128, torch.bfloat16, li)
+            dout = torch.randn_like(q)
+            ws = _grads(q, k, v, layout, dout, "auto")
+            v1 = _grads(q, k, v, layout, dout, "wgmma_v1")
+            leaves = [t.double().requires_grad_() for t in (q, k, v)]
+            ref_out = reference(*leaves, layout)
+            ref = [ref_out.detach()] + list(torch.autograd.grad(ref_out, leaves, dout.double()))
+            row = {"group": group, "layout": li}
+            for name, a, b, r in zip(("out", "dq", "dk", "dv"), ws, v1, ref):
+                scale_ = r.abs().max().item() or 1.0
+                row[f"{name}_ws_err"] = (a.double() - r).abs().max().item() / scale_
+                row[f"{name}_v1_err"] = (b.double() - r).abs().max().item() / scale_
+                row[f"{name}_finite"] = bool(torch.isfinite(a).all())
+            rows.append(row)
+            print("bwd check", json.dumps(row), flush=True)
+    out["bwd_checks"] = rows
+    layout = GroupLayout.from_lengths([5000], [[700, 129, 2048, 1]])
+    q, k, v = random_inputs(layout, 32, 8, 128, torch.bfloat16, 3)
+    dout = torch.randn_like(q)
+    runs = [_grads(q, k, v, layout, dout, "auto") for _ in range(3)]
+    out["bwd_bitwise_deterministic"] = all(torch.equal(a, b) for r in runs[1:] for a, b in zip(r, runs[0]))
+    print("bwd deterministic:", out["bwd_bitwise_deterministic"], flush=True)
+    timing = []
+    for n, p in shapes:
+        layout = GroupLayout.single(p, [2048] * n)
+        pairs = useful_pairs(layout)
+        q, k, v = (t.requires_grad_() for t in random_inputs(layout, 32, 8, 128, torch.bfloat16, 0))
+        dout = torch.randn_like(q)
+        for family in ("auto", "wgmma_v1"):
+            import dualkv
+            from dualkv.cuda.configs import kernel_family
+
+            with kernel_family(family):
+                o = dualkv.shared_prefix_attention(q, k, v, layout)
+                t = time_runs(lambda: torch.autograd.grad(o, (q, k, v), dout, retain_graph=True), "cuda", reps)
+            timing.append({"N": n, "P": p, "family": family, "ms": t.ms, "ms_min": min(t.ms_runs),
+                           "ms_max": max(t.ms_runs), "tflops": attention_flops(pairs, 32, 128, "bwd") / t.ms / 1e9,
+                           "peak_gib": t.peak_mem_gib})
+            print(f"bwd N={n} P={p} {family:<9} {t.ms:8.2f} ms {timing[-1]['tflops']:6.1f} TF", flush=True)
+        del q, k, v, dout, o
+        torch.cuda.empty_cache()
+    out["bwd_timing"] = timing
+
+
 def fwd_section(out: dict, shapes, reps: int) -> None:
     rows = []
     for n, p in shapes:
@@ -137,7 +200,8 @@ def main() -> int:
     def save():
         path.write_text(json.dumps(result, indent=1, default=str))
 
-    for name, fn in (("cudnn", lambda: cudnn_section(result)), ("variants", lambda: variants_section(result, shapes)),
+    for name, fn in (("cudnn", lambda: cudnn_section(result)), ("bwd", lambda: bwd_section(result, shapes, args.reps)),
+                     ("variants", lambda: variants_section(result, shapes)),
                      ("fwd", lambda: fwd_section(result, shapes, args.reps))):
         if name in sections:
             try:

@@ -27,13 +27,21 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned byt
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar),
                  "r"(bytes) : "memory");
 }
-// Block until the phase with parity `phase` of the barrier has completed.
+// Block until the phase with parity `phase` of the barrier has completed. A pipeline bug would hang the GPU
+// silently; after 2^22 failed tries (each waits a while in hardware: far longer than any real wait) it traps
+// instead, which the launcher reports as an error. One asm block: the compiler sees no loop around the wgmma code.
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned phase) {
     asm volatile(
-        "{\n.reg .pred done;\n"
+        "{\n.reg .pred done, more;\n.reg .u32 tries;\n"
+        "mov.u32 tries, 0;\n"
         "WAIT_%=:\n"
         "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+        "@done bra DONE_%=;\n"
+        "add.u32 tries, tries, 1;\n"
+        "setp.lt.u32 more, tries, 4194304;\n"
+        "@more bra WAIT_%=;\n"
+        "trap;\n"
+        "DONE_%=:\n}\n" ::"r"(bar),
         "r"(phase)
         : "memory");
 }
@@ -49,6 +57,43 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaDesc* map, in
 }
 __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+
+// ---- Bulk (non-tensor) copies from shared to global: fp32 reduce-add of `bytes` (multiple of 16, 16-byte aligned
+// both sides), grouped per thread; wait_all returns once this thread's groups are complete.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, unsigned bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Orders this thread's async-proxy global writes (bulk copies) before its later generic-proxy accesses.
+__device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
+// ---- GPU-scope flags (deterministic ordering between CTAs).
+__device__ __forceinline__ int ld_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// Spin until *p == v (acquire); traps after ~2^24 polls (seconds) rather than hang on an ordering bug.
+__device__ __forceinline__ void wait_flag(const int* p, int v) {
+    for (unsigned polls = 0; ld_acquire(p) != v;) {
+        if (++polls > 256) __nanosleep(64);
+        if (polls == (1u << 24)) __trap();
+    }
+}
+__device__ __forceinline__ void st_release(int* p, int v) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// ---- stmatrix: four 8x8 16-bit matrices from mma C-fragment registers (thread l: row l / 4, columns 2 (l % 4), +1
+// of each) to shared memory, transposed; lanes 8j .. 8j + 7 give the addresses of matrix j's 8 (transposed) rows.
+__device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, const unsigned (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
 }
 
 // ---- Named barriers (id 0 is __syncthreads): sync waits for `count` threads; arrive signals without waiting.

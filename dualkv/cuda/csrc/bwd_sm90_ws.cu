@@ -1,0 +1,356 @@
+// DualKV backward for Hopper, warp-specialised (sm_90a): dK, dV and dQ in ONE kernel, five products per step, with
+// a deterministic dQ.
+//
+// CTA = one key tile (128 keys of one K/V head, keywalk.cuh's KeyTile) walking every query that sees it, 64 queries
+// of one query head per step. Warpgroup 0 is the producer: warp 0 issues the TMA copies (K and V once; each step's Q
+// and dO tiles into a ring of kStages stages), warp 1 stages each step's LSE and D, warp 2 writes dQ. Warpgroups 1
+// and 2 (64 keys each) compute per step
+//   S^T = K Q^T, dP^T = V dO^T     (wgmma, smem operands)          P^T = exp2(S^T scale - LSE), masked
+//   dV += P^T dO,  dK += dS^T Q    (wgmma, P^T / dS^T from registers) dS^T = P^T (dP^T - D)
+//   dS^T -> smem (stmatrix, transposed), then dQ_step = dS K          (each warpgroup one half of the head dim)
+// and hand dQ_step (fp32, through smem) to the dQ warp, which adds it into a (class, H, T, d) fp32 accumulator with
+// bulk reduce-adds IN A FIXED ORDER: each query tile has a counter per class of key tiles (0: tiles of shared keys —
+// the prompt / context; 1: a response's own tiles); the contribution of key block b waits until the counter reads b
+// (every earlier block has added), adds, then sets it to b + 1. Blocks of one class are contiguous from 0 for every
+// query tile and are dispatched in block order (dualkv/cuda/schedule.py), so a CTA only ever waits on CTAs launched
+// before it. The walk keeps the CTAs of a class in step: first every dependent segment's queries (all see the
+// block), then the own segment's causal queries from the LAST tile down, so no CTA waits on one with more work.
+// Summing the two class accumulators in a fixed order gives bitwise-reproducible dQ. dK, dV: fp32 in registers over
+// the whole walk (all N responses and the GQA group), cast once.
+#include "keywalk.cuh"
+#include "sm90.cuh"
+#include "tma.cuh"
+
+using namespace dkv;
+
+namespace {
+
+constexpr int kStep = DKV_BLOCK_M;  // queries per step
+constexpr int kBlockKeys = 128;
+constexpr int kStages = DKV_STAGES;
+constexpr int kConsumerThreads = 256;
+constexpr int kAtoms = kHeadDim / 64;
+constexpr int kKeyBytes = kBlockKeys * kHeadDim * 2;
+constexpr int kStepBytes = kStep * kHeadDim * 2;
+constexpr int kDsBytes = kStep * kBlockKeys * 2;
+constexpr int kDqRowBytes = kHeadDim * 4 + 16;  // padded fp32 rows (bank spread); 16-byte aligned for bulk copies
+static_assert(kWarps == 8 && DKV_DSPLIT == 1 && kStep == 64 && kHeadDim == 128 && !kWindow,
+              "two consumer warpgroups of 64 keys, 64-query steps, head dim 128, no window");
+
+constexpr int kBarConsumers = 1;
+
+// Where the CTA's walk is: phase 0 visits dependent segments (src) in order, query tiles ascending; phase 1 the own
+// segment's query tiles from the last down to the block's first; query heads innermost.
+struct StepCursor {
+    int phase, src, qt, h;
+    bool valid;
+};
+
+struct WsWalk {
+    KeyTile kt;
+    const int* segments;
+    int group, key0, count, cls, qt_lo;
+
+    __device__ __forceinline__ int n_qt(int seg) const { return (load_segment(segments, seg).q_len + kStep - 1) / kStep; }
+    __device__ __forceinline__ int own_top() const { return n_qt(kt.own_seg) - 1; }
+
+    __device__ __forceinline__ StepCursor first() const {
+        if (kt.dep_end > kt.dep_begin) return StepCursor{0, kt.dep_begin, 0, 0, true};
+        return StepCursor{1, kt.own_seg, own_top(), 0, kt.own_seg >= 0 && own_top() >= qt_lo};
+    }
+    __device__ __forceinline__ StepCursor next(StepCursor c) const {
+        if (++c.h < group) return c;
+        c.h = 0;
+        if (c.phase == 0) {
+            if (++c.qt < n_qt(c.src)) return c;
+            c.qt = 0;
+            if (++c.src < kt.dep_end) return c;
+            c.phase = 1;
+            c.src = kt.own_seg;
+            if (kt.own_seg < 0) {
+                c.valid = false;
+                return c;
+            }
+            c.qt = own_top();
+            c.valid = c.qt >= qt_lo;
+            return c;
+        }
+        c.valid = --c.qt >= qt_lo;
+        return c;
+    }
+};
+
+__device__ __forceinline__ WsWalk make_ws_walk(const int* key_tiles, const int* segments, int group, int& key_token0) {
+    const int4 kt4 = reinterpret_cast<const int4*>(key_tiles)[blockIdx.x];
+    WsWalk w;
+    w.kt = KeyTile{kt4.x, kt4.y, kt4.z, kt4.w};
+    w.segments = segments;
+    w.group = group;
+    w.key0 = w.kt.blk * kBlockKeys;
+    const bool has_own = w.kt.own_seg >= 0;
+    const Segment key_seg = load_segment(segments, has_own ? w.kt.own_seg : w.kt.dep_begin);
+    key_token0 = (has_own ? key_seg.q_start : key_seg.ctx_start) + w.key0;
+    w.count = min(kBlockKeys, (has_own ? key_seg.q_len : key_seg.ctx_len) - w.key0);
+    w.cls = (has_own && key_seg.ctx_len > 0) ? 1 : 0;  // a response's own keys, or keys a group shares
+    w.qt_lo = w.key0 / kStep;
+    return w;
+}
+
+// What every role needs to know about one step.
+struct StepInfo {
+    int seg, tok0, n, head, q_pos0, key_base;
+    bool own, need_mask;
+};
+
+__device__ __forceinline__ StepInfo step_info(const WsWalk& w, const StepCursor& c, int kv_head) {
+    StepInfo si;
+    si.seg = c.src;
+    const Segment seg = load_segment(w.segments, c.src);
+    si.own = c.phase == 1;
+    const int pos0 = c.qt * kStep;
+    si.tok0 = seg.q_start + pos0;
+    si.n = min(kStep, seg.q_len - pos0);
+    si.head = kv_head * w.group + c.h;
+    si.q_pos0 = seg.ctx_len + pos0;
+    si.key_base = (si.own ? seg.ctx_len : 0) + w.key0;
+    si.need_mask = w.count < kBlockKeys || (si.own && si.key_base + kBlockKeys - 1 > si.q_pos0);
+    return si;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_bwd_sm90_ws(
+    const __grid_constant__ TmaDesc tm_q, const __grid_constant__ TmaDesc tm_do, const __grid_constant__ TmaDesc tm_kd,
+    const __grid_constant__ TmaDesc tm_vd, const __grid_constant__ TmaDesc tm_kc, const __grid_constant__ TmaDesc tm_vc,
+    const float* __restrict__ lse2, const float* __restrict__ delta, long long lse_sh, elem_t* __restrict__ dkc,
+    long long dkc_st, long long dkc_sh, elem_t* __restrict__ dvc, long long dvc_st, long long dvc_sh,
+    elem_t* __restrict__ dkd, long long dkd_st, long long dkd_sh, elem_t* __restrict__ dvd, long long dvd_st,
+    long long dvd_sh, float* __restrict__ dq_acc, long long dqa_head, long long dqa_class, int* __restrict__ sems,
+    long long sem_class, int n_qtiles, const int* __restrict__ qtile_offset, const int* __restrict__ segments,
+    const int* __restrict__ key_tiles, int group_size, float scale_log2, float scale) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char* base = align_1024(smem_raw);
+    const unsigned sk = smem_addr(base), sv = sk + kKeyBytes;
+    const unsigned sq0 = sv + kKeyBytes;                    // Q stage s at sq0 + s * kStepBytes
+    const unsigned sdo0 = sq0 + kStages * kStepBytes;       // dO stage s
+    const unsigned sds0 = sdo0 + kStages * kStepBytes;      // dS (rows = queries, K-major over keys), 2 buffers
+    const unsigned sdq = sds0 + 2 * kDsBytes;               // dQ_step fp32, padded rows
+    float* s_lse = reinterpret_cast<float*>(base + (sdq - sk) + kStep * kDqRowBytes);  // [kStages][kStep]
+    float* s_delta = s_lse + kStages * kStep;
+    const unsigned bar0 = smem_addr(s_delta + kStages * kStep);
+    const unsigned bar_kv = bar0, bar_full = bar0 + 8, bar_empty = bar0 + 8 + 8 * kStages;
+    const unsigned bar_dq_full = bar0 + 8 + 16 * kStages, bar_dq_empty = bar_dq_full + 8;
+
+    int key_token0;
+    const WsWalk w = make_ws_walk(key_tiles, segments, group_size, key_token0);
+    const int kv_head = blockIdx.y;
+    const bool has_own = w.kt.own_seg >= 0;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        mbar_init(bar_kv, 1);
+        for (int s = 0; s < kStages; ++s) {
+            mbar_init(bar_full + 8 * s, 2);       // the TMA thread (with its bytes) and the LSE/D warp
+            mbar_init(bar_empty + 8 * s, kWarps);  // lane 0 of every consumer warp
+        }
+        mbar_init(bar_dq_full, kWarps);
+        mbar_init(bar_dq_empty, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (warp < 4) {  // ---------------------------------------------------------------------------- producer
+        regs_dealloc<32>();  // 128 x 32 + 256 x 240 = the register file
+        if (warp == 0 && lane == 0) {  // TMA: K and V once, then each step's Q and dO
+            const TmaDesc* tk = has_own ? &tm_kd : &tm_kc;
+            const TmaDesc* tv = has_own ? &tm_vd : &tm_vc;
+            mbar_arrive_expect_tx(bar_kv, 2 * kKeyBytes);
+#pragma unroll
+            for (int a = 0; a < kAtoms; ++a) {
+                tma_load_3d(sk + a * kBlockKeys * 128, tk, a * 64, kv_head, key_token0, bar_kv);
+                tma_load_3d(sv + a * kBlockKeys * 128, tv, a * 64, kv_head, key_token0, bar_kv);
+            }
+            int i = 0;
+            for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
+                const int s = i % kStages;
+                if (i >= kStages) mbar_wait(bar_empty + 8 * s, ((i / kStages) + 1) & 1);
+                const StepInfo si = step_info(w, c, kv_head);
+                mbar_arrive_expect_tx(bar_full + 8 * s, 2 * kStepBytes);
+#pragma unroll
+                for (int a = 0; a < kAtoms; ++a) {
+                    tma_load_3d(sq0 + s * kStepBytes + a * kStep * 128, &tm_q, a * 64, si.head, si.tok0, bar_full + 8 * s);
+                    tma_load_3d(sdo0 + s * kStepBytes + a * kStep * 128, &tm_do, a * 64, si.head, si.tok0,
+                                bar_full + 8 * s);
+                }
+            }
+        } else if (warp == 1) {  // LSE (log2) and D of each step's rows; rows past the segment: P = 0, D = 0
+            int i = 0;
+            for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
+                const int s = i % kStages;
+                if (i >= kStages) mbar_wait(bar_empty + 8 * s, ((i / kStages) + 1) & 1);
+                const StepInfo si = step_info(w, c, kv_head);
+#pragma unroll
+                for (int r = lane; r < kStep; r += 32) {
+                    const long long idx = si.head * lse_sh + si.tok0 + r;
+                    s_lse[s * kStep + r] = r < si.n ? lse2[idx] : kInf;
+                    s_delta[s * kStep + r] = r < si.n ? delta[idx] : 0.f;
+                }
+                __syncwarp();
+                if (lane == 0) mbar_arrive(bar_full + 8 * s);
+            }
+        } else if (warp == 2) {  // dQ: fixed-order bulk reduce-adds into the class accumulator
+            int i = 0;
+            for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
+                const StepInfo si = step_info(w, c, kv_head);
+                int* sem = sems + w.cls * sem_class + si.head * (long long)n_qtiles + qtile_offset[si.seg] + c.qt;
+                mbar_wait(bar_dq_full, i & 1);
+                if (lane == 0) wait_flag(sem, w.kt.blk);
+                __syncwarp();
+                float* dst = dq_acc + w.cls * dqa_class + si.head * dqa_head + (long long)si.tok0 * kHeadDim;
+                for (int r = lane; r < si.n; r += 32) bulk_reduce_add_f32(dst + r * kHeadDim, sdq + r * kDqRowBytes, kHeadDim * 4);
+                bulk_commit();
+                bulk_wait_all();
+                fence_async_global();
+                __syncwarp();
+                if (lane == 0) {
+                    __threadfence();
+                    st_release(sem, w.kt.blk + 1);
+                    mbar_arrive(bar_dq_empty);
+                }
+            }
+        }
+        return;
+    }
+
+    // ---------------------------------------------------------------------------------------------- consumers
+    regs_alloc<240>();
+    const int ct = threadIdx.x - 128;
+    const int cw = ct / 32;                                  // consumer warp 0..7
+    const int wg = __shfl_sync(0xffffffff, cw / 4, 0);      // its warpgroup (64 keys each)
+    const int g = lane / 4, t4 = lane % 4;
+    const int wkey0 = wg * 64 + (cw % 4) * 16;              // this warp's first key in the block
+    const unsigned long long k_desc = kmajor_tile(sk, wg * 64), v_desc = kmajor_tile(sv, wg * 64);
+    const unsigned long long kn_desc = nmajor_tile<kBlockKeys>(sk + wg * kBlockKeys * 128);  // K atom wg as N-major B
+
+    float acc_dk[kHeadDim / 8][4], acc_dv[kHeadDim / 8][4];
+    zero_acc(acc_dk);
+    zero_acc(acc_dv);
+    unsigned p_frag[1][kStep / 16][4], ds_frag[1][kStep / 16][4];
+
+    mbar_wait(bar_kv, 0);
+    int i = 0;
+    for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
+        const int s = i % kStages;
+        const StepInfo si = step_info(w, c, kv_head);
+        const unsigned q_addr = sq0 + s * kStepBytes, do_addr = sdo0 + s * kStepBytes;
+        const float* lse = s_lse + s * kStep;
+        const float* dlt = s_delta + s * kStep;
+        mbar_wait(bar_full + 8 * s, (i / kStages) & 1);
+
+        float acc_s[1][kStep / 8][4], acc_dp[1][kStep / 8][4];
+        const unsigned long long q_desc = kmajor_tile(q_addr, 0), do_desc = kmajor_tile(do_addr, 0);
+        wgmma_fence();
+#pragma unroll
+        for (int st = 0; st < kHeadDim / 16; ++st)  // S^T = K Q^T
+            wgmma_ss(acc_s[0], kmajor_desc<kBlockKeys>(k_desc, st), kmajor_desc<kStep>(q_desc, st), st > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int st = 0; st < kHeadDim / 16; ++st)  // dP^T = V dO^T
+            wgmma_ss(acc_dp[0], kmajor_desc<kBlockKeys>(v_desc, st), kmajor_desc<kStep>(do_desc, st), st > 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(acc_s[0]);
+
+        // P^T (masked: keys past the block's end, causal diagonal; rows past the segment have LSE = +inf)
+#pragma unroll
+        for (int nt = 0; nt < kStep / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int q = nt * 8 + 2 * t4 + (e & 1);
+                const int kl = wkey0 + g + 8 * (e >> 1);
+                float p = fast_exp2(fmaf(acc_s[0][nt][e], scale_log2, -lse[q]));
+                if (si.need_mask && (kl >= w.count || si.key_base + kl > si.q_pos0 + q)) p = 0.f;
+                acc_s[0][nt][e] = p;
+            }
+        to_a_frag<1, kStep>(p_frag, acc_s);
+        const unsigned long long don_desc = nmajor_tile<kStep>(do_addr), qn_desc = nmajor_tile<kStep>(q_addr);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kStep / 16; ++kk) wgmma_rs(acc_dv, p_frag[0][kk], nmajor_desc(don_desc, kk));  // dV += P^T dO
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(acc_dp[0]);
+        dscores_t(acc_dp[0], acc_s[0], dlt, t4);  // dS^T
+        to_a_frag<1, kStep>(ds_frag, acc_dp);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kStep / 16; ++kk) wgmma_rs(acc_dk, ds_frag[0][kk], nmajor_desc(qn_desc, kk));  // dK += dS^T Q
+        wgmma_commit();
+
+        // dS (queries x keys) into smem, K-major over keys: this warp's 16 keys x 64 queries, transposed.
+        const unsigned sds = sds0 + (i & 1) * kDsBytes;
+#pragma unroll
+        for (int kk = 0; kk < kStep / 16; ++kk) {
+            const int j = lane / 8, r = lane % 8;
+            const int q = 16 * kk + 8 * (j / 2) + r;
+            stmatrix_x4_trans(sds + swizzled_offset<kStep>(q, wkey0 / 8 + (j % 2)), ds_frag[0][kk]);
+        }
+        fence_async_smem();
+        named_sync(kBarConsumers, kConsumerThreads);  // both warpgroups' dS is in place
+
+        float acc_dq[kHeadDim / 16][4];  // dQ_step[:, 64 wg .. 64 wg + 63] = dS K[:, that half]
+        const unsigned long long ds_desc = kmajor_tile(sds, 0);
+        wgmma_fence();
+#pragma unroll
+        for (int st = 0; st < kBlockKeys / 16; ++st)
+            wgmma_ss_nb(acc_dq, kmajor_desc<kStep>(ds_desc, st), nmajor_desc(kn_desc, st), st > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(acc_dq);
+        fence_regs(acc_dk);
+        fence_regs(acc_dv);
+        fence_regs(p_frag[0]);
+        fence_regs(ds_frag[0]);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_empty + 8 * s);  // Q, dO, LSE, D of this stage are no longer read
+
+        if (i > 0) mbar_wait(bar_dq_empty, (i - 1) & 1);  // the dQ warp has read the previous step's dQ
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int row = (cw % 4) * 16 + g + 8 * hh;
+#pragma unroll
+            for (int nt = 0; nt < kHeadDim / 16; ++nt)
+                *reinterpret_cast<float2*>(base + (sdq - sk) + row * kDqRowBytes + (wg * 64 + nt * 8 + 2 * t4) * 4) =
+                    make_float2(acc_dq[nt][2 * hh], acc_dq[nt][2 * hh + 1]);
+        }
+        fence_async_smem();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_dq_full);
+    }
+
+    // dK (scaled) and dV: swizzled into the K / V tiles (no longer read once every consumer is here), then coalesced
+    // 16-byte stores of the block's valid rows.
+    named_sync(kBarConsumers, kConsumerThreads);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int r = wkey0 + g + 8 * hh;
+#pragma unroll
+        for (int nt = 0; nt < kHeadDim / 8; ++nt) {
+            const int off = swizzled_offset<kBlockKeys>(r, nt) + t4 * 4;
+            *reinterpret_cast<unsigned*>(base + off) = pack2(acc_dk[nt][2 * hh] * scale, acc_dk[nt][2 * hh + 1] * scale);
+            *reinterpret_cast<unsigned*>(base + kKeyBytes + off) = pack2(acc_dv[nt][2 * hh], acc_dv[nt][2 * hh + 1]);
+        }
+    }
+    named_sync(kBarConsumers, kConsumerThreads);
+    const Segment key_seg = load_segment(segments, has_own ? w.kt.own_seg : w.kt.dep_begin);
+    const long long row0 = has_own ? key_seg.q_start + w.key0 : key_seg.ctx_start + w.key0;
+    elem_t* dk_dst = has_own ? dkd + row0 * dkd_st + kv_head * dkd_sh : dkc + row0 * dkc_st + kv_head * dkc_sh;
+    elem_t* dv_dst = has_own ? dvd + row0 * dvd_st + kv_head * dvd_sh : dvc + row0 * dvc_st + kv_head * dvc_sh;
+    const long long dk_st = has_own ? dkd_st : dkc_st, dv_st = has_own ? dvd_st : dvc_st;
+    for (int idx = ct; idx < kBlockKeys * kChunksPerRow; idx += kConsumerThreads) {
+        const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
+        if (r >= w.count) continue;
+        const int off = swizzled_offset<kBlockKeys>(r, c);
+        *reinterpret_cast<uint4*>(dk_dst + r * dk_st + c * 8) = *reinterpret_cast<const uint4*>(base + off);
+        *reinterpret_cast<uint4*>(dv_dst + r * dv_st + c * 8) = *reinterpret_cast<const uint4*>(base + kKeyBytes + off);
+    }
+}

@@ -1,0 +1,130 @@
+"""The warp-specialised Hopper backward's walk and dQ ordering, stated in Python (``csrc/bwd_sm90_ws.cu`` runs the
+same logic), so the CPU can check what the GPU relies on:
+
+* the walk of a key tile: every dependent segment's query tiles in order (they see the whole block), then the own
+  segment's query tiles from the last one down to the block's first (causal), query heads innermost;
+* each step's dQ goes to the accumulator of its *class* (0: a run of keys a group shares — a prompt, or a separate
+  context; 1: a response's own keys), after the contributions of the run's earlier blocks: contribution ``blk`` of a
+  query tile waits until that tile's counter reads ``blk``. So the contributors of every (class, query tile) must be
+  exactly blocks 0, 1, ..., k - 1 of one run — a missing block would leave its successors waiting forever.
+
+:func:`numeric_backward` replays the walk in float64 (masks included) so the CPU tests can compare its dQ, dK, dV
+with the reference backward.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+STEP = 64
+BLOCK_KEYS = 128
+
+
+@dataclass(frozen=True)
+class Step:
+    seg: int      # segment whose queries this step reads
+    qt: int       # query tile (STEP rows) of that segment
+    head: int     # query head within the GQA group
+    own: bool     # causal (the key tile's own segment) or fully visible (a dependent)
+
+
+def walk(tile: tuple[int, int, int, int], segments: np.ndarray, group: int) -> list[Step]:
+    """The steps of one key tile (own_seg, blk, dep_begin, dep_end), in the kernel's order."""
+    own_seg, blk, dep_begin, dep_end = tile
+    steps = []
+    for src in range(dep_begin, dep_end):
+        for qt in range((int(segments[src, 1]) + STEP - 1) // STEP):
+            steps += [Step(src, qt, h, False) for h in range(group)]
+    if own_seg >= 0:
+        top = (int(segments[own_seg, 1]) + STEP - 1) // STEP - 1
+        for qt in range(top, blk * BLOCK_KEYS // STEP - 1, -1):
+            steps += [Step(own_seg, qt, h, True) for h in range(group)]
+    return steps
+
+
+def tile_class(tile: tuple[int, int, int, int], segments: np.ndarray) -> int:
+    own_seg = tile[0]
+    return 1 if own_seg >= 0 and int(segments[own_seg, 3]) > 0 else 0
+
+
+def dq_contributors(tiles: np.ndarray, segments: np.ndarray, group: int) -> dict[tuple, list[int]]:
+    """(class, segment, query tile, head) -> the blocks adding into it, in table (= launch) order."""
+    out: dict[tuple, list[int]] = defaultdict(list)
+    for tile in np.asarray(tiles).reshape(-1, 4).tolist():
+        cls = tile_class(tile, segments)
+        for st in walk(tile, segments, group):
+            out[(cls, st.seg, st.qt, st.head)].append(tile[1])
+    return out
+
+
+def check_dq_order(tiles: np.ndarray, segments: np.ndarray, group: int = 1) -> None:
+    """Raise unless every dQ counter receives blocks 0, 1, ..., k - 1 in launch order (see the module docstring)."""
+    for key, blocks in dq_contributors(tiles, segments, group).items():
+        if blocks != list(range(len(blocks))):
+            raise RuntimeError(f"dQ counter {key} would receive blocks {blocks}: not 0..k-1 in launch order")
+
+
+def numeric_backward(q, k_ctx, v_ctx, k_own, v_own, dout, segments: np.ndarray, tiles: np.ndarray, scale: float):
+    """dQ, dK/dV (context rows and own rows) by replaying the walk in the inputs' dtype (float64 for proofs).
+
+    q, dout: (T, H, d); k_own/v_own: (T, H_k, d) aligned with q; k_ctx/v_ctx: the context rows' tensor (the same
+    tensor as k_own when the context is another segment's own rows). Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own);
+    dq as the sum of the two class accumulators.
+    """
+    heads, kv_heads = q.shape[1], k_own.shape[1]
+    group = heads // kv_heads
+    seg = np.asarray(segments).reshape(-1, 4)
+    # forward statistics (the kernel reads LSE and D = rowsum(dO * O))
+    lse = torch.full((heads, q.shape[0]), float("-inf"), dtype=q.dtype)
+    out = torch.zeros_like(q)
+    for s in range(seg.shape[0]):
+        q0, ql, c0, cl = (int(x) for x in seg[s])
+        keys = torch.cat([k_ctx[c0:c0 + cl], k_own[q0:q0 + ql]]).repeat_interleave(group, 1)
+        vals = torch.cat([v_ctx[c0:c0 + cl], v_own[q0:q0 + ql]]).repeat_interleave(group, 1)
+        sc = torch.einsum("qhd,khd->hqk", q[q0:q0 + ql], keys) * scale
+        pos_q = cl + torch.arange(ql)
+        pos_k = torch.arange(cl + ql)
+        sc = sc.masked_fill(pos_k[None, None, :] > pos_q[None, :, None], float("-inf"))
+        l_s = torch.logsumexp(sc, -1)
+        lse[:, q0:q0 + ql] = l_s
+        out[q0:q0 + ql] = torch.einsum("hqk,khd->qhd", torch.exp(sc - l_s[..., None]), vals)
+    delta = (dout * out).sum(-1).t()  # (H, T)
+
+    acc = torch.zeros((2, *q.shape), dtype=q.dtype)
+    dk_own, dv_own = torch.zeros_like(k_own), torch.zeros_like(v_own)
+    dk_ctx, dv_ctx = torch.zeros_like(k_ctx), torch.zeros_like(v_ctx)
+    for tile in np.asarray(tiles).reshape(-1, 4).tolist():
+        own_seg, blk, dep_begin, dep_end = tile
+        cls = tile_class(tile, seg)
+        key_seg = own_seg if own_seg >= 0 else dep_begin
+        q0k, qlk, c0k, clk = (int(x) for x in seg[key_seg])
+        key0 = blk * BLOCK_KEYS
+        length = qlk if own_seg >= 0 else clk
+        count = min(BLOCK_KEYS, length - key0)
+        row0 = (q0k if own_seg >= 0 else c0k) + key0
+        k_src, v_src = (k_own, v_own) if own_seg >= 0 else (k_ctx, v_ctx)
+        dk_dst, dv_dst = (dk_own, dv_own) if own_seg >= 0 else (dk_ctx, dv_ctx)
+        for kv in range(kv_heads):
+            kb, vb = k_src[row0:row0 + count, kv], v_src[row0:row0 + count, kv]
+            for st in walk(tile, seg, group):
+                q0, ql, c0, cl = (int(x) for x in seg[st.seg])
+                h = kv * group + st.head
+                p0 = st.qt * STEP
+                n = min(STEP, ql - p0)
+                rows = slice(q0 + p0, q0 + p0 + n)
+                s_t = kb @ q[rows, h].t() * scale                          # (count, n)
+                p_t = torch.exp(s_t - lse[h, rows][None, :])
+                if st.own:
+                    key_pos = cl + key0 + torch.arange(count)
+                    q_pos = cl + p0 + torch.arange(n)
+                    p_t = p_t.masked_fill(key_pos[:, None] > q_pos[None, :], 0.0)
+                dp_t = vb @ dout[rows, h].t()
+                ds_t = p_t * (dp_t - delta[h, rows][None, :])
+                dv_dst[row0:row0 + count, kv] += p_t @ dout[rows, h]
+                dk_dst[row0:row0 + count, kv] += ds_t @ q[rows, h] * scale
+                acc[cls, rows, h] += ds_t.t() @ kb * scale
+    return acc[0] + acc[1], dk_ctx, dv_ctx, dk_own, dv_own
