@@ -80,11 +80,18 @@ def _disk_cache():
         return _caches[path]
 
 
+def extra_defines() -> list[tuple[str, str]]:
+    """Debug macros from ``$DUALKV_EXTRA_DEFINES`` ("NAME=VALUE,NAME2=VALUE2"): for bisecting a kernel on a GPU
+    (they are part of the compile options, hence of the cache key)."""
+    text = os.environ.get("DUALKV_EXTRA_DEFINES", "")
+    return [tuple(item.split("=", 1)) if "=" in item else (item, "1") for item in text.split(",") if item]
+
+
 def _options(spec: KernelSpec, verbose: bool):
     from cuda.core import ProgramOptions
 
     return ProgramOptions(name=f"dualkv_{spec.kernel}", arch=spec.arch, std="c++17",
-                          include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines(),
+                          include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines() + extra_defines(),
                           ptxas_options=["-v"] if verbose else None, use_fast_math=False)
 
 

@@ -38,6 +38,19 @@ static_assert(kWarps == 8 && DKV_DSPLIT == 1 && kStep == 64 && kHeadDim == 128 &
               "two consumer warpgroups of 64 keys, 64-query steps, head dim 128, no window");
 
 constexpr int kBarConsumers = 1;
+// Bisection switches (DUALKV_EXTRA_DEFINES): skip the dQ counters' waits / the whole dQ hand-off; register split.
+#ifndef DKV_DBG_NOSEM
+#define DKV_DBG_NOSEM 0
+#endif
+#ifndef DKV_DBG_NODQ
+#define DKV_DBG_NODQ 0
+#endif
+#ifndef DKV_PRODUCER_REGS
+#define DKV_PRODUCER_REGS 32
+#endif
+#ifndef DKV_CONSUMER_REGS
+#define DKV_CONSUMER_REGS 240
+#endif
 
 // Where the CTA's walk is: phase 0 visits dependent segments (src) in order, query tiles ascending; phase 1 the own
 // segment's query tiles from the last down to the block's first; query heads innermost.
@@ -159,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     __syncthreads();
 
     if (warp < 4) {  // ---------------------------------------------------------------------------- producer
-        regs_dealloc<32>();  // 128 x 32 + 256 x 240 = the register file
+        regs_dealloc<DKV_PRODUCER_REGS>();  // 128 x 32 + 256 x 240 = the register file
         if (warp == 0 && lane == 0) {  // TMA: K and V once, then each step's Q and dO
             const TmaDesc* tk = has_own ? &tm_kd : &tm_kc;
             const TmaDesc* tv = has_own ? &tm_vd : &tm_vc;
@@ -197,13 +210,13 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                 __syncwarp();
                 if (lane == 0) mbar_arrive(bar_full + 8 * s);
             }
-        } else if (warp == 2) {  // dQ: fixed-order bulk reduce-adds into the class accumulator
+        } else if (warp == 2 && !DKV_DBG_NODQ) {  // dQ: fixed-order bulk reduce-adds into the class accumulator
             int i = 0;
             for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
                 const StepInfo si = step_info(w, c, kv_head);
                 int* sem = sems + w.cls * sem_class + si.head * (long long)n_qtiles + qtile_offset[si.seg] + c.qt;
                 mbar_wait(bar_dq_full, i & 1);
-                if (lane == 0) wait_flag(sem, w.kt.blk);
+                if (lane == 0 && !DKV_DBG_NOSEM) wait_flag(sem, w.kt.blk);
                 __syncwarp();
                 float* dst = dq_acc + w.cls * dqa_class + si.head * dqa_head + (long long)si.tok0 * kHeadDim;
                 for (int r = lane; r < si.n; r += 32) bulk_reduce_add_f32(dst + r * kHeadDim, sdq + r * kDqRowBytes, kHeadDim * 4);
@@ -213,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                 __syncwarp();
                 if (lane == 0) {
                     __threadfence();
-                    st_release(sem, w.kt.blk + 1);
+                    if (!DKV_DBG_NOSEM) st_release(sem, w.kt.blk + 1);
                     mbar_arrive(bar_dq_empty);
                 }
             }
@@ -222,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     }
 
     // ---------------------------------------------------------------------------------------------- consumers
-    regs_alloc<240>();
+    regs_alloc<DKV_CONSUMER_REGS>();
     const int ct = threadIdx.x - 128;
     const int cw = ct / 32;                                  // consumer warp 0..7
     const int wg = __shfl_sync(0xffffffff, cw / 4, 0);      // its warpgroup (64 keys each)
@@ -313,7 +326,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_empty + 8 * s);  // Q, dO, LSE, D of this stage are no longer read
 
-        if (i > 0) mbar_wait(bar_dq_empty, (i - 1) & 1);  // the dQ warp has read the previous step's dQ
+        if (i > 0 && !DKV_DBG_NODQ) mbar_wait(bar_dq_empty, (i - 1) & 1);  // the dQ warp read the previous step's
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const int row = (cw % 4) * 16 + g + 8 * hh;
@@ -324,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         }
         fence_async_smem();
         __syncwarp();
-        if (lane == 0) mbar_arrive(bar_dq_full);
+        if (lane == 0 && !DKV_DBG_NODQ) mbar_arrive(bar_dq_full);
     }
 
     // dK (scaled) and dV: swizzled into the K / V tiles (no longer read once every consumer is here), then coalesced

@@ -4,6 +4,12 @@
 
 #include "common.cuh"
 
+#ifndef DKV_WAIT_LIMIT
+#define DKV_WAIT_LIMIT 4194304  // failed mbarrier tries before a trap (debug: raise it to tell a hang from a slow wait)
+#endif
+#define DKV_STR2(x) #x
+#define DKV_STR(x) DKV_STR2(x)
+
 namespace dkv {
 
 // A CUtensorMap (cuTensorMapEncodeTiled, see dualkv/cuda/tma.py) passed by value as a __grid_constant__ kernel
@@ -38,7 +44,7 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned phase) {
         "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
         "@done bra DONE_%=;\n"
         "add.u32 tries, tries, 1;\n"
-        "setp.lt.u32 more, tries, 4194304;\n"
+        "setp.lt.u32 more, tries, " DKV_STR(DKV_WAIT_LIMIT) ";\n"
         "@more bra WAIT_%=;\n"
         "trap;\n"
         "DONE_%=:\n}\n" ::"r"(bar),
@@ -81,7 +87,7 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
 __device__ __forceinline__ void wait_flag(const int* p, int v) {
     for (unsigned polls = 0; ld_acquire(p) != v;) {
         if (++polls > 256) __nanosleep(64);
-        if (polls == (1u << 24)) __trap();
+        if (polls == (unsigned)DKV_WAIT_LIMIT * 4u) __trap();
     }
 }
 __device__ __forceinline__ void st_release(int* p, int v) {
