@@ -46,7 +46,7 @@ constexpr int kBarConsumers = 1;
 #define DKV_DBG_NODQ 0
 #endif
 #ifndef DKV_PRODUCER_REGS
-#define DKV_PRODUCER_REGS 32
+#define DKV_PRODUCER_REGS 24  // 32 (with 240 for the consumers: exactly the register file) hangs in setmaxnreg
 #endif
 #ifndef DKV_CONSUMER_REGS
 #define DKV_CONSUMER_REGS 240
@@ -172,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     __syncthreads();
 
     if (warp < 4) {  // ---------------------------------------------------------------------------- producer
-        regs_dealloc<DKV_PRODUCER_REGS>();  // 128 x 32 + 256 x 240 = the register file
+        regs_dealloc<DKV_PRODUCER_REGS>();
         if (warp == 0 && lane == 0) {  // TMA: K and V once, then each step's Q and dO
             const TmaDesc* tk = has_own ? &tm_kd : &tm_kc;
             const TmaDesc* tv = has_own ? &tm_vd : &tm_vc;
