@@ -81,6 +81,7 @@ class KeyTileConfig:
     dsplit: int = 1
     stages: int = 2
     producer_warps: int = 0  # warp-specialised kernels: a producer warpgroup beside the consumer warps
+    dq_buffers: int = 1      # warp-specialised backward: dQ hand-off buffers (2: dS single-buffered)
 
     @property
     def block_keys(self) -> int:
@@ -272,10 +273,11 @@ class KernelSpec:
             return (2 * t.block_m + 2 * t.block_n) * row
         if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V; 1 KB alignment slack
             return (2 * t.block_m + 4 * t.block_n) * self.head_dim * 2 + 1024
-        if self.kernel == "bwd_sm90_ws":  # K, V; Q/dO/LSE/D stages; 2 dS tiles; padded fp32 dQ rows; mbarriers
+        if self.kernel == "bwd_sm90_ws":  # K, V; Q/dO/LSE/D stages; dS tiles; padded fp32 dQ rows; mbarriers
             return (2 * t.block_keys * self.head_dim * 2 + 2 * t.stages * t.block_m * self.head_dim * 2
-                    + 2 * t.block_m * t.block_keys * 2 + t.block_m * (self.head_dim * 4 + 16)
-                    + 2 * t.stages * t.block_m * 4 + 8 * (3 + 2 * t.stages) + 1024)
+                    + (3 - t.dq_buffers) * t.block_m * t.block_keys * 2
+                    + t.dq_buffers * t.block_m * (self.head_dim * 4 + 16)
+                    + 2 * t.stages * t.block_m * 4 + 8 * (1 + 2 * t.stages + 2 * t.dq_buffers) + 1024)
         if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + `stages` stages of Q, dO, LSE, D; 1 KB alignment slack
             return ((2 * t.block_keys + 2 * t.stages * t.block_m) * self.head_dim * 2 + 2 * t.stages * t.block_m * 4
                     + 1024)
@@ -289,8 +291,9 @@ class KernelSpec:
         if self.kernel == "bwd_prep":
             return common
         if self.kernel in ("bwd_dkdv", "bwd_dkdv_sm90", "bwd_sm90_ws"):
-            return common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages)),
+            keys = common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages)),
                              ("DKV_DQ_ATOMIC", "1" if self.dq_atomic else "0")]
+            return keys + ([("DKV_DQ_BUFFERS", str(t.dq_buffers))] if self.kernel == "bwd_sm90_ws" else [])
         query = common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack)),
                           ("DKV_OVERLAP", "1" if getattr(t, "overlap", False) else "0")]
         if self.kernel == "fwd_sm90_ws":

@@ -25,6 +25,9 @@ VARIANTS = {
     "regs24": "DKV_PRODUCER_REGS=24",
     "regs40_216": "DKV_PRODUCER_REGS=40,DKV_CONSUMER_REGS=216",
     "nolimit": "DKV_WAIT_LIMIT=1000000000",
+    "dq2": "TILE=dq_buffers=2",
+    "dq2_nosem": "TILE=dq_buffers=2;DKV_DBG_NOSEM=1",
+    "dq2_nodq": "TILE=dq_buffers=2;DKV_DBG_NODQ=1",
 }
 
 CASES = {
@@ -34,10 +37,45 @@ CASES = {
 }
 
 
+def _apply_tile_env() -> None:
+    """DUALKV_WS_TILE="dq_buffers=2,stages=2": override the warp-specialised backward's tile (its smem follows)."""
+    from dataclasses import replace
+
+    from dualkv.cuda import configs
+
+    text = os.environ.get("DUALKV_WS_TILE", "")
+    if text:
+        fields = {k: int(v) for k, v in (item.split("=") for item in text.split(","))}
+        configs.SM90_WS_BWD_TILES[128] = replace(configs.SM90_WS_BWD_TILES[128], **fields)
+
+
+def timing_child(shapes: str) -> None:
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    _apply_tile_env()
+    import dualkv
+    from dualkv.analysis import attention_flops, useful_pairs
+    from dualkv.bench.kernel import random_inputs, time_runs
+
+    res = {"rows": []}
+    for item in shapes.split(","):
+        n, p = (int(x) for x in item.split(":"))
+        layout = dualkv.GroupLayout.single(p, [2048] * n)
+        q, k, v = (t.requires_grad_() for t in random_inputs(layout, 32, 8, 128, torch.bfloat16, 0))
+        dout = torch.randn_like(q)
+        out = dualkv.shared_prefix_attention(q, k, v, layout)
+        t = time_runs(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), "cuda", 5)
+        res["rows"].append({"N": n, "P": p, "ms": t.ms, "ms_min": min(t.ms_runs), "ms_max": max(t.ms_runs),
+                            "tflops": attention_flops(useful_pairs(layout), 32, 128, "bwd") / t.ms / 1e9})
+    print("RESULT " + json.dumps(res), flush=True)
+
+
 def child(case: str) -> None:
     sys.path.insert(0, str(ROOT))
     import torch
 
+    _apply_tile_env()
     from dualkv import GroupLayout, shared_prefix_attention
     from dualkv.reference import shared_prefix_attention as reference
 
@@ -65,13 +103,18 @@ def child(case: str) -> None:
     print("RESULT " + json.dumps(res), flush=True)
 
 
-def run(variant: str, defines: str, case: str, sanitizer: bool, timeout: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_LAUNCH_BLOCKING="1")
-    if defines.startswith("FAMILY="):
-        env["DUALKV_KERNELS"] = defines.split("=", 1)[1]
-    else:
-        env["DUALKV_EXTRA_DEFINES"] = defines
-    cmd = [sys.executable, __file__, "--child", case]
+def run(variant: str, defines: str, case: str, sanitizer: bool, timeout: int, timing: str = "") -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if not timing:
+        env["CUDA_LAUNCH_BLOCKING"] = "1"
+    for item in defines.split(";"):
+        if item.startswith("FAMILY="):
+            env["DUALKV_KERNELS"] = item.split("=", 1)[1]
+        elif item.startswith("TILE="):
+            env["DUALKV_WS_TILE"] = item.split("=", 1)[1]
+        elif item:
+            env["DUALKV_EXTRA_DEFINES"] = item
+    cmd = [sys.executable, __file__, "--timing-child", timing] if timing else [sys.executable, __file__, "--child", case]
     if sanitizer:
         cmd = ["compute-sanitizer", "--tool", "memcheck", "--print-limit", "10"] + cmd
     try:
@@ -91,6 +134,8 @@ def run(variant: str, defines: str, case: str, sanitizer: bool, timeout: int) ->
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", default=None)
+    ap.add_argument("--timing-child", default=None)
+    ap.add_argument("--timing", default="", help="N:P,... : time the backward of each variant instead")
     ap.add_argument("--sanitizer", action="store_true")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--cases", default=",".join(CASES))
@@ -99,7 +144,17 @@ def main() -> int:
     if args.child:
         child(args.child)
         return 0
+    if args.timing_child:
+        timing_child(args.timing_child)
+        return 0
     results = []
+    if args.timing:
+        for variant in args.variants.split(","):
+            res = run(variant, VARIANTS[variant], "", False, 240, timing=args.timing)
+            results.append(res)
+            print(json.dumps({k: v for k, v in res.items() if k != "log"}), flush=True)
+        Path(args.out, "debug_ws_bwd_timing.json").write_text(json.dumps(results, indent=1))
+        return 0
     for case in args.cases.split(","):
         for variant in args.variants.split(","):
             res = run(variant, VARIANTS[variant], case, False, 60)

@@ -34,6 +34,15 @@ constexpr int kKeyBytes = kBlockKeys * kHeadDim * 2;
 constexpr int kStepBytes = kStep * kHeadDim * 2;
 constexpr int kDsBytes = kStep * kBlockKeys * 2;
 constexpr int kDqRowBytes = kHeadDim * 4 + 16;  // padded fp32 rows (bank spread); 16-byte aligned for bulk copies
+// dQ hand-off buffers: with 2 the consumers write step i + 1's dQ while the dQ warp still adds step i's; the smem
+// for the second comes from dS, then single-buffered (one more consumer barrier per step).
+constexpr int kDqBuffers = DKV_DQ_BUFFERS;
+constexpr int kDsBuffers = 3 - kDqBuffers;
+static_assert(kDqBuffers == 1 || kDqBuffers == 2, "one or two dQ buffers");
+#ifndef DKV_PIPELINE
+#define DKV_PIPELINE 0  // 1 (across the loop back edge) makes ptxas serialize every wgmma (C7515)
+#endif
+constexpr bool kPipeline = DKV_PIPELINE != 0;  // issue the next step's S^T / dP^T before handing off this step's dQ
 static_assert(kWarps == 8 && DKV_DSPLIT == 1 && kStep == 64 && kHeadDim == 128 && !kWindow,
               "two consumer warpgroups of 64 keys, 64-query steps, head dim 128, no window");
 
@@ -146,13 +155,13 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     const unsigned sk = smem_addr(base), sv = sk + kKeyBytes;
     const unsigned sq0 = sv + kKeyBytes;                    // Q stage s at sq0 + s * kStepBytes
     const unsigned sdo0 = sq0 + kStages * kStepBytes;       // dO stage s
-    const unsigned sds0 = sdo0 + kStages * kStepBytes;      // dS (rows = queries, K-major over keys), 2 buffers
-    const unsigned sdq = sds0 + 2 * kDsBytes;               // dQ_step fp32, padded rows
-    float* s_lse = reinterpret_cast<float*>(base + (sdq - sk) + kStep * kDqRowBytes);  // [kStages][kStep]
+    const unsigned sds0 = sdo0 + kStages * kStepBytes;      // dS (rows = queries, K-major over keys)
+    const unsigned sdq0 = sds0 + kDsBuffers * kDsBytes;     // dQ_step fp32, padded rows; buffer b at + b * kStep rows
+    float* s_lse = reinterpret_cast<float*>(base + (sdq0 - sk) + kDqBuffers * kStep * kDqRowBytes);  // [kStages][kStep]
     float* s_delta = s_lse + kStages * kStep;
     const unsigned bar0 = smem_addr(s_delta + kStages * kStep);
     const unsigned bar_kv = bar0, bar_full = bar0 + 8, bar_empty = bar0 + 8 + 8 * kStages;
-    const unsigned bar_dq_full = bar0 + 8 + 16 * kStages, bar_dq_empty = bar_dq_full + 8;
+    const unsigned bar_dq_full = bar0 + 8 + 16 * kStages, bar_dq_empty = bar_dq_full + 8 * kDqBuffers;
 
     int key_token0;
     const WsWalk w = make_ws_walk(key_tiles, segments, group_size, key_token0);
@@ -165,8 +174,10 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             mbar_init(bar_full + 8 * s, 2);       // the TMA thread (with its bytes) and the LSE/D warp
             mbar_init(bar_empty + 8 * s, kWarps);  // lane 0 of every consumer warp
         }
-        mbar_init(bar_dq_full, kWarps);
-        mbar_init(bar_dq_empty, 1);
+        for (int b = 0; b < kDqBuffers; ++b) {
+            mbar_init(bar_dq_full + 8 * b, kWarps);
+            mbar_init(bar_dq_empty + 8 * b, 1);
+        }
         mbar_init_fence();
     }
     __syncthreads();
@@ -215,7 +226,9 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
                 const StepInfo si = step_info(w, c, kv_head);
                 int* sem = sems + w.cls * sem_class + si.head * (long long)n_qtiles + qtile_offset[si.seg] + c.qt;
-                mbar_wait(bar_dq_full, i & 1);
+                const int b = i % kDqBuffers;
+                const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
+                mbar_wait(bar_dq_full + 8 * b, (i / kDqBuffers) & 1);
                 if (lane == 0 && !DKV_DBG_NOSEM) wait_flag(sem, w.kt.blk);
                 __syncwarp();
                 float* dst = dq_acc + w.cls * dqa_class + si.head * dqa_head + (long long)si.tok0 * kHeadDim;
@@ -227,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                 if (lane == 0) {
                     __threadfence();
                     if (!DKV_DBG_NOSEM) st_release(sem, w.kt.blk + 1);
-                    mbar_arrive(bar_dq_empty);
+                    mbar_arrive(bar_dq_empty + 8 * b);
                 }
             }
         }
@@ -250,26 +263,34 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     unsigned p_frag[1][kStep / 16][4], ds_frag[1][kStep / 16][4];
 
     mbar_wait(bar_kv, 0);
-    int i = 0;
-    for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
+    float acc_s[1][kStep / 8][4], acc_dp[1][kStep / 8][4];
+    // S^T = K Q^T and dP^T = V dO^T of step i (two commit groups). With DKV_PIPELINE they are issued at the end of
+    // step i - 1, so they run while that step's dQ goes to smem and the dQ warp.
+    auto issue_sdp = [&](int i) {
+        const int s = i % kStages;
+        mbar_wait(bar_full + 8 * s, (i / kStages) & 1);
+        const unsigned long long q_desc = kmajor_tile(sq0 + s * kStepBytes, 0);
+        const unsigned long long do_desc = kmajor_tile(sdo0 + s * kStepBytes, 0);
+        wgmma_fence();
+#pragma unroll
+        for (int st = 0; st < kHeadDim / 16; ++st)
+            wgmma_ss(acc_s[0], kmajor_desc<kBlockKeys>(k_desc, st), kmajor_desc<kStep>(q_desc, st), st > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int st = 0; st < kHeadDim / 16; ++st)
+            wgmma_ss(acc_dp[0], kmajor_desc<kBlockKeys>(v_desc, st), kmajor_desc<kStep>(do_desc, st), st > 0);
+        wgmma_commit();
+    };
+    StepCursor c = w.first();
+    if (kPipeline && c.valid) issue_sdp(0);
+    for (int i = 0; c.valid; ++i) {
+        const StepCursor nxt = w.next(c);
         const int s = i % kStages;
         const StepInfo si = step_info(w, c, kv_head);
         const unsigned q_addr = sq0 + s * kStepBytes, do_addr = sdo0 + s * kStepBytes;
         const float* lse = s_lse + s * kStep;
         const float* dlt = s_delta + s * kStep;
-        mbar_wait(bar_full + 8 * s, (i / kStages) & 1);
-
-        float acc_s[1][kStep / 8][4], acc_dp[1][kStep / 8][4];
-        const unsigned long long q_desc = kmajor_tile(q_addr, 0), do_desc = kmajor_tile(do_addr, 0);
-        wgmma_fence();
-#pragma unroll
-        for (int st = 0; st < kHeadDim / 16; ++st)  // S^T = K Q^T
-            wgmma_ss(acc_s[0], kmajor_desc<kBlockKeys>(k_desc, st), kmajor_desc<kStep>(q_desc, st), st > 0);
-        wgmma_commit();
-#pragma unroll
-        for (int st = 0; st < kHeadDim / 16; ++st)  // dP^T = V dO^T
-            wgmma_ss(acc_dp[0], kmajor_desc<kBlockKeys>(v_desc, st), kmajor_desc<kStep>(do_desc, st), st > 0);
-        wgmma_commit();
+        if (!kPipeline) issue_sdp(i);
         wgmma_wait<1>();
         fence_regs(acc_s[0]);
 
@@ -300,7 +321,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         wgmma_commit();
 
         // dS (queries x keys) into smem, K-major over keys: this warp's 16 keys x 64 queries, transposed.
-        const unsigned sds = sds0 + (i & 1) * kDsBytes;
+        const unsigned sds = sds0 + (i % kDsBuffers) * kDsBytes;
 #pragma unroll
         for (int kk = 0; kk < kStep / 16; ++kk) {
             const int j = lane / 8, r = lane % 8;
@@ -325,8 +346,13 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         fence_regs(ds_frag[0]);
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_empty + 8 * s);  // Q, dO, LSE, D of this stage are no longer read
+        if (kDsBuffers == 1) named_sync(kBarConsumers, kConsumerThreads);  // both warpgroups done reading dS
+        if (kPipeline && nxt.valid) issue_sdp(i + 1);
 
-        if (i > 0 && !DKV_DBG_NODQ) mbar_wait(bar_dq_empty, (i - 1) & 1);  // the dQ warp read the previous step's
+        const int b = i % kDqBuffers;
+        const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
+        if (i >= kDqBuffers && !DKV_DBG_NODQ)  // the dQ warp has read this buffer's previous step
+            mbar_wait(bar_dq_empty + 8 * b, ((i / kDqBuffers) + 1) & 1);
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const int row = (cw % 4) * 16 + g + 8 * hh;
@@ -337,7 +363,8 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         }
         fence_async_smem();
         __syncwarp();
-        if (lane == 0 && !DKV_DBG_NODQ) mbar_arrive(bar_dq_full);
+        if (lane == 0 && !DKV_DBG_NODQ) mbar_arrive(bar_dq_full + 8 * b);
+        c = nxt;
     }
 
     // dK (scaled) and dV: swizzled into the K / V tiles (no longer read once every consumer is here), then coalesced
