@@ -130,3 +130,24 @@ def test_cudnn_engine_tiny_parts_run_as_fp32_math():
     d = torch.randn_like(out)
     for a, b in zip((out, *torch.autograd.grad(out, (q, k, v), d)), (ref, *torch.autograd.grad(ref, (q, k, v), d))):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_dispatch_floor_rule(monkeypatch):
+    """deterministic=False goes to the cascade where it was measured faster; the deterministic default, windows,
+    head dims cuDNN lacks and other archs stay fused; $DUALKV_PATH overrides and is checked."""
+    from dualkv.cuda.configs import attention_path
+
+    monkeypatch.delenv("DUALKV_PATH", raising=False)
+    assert attention_path("sm_90", 128, False, deterministic=False) == "cascade"
+    assert attention_path("sm_90", 128, False, deterministic=True) == "fused"
+    assert attention_path("sm_90", 128, True, deterministic=False) == "fused"
+    assert attention_path("sm_90", 256, False, deterministic=False) == "fused"
+    assert attention_path("sm_80", 128, False, deterministic=False) == "fused"
+    monkeypatch.setenv("DUALKV_PATH", "cascade")
+    assert attention_path("sm_80", 64, False, deterministic=True) == "cascade"
+    assert attention_path("sm_90", 128, True, deterministic=True) == "fused"  # no window in the cascade
+    monkeypatch.setenv("DUALKV_PATH", "fused")
+    assert attention_path("sm_90", 128, False, deterministic=False) == "fused"
+    monkeypatch.setenv("DUALKV_PATH", "casade")
+    with pytest.raises(ValueError, match="DUALKV_PATH must be one of"):
+        attention_path("sm_90", 128, False, deterministic=False)

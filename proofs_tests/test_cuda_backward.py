@@ -39,10 +39,45 @@ def test_mma_backward_on_hopper_too(case, head_dim):
         assert_rows_pass(shared_prefix_check(replace(case, head_dim=head_dim), dtype=torch.bfloat16, device="cuda"))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", [c for c in _sweep() if c.window == (-1, -1)][::2], ids=lambda c: c.name)
+def test_ws_backward_family(case, dtype):
+    """The experimental one-kernel warp-specialised backward (kernel_family("ws_bwd"), d = 128, no window) meets
+    the same bounds, and its fixed-order dQ is bitwise reproducible."""
+    from dataclasses import replace
+
+    from dualkv.cuda.configs import kernel_family
+    from dualkv.cuda.runtime import arch_of
+
+    if arch_of(0) != "sm_90":
+        pytest.skip("the warp-specialised backward is Hopper-only")
+    with kernel_family("ws_bwd"):
+        assert_rows_pass(shared_prefix_check(replace(case, head_dim=128), dtype=dtype, device="cuda"))
+
+
+def test_ws_backward_is_bitwise_deterministic():
+    from dualkv.cuda.configs import kernel_family
+    from dualkv.cuda.runtime import arch_of
+
+    if arch_of(0) != "sm_90":
+        pytest.skip("the warp-specialised backward is Hopper-only")
+    layout = GroupLayout.from_lengths([3000, 129], [[700, 65, 1, 300, 2048], [64]])
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(layout.total_tokens, 16, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(layout.total_tokens, 4, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+            for _ in range(2))
+    dout = torch.randn_like(q)
+    with kernel_family("ws_bwd"):
+        runs = [_grads(layout, q, k, v, dout) for _ in range(3)]
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+
+
 @pytest.mark.parametrize("head_dim", (32, 64, 96, 128))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_atomic_dq_mode(head_dim, dtype):
-    """The non-deterministic mode (dQ by fp32 atomics in the dK/dV kernel) meets the same bounds."""
+    """The non-deterministic mode (the cuDNN cascade where it is faster — Hopper, d = 128, no window — else dQ by fp32
+    atomics in the dK/dV kernel) meets the same bounds."""
     import functools
 
     fn = functools.partial(dualkv.shared_prefix_attention, deterministic=False)

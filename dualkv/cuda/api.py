@@ -14,7 +14,7 @@ import torch
 from .._checks import (check_cu_seqlens, check_dualkv_inputs, check_layout_tensors, check_max_seqlen, check_qkv,
                        check_window, resolve_scale)
 from ..layout import GroupLayout
-from .configs import DTYPES, HEAD_DIMS, WINDOW_HEAD_DIMS, forward_kernel_for
+from .configs import DTYPES, HEAD_DIMS, WINDOW_HEAD_DIMS, attention_path, forward_kernel_for
 from .launch import Plan, make_plan
 from .ops import fwd as _fwd_op
 from .runtime import arch_of
@@ -113,10 +113,16 @@ def layout_plan(layout: GroupLayout, *, head_dim: int, group_size: int, window_l
 
 def shared_prefix_attention(q, k, v, layout: GroupLayout, softmax_scale=None, window_size: Sequence[int] = (-1, -1),
                             return_lse=False, deterministic: bool | None = None):
-    """Calls 1 and 2 of every group in ONE launch over the layout's segment table."""
+    """Calls 1 and 2 of every group in ONE launch over the layout's segment table — or, with ``deterministic=False``
+    where it is faster (:func:`dualkv.cuda.configs.attention_path`), the cuDNN cascade."""
     h, hk, d = check_layout_tensors(q, k, v, layout)
     window = check_window(window_size, True)
     _check_kernel_inputs(q, d, True, window[0], k, v)
+    if attention_path(arch_of(q.device.index or 0), d, window[0] >= 0, resolve_deterministic(deterministic)) == \
+            "cascade":
+        from ..cascade import shared_prefix_attention as cascade
+
+        return cascade(q, k, v, layout, softmax_scale=softmax_scale, return_lse=return_lse)
     plan = layout_plan(layout, head_dim=d, group_size=h // hk, window_left=window[0], device=q.device)
     out, lse = _run(q, k, v, k, v, plan, resolve_scale(softmax_scale, d), window[0], deterministic)
     return _finish(out, lse, return_lse)

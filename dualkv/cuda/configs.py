@@ -161,10 +161,12 @@ SM90_KERNELS = {"fwd_sm90": tuple(SM90_FWD_TILES), "fwd_sm90_ws": tuple(SM90_WS_
                 "bwd_sm90_ws": tuple(SM90_WS_BWD_TILES)}
 #: Kernels whose K/V (and Q) arrive by TMA: launched with tensor maps (dualkv/cuda/tma.py).
 TMA_KERNELS = ("fwd_sm90_ws", "bwd_sm90_ws")
-#: Which kernel family runs where several exist: "auto" (on sm_90 the newest Hopper kernels: the warp-specialised
-#: TMA forward where it exists, the wgmma backward), "wgmma_v1" (the first wgmma kernels: cp.async loads, no warp
-#: specialisation), "mma" (the mma.sync kernels everywhere, what sm_80 runs).
-KERNEL_FAMILIES = ("auto", "wgmma_v1", "mma")
+#: Which kernel family runs where several exist: "auto" (on sm_90 the fastest measured Hopper kernels: the
+#: warp-specialised TMA forward, the wgmma dQ and dK/dV backward), "ws_bwd" (the same forward with the experimental
+#: one-kernel warp-specialised backward: five products, deterministic dQ adds; slower today, see bwd_sm90_ws.cu),
+#: "wgmma_v1" (the first wgmma kernels: cp.async loads, no warp specialisation), "mma" (the mma.sync kernels
+#: everywhere, what sm_80 runs).
+KERNEL_FAMILIES = ("auto", "ws_bwd", "wgmma_v1", "mma")
 _family = [os.environ.get("DUALKV_KERNELS", "auto")]
 
 
@@ -186,9 +188,33 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
     choice = _family[0]
     if choice not in KERNEL_FAMILIES:
         raise ValueError(f"DUALKV_KERNELS must be one of {KERNEL_FAMILIES}, got {choice!r}")
-    if kernel in TMA_KERNELS and choice != "auto":
+    if kernel == "bwd_sm90_ws" and choice != "ws_bwd":
+        return False
+    if kernel in TMA_KERNELS and choice not in ("auto", "ws_bwd"):
         return False
     return choice != "mma" and arch == "sm_90" and head_dim in SM90_KERNELS[kernel]
+
+
+#: (arch, head dim) where the cuDNN cascade (dualkv.cascade) is faster than the fused kernels, fwd+bwd, without a
+#: window: measured on H100 and H200 (experiments/results/, README "Kernels"). ``deterministic=False`` routes these
+#: calls to the cascade — the dispatch floor. The deterministic default stays on the fused kernels: the cascade's
+#: cross-part backward (cuDNN, non-causal) is not bitwise reproducible run to run (measured on both GPUs).
+CASCADE_FASTER = {("sm_90", 128)}
+#: ``$DUALKV_PATH``: "auto" (the rule above), "fused" (always the kernels), "cascade" (always the cascade where it
+#: applies: CUDA fp16/bf16, head dim <= 128 on cuDNN, no window).
+PATHS = ("auto", "fused", "cascade")
+
+
+def attention_path(arch: str, head_dim: int, window: bool, deterministic: bool) -> str:
+    """"fused" or "cascade" for a shared_prefix_attention call (see :data:`CASCADE_FASTER`)."""
+    choice = os.environ.get("DUALKV_PATH", "auto")
+    if choice not in PATHS:
+        raise ValueError(f"DUALKV_PATH must be one of {PATHS}, got {choice!r}")
+    if window or head_dim > 128 or choice == "fused":
+        return "fused"
+    if choice == "cascade":
+        return "cascade"
+    return "cascade" if not deterministic and (arch, head_dim) in CASCADE_FASTER else "fused"
 
 
 def forward_kernel_for(head_dim: int, arch: str) -> str:
