@@ -5,6 +5,8 @@
 set -u
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# the copy there has no usable git history: name the commit ($DUALKV_COMMIT, read by dualkv/_provenance.py)
+export DUALKV_COMMIT=${DUALKV_COMMIT:-$(cat .commit 2>/dev/null || echo unknown)}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 git rev-parse HEAD >> "$OUT/gpu.txt" 2>/dev/null
