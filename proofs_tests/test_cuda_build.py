@@ -50,19 +50,20 @@ def test_hopper_forward_is_wgmma_in_registers():
     in registers while wgmma runs); the mma.sync forward stays selectable and is what other archs get."""
     from dualkv.cuda.configs import SM90_WS_FWD_TILES
 
-    assert set(SM90_WS_FWD_TILES) == set(SM90_FWD_TILES)
-    for d in sorted(SM90_FWD_TILES):
+    assert set(SM90_WS_FWD_TILES) == {64, 128, 192, 256} and set(SM90_FWD_TILES) == {64, 128}
+    for d in sorted(SM90_WS_FWD_TILES):
         spec = fwd_spec(d, torch.bfloat16, 4, False, "sm_90")
         assert (spec.kernel, spec.arch, spec.threads) == ("fwd_sm90_ws", "sm_90a", 384)
         with kernel_family("wgmma_v1"):
             v1 = fwd_spec(d, torch.bfloat16, 4, False, "sm_90")
-        assert (v1.kernel, v1.arch, v1.threads) == ("fwd_sm90", "sm_90a", 256)
+        assert (v1.kernel, v1.arch, v1.threads) == (("fwd_sm90", "sm_90a", 256) if d in SM90_FWD_TILES else
+                                                   ("fwd", "sm_90", FWD_TILES[d].threads))
         for s in (spec, v1):
             usage = resource_usage(compile_spec(s, use_cache=False, verbose=True).log)
             assert usage["registers"] <= 255 and usage["spill_stores"] == 0 and usage["stack"] == 0, usage
         assert spec.smem_bytes <= 227 * 1024
     assert fwd_spec(128, torch.bfloat16, 4, False, "sm_80").kernel == "fwd"
-    assert fwd_spec(256, torch.bfloat16, 4, False, "sm_90").kernel == "fwd"
+    assert fwd_spec(512, torch.bfloat16, 4, False, "sm_90").kernel == "fwd"
     with kernel_family("mma"):
         assert fwd_spec(128, torch.bfloat16, 4, False, "sm_90").kernel == "fwd"
     with pytest.raises(ValueError, match="fwd_sm90_ws is built for sm_90a"):

@@ -125,6 +125,9 @@ SM90_FWD_TILES: dict[int, TileConfig] = {
 SM90_WS_FWD_TILES: dict[int, TileConfig] = {
     64: TileConfig(block_n=128, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
     128: TileConfig(block_n=128, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
+    # wider heads (Gemma's 256): 64-key blocks keep the output accumulator, S and P in the consumers' 240 registers
+    192: TileConfig(block_n=64, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
+    256: TileConfig(block_n=64, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
 }
 
 #: Hopper dK/dV kernel (wgmma, sm_90a): two warpgroups of 64 keys, 64-query steps in pairs over three Q/dO buffers,
