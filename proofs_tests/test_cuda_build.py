@@ -87,10 +87,10 @@ def test_wgmma_kernels_are_not_serialized_by_ptxas():
     for spec in specs:
         usage = resource_usage(compile_spec(spec, use_cache=False, verbose=True).log)
         assert not usage["wgmma_serialized"], spec
-        # The warp-specialised backward's producer warpgroup runs on 24 registers (setmaxnreg) and keeps a few bytes
-        # of its loop state in local memory; its math warpgroups spill nothing (SASS read with nvdisasm: every
-        # STL/LDL lies after USETMAXREG.DEALLOC). Everything else must not spill at all.
-        limit = 64 if spec.kernel == "bwd_sm90_ws" else 0
+        # The (opt-in) warp-specialised backward: its producer warpgroup runs on 24 registers (setmaxnreg) and keeps
+        # loop state in local memory; its consumers spill a few per-step values (cursor, step geometry) at 240
+        # registers, never inside the products. Everything else must not spill at all.
+        limit = 128 if spec.kernel == "bwd_sm90_ws" else 0
         assert spec.kernel not in TMA_KERNELS or spec.threads == 384, spec
         assert usage["spill_stores"] <= limit, (spec, usage)
 

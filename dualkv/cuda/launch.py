@@ -219,4 +219,14 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
                 qtile_offset.data_ptr(), segments.data_ptr(), key_tiles_t.data_ptr(), i32(group), f32(scale * LOG2E),
                 f32(scale)])
     total = dq_acc[0, :, :tokens].add_(dq_acc[1, :, :tokens]).mul_(scale)  # class 0 + class 1, a fixed order
-    dq.copy_(total.transpose(0, 1))
+    dq.copy_(unswizzle_dq(total).transpose(0, 1))
+
+
+def unswizzle_dq(acc: torch.Tensor) -> torch.Tensor:
+    """The warp-specialised backward's dQ accumulator rows (H, T, d) with the 16-byte chunks of row t permuted
+    within groups of 8 (chunk c stored at c ^ (t & 7), see bwd_sm90_ws.cu) -> natural order."""
+    heads, tokens, head_dim = acc.shape
+    chunks = acc.view(heads, tokens, head_dim // 32, 8, 4)
+    src = torch.arange(8, device=acc.device)[None, :] ^ (torch.arange(tokens, device=acc.device)[:, None] & 7)
+    index = src.view(1, tokens, 1, 8, 1).expand(heads, tokens, head_dim // 32, 8, 4)
+    return chunks.gather(3, index).view(heads, tokens, head_dim)

@@ -33,7 +33,11 @@ constexpr int kAtoms = kHeadDim / 64;
 constexpr int kKeyBytes = kBlockKeys * kHeadDim * 2;
 constexpr int kStepBytes = kStep * kHeadDim * 2;
 constexpr int kDsBytes = kStep * kBlockKeys * 2;
-constexpr int kDqRowBytes = kHeadDim * 4 + 16;  // padded fp32 rows (bank spread); 16-byte aligned for bulk copies
+// dQ_step rows (fp32) in smem exactly as they land in the accumulator, so ONE bulk reduce-add moves a step: the
+// 16-byte chunks of a row are permuted within groups of 8 by the row's token index (chunk c at c ^ (token & 7)),
+// which spreads the consumers' writes over the banks; the launcher undoes the permutation when it casts dQ.
+constexpr int kDqRowBytes = kHeadDim * 4;
+__device__ __forceinline__ int dq_chunk(int chunk, int token) { return chunk ^ (token & 7); }
 // dQ hand-off buffers: with 2 the consumers write step i + 1's dQ while the dQ warp still adds step i's; the smem
 // for the second comes from dS, then single-buffered (one more consumer barrier per step).
 constexpr int kDqBuffers = DKV_DQ_BUFFERS;
@@ -232,10 +236,12 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                 if (lane == 0 && !DKV_DBG_NOSEM) wait_flag(sem, w.kt.blk);
                 __syncwarp();
                 float* dst = dq_acc + w.cls * dqa_class + si.head * dqa_head + (long long)si.tok0 * kHeadDim;
-                for (int r = lane; r < si.n; r += 32) bulk_reduce_add_f32(dst + r * kHeadDim, sdq + r * kDqRowBytes, kHeadDim * 4);
-                bulk_commit();
-                bulk_wait_all();
-                fence_async_global();
+                if (lane == 0) {
+                    bulk_reduce_add_f32(dst, sdq, si.n * kDqRowBytes);
+                    bulk_commit();
+                    bulk_wait_all();
+                    fence_async_global();
+                }
                 __syncwarp();
                 if (lane == 0) {
                     __threadfence();
@@ -290,6 +296,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         const unsigned q_addr = sq0 + s * kStepBytes, do_addr = sdo0 + s * kStepBytes;
         const float* lse = s_lse + s * kStep;
         const float* dlt = s_delta + s * kStep;
+        const int tok7 = si.tok0 & 7;  // the dQ rows' chunk permutation key
         if (!kPipeline) issue_sdp(i);
         wgmma_wait<1>();
         fence_regs(acc_s[0]);
@@ -357,9 +364,12 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         for (int hh = 0; hh < 2; ++hh) {
             const int row = (cw % 4) * 16 + g + 8 * hh;
 #pragma unroll
-            for (int nt = 0; nt < kHeadDim / 16; ++nt)
-                *reinterpret_cast<float2*>(base + (sdq - sk) + row * kDqRowBytes + (wg * 64 + nt * 8 + 2 * t4) * 4) =
+            for (int nt = 0; nt < kHeadDim / 16; ++nt) {
+                const int col = wg * 64 + nt * 8 + 2 * t4;  // fp32 column; chunk col / 4, offset col % 4
+                *reinterpret_cast<float2*>(base + (sdq - sk) + row * kDqRowBytes +
+                                           (dq_chunk(col / 4, tok7 + row) * 4 + col % 4) * 4) =
                     make_float2(acc_dq[nt][2 * hh], acc_dq[nt][2 * hh + 1]);
+            }
         }
         fence_async_smem();
         __syncwarp();
