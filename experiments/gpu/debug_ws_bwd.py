@@ -19,16 +19,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 VARIANTS = {
     "v1": "FAMILY=wgmma_v1",  # the first wgmma backward (with the new preprocessing kernel): isolates bwd_prep
-    "auto": "",               # the default (wgmma dQ + dK/dV kernels)
-    "base": "FAMILY=ws_bwd",
-    "nodq": "FAMILY=ws_bwd;DKV_DBG_NODQ=1",
-    "nosem": "FAMILY=ws_bwd;DKV_DBG_NOSEM=1",
-    "regs24": "FAMILY=ws_bwd;DKV_PRODUCER_REGS=24",
-    "regs40_216": "FAMILY=ws_bwd;DKV_PRODUCER_REGS=40,DKV_CONSUMER_REGS=216",
-    "nolimit": "FAMILY=ws_bwd;DKV_WAIT_LIMIT=1000000000",
-    "dq2": "FAMILY=ws_bwd;TILE=dq_buffers=2",
-    "dq2_nosem": "FAMILY=ws_bwd;TILE=dq_buffers=2;DKV_DBG_NOSEM=1",
-    "dq2_nodq": "FAMILY=ws_bwd;TILE=dq_buffers=2;DKV_DBG_NODQ=1",
+    "base": "",
+    "nodq": "DKV_DBG_NODQ=1",
+    "nosem": "DKV_DBG_NOSEM=1",
+    "regs24": "DKV_PRODUCER_REGS=24",
+    "regs40_216": "DKV_PRODUCER_REGS=40,DKV_CONSUMER_REGS=216",
+    "nolimit": "DKV_WAIT_LIMIT=1000000000",
+    "dq2": "TILE=dq_buffers=2",
+    "dq2_nosem": "TILE=dq_buffers=2;DKV_DBG_NOSEM=1",
+    "dq2_nodq": "TILE=dq_buffers=2;DKV_DBG_NODQ=1",
 }
 
 CASES = {

@@ -122,7 +122,7 @@ def bwd_section(out: dict, shapes, reps: int) -> None:
         for li, layout in enumerate(layouts):
             q, k, v = random_inputs(layout, 8, 8 // group, 128, torch.bfloat16, li)
             dout = torch.randn_like(q)
-            ws = _grads(q, k, v, layout, dout, "ws_bwd")
+            ws = _grads(q, k, v, layout, dout, "auto")
             v1 = _grads(q, k, v, layout, dout, "wgmma_v1")
             leaves = [t.double().requires_grad_() for t in (q, k, v)]
             ref_out = reference(*leaves, layout)
@@ -139,7 +139,7 @@ def bwd_section(out: dict, shapes, reps: int) -> None:
     layout = GroupLayout.from_lengths([5000], [[700, 129, 2048, 1]])
     q, k, v = random_inputs(layout, 32, 8, 128, torch.bfloat16, 3)
     dout = torch.randn_like(q)
-    runs = [_grads(q, k, v, layout, dout, "ws_bwd") for _ in range(3)]
+    runs = [_grads(q, k, v, layout, dout, "auto") for _ in range(3)]
     out["bwd_bitwise_deterministic"] = all(torch.equal(a, b) for r in runs[1:] for a, b in zip(r, runs[0]))
     print("bwd deterministic:", out["bwd_bitwise_deterministic"], flush=True)
     timing = []
@@ -148,7 +148,7 @@ def bwd_section(out: dict, shapes, reps: int) -> None:
         pairs = useful_pairs(layout)
         q, k, v = (t.requires_grad_() for t in random_inputs(layout, 32, 8, 128, torch.bfloat16, 0))
         dout = torch.randn_like(q)
-        for family in ("auto", "ws_bwd"):
+        for family in ("auto", "wgmma_v1"):
             import dualkv
             from dualkv.cuda.configs import kernel_family
 
