@@ -17,7 +17,7 @@ from ..layout import GroupLayout
 from .configs import DTYPES, HEAD_DIMS, WINDOW_HEAD_DIMS, forward_kernel_for
 from .launch import Plan, make_plan
 from .ops import fwd as _fwd_op
-from .runtime import arch_of
+from .runtime import arch_of, device_index
 from .schedule import segments_from_cu_seqlens
 
 
@@ -101,7 +101,7 @@ def context_attention(q, k, v, cu_seqlens=None, max_seqlen=None, softmax_scale=N
 def layout_plan(layout: GroupLayout, *, head_dim: int, group_size: int, window_left: int,
                 device: torch.device) -> Plan:
     """The kernels' schedule of a layout, built once per (shape, device) and cached on the layout."""
-    fwd_kernel = forward_kernel_for(head_dim, arch_of(device.index or 0))
+    fwd_kernel = forward_kernel_for(head_dim, arch_of(device_index(device)))
     key = ("plan", head_dim, group_size, window_left, str(device), fwd_kernel)
     plan = layout._device_cache.get(key)
     if plan is None:

@@ -15,7 +15,7 @@ import torch
 
 from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, KeyTileConfig, TileConfig, dkdv_spec, dq_spec,
                       forward_kernel_for, forward_tile, fwd_spec, pack_for)
-from .runtime import arch_of, f32, get_kernel, i32, i64, poison_enabled
+from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
 from .schedule import key_tiles, tile_table
 
 LOG2E = math.log2(math.e)
@@ -60,7 +60,7 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
               dkdv_tile: KeyTileConfig | None = None) -> Plan:
     """Schedules for the default kernels and tiles of ``head_dim`` (the kernel/tile/pack arguments override them,
     for tuning; a forward tile without a forward kernel means the mma.sync forward)."""
-    fwd_kernel = fwd_kernel or ("fwd" if fwd_tile else forward_kernel_for(head_dim, arch_of(device.index or 0)))
+    fwd_kernel = fwd_kernel or ("fwd" if fwd_tile else forward_kernel_for(head_dim, arch_of(device_index(device))))
     fwd_tile = fwd_tile or forward_tile(fwd_kernel, head_dim)
     fwd_pack = fwd_pack or pack_for(group_size, fwd_tile)
     if group_size % fwd_pack:
@@ -92,7 +92,8 @@ def run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, tiles, pack: int, *, sc
     k_ctx/v_ctx: (T_c, H_k, d). Returns out (T_q, H, d) and the natural-log LSE (H, T_q) float32."""
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
-    spec = fwd_spec(head_dim, q.dtype, group, window_left >= 0, arch_of(q.device.index or 0), kernel)
+    device = device_index(q)
+    spec = fwd_spec(head_dim, q.dtype, group, window_left >= 0, arch_of(device), kernel)
     spec = replace(spec, pack=pack, tile=tile or spec.tile)
     q, k_ctx, v_ctx, k_own, v_own = (kernel_ready(t) for t in (q, k_ctx, v_ctx, k_own, v_own))
     out = _new(q.shape, q)
@@ -100,7 +101,7 @@ def run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, tiles, pack: int, *, sc
     args = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(out),
             lse.data_ptr(), i64(lse.stride(0)), segments.data_ptr(), tiles.data_ptr(), i32(group),
             f32(scale * LOG2E), i32(window_left)]
-    get_kernel(spec, q.device.index or 0).launch((tiles.shape[0], heads // pack, 1), args)
+    get_kernel(spec, device).launch((tiles.shape[0], heads // pack, 1), args)
     return out, lse
 
 
@@ -118,7 +119,8 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     """
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
-    arch = arch_of(q.device.index or 0)
+    device = device_index(q)
+    arch = arch_of(device)
     window = window_left >= 0
     dout, q, k_ctx, v_ctx, k_own, v_own = (kernel_ready(t) for t in (dout, q, k_ctx, v_ctx, k_own, v_own))
     lse2 = (lse * LOG2E).contiguous()
@@ -132,7 +134,6 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     else:
         dk_ctx, dv_ctx = _new(k_ctx.shape, k_ctx), _new(v_ctx.shape, v_ctx)
         dkc_args, dvc_args = _strided(dk_ctx), _strided(dv_ctx)
-    device = q.device.index or 0
     atomic = not deterministic and head_dim in ATOMIC_HEAD_DIMS
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
     keys = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(dout),
