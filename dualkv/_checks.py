@@ -92,6 +92,13 @@ def check_window(window_size: Sequence[int], causal: bool) -> tuple[int, int]:
     return left, right
 
 
+def check_deterministic(deterministic: bool | None) -> bool | None:
+    """``deterministic`` must be None (the backend's default) or a bool."""
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be True, False or None; got {deterministic!r}")
+    return deterministic
+
+
 def resolve_scale(softmax_scale: float | None, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)

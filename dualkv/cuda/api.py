@@ -11,10 +11,11 @@ from typing import Sequence
 
 import torch
 
-from .._checks import (check_cu_seqlens, check_dualkv_inputs, check_layout_tensors, check_max_seqlen, check_qkv,
-                       check_window, resolve_scale)
+from .._checks import (check_cu_seqlens, check_deterministic, check_dualkv_inputs, check_layout_tensors,
+                       check_max_seqlen, check_qkv, check_window, resolve_scale)
+from .._warnings import warn_once
 from ..layout import GroupLayout
-from .configs import DTYPES, HEAD_DIMS, WINDOW_HEAD_DIMS, forward_kernel_for
+from .configs import ATOMIC_HEAD_DIMS, DTYPES, HEAD_DIMS, WINDOW_HEAD_DIMS, forward_kernel_for
 from .launch import Plan, make_plan
 from .ops import fwd as _fwd_op
 from .runtime import arch_of, device_index
@@ -43,17 +44,24 @@ def _check_kernel_inputs(q: torch.Tensor, head_dim: int, causal: bool, window_le
 DEFAULT_DETERMINISTIC = True
 
 
-def resolve_deterministic(deterministic: bool | None) -> bool:
-    """``None`` means: deterministic if ``torch.are_deterministic_algorithms_enabled()``, else the default mode."""
-    if deterministic is None:
+def resolve_deterministic(deterministic: bool | None, head_dim: int | None = None) -> bool:
+    """``None`` means: deterministic if ``torch.are_deterministic_algorithms_enabled()``, else the default mode.
+
+    ``False`` selects the atomic-dQ backward, which exists for head dims :data:`ATOMIC_HEAD_DIMS`; at other head
+    dims the backward stays deterministic, and a warning says so (once).
+    """
+    if check_deterministic(deterministic) is None:
         return torch.are_deterministic_algorithms_enabled() or DEFAULT_DETERMINISTIC
-    return bool(deterministic)
+    if not deterministic and head_dim is not None and head_dim not in ATOMIC_HEAD_DIMS:
+        warn_once(f"deterministic=False has no effect at head dim {head_dim}: the CUDA backward's atomic-dQ mode "
+                  f"exists for head dims {ATOMIC_HEAD_DIMS}; the deterministic backward runs", stacklevel=5)
+    return deterministic
 
 
 def _run(q, k_ctx, v_ctx, k_own, v_own, plan: Plan, scale: float, window_left: int, deterministic: bool | None):
     return _fwd_op(q, k_ctx, v_ctx, k_own, v_own, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles,
                    plan.fwd_kernel, plan.fwd_pack, plan.dq_pack, plan.ctx_shared, scale, window_left,
-                   resolve_deterministic(deterministic))
+                   resolve_deterministic(deterministic, q.shape[-1]))
 
 
 def _finish(out, lse, return_lse):

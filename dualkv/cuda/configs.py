@@ -7,7 +7,6 @@ block schedule (:mod:`dualkv.cuda.mirror`), so the CPU-tested schedule is the on
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import product
 
@@ -140,18 +139,30 @@ KERNEL_FAMILIES = ("auto", "mma")
 _family = [os.environ.get("DUALKV_KERNELS", "auto")]
 
 
-@contextmanager
-def kernel_family(choice: str):
-    """Temporarily choose the kernel family ("auto" or "mma"; also ``$DUALKV_KERNELS``), e.g. to benchmark the
-    mma.sync kernels on a Hopper GPU."""
-    if choice not in KERNEL_FAMILIES:
-        raise ValueError(f"kernel family must be one of {KERNEL_FAMILIES}, got {choice!r}")
-    old = _family[0]
-    _family[0] = choice
-    try:
-        yield
-    finally:
-        _family[0] = old
+class kernel_family:  # noqa: N801 - used like a function: kernel_family("mma")
+    """Choose the kernel family ("auto" or "mma"; the initial value comes from ``$DUALKV_KERNELS``), e.g. to run
+    the mma.sync kernels on a Hopper GPU.
+
+    A plain call sets it for the rest of the process (``kernel_family("mma")``); used as a context manager
+    (``with kernel_family("mma"): ...``) it also restores the previous family when the block ends.
+    """
+
+    def __init__(self, choice: str):
+        if choice not in KERNEL_FAMILIES:
+            raise ValueError(f"kernel family must be one of {KERNEL_FAMILIES}, got {choice!r}")
+        self.previous = _family[0]
+        _family[0] = choice
+
+    def __enter__(self) -> "kernel_family":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _family[0] = self.previous
+
+
+def current_kernel_family() -> str:
+    """The family in force (see :class:`kernel_family`)."""
+    return _family[0]
 
 
 def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:

@@ -15,8 +15,9 @@ from typing import Sequence
 
 import torch
 
-from .._checks import (check_cu_seqlens, check_dualkv_inputs, check_layout_tensors, check_max_seqlen, check_qkv,
-                       check_same_tokens, check_window, resolve_scale)
+from .._checks import (check_cu_seqlens, check_deterministic, check_dualkv_inputs, check_layout_tensors,
+                       check_max_seqlen, check_qkv, check_same_tokens, check_window, resolve_scale)
+from .._warnings import warn_once
 from ..layout import GroupLayout
 from .core import masked_attention
 
@@ -30,6 +31,14 @@ __all__ = [
 
 def _arange(a: int, b: int, device: torch.device) -> torch.Tensor:
     return torch.arange(a, b, dtype=torch.int64, device=device)
+
+
+def _note_deterministic(deterministic: bool | None) -> None:
+    """The reference is deterministic whatever the caller asks: ``deterministic=False`` is accepted (API parity
+    with the CUDA backend) but has no effect, and says so once."""
+    if check_deterministic(deterministic) is False:
+        warn_once("deterministic=False has no effect on dualkv's reference backend: it is always deterministic "
+                  "(only the CUDA kernels have a non-deterministic atomic-dQ mode)", stacklevel=4)
 
 
 def _finish(out: torch.Tensor, lse: torch.Tensor, return_lse: bool):
@@ -101,13 +110,14 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
                       window_size: Sequence[int] = (-1, -1), return_lse: bool = False,
                       deterministic: bool | None = None):
     """Call 1: self-attention of the prompt, computed once. (``deterministic`` is accepted for API parity; the
-    reference always is.)
+    reference always is deterministic, and ``deterministic=False`` warns that it has no effect.)
 
     Args:
         q: (P, H, d); k, v: (P, H_k, d). With ``cu_seqlens`` (G + 1,), several prompts packed back to back.
     Returns:
         out (P, H, d) [, lse (H, P)].
     """
+    _note_deterministic(deterministic)
     if cu_seqlens is None:
         cu_seqlens = torch.tensor([0, q.shape[0]], dtype=torch.int32)
         max_seqlen = q.shape[0]
@@ -137,6 +147,7 @@ def flash_attn_dualkv_varlen_func(q: torch.Tensor, k_context: torch.Tensor, v_co
     Returns:
         out (sum_i R_i, H, d) [, lse (H, sum_i R_i)].
     """
+    _note_deterministic(deterministic)
     _, _, d, cu_q = check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q,
                                          cu_seqlens_k_decoded, max_seqlen_q, context_seqlen, max_seqlen_k_decoded)
     out, lse = _dualkv(q, k_context, v_context, k_decoded, v_decoded, cu_q, resolve_scale(softmax_scale, d),
@@ -156,6 +167,7 @@ def shared_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, l
     Returns:
         out (T, H, d) [, lse (H, T)].
     """
+    _note_deterministic(deterministic)
     _, _, d = check_layout_tensors(q, k, v, layout)
     out, lse = per_group_attention(q, k, v, layout, resolve_scale(softmax_scale, d), check_window(window_size, True))
     return _finish(out, lse, return_lse)
