@@ -39,7 +39,7 @@ LAYOUT_KWARG = "dualkv_layout"
 
 __all__ = ["ATTN_NAME", "LAYOUT_KWARG", "PackedAttention", "apply_dualkv", "disable_dualkv",
            "dualkv_attention_forward", "enable_dualkv", "hf_window", "make_attention_forward",
-           "packed_model_inputs", "register"]
+           "packed_model_inputs", "register", "require_dualkv_attention"]
 
 
 class PackedAttention(Protocol):
@@ -146,6 +146,7 @@ def make_attention_forward(packed_attention: PackedAttention = _default_packed_a
         return out.unsqueeze(0), None
 
     attention_forward.__doc__ = make_attention_forward.__doc__
+    attention_forward._dualkv_packed = True  # what require_dualkv_attention looks for
     return attention_forward
 
 
@@ -172,6 +173,26 @@ def _ensure_registered() -> None:
 
     if ATTN_NAME not in AttentionInterface._global_mapping:
         register()
+
+
+def require_dualkv_attention(model: torch.nn.Module, what: str) -> None:
+    """Raise unless ``model``'s attention is a ``"dualkv"`` packed attention (the one :func:`enable_dualkv`
+    installs, or any function :func:`register` made): another attention run on a packed micro-batch attends
+    across its rows and gives silently wrong results."""
+    config = getattr(model, "config", None)
+    name = getattr(config, "_attn_implementation", None)
+    fn = None
+    if isinstance(name, str):
+        try:
+            from transformers import AttentionInterface
+
+            fn = AttentionInterface._global_mapping.get(name)
+        except ImportError:  # pragma: no cover - a model with a config is a transformers model
+            fn = None
+    if not getattr(fn, "_dualkv_packed", False):
+        raise ValueError(f"{what} needs a model running the '{ATTN_NAME}' attention, but {type(model).__name__} runs "
+                         f"{name!r}: on a packed micro-batch it would attend across the packed rows and return wrong "
+                         "values. Call dualkv.integration.hf.enable_dualkv(model) first (or use apply_dualkv)")
 
 
 # ---------------------------------------------------------------------------------------------- model switching

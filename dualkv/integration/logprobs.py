@@ -236,11 +236,13 @@ def model_response_logprobs(model: torch.nn.Module, packed: PackedBatch, *, temp
                             **forward_kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run a ``"dualkv"`` causal LM's decoder on ``packed`` and its head chunk by chunk (no (T × V) logits).
 
-    The model must already run the ``"dualkv"`` attention (:func:`dualkv.integration.hf.enable_dualkv`).
+    The model must already run the ``"dualkv"`` attention (:func:`dualkv.integration.hf.enable_dualkv`); any other
+    attention is refused (it would attend across the packed rows).
     Returns logp, entropy: (ΣR,) in row order (see :func:`to_padded`).
     """
-    from .hf import packed_model_inputs
+    from .hf import packed_model_inputs, require_dualkv_attention
 
+    require_dualkv_attention(model, "model_response_logprobs")
     decoder = model.get_decoder()
     out = decoder(**packed_model_inputs(packed.to(model.device)), **forward_kwargs)
     weight, bias, softcap = _head_of(model)
