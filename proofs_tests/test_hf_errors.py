@@ -86,14 +86,20 @@ def test_missing_or_wrong_positions(model_and_batch):
             model(**{**inputs, "position_ids": arange})
 
 
-def test_unchecked_wrong_positions_give_wrong_answers(model_and_batch):
-    """Negative control for the position check: without it, 0..T-1 positions run and are silently wrong."""
+def test_unchecked_wrong_positions_give_wrong_answers(model_and_batch, monkeypatch):
+    """Negative control for the position checks (model input and attention): without them, 0..T-1 positions run
+    and are silently wrong; with them, the attention refuses them even when the input hook is off."""
+    import dualkv.integration.hf as hf
+
     model, rows, packed = model_and_batch
+    inputs = {**packed_model_inputs(packed), "position_ids": torch.arange(packed.layout.total_tokens)[None]}
     with torch.no_grad():
         ref, _, _ = stock_forward(model, rows)
         with apply_dualkv(model, check_inputs=False):
             good, _ = model_response_logprobs(model, packed, with_entropy=False)
-            inputs = {**packed_model_inputs(packed), "position_ids": torch.arange(packed.layout.total_tokens)[None]}
+            with pytest.raises(ValueError, match="position_ids do not match"):
+                model.get_decoder()(**inputs)
+            monkeypatch.setattr(hf, "_check_positions", lambda *_: None)
             hidden = model.get_decoder()(**inputs).last_hidden_state[0]
             logp = torch.log_softmax(model.lm_head(hidden[packed.predictor_index]), -1)
             bad = logp.gather(-1, packed.response_ids[:, None])[:, 0]
