@@ -105,10 +105,12 @@ def assert_rows_pass(rows, max_error: float | None = None) -> None:
     """Fail (AssertionError naming every failing quantity) unless every verify Row passed (and, if given, every
     error is <= ``max_error``)."""
     bad = [f"{r.quantity}: {r.error:.3e} > {r.bound:.3e}" for r in rows if not r.passed]
-    assert not bad, f"{rows[0].config} {rows[0].dtype}: " + "; ".join(bad)
+    if bad:  # raised, not asserted: python -O must not turn a failed check into a pass
+        raise AssertionError(f"{rows[0].config} {rows[0].dtype}: " + "; ".join(bad))
     if max_error is not None:
         worst = max(rows, key=lambda r: r.error)
-        assert worst.error <= max_error, f"{worst.config} {worst.quantity}: {worst.error:.3e} > {max_error:.1e}"
+        if not worst.error <= max_error:
+            raise AssertionError(f"{worst.config} {worst.quantity}: {worst.error:.3e} > {max_error:.1e}")
 
 
 # ---------------------------------------------------------------------------------------------- oracle

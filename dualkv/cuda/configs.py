@@ -125,9 +125,22 @@ SM90_DQ_TILES: dict[int, TileConfig] = {
     128: TileConfig(block_n=64, warps=8, mslabs=1),
 }
 
-# The plan's tile tables are built for DQ_TILES / DKDV_TILES; the wgmma kernels must take the same tiles.
-assert all(SM90_DKDV_TILES[d].block_keys == DKDV_TILES[d].block_keys for d in SM90_DKDV_TILES)
-assert all(SM90_DQ_TILES[d].block_m == DQ_TILES[d].block_m for d in SM90_DQ_TILES)
+
+
+def check_tile_tables(sm90_dkdv: dict = SM90_DKDV_TILES, sm90_dq: dict = SM90_DQ_TILES) -> None:
+    """The plan's tile tables are built for DQ_TILES / DKDV_TILES, so the wgmma kernels must take the same tiles
+    (checked at import; an exception, not an ``assert`` that ``python -O`` would drop)."""
+    for d, tile in sm90_dkdv.items():
+        if tile.block_keys != DKDV_TILES[d].block_keys:
+            raise ValueError(f"SM90_DKDV_TILES[{d}] has {tile.block_keys} keys per CTA but DKDV_TILES[{d}] "
+                             f"{DKDV_TILES[d].block_keys}: the dK/dV schedule is shared")
+    for d, tile in sm90_dq.items():
+        if tile.block_m != DQ_TILES[d].block_m:
+            raise ValueError(f"SM90_DQ_TILES[{d}] has {tile.block_m} query rows per CTA but DQ_TILES[{d}] "
+                             f"{DQ_TILES[d].block_m}: the dQ schedule is shared")
+
+
+check_tile_tables()
 
 KERNELS = ("fwd", "fwd_sm90", "bwd_dq", "bwd_dq_sm90", "bwd_dkdv", "bwd_dkdv_sm90")
 #: Hopper-only (sm_90a) kernels and the head dims they exist for.
