@@ -147,14 +147,6 @@ def n_copy_oracle(q_std: torch.Tensor, k_std: torch.Tensor, v_std: torch.Tensor,
 
 
 # ---------------------------------------------------------------------------------------------- random cases
-def random_layout(rng: random.Random, *, groups: int = 1, n_choices: Sequence[int] = (1, 2, 3, 5),
-                  len_choices: Sequence[int] = (1, 2, 7, 16, 33, 63, 64, 65)) -> GroupLayout:
-    """A random multi-group layout drawn from awkward lengths."""
-    prompts = [rng.choice(len_choices) for _ in range(groups)]
-    responses = [[rng.choice(len_choices) for _ in range(rng.choice(n_choices))] for _ in range(groups)]
-    return GroupLayout.from_lengths(prompts, responses)
-
-
 def random_qkv(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int, *, dtype: torch.dtype,
                device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Packed (T, H, d) q and (T, H_k, d) k, v drawn N(0, 1) in float64 then cast (so all dtypes share values)."""

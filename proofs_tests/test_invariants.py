@@ -39,3 +39,45 @@ def test_a_failed_check_fails_under_python_O():
     proc = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True,
                           cwd=PACKAGE.parent)
     assert proc.returncode != 0 and "AssertionError: cfg bf16: out: 1.000e+00 > 1.000e-01" in proc.stderr
+
+
+def test_one_input_check_module():
+    """Input validation lives in dualkv/_checks.py: the analysis numbers, the attention inputs of both backends and
+    the log-prob head's inputs (dualkv/integration/verl keeps its veRL-specific checks)."""
+    import dualkv._checks as checks
+    from dualkv.analysis import pairs, tokens
+    from dualkv.cuda import api
+    from dualkv.integration import logprobs
+    from dualkv.reference import attention
+
+    modules = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("_checks.py") if "verl" not in p.parts)
+    assert modules == ["_checks.py"], modules
+    assert pairs.check_int is tokens.check_int is checks.check_int
+    assert logprobs.check_head_inputs is checks.check_head_inputs
+    assert attention.check_context_inputs is api.check_context_inputs is checks.check_context_inputs
+
+
+@pytest.mark.parametrize("backend", ["reference", "cuda"])
+def test_both_backends_refuse_bad_context_inputs_alike(backend):
+    """The CUDA backend validates with the same checks before it looks at devices, so the errors match."""
+    import torch
+
+    from dualkv import reference
+    from dualkv.cuda import api
+
+    fn = reference.context_attention if backend == "reference" else api.context_attention
+    x = torch.randn(5, 2, 8)
+    with pytest.raises(ValueError, match="max_seqlen is required"):
+        fn(x, x, x, cu_seqlens=torch.tensor([0, 5], dtype=torch.int32))
+    with pytest.raises(ValueError, match="k has 6 tokens but q has 5"):
+        fn(x, torch.randn(6, 2, 8), x)
+    with pytest.raises(ValueError, match="cu_seqlens\\[-1\\] = 4 but the packed tensors hold 5"):
+        fn(x, x, x, cu_seqlens=torch.tensor([0, 4], dtype=torch.int32), max_seqlen=4)
+
+
+def test_dead_code_is_gone():
+    from dualkv import cuda, testing
+    from dualkv.cuda import schedule
+
+    assert not hasattr(cuda, "HAS_BACKWARD") and not hasattr(schedule, "segments_from_layout")
+    assert not hasattr(testing, "random_layout")

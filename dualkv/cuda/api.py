@@ -11,8 +11,8 @@ from typing import Sequence
 
 import torch
 
-from .._checks import (check_cu_seqlens, check_deterministic, check_dualkv_inputs, check_layout_tensors,
-                       check_max_seqlen, check_qkv, check_window, resolve_scale)
+from .._checks import (check_context_inputs, check_deterministic, check_dualkv_inputs, check_layout_tensors,
+                       check_window, resolve_scale)
 from .._warnings import warn_once
 from ..layout import GroupLayout
 from .configs import ATOMIC_HEAD_DIMS, DTYPES, HEAD_DIMS, WINDOW_HEAD_DIMS, forward_kernel_for
@@ -22,7 +22,7 @@ from .runtime import arch_of, device_index
 from .schedule import segments_from_cu_seqlens
 
 
-def _check_kernel_inputs(q: torch.Tensor, head_dim: int, causal: bool, window_left: int, *tensors) -> None:
+def _check_kernel_inputs(q: torch.Tensor, head_dim: int, causal: bool, window_left: int) -> None:
     if not q.is_cuda:
         raise ValueError(f"the CUDA kernels need CUDA tensors; q is on {q.device}")
     if q.dtype not in DTYPES:
@@ -34,9 +34,6 @@ def _check_kernel_inputs(q: torch.Tensor, head_dim: int, causal: bool, window_le
                                   "causal=False")
     if window_left >= 0 and head_dim not in WINDOW_HEAD_DIMS:
         raise NotImplementedError(f"sliding windows are supported for head dims {WINDOW_HEAD_DIMS}, not {head_dim}")
-    for t in tensors:
-        if t.device != q.device:
-            raise ValueError(f"all inputs must be on {q.device}; got a tensor on {t.device}")
 
 
 #: Backward mode when the caller does not choose: the deterministic two-kernel backward, unless measurements say
@@ -76,7 +73,7 @@ def flash_attn_dualkv_varlen_func(q, k_context, v_context, k_decoded, v_decoded,
     h, hk, d, cu = check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q,
                                        cu_seqlens_k_decoded, max_seqlen_q, context_seqlen, max_seqlen_k_decoded)
     window = check_window(window_size, causal)
-    _check_kernel_inputs(q, d, causal, window[0], k_context, v_context, k_decoded, v_decoded)
+    _check_kernel_inputs(q, d, causal, window[0])
     plan = make_plan(segments_from_cu_seqlens(cu, context_seqlen), head_dim=d, group_size=h // hk,
                      window_left=window[0], device=q.device, ctx_shared=False)
     out, lse = _run(q, k_context, v_context, k_decoded, v_decoded, plan, resolve_scale(softmax_scale, d), window[0],
@@ -87,19 +84,9 @@ def flash_attn_dualkv_varlen_func(q, k_context, v_context, k_decoded, v_decoded,
 def context_attention(q, k, v, cu_seqlens=None, max_seqlen=None, softmax_scale=None, causal=True,
                       window_size: Sequence[int] = (-1, -1), return_lse=False, deterministic: bool | None = None):
     """Call 1 on the GPU (causal self-attention of one or several packed prompts)."""
-    h, hk, d = check_qkv({"q": q, "k": k, "v": v}, query="q", keys=("k", "v"))
-    for name, t in (("k", k), ("v", v)):
-        if t.shape[0] != q.shape[0]:
-            raise ValueError(f"{name} has {t.shape[0]} tokens but q has {q.shape[0]}")
-    if cu_seqlens is None:
-        cu = [0, q.shape[0]]
-    else:
-        if max_seqlen is None:
-            raise ValueError("context_attention: max_seqlen is required when cu_seqlens is given")
-        cu = check_cu_seqlens(cu_seqlens, "cu_seqlens", q.shape[0], q.device)
-        check_max_seqlen(max_seqlen, "max_seqlen", [b - a for a, b in zip(cu, cu[1:])])
+    h, hk, d, cu = check_context_inputs(q, k, v, cu_seqlens, max_seqlen)
     window = check_window(window_size, causal)
-    _check_kernel_inputs(q, d, causal, window[0], k, v)
+    _check_kernel_inputs(q, d, causal, window[0])
     plan = make_plan(segments_from_cu_seqlens(cu, 0), head_dim=d, group_size=h // hk, window_left=window[0],
                      device=q.device, ctx_shared=True)
     out, lse = _run(q, k, v, k, v, plan, resolve_scale(softmax_scale, d), window[0], deterministic)
@@ -124,7 +111,7 @@ def shared_prefix_attention(q, k, v, layout: GroupLayout, softmax_scale=None, wi
     """Calls 1 and 2 of every group in ONE launch over the layout's segment table."""
     h, hk, d = check_layout_tensors(q, k, v, layout)
     window = check_window(window_size, True)
-    _check_kernel_inputs(q, d, True, window[0], k, v)
+    _check_kernel_inputs(q, d, True, window[0])
     plan = layout_plan(layout, head_dim=d, group_size=h // hk, window_left=window[0], device=q.device)
     out, lse = _run(q, k, v, k, v, plan, resolve_scale(softmax_scale, d), window[0], deterministic)
     return _finish(out, lse, return_lse)

@@ -16,12 +16,6 @@ from typing import Sequence
 
 import numpy as np
 
-from ..layout import GroupLayout
-
-
-def segments_from_layout(layout: GroupLayout) -> np.ndarray:
-    """int32 (G + S, 4): the layout's own segment table (prompts, then responses)."""
-    return layout.segment_table
 
 
 def segments_from_cu_seqlens(cu_seqlens: Sequence[int], ctx_len: int) -> np.ndarray:

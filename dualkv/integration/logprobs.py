@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .._checks import check_head_inputs
 from .packing import PackedBatch, unpack_token_values
 
 __all__ = ["DEFAULT_CHUNK", "model_response_logprobs", "packed_logprobs", "to_padded", "to_sequence_layout",
@@ -147,36 +148,6 @@ class _FusedLinearLogprobs(torch.autograd.Function):
 
 
 # ---------------------------------------------------------------------------------------------- entry points
-def _check_head_inputs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       predictor_index: torch.Tensor, targets: torch.Tensor, temperature: float,
-                       chunk_size: int, logit_softcap: float | None) -> None:
-    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2:
-        raise ValueError(f"hidden_states must be (T, D) (or (1, T, D)); got {tuple(getattr(hidden, 'shape', ()))}")
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden.shape[1]:
-        raise ValueError(f"weight must be the (V, D) lm_head weight with D = {hidden.shape[1]}; got "
-                         f"{tuple(getattr(weight, 'shape', ()))}")
-    if weight.dtype != hidden.dtype or weight.device != hidden.device:
-        raise ValueError(f"weight ({weight.dtype}, {weight.device}) and hidden_states ({hidden.dtype}, "
-                         f"{hidden.device}) must share dtype and device")
-    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != weight.dtype):
-        raise ValueError(f"bias must be ({weight.shape[0]},) of dtype {weight.dtype}; got {tuple(bias.shape)}, "
-                         f"{bias.dtype}")
-    for name, t in (("predictor_index", predictor_index), ("targets", targets)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"{name} must be a 1-D integer tensor; got {getattr(t, 'dtype', type(t))}, "
-                             f"{tuple(getattr(t, 'shape', ()))}")
-        if t.device != hidden.device:
-            raise ValueError(f"{name} is on {t.device} but hidden_states on {hidden.device}")
-    if predictor_index.shape != targets.shape:
-        raise ValueError(f"predictor_index has {predictor_index.shape[0]} entries but targets {targets.shape[0]}")
-    if not (isinstance(temperature, (int, float)) and temperature > 0):
-        raise ValueError(f"temperature must be a positive number; got {temperature!r}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
-    if logit_softcap is not None and not logit_softcap > 0:
-        raise ValueError(f"logit_softcap must be positive or None; got {logit_softcap!r}")
-
-
 def token_logprobs(hidden_states: torch.Tensor, weight: torch.Tensor, predictor_index: torch.Tensor,
                    targets: torch.Tensor, *, temperature: float = 1.0, bias: torch.Tensor | None = None,
                    logit_softcap: float | None = None, chunk_size: int = DEFAULT_CHUNK, with_entropy: bool = True,
@@ -196,7 +167,7 @@ def token_logprobs(hidden_states: torch.Tensor, weight: torch.Tensor, predictor_
     """
     if isinstance(hidden_states, torch.Tensor) and hidden_states.dim() == 3 and hidden_states.shape[0] == 1:
         hidden_states = hidden_states[0]
-    _check_head_inputs(hidden_states, weight, bias, predictor_index, targets, temperature, chunk_size, logit_softcap)
+    check_head_inputs(hidden_states, weight, bias, predictor_index, targets, temperature, chunk_size, logit_softcap)
     h = hidden_states.index_select(0, predictor_index)
     targets = targets.to(torch.int64)
     if fused:

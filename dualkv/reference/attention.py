@@ -15,8 +15,9 @@ from typing import Sequence
 
 import torch
 
-from .._checks import (check_cu_seqlens, check_deterministic, check_dualkv_inputs, check_layout_tensors,
-                       check_max_seqlen, check_qkv, check_same_tokens, check_window, resolve_scale)
+from .._checks import (check_context_inputs, check_cu_seqlens, check_deterministic, check_dualkv_inputs,
+                       check_layout_tensors, check_max_seqlen, check_qkv, check_same_tokens, check_window,
+                       resolve_scale)
 from .._warnings import warn_once
 from ..layout import GroupLayout
 from .core import masked_attention
@@ -118,13 +119,9 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
         out (P, H, d) [, lse (H, P)].
     """
     _note_deterministic(deterministic)
-    if cu_seqlens is None:
-        cu_seqlens = torch.tensor([0, q.shape[0]], dtype=torch.int32)
-        max_seqlen = q.shape[0]
-    if max_seqlen is None:
-        raise ValueError("context_attention: max_seqlen is required when cu_seqlens is given")
-    return standard_varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, softmax_scale,
-                                     causal, window_size, return_lse)
+    _, _, d, cu = check_context_inputs(q, k, v, cu_seqlens, max_seqlen)
+    out, lse = _varlen(q, k, v, cu, cu, resolve_scale(softmax_scale, d), causal, check_window(window_size, causal))
+    return _finish(out, lse, return_lse)
 
 
 def flash_attn_dualkv_varlen_func(q: torch.Tensor, k_context: torch.Tensor, v_context: torch.Tensor,
