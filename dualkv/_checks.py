@@ -113,8 +113,13 @@ def resolve_scale(softmax_scale: float | None, head_dim: int) -> float:
 
 
 def check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q, cu_seqlens_k_decoded,
-                        max_seqlen_q, context_seqlen, max_seqlen_k_decoded) -> tuple[int, int, int, list[int]]:
-    """Validate the paper's call-2 arguments; returns (H, H_k, d, cu_seqlens as host ints)."""
+                        max_seqlen_q, context_seqlen,
+                        max_seqlen_k_decoded) -> tuple[int, int, int, list[int], list[int]]:
+    """Validate the paper's call-2 arguments; returns (H, H_k, d, cu_seqlens_q and cu_seqlens_k_decoded as host ints).
+
+    Sequence i has L_i = cu_seqlens_q[i+1] - cu_seqlens_q[i] query rows and R_i decoded keys; its rows are aligned
+    bottom-right on its P + R_i keys, so L_i <= P + R_i.
+    """
     tensors = {"q": q, "k_context": k_context, "v_context": v_context, "k_decoded": k_decoded,
                "v_decoded": v_decoded}
     h, hk, d = check_qkv(tensors, query="q", keys=("k_context", "v_context", "k_decoded", "v_decoded"))
@@ -123,16 +128,20 @@ def check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlen
     for name in ("k_context", "v_context"):
         if tensors[name].shape[0] != context_seqlen:
             raise ValueError(f"{name} has {tensors[name].shape[0]} tokens but context_seqlen = {context_seqlen}")
-    for name in ("k_decoded", "v_decoded"):
-        check_same_tokens(tensors[name], name, q, "q")
+    check_same_tokens(v_decoded, "v_decoded", k_decoded, "k_decoded")
     cu_q = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], q.device)
     cu_k = check_cu_seqlens(cu_seqlens_k_decoded, "cu_seqlens_k_decoded", k_decoded.shape[0], q.device)
-    if cu_q != cu_k:
-        raise ValueError("cu_seqlens_k_decoded must equal cu_seqlens_q: each decoded query row has its own key row")
-    lens = [b - a for a, b in zip(cu_q, cu_q[1:])]
-    check_max_seqlen(max_seqlen_q, "max_seqlen_q", lens)
-    check_max_seqlen(max_seqlen_k_decoded, "max_seqlen_k_decoded", lens)
-    return h, hk, d, cu_q
+    if len(cu_q) != len(cu_k):
+        raise ValueError(f"cu_seqlens_q has {len(cu_q) - 1} sequences but cu_seqlens_k_decoded has {len(cu_k) - 1}")
+    lens_q = [b - a for a, b in zip(cu_q, cu_q[1:])]
+    lens_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
+    for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        if lq > context_seqlen + lk:
+            raise ValueError(f"sequence {i} has {lq} query rows but only {context_seqlen} + {lk} keys; its rows are "
+                             "aligned bottom-right on [context; decoded], so L_i <= context_seqlen + R_i")
+    check_max_seqlen(max_seqlen_q, "max_seqlen_q", lens_q)
+    check_max_seqlen(max_seqlen_k_decoded, "max_seqlen_k_decoded", lens_k)
+    return h, hk, d, cu_q, cu_k
 
 
 def check_context_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor | None,

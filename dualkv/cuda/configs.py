@@ -217,12 +217,15 @@ class KernelSpec:
     window: bool
     arch: str
     dq_atomic: bool = False  # bwd_dkdv only: also accumulate dQ with fp32 atomics (non-deterministic mode)
+    causal: bool = True      # False: a segment's own keys are all visible (DKV_CAUSAL=0; no window)
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
             raise ValueError(f"unknown kernel {self.kernel!r}")
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim {self.head_dim} is not supported by the CUDA kernels (supported: {HEAD_DIMS})")
+        if self.window and not self.causal:
+            raise ValueError("sliding windows are built for causal kernels only")
         if self.window and self.head_dim not in WINDOW_HEAD_DIMS:
             raise ValueError(f"sliding windows are supported for head dims {WINDOW_HEAD_DIMS}, not {self.head_dim}")
         if self.dq_atomic and (self.kernel != "bwd_dkdv" or self.head_dim not in ATOMIC_HEAD_DIMS):
@@ -263,7 +266,8 @@ class KernelSpec:
     def defines(self) -> list[tuple[str, str]]:
         t = self.tile
         common = [("DKV_HEAD_DIM", str(self.head_dim)), ("DKV_WARPS", str(t.warps)), ("DKV_DSPLIT", str(t.dsplit)),
-                  ("DKV_BF16", "1" if self.dtype == "bf16" else "0"), ("DKV_WINDOW", "1" if self.window else "0")]
+                  ("DKV_BF16", "1" if self.dtype == "bf16" else "0"), ("DKV_WINDOW", "1" if self.window else "0"),
+                  ("DKV_CAUSAL", "1" if self.causal else "0")]
         if self.kernel in ("bwd_dkdv", "bwd_dkdv_sm90"):
             return common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages)),
                              ("DKV_DQ_ATOMIC", "1" if self.dq_atomic else "0")]
@@ -272,6 +276,17 @@ class KernelSpec:
 
     def with_arch(self, arch: str) -> "KernelSpec":
         return replace(self, arch=arch)
+
+
+def kernel_head_dim(head_dim: int) -> int:
+    """The kernel head dim that serves ``head_dim``: the smallest of :data:`HEAD_DIMS` >= it. The launcher zero-pads
+    q/k/v up to it (exact: the padded columns add 0 to every score, and their output and gradient columns are
+    dropped; the softmax scale stays 1/sqrt(head_dim)). ``head_dim`` must be a multiple of 8 (16-byte rows)."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 8 or head_dim % 8 \
+            or head_dim > HEAD_DIMS[-1]:
+        raise ValueError(f"head_dim {head_dim} is not supported by the CUDA kernels: it must be a multiple of 8 "
+                         f"up to {HEAD_DIMS[-1]} (kernel head dims {HEAD_DIMS}; others are zero-padded up)")
+    return next(d for d in HEAD_DIMS if d >= head_dim)
 
 
 def _check_dtype(dtype: torch.dtype) -> str:
@@ -286,42 +301,43 @@ def _check_head_dim(head_dim: int) -> None:
 
 
 def fwd_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, arch: str,
-             kernel: str | None = None) -> KernelSpec:
+             kernel: str | None = None, causal: bool = True) -> KernelSpec:
     """The forward specialization; ``kernel`` defaults to :func:`forward_kernel_for` (``arch`` is the device's)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
     kernel = kernel or forward_kernel_for(head_dim, arch)
     tile = forward_tile(kernel, head_dim)
     return KernelSpec(kernel, head_dim, name, tile, pack_for(group_size, tile), window,
-                      "sm_90a" if kernel == "fwd_sm90" else arch)
+                      "sm_90a" if kernel == "fwd_sm90" else arch, causal=causal)
 
 
 def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, arch: str,
-            kernel: str | None = None) -> KernelSpec:
+            kernel: str | None = None, causal: bool = True) -> KernelSpec:
     """The dQ specialization; ``kernel`` defaults to :func:`dq_kernel_for` (``arch`` is the device's)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
     kernel = kernel or dq_kernel_for(head_dim, arch)
     tile = (SM90_DQ_TILES if kernel == "bwd_dq_sm90" else DQ_TILES)[head_dim]
     return KernelSpec(kernel, head_dim, name, tile, pack_for(group_size, tile), window,
-                      "sm_90a" if kernel == "bwd_dq_sm90" else arch)
+                      "sm_90a" if kernel == "bwd_dq_sm90" else arch, causal=causal)
 
 
 def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,
-              kernel: str | None = None) -> KernelSpec:
+              kernel: str | None = None, causal: bool = True) -> KernelSpec:
     """The dK/dV specialization; ``kernel`` defaults to :func:`dkdv_kernel_for` (``arch`` is the device's)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
     kernel = kernel or dkdv_kernel_for(head_dim, arch, dq_atomic)
     if kernel == "bwd_dkdv_sm90":
-        return KernelSpec(kernel, head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a")
-    return KernelSpec(kernel, head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic)
+        return KernelSpec(kernel, head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a", causal=causal)
+    return KernelSpec(kernel, head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic, causal)
 
 
 def all_specs(arch: str) -> list[KernelSpec]:
-    """Every specialization the kernels are built in, for one architecture."""
+    """Every specialization the kernels are built in, for one architecture: causal with and without a window, and
+    non-causal (``DKV_CAUSAL=0``, no window)."""
     specs = []
-    for head_dim, dtype, window in product(HEAD_DIMS, DTYPES, (False, True)):
+    for head_dim, dtype, (window, causal) in product(HEAD_DIMS, DTYPES, ((False, True), (True, True), (False, False))):
         if window and head_dim not in WINDOW_HEAD_DIMS:
             continue
         name = DTYPES[dtype]
@@ -333,10 +349,12 @@ def all_specs(arch: str) -> list[KernelSpec]:
                 continue
             for pack in PACKS:
                 if tiles[head_dim].block_m // pack >= 8:
-                    specs.append(KernelSpec(kernel, head_dim, name, tiles[head_dim], pack, window, kernel_arch))
+                    specs.append(KernelSpec(kernel, head_dim, name, tiles[head_dim], pack, window, kernel_arch,
+                                            causal=causal))
         if arch == "sm_90" and head_dim in SM90_DKDV_TILES:
-            specs.append(KernelSpec("bwd_dkdv_sm90", head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a"))
-        specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch))
+            specs.append(KernelSpec("bwd_dkdv_sm90", head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a",
+                                    causal=causal))
+        specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, causal=causal))
         if head_dim in ATOMIC_HEAD_DIMS:
-            specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, True))
+            specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, True, causal))
     return specs

@@ -45,6 +45,7 @@ class Plan:
     dq_pack: int
     key_tiles: torch.Tensor  # int32 (n, 4)
     ctx_shared: bool
+    causal: bool             # False: own keys all visible (the DKV_CAUSAL=0 kernels)
     fwd_tile: TileConfig
     dq_tile: TileConfig
     dkdv_tile: KeyTileConfig
@@ -57,7 +58,7 @@ def _to_device(a: np.ndarray, device) -> torch.Tensor:
 def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_left: int, device: torch.device,
               ctx_shared: bool, fwd_kernel: str | None = None, fwd_tile: TileConfig | None = None,
               fwd_pack: int | None = None, dq_tile: TileConfig | None = None,
-              dkdv_tile: KeyTileConfig | None = None) -> Plan:
+              dkdv_tile: KeyTileConfig | None = None, causal: bool = True) -> Plan:
     """Schedules for the default kernels and tiles of ``head_dim`` (the kernel/tile/pack arguments override them,
     for tuning; a forward tile without a forward kernel means the mma.sync forward)."""
     fwd_kernel = fwd_kernel or ("fwd" if fwd_tile else forward_kernel_for(head_dim, arch_of(device_index(device))))
@@ -70,12 +71,14 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
     return Plan(
         segments=_to_device(segments, device),
         fwd_kernel=fwd_kernel,
-        fwd_tiles=_to_device(tile_table(segments, fwd_tile.block_m // fwd_pack, fwd_tile.block_n, window_left), device),
+        fwd_tiles=_to_device(tile_table(segments, fwd_tile.block_m // fwd_pack, fwd_tile.block_n, window_left, causal),
+                             device),
         fwd_pack=fwd_pack,
-        dq_tiles=_to_device(tile_table(segments, dq_tile.block_m // dq_pack, dq_tile.block_n, window_left), device),
+        dq_tiles=_to_device(tile_table(segments, dq_tile.block_m // dq_pack, dq_tile.block_n, window_left, causal),
+                            device),
         dq_pack=dq_pack,
-        key_tiles=_to_device(key_tiles(segments, dkdv_tile.block_keys, ctx_shared), device),
-        ctx_shared=ctx_shared, fwd_tile=fwd_tile, dq_tile=dq_tile, dkdv_tile=dkdv_tile,
+        key_tiles=_to_device(key_tiles(segments, dkdv_tile.block_keys, ctx_shared, causal), device),
+        ctx_shared=ctx_shared, causal=causal, fwd_tile=fwd_tile, dq_tile=dq_tile, dkdv_tile=dkdv_tile,
     )
 
 
@@ -87,13 +90,14 @@ def _new(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
 
 
 def run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, tiles, pack: int, *, scale: float, window_left: int,
-                kernel: str = "fwd", tile: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                kernel: str = "fwd", tile: TileConfig | None = None,
+                causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward kernel (``kernel``: the plan's ``fwd_kernel``). q: (T_q, H, d); k_own/v_own: (T_q, H_k, d);
     k_ctx/v_ctx: (T_c, H_k, d). Returns out (T_q, H, d) and the natural-log LSE (H, T_q) float32."""
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
     device = device_index(q)
-    spec = fwd_spec(head_dim, q.dtype, group, window_left >= 0, arch_of(device), kernel)
+    spec = fwd_spec(head_dim, q.dtype, group, window_left >= 0, arch_of(device), kernel, causal)
     spec = replace(spec, pack=pack, tile=tile or spec.tile)
     q, k_ctx, v_ctx, k_own, v_own = (kernel_ready(t) for t in (q, k_ctx, v_ctx, k_own, v_own))
     out = _new(q.shape, q)
@@ -108,7 +112,7 @@ def run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, tiles, pack: int, *, sc
 def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles_t, dq_pack: int,
                  ctx_shared: bool, *, scale: float, window_left: int, d_lse: torch.Tensor | None = None,
                  dq_tile: TileConfig | None = None, dkdv_tile: KeyTileConfig | None = None,
-                 kernels: tuple[str, ...] = ("dq", "dkdv"), deterministic: bool = True):
+                 kernels: tuple[str, ...] = ("dq", "dkdv"), deterministic: bool = True, causal: bool = True):
     """dQ and dK/dV kernels. Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own); with ``ctx_shared`` the context rows are
     own rows of the same tensors and dk_ctx/dv_ctx are empty (their gradient is inside dk_own/dv_own).
 
@@ -138,14 +142,15 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
     keys = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(dout),
             lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0))]
-    dq_kspec = dq_spec(head_dim, q.dtype, group, window, arch, kernel="bwd_dq" if dq_tile else None)
+    dq_kspec = dq_spec(head_dim, q.dtype, group, window, arch, kernel="bwd_dq" if dq_tile else None, causal=causal)
     dq_kernel = get_kernel(replace(dq_kspec, pack=dq_pack, tile=dq_tile or dq_kspec.tile), device)
     if "dq" in kernels and not atomic:
         dq_kernel.launch((dq_tiles.shape[0], heads // dq_pack, 1),
                          [*keys, *_strided(dq), segments.data_ptr(), dq_tiles.data_ptr(), i32(group),
                           f32(scale * LOG2E), f32(scale), i32(window_left)])
     dkdv_kspec = dkdv_spec(head_dim, q.dtype, window, arch, dq_atomic=atomic,
-                           kernel="bwd_dkdv" if dkdv_tile else None)  # a tile override is an mma.sync tile
+                           kernel="bwd_dkdv" if dkdv_tile else None,  # a tile override is an mma.sync tile
+                           causal=causal)
     dkdv_kernel = get_kernel(replace(dkdv_kspec, tile=dkdv_tile or dkdv_kspec.tile), device)
     if "dkdv" in kernels:
         dkdv_kernel.launch((key_tiles_t.shape[0], k_own.shape[1], 1),
