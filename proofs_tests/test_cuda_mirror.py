@@ -2,7 +2,6 @@
 
 import random
 
-import numpy as np
 import pytest
 import torch
 
