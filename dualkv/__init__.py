@@ -4,8 +4,10 @@ N responses that share one prompt are packed once as [P; R_1; ...; R_N] (P + sum
 N(P + R)). The prompt's causal self-attention runs once (call 1); the responses attend to [shared prompt KV; own
 response KV] (call 2); the backward sums the N responses' prompt gradients. The result equals the N-copy layout's.
 
-Public entry points dispatch on the tensors: CUDA fp16/bf16 tensors use the CUDA kernels, anything else the
-pure-PyTorch reference (:mod:`dualkv.reference`).
+Public entry points dispatch on the tensors (:mod:`dualkv.dispatch`): CUDA fp16/bf16 tensors use the CUDA kernels,
+anything else the pure-PyTorch reference (:mod:`dualkv.reference`); ``DUALKV_BACKEND`` overrides the choice, and a
+CUDA call that falls back to the reference warns with the reason. The full API (query rows per sequence, causal,
+head dims, several GPUs) is described in docs/api.md.
 """
 
 from __future__ import annotations

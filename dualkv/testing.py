@@ -105,10 +105,12 @@ def assert_rows_pass(rows, max_error: float | None = None) -> None:
     """Fail (AssertionError naming every failing quantity) unless every verify Row passed (and, if given, every
     error is <= ``max_error``)."""
     bad = [f"{r.quantity}: {r.error:.3e} > {r.bound:.3e}" for r in rows if not r.passed]
-    assert not bad, f"{rows[0].config} {rows[0].dtype}: " + "; ".join(bad)
+    if bad:  # raised, not asserted: python -O must not turn a failed check into a pass
+        raise AssertionError(f"{rows[0].config} {rows[0].dtype}: " + "; ".join(bad))
     if max_error is not None:
         worst = max(rows, key=lambda r: r.error)
-        assert worst.error <= max_error, f"{worst.config} {worst.quantity}: {worst.error:.3e} > {max_error:.1e}"
+        if not worst.error <= max_error:
+            raise AssertionError(f"{worst.config} {worst.quantity}: {worst.error:.3e} > {max_error:.1e}")
 
 
 # ---------------------------------------------------------------------------------------------- oracle
@@ -145,14 +147,6 @@ def n_copy_oracle(q_std: torch.Tensor, k_std: torch.Tensor, v_std: torch.Tensor,
 
 
 # ---------------------------------------------------------------------------------------------- random cases
-def random_layout(rng: random.Random, *, groups: int = 1, n_choices: Sequence[int] = (1, 2, 3, 5),
-                  len_choices: Sequence[int] = (1, 2, 7, 16, 33, 63, 64, 65)) -> GroupLayout:
-    """A random multi-group layout drawn from awkward lengths."""
-    prompts = [rng.choice(len_choices) for _ in range(groups)]
-    responses = [[rng.choice(len_choices) for _ in range(rng.choice(n_choices))] for _ in range(groups)]
-    return GroupLayout.from_lengths(prompts, responses)
-
-
 def random_qkv(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int, *, dtype: torch.dtype,
                device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Packed (T, H, d) q and (T, H_k, d) k, v drawn N(0, 1) in float64 then cast (so all dtypes share values)."""

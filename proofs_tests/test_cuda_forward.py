@@ -103,12 +103,12 @@ def test_bitwise_deterministic_forward():
 
 def test_refusals_on_gpu():
     layout = GroupLayout.single(10, [5])
-    x = torch.randn(15, 2, 48, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="head_dim 48"):
+    x = torch.randn(15, 2, 44, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="head_dim 44 is not supported"):
         dualkv.shared_prefix_attention(x, x, x, layout)
     y = torch.randn(15, 2, 512, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError, match="sliding windows"):
         dualkv.shared_prefix_attention(y, y, y, layout, window_size=(4, 0))
-    with pytest.raises(NotImplementedError, match="causal only"):
-        dualkv.context_attention(x[:, :, :32].contiguous(), x[:, :, :32].contiguous(), x[:, :, :32].contiguous(),
-                                 causal=False)
+    z = torch.randn(15, 2, 32, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="no sliding window with causal=False"):
+        dualkv.context_attention(z, z, z, causal=False, window_size=(3, 3))

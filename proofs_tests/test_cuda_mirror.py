@@ -2,7 +2,6 @@
 
 import random
 
-import numpy as np
 import pytest
 import torch
 
@@ -10,7 +9,7 @@ from dualkv import GroupLayout
 from dualkv.cuda import schedule
 from dualkv.cuda.configs import FWD_TILES, SM90_FWD_TILES, TileConfig
 from dualkv.cuda.mirror import make_mirror, mirror_forward
-from dualkv.reference import flash_attn_dualkv_varlen_func, shared_prefix_attention
+from dualkv.reference import context_attention, flash_attn_dualkv_varlen_func, shared_prefix_attention
 
 
 def _qkv(layout, h, hk, d, seed=0):
@@ -98,14 +97,14 @@ def test_tiles_heaviest_first_and_complete():
 
 
 # ---- known-wrong schedules: each must make the mirror disagree with the reference -------------------------------
-def _wrong_own_end(q_len, ctx_len, pos_lo, pos_hi, block_n, window_left):
+def _wrong_own_end(q_len, ctx_len, pos_lo, pos_hi, block_n, window_left, causal=True):
     """Causal pruning from the tile's FIRST row instead of its last (drops needed own keys)."""
     own_end = (pos_lo + block_n) // block_n
     ctx_end = (ctx_len + block_n - 1) // block_n
     return 0, own_end, 0, ctx_end
 
 
-def _wrong_ctx_first(q_len, ctx_len, pos_lo, pos_hi, block_n, window_left):
+def _wrong_ctx_first(q_len, ctx_len, pos_lo, pos_hi, block_n, window_left, causal=True):
     """Window skipping one context block too many."""
     own_lo = max(0, pos_lo - window_left) if window_left >= 0 else 0
     ctx_end = (ctx_len + block_n - 1) // block_n
@@ -114,7 +113,7 @@ def _wrong_ctx_first(q_len, ctx_len, pos_lo, pos_hi, block_n, window_left):
     return own_lo // block_n, (pos_hi + block_n) // block_n, min(ctx_end, ctx_first + 1), ctx_end
 
 
-def _wrong_partial_mask(is_own, count, key_base, i_min, i_max, block_n, window_left):
+def _wrong_partial_mask(is_own, count, key_base, i_min, i_max, block_n, window_left, causal=True):
     return (is_own and key_base + block_n - 1 > i_min) or (window_left >= 0 and key_base < i_max - window_left)
 
 
@@ -132,3 +131,73 @@ def test_known_wrong_schedules_are_caught(wrong):
     window = 70 if wrong == "ctx_first" else -1
     err, _ = _mirror_error(layout, 2, 1, 32, window, FWD_TILES[32], pack=1, mirror=mirror)
     assert err > 1e-3, f"the mirror did not catch the '{wrong}' schedule bug"
+
+
+# ---- the non-causal (DKV_CAUSAL=0) schedule ------------------------------------------------------------------------
+@pytest.mark.parametrize("head_dim", sorted(FWD_TILES))
+def test_non_causal_mirror_matches_reference_for_every_head_dim(head_dim):
+    """Call 2 (segments with a context) and call 1 (several prompts, no context) without the causal mask."""
+    q, k, v = _qkv(GroupLayout.single(1, [140]), 4, 2, head_dim)  # 141 tokens: 9 context + 132 decoded
+    ctx_len, cu = 9, [0, 70, 71, 132]
+    out, lse, _, _ = mirror_forward(q[ctx_len:], k[:ctx_len], v[:ctx_len], k[ctx_len:], v[ctx_len:],
+                                    schedule.segments_from_cu_seqlens(cu, ctx_len), FWD_TILES[head_dim], scale=0.3,
+                                    causal=False)
+    cu_t = torch.tensor(cu, dtype=torch.int32)
+    ref, ref_lse = flash_attn_dualkv_varlen_func(q[ctx_len:], k[:ctx_len], v[:ctx_len], k[ctx_len:], v[ctx_len:],
+                                                 cu_t, cu_t, 70, ctx_len, 70, softmax_scale=0.3, causal=False,
+                                                 return_lse=True)
+    assert max((out - ref).abs().max().item(), (lse - ref_lse).abs().max().item()) < 1e-12
+    cu1 = [0, 65, 141]
+    out1, _, _, _ = mirror_forward(q, k, v, k, v, schedule.segments_from_cu_seqlens(cu1, 0), FWD_TILES[head_dim],
+                                   scale=0.3, causal=False)
+    ref1 = context_attention(q, k, v, torch.tensor(cu1, dtype=torch.int32), 76, softmax_scale=0.3, causal=False)
+    assert (out1 - ref1).abs().max().item() < 1e-12
+
+
+def _causal_range_always(q_len, ctx_len, pos_lo, pos_hi, block_n, window_left, causal=True):
+    """Own blocks pruned causally whatever ``causal`` says."""
+    return 0, (pos_hi + block_n) // block_n, 0, (ctx_len + block_n - 1) // block_n
+
+
+def test_causal_pruning_in_the_non_causal_schedule_is_caught():
+    """Known-wrong: the non-causal kernels with the causal key range (own blocks past the tile's last row
+    skipped)."""
+    q, k, v = _qkv(GroupLayout.single(1, [200]), 2, 1, 32)
+    seg = schedule.segments_from_cu_seqlens([0, 130, 190], 11)
+    cu_t = torch.tensor([0, 130, 190], dtype=torch.int32)
+    ref = flash_attn_dualkv_varlen_func(q[11:], k[:11], v[:11], k[11:], v[11:], cu_t, cu_t, 130, 11, 130,
+                                        softmax_scale=0.3, causal=False)
+    out, _, _, _ = mirror_forward(q[11:], k[:11], v[:11], k[11:], v[11:], seg, FWD_TILES[32], scale=0.3,
+                                  causal=False, pack=1, mirror=make_mirror(_causal_range_always, schedule.needs_mask))
+    assert (out - ref).abs().max().item() > 1e-3
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_dkdv_key_tiles_match_reference_gradients(causal):
+    """The dK/dV kernel's decomposition (key tiles writing rows from their listed source segments) on the shared
+    prefix layout (context rows are another segment's own rows) and on the paper's call 2 (a separate context)."""
+    from dualkv.cuda.configs import DKDV_TILES
+    from dualkv.cuda.mirror import mirror_dkdv
+
+    layout = GroupLayout.from_lengths([70, 9], [[33, 1, 80], [20]])
+    q, k, v = (t.requires_grad_() for t in _qkv(layout, 4, 2, 32))
+    d_out = torch.randn(q.shape, dtype=torch.float64)
+    if causal:
+        out, lse = shared_prefix_attention(q, k, v, layout, softmax_scale=0.3, return_lse=True)
+        dk, dv, _, _, writes = mirror_dkdv(q, k, v, k, v, d_out, out, lse, layout.segment_table,
+                                           block_keys=DKDV_TILES[32].block_keys, ctx_shared=True, scale=0.3)
+        ref = torch.autograd.grad(out, (k, v), d_out)
+    else:
+        ctx_len, cu = 11, [0, 64, 65, layout.total_tokens - 11]
+        cu_t = torch.tensor(cu, dtype=torch.int32)
+        out, lse = flash_attn_dualkv_varlen_func(q[ctx_len:], k[:ctx_len], v[:ctx_len], k[ctx_len:], v[ctx_len:],
+                                                 cu_t, cu_t, 200, ctx_len, 200, softmax_scale=0.3, causal=False,
+                                                 return_lse=True)
+        dk_own, dv_own, dk_ctx, dv_ctx, writes = mirror_dkdv(
+            q[ctx_len:], k[:ctx_len], v[:ctx_len], k[ctx_len:], v[ctx_len:], d_out[ctx_len:], out, lse,
+            schedule.segments_from_cu_seqlens(cu, ctx_len), block_keys=DKDV_TILES[32].block_keys, ctx_shared=False,
+            scale=0.3, causal=False)
+        dk, dv = torch.cat([dk_ctx, dk_own]), torch.cat([dv_ctx, dv_own])
+        ref = torch.autograd.grad(out, (k, v), d_out[ctx_len:])
+    assert (writes[:k.shape[0]] == 1).all()
+    assert (dk - ref[0]).abs().max().item() < 1e-12 and (dv - ref[1]).abs().max().item() < 1e-12

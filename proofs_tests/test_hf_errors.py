@@ -86,14 +86,20 @@ def test_missing_or_wrong_positions(model_and_batch):
             model(**{**inputs, "position_ids": arange})
 
 
-def test_unchecked_wrong_positions_give_wrong_answers(model_and_batch):
-    """Negative control for the position check: without it, 0..T-1 positions run and are silently wrong."""
+def test_unchecked_wrong_positions_give_wrong_answers(model_and_batch, monkeypatch):
+    """Negative control for the position checks (model input and attention): without them, 0..T-1 positions run
+    and are silently wrong; with them, the attention refuses them even when the input hook is off."""
+    import dualkv.integration.hf as hf
+
     model, rows, packed = model_and_batch
+    inputs = {**packed_model_inputs(packed), "position_ids": torch.arange(packed.layout.total_tokens)[None]}
     with torch.no_grad():
         ref, _, _ = stock_forward(model, rows)
         with apply_dualkv(model, check_inputs=False):
             good, _ = model_response_logprobs(model, packed, with_entropy=False)
-            inputs = {**packed_model_inputs(packed), "position_ids": torch.arange(packed.layout.total_tokens)[None]}
+            with pytest.raises(ValueError, match="position_ids do not match"):
+                model.get_decoder()(**inputs)
+            monkeypatch.setattr(hf, "_check_positions", lambda *_: None)
             hidden = model.get_decoder()(**inputs).last_hidden_state[0]
             logp = torch.log_softmax(model.lm_head(hidden[packed.predictor_index]), -1)
             bad = logp.gather(-1, packed.response_ids[:, None])[:, 0]
@@ -163,4 +169,23 @@ def test_logit_scaling_head_is_refused(model_and_batch):
     model, _, packed = model_and_batch
     model.config.logits_scaling = 4.0
     with apply_dualkv(model), pytest.raises(NotImplementedError, match="logits_scaling"):
+        model_response_logprobs(model, packed)
+
+
+def test_logprobs_of_a_model_not_in_dualkv_mode_are_refused(model_and_batch):
+    """model_response_logprobs on a stock-attention model is refused by name; the negative control shows what the
+    unchecked call returned (the packed rows attend to each other: wrong log-probs)."""
+    model, rows, packed = model_and_batch
+    with pytest.raises(ValueError, match="runs 'sdpa'.*enable_dualkv"):
+        model_response_logprobs(model, packed)
+    with torch.no_grad():
+        ref, _, _ = stock_forward(model, rows)
+        hidden = model.get_decoder()(**packed_model_inputs(packed)).last_hidden_state[0]   # sdpa on packed rows
+        logp = torch.log_softmax(model.lm_head(hidden[packed.predictor_index]), -1)
+        unchecked = logp.gather(-1, packed.response_ids[:, None])[:, 0]
+        with apply_dualkv(model):
+            good, _ = model_response_logprobs(model, packed, with_entropy=False)
+    assert rel_err(good, ref) < 1e-12 and (unchecked - ref).abs().max().item() > 1e-2
+    model.set_attn_implementation("eager")
+    with pytest.raises(ValueError, match="runs 'eager'"):
         model_response_logprobs(model, packed)

@@ -162,3 +162,52 @@ def test_fused_with_one_output_unused(use):
     got = torch.autograd.grad(pick(*packed_logprobs(h, w, packed, bias=b, temperature=0.9, logit_softcap=2.0,
                                                     chunk_size=4, fused=True)).sum(), (h, w, b))
     assert max(rel_err(a, r) for a, r in zip(got, ref)) < 1e-12
+
+
+def _rounded_chunk_products(acc, grad_rows, h_rows):
+    """The known-wrong accumulation: each chunk's dW product rounded to the head's dtype (bf16) before the sum."""
+    return acc + (grad_rows.t() @ h_rows).to(acc.dtype)
+
+
+def test_weight_gradient_chunks_are_summed_in_float32():
+    """The accumulator alone: bf16 chunk products summed in float32 are exact to float32 rounding; rounding each
+    product to bf16 first is off by ~2^-9."""
+    gen = torch.Generator().manual_seed(4)
+    chunks = [(torch.randn(64, 16, generator=gen).bfloat16(), torch.randn(64, 8, generator=gen).bfloat16())
+              for _ in range(50)]
+    ref = sum(g.double().t() @ h.double() for g, h in chunks)
+    fixed, rounded = torch.zeros(16, 8), torch.zeros(16, 8)
+    for g, h in chunks:
+        fixed = lpmod._accumulate_weight_grad(fixed, g, h)
+        rounded = _rounded_chunk_products(rounded, g, h)
+    assert rel_err(fixed, ref) < 1e-6 < 1e-4 < rel_err(rounded, ref)
+
+
+def test_fused_weight_gradient_is_accumulated_in_float32():
+    """bf16 head, 32 chunks whose dW products cancel (two halves of the same rows with opposite advantages and a
+    few different targets, as GRPO's zero-mean advantages do): against float64, the fused backward with the
+    known-wrong bf16 chunk products is more than twice as far off as the float32 accumulation (whose error is the
+    bf16 logits and the final cast of dW to bf16)."""
+    gen = torch.Generator().manual_seed(3)
+    m, d, v = 2048, 32, 16
+    half = torch.randn(m // 2, d, generator=gen, dtype=torch.float64)
+    h64 = torch.cat([half, half])
+    w64 = torch.randn(v, d, generator=gen, dtype=torch.float64) * 0.05
+    targets = (h64 @ torch.randn(v, d, generator=gen, dtype=torch.float64).t()).argmax(-1)
+    flip = torch.rand(m // 2, generator=gen) < 0.05
+    targets[m // 2:][flip] = (targets[m // 2:][flip] + 1) % v
+    advantages = torch.cat([torch.ones(m // 2), -torch.ones(m // 2)])
+
+    def dw(h, w):
+        h, w = h.detach().requires_grad_(), w.detach().requires_grad_()
+        lp, _ = token_logprobs(h, w, torch.arange(m), targets, chunk_size=64, with_entropy=False, fused=True)
+        return torch.autograd.grad((lp * advantages.to(lp.dtype)).sum(), w)[0]
+
+    h16, w16 = h64.to(torch.bfloat16), w64.to(torch.bfloat16)
+    ref = dw(h16.double(), w16.double())
+    fixed = dw(h16, w16)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lpmod, "_accumulate_weight_grad", _rounded_chunk_products)
+        rounded = dw(h16, w16)
+    err_fixed, err_rounded = rel_err(fixed, ref), rel_err(rounded, ref)
+    assert fixed.dtype == torch.bfloat16 and err_rounded > 2 * err_fixed, (err_fixed, err_rounded)

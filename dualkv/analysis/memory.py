@@ -19,7 +19,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ._checks import check_int
+from .._checks import check_int
 from .models import ModelConfig, load_model
 
 __all__ = [

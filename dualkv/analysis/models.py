@@ -21,7 +21,7 @@ from functools import lru_cache
 from importlib import resources
 
 from ..layout import GroupLayout
-from ._checks import check_int, check_mode
+from .._checks import check_int, check_mode
 from .pairs import MODE_FACTOR, attention_flops, n_copy_pairs, useful_pairs
 
 __all__ = [

@@ -19,7 +19,7 @@ backward 2.5x the forward, forward+backward 3.5x.
 from __future__ import annotations
 
 from ..layout import GroupLayout
-from ._checks import IntOrSeq, check_int, check_mode, check_positive_array, check_window
+from .._checks import IntOrSeq, check_int, check_mode, check_positive_array, check_window_left
 from .tokens import group_layout
 
 __all__ = [
@@ -41,7 +41,7 @@ MODE_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 def causal_row_pairs(S: int, window_left: int = -1) -> int:
     """``F(S)``: (query, key) pairs of causal self-attention over one row of ``S`` tokens (positions 0..S-1)."""
     s = check_int(S, "S", 0)
-    left = check_window(window_left)
+    left = check_window_left(window_left)
     if left < 0 or s <= left + 1:
         return s * (s + 1) // 2
     return (left + 1) * (left + 2) // 2 + (s - left - 1) * (left + 1)

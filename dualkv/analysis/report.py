@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._checks import IntOrSeq, check_int, check_mode, response_lengths
+from .._checks import IntOrSeq, check_int, check_mode, response_lengths
 from .memory import PAPER_LLAMA31_8B_LAW, MemoryLaw, checkpoint_bytes_per_token, model_kernel_memory_savings
 from .models import PEAK_BF16_FLOPS, load_model, mfu, model_flops, step_speedup_bounds
 from .pairs import attn_speedup_theory, n_copy_pairs, useful_pairs

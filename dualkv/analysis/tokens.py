@@ -14,7 +14,7 @@ rho is the speedup and memory ratio of everything outside attention. Counts for 
 from __future__ import annotations
 
 from ..layout import GroupLayout
-from ._checks import IntOrSeq, check_int, check_positive_array, response_lengths
+from .._checks import IntOrSeq, check_int, check_positive_array, response_lengths
 
 __all__ = [
     "group_layout",

@@ -8,23 +8,22 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-#: The kernels have a (deterministic) backward.
-HAS_BACKWARD = True
 
-
-@lru_cache(maxsize=1)
-def available() -> bool:
-    """True when the kernels can run here: a CUDA device of compute capability >= 8.0 and cuda.core importable."""
+@lru_cache(maxsize=None)
+def unavailable_reason(device_index: int) -> str | None:
+    """Why the kernels cannot run on CUDA device ``device_index`` (None when they can): compute capability < 8.0,
+    or cuda.core (the NVRTC / driver bindings) not importable."""
     import torch
 
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
-        return False
+    major, minor = torch.cuda.get_device_capability(device_index)
+    if major < 8:
+        return f"cuda:{device_index} is sm_{major}{minor}; the kernels need compute capability >= 8.0"
     try:
         import cuda.core  # noqa: F401
         from cuda.core.utils import FileStreamProgramCache  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    except ImportError as err:
+        return f"cuda.core is not importable ({err}); install the cuda-core package"
+    return None
 
 
 def __getattr__(name):

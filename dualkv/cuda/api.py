@@ -1,8 +1,15 @@
-"""The CUDA backend's public functions: same signatures as :mod:`dualkv.reference`, for CUDA fp16/bf16 tensors.
+"""The CUDA backend's public functions: same signatures and semantics as :mod:`dualkv.reference`, for CUDA
+fp16/bf16 tensors.
 
-Differentiable (custom ops with autograd, see :mod:`dualkv.cuda.ops`); the backward is deterministic — every
-gradient row is summed by one CTA in a fixed order, with no atomics — so ``deterministic=True`` (and
-``torch.use_deterministic_algorithms``) need nothing extra.
+Differentiable (custom ops with autograd, see :mod:`dualkv.cuda.ops`). The default backward is deterministic —
+every gradient row is summed by one CTA in a fixed order, with no atomics; ``deterministic=False`` selects the
+atomic-dQ mode where it exists (head dims :data:`~dualkv.cuda.configs.ATOMIC_HEAD_DIMS`).
+
+Head dims: any multiple of 8 up to 512. A head dim that is not a kernel head dim (e.g. 80) is zero-padded to the
+next one (:func:`~dualkv.cuda.configs.kernel_head_dim`) with the softmax scale of the original; the padded output
+and gradient columns are dropped, so the result is exact. ``causal=False`` runs the non-causal kernels
+(``DKV_CAUSAL=0``), without a window. The paper's call 2 with query rows other than one per decoded key is mapped
+onto the segment table by :mod:`dualkv.cuda.call2`.
 """
 
 from __future__ import annotations
@@ -10,32 +17,39 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 
-from .._checks import (check_cu_seqlens, check_dualkv_inputs, check_layout_tensors, check_max_seqlen, check_qkv,
+from .._checks import (check_context_inputs, check_deterministic, check_dualkv_inputs, check_layout_tensors,
                        check_window, resolve_scale)
+from .._warnings import warn_once
 from ..layout import GroupLayout
-from .configs import DTYPES, HEAD_DIMS, WINDOW_HEAD_DIMS, attention_path, forward_kernel_for
+from .call2 import gather_inputs, map_call2, scatter_outputs
+from .configs import ATOMIC_HEAD_DIMS, DTYPES, WINDOW_HEAD_DIMS, attention_path, forward_kernel_for, kernel_head_dim
 from .launch import Plan, make_plan
 from .ops import fwd as _fwd_op
-from .runtime import arch_of
+from .runtime import arch_of, device_index
 from .schedule import segments_from_cu_seqlens
 
 
-def _check_kernel_inputs(q: torch.Tensor, head_dim: int, causal: bool, window_left: int, *tensors) -> None:
+def _kernel_head_dim(q: torch.Tensor, head_dim: int, causal: bool, window: tuple[int, int]) -> int:
+    """Check what the kernels can serve; returns the kernel head dim the inputs are padded to."""
     if not q.is_cuda:
         raise ValueError(f"the CUDA kernels need CUDA tensors; q is on {q.device}")
     if q.dtype not in DTYPES:
         raise TypeError(f"the CUDA kernels take float16 or bfloat16; got {q.dtype} (use dualkv.reference)")
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim {head_dim} is not supported by the CUDA kernels (supported: {HEAD_DIMS})")
-    if not causal:
-        raise NotImplementedError("the CUDA kernels are causal only (training always is); use dualkv.reference for "
-                                  "causal=False")
-    if window_left >= 0 and head_dim not in WINDOW_HEAD_DIMS:
-        raise NotImplementedError(f"sliding windows are supported for head dims {WINDOW_HEAD_DIMS}, not {head_dim}")
-    for t in tensors:
-        if t.device != q.device:
-            raise ValueError(f"all inputs must be on {q.device}; got a tensor on {t.device}")
+    padded = kernel_head_dim(head_dim)
+    if not causal and tuple(window) != (-1, -1):
+        raise NotImplementedError(f"the CUDA kernels have no sliding window with causal=False (got window_size="
+                                  f"{tuple(window)}); use dualkv.reference for non-causal windows")
+    if window[0] >= 0 and padded not in WINDOW_HEAD_DIMS:
+        raise NotImplementedError(f"sliding windows are supported for head dims up to {WINDOW_HEAD_DIMS[-1]}, not "
+                                  f"{head_dim}")
+    return padded
+
+
+def _pad_head_dim(tensors, padded: int) -> list[torch.Tensor]:
+    """Zero-pad the last (head) dim of each tensor to ``padded`` (differentiable; a no-op when already there)."""
+    return [t if t.shape[-1] == padded else F.pad(t, (0, padded - t.shape[-1])) for t in tensors]
 
 
 #: Backward mode when the caller does not choose: the deterministic two-kernel backward, unless measurements say
@@ -43,65 +57,71 @@ def _check_kernel_inputs(q: torch.Tensor, head_dim: int, causal: bool, window_le
 DEFAULT_DETERMINISTIC = True
 
 
-def resolve_deterministic(deterministic: bool | None) -> bool:
-    """``None`` means: deterministic if ``torch.are_deterministic_algorithms_enabled()``, else the default mode."""
-    if deterministic is None:
+def resolve_deterministic(deterministic: bool | None, head_dim: int | None = None) -> bool:
+    """``None`` means: deterministic if ``torch.are_deterministic_algorithms_enabled()``, else the default mode.
+
+    ``False`` selects the atomic-dQ backward, which exists for head dims :data:`ATOMIC_HEAD_DIMS`; at other head
+    dims the backward stays deterministic, and a warning says so (once).
+    """
+    if check_deterministic(deterministic) is None:
         return torch.are_deterministic_algorithms_enabled() or DEFAULT_DETERMINISTIC
-    return bool(deterministic)
+    if not deterministic and head_dim is not None and head_dim not in ATOMIC_HEAD_DIMS:
+        warn_once(f"deterministic=False has no effect at head dim {head_dim}: the CUDA backward's atomic-dQ mode "
+                  f"exists for head dims {ATOMIC_HEAD_DIMS}; the deterministic backward runs", stacklevel=5)
+    return deterministic
 
 
 def _run(q, k_ctx, v_ctx, k_own, v_own, plan: Plan, scale: float, window_left: int, deterministic: bool | None):
     return _fwd_op(q, k_ctx, v_ctx, k_own, v_own, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles,
-                   plan.fwd_kernel, plan.fwd_pack, plan.dq_pack, plan.ctx_shared, scale, window_left,
-                   resolve_deterministic(deterministic))
+                   plan.fwd_kernel, plan.fwd_pack, plan.dq_pack, plan.ctx_shared, scale, window_left, plan.causal,
+                   resolve_deterministic(deterministic, q.shape[-1]))
 
 
 def _finish(out, lse, return_lse):
     return (out, lse) if return_lse else out
 
 
+def _finish_padded(out, lse, head_dim: int, return_lse: bool):
+    return _finish(out[..., :head_dim] if out.shape[-1] != head_dim else out, lse, return_lse)
+
+
 def flash_attn_dualkv_varlen_func(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q, cu_seqlens_k_decoded,
                                   max_seqlen_q, context_seqlen, max_seqlen_k_decoded, softmax_scale=None,
                                   causal=True, window_size: Sequence[int] = (-1, -1), return_lse=False,
                                   deterministic: bool | None = None):
-    """Call 2 on the GPU; see :func:`dualkv.reference.flash_attn_dualkv_varlen_func` for the contract."""
-    h, hk, d, cu = check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q,
-                                       cu_seqlens_k_decoded, max_seqlen_q, context_seqlen, max_seqlen_k_decoded)
+    """Call 2 on the GPU; see :func:`dualkv.reference.flash_attn_dualkv_varlen_func` for the contract (any
+    L_i <= P + R_i query rows per sequence, bottom-right aligned; causal or not)."""
+    h, hk, d, cu_q, cu_k = check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q,
+                                               cu_seqlens_k_decoded, max_seqlen_q, context_seqlen,
+                                               max_seqlen_k_decoded)
     window = check_window(window_size, causal)
-    _check_kernel_inputs(q, d, causal, window[0], k_context, v_context, k_decoded, v_decoded)
-    plan = make_plan(segments_from_cu_seqlens(cu, context_seqlen), head_dim=d, group_size=h // hk,
-                     window_left=window[0], device=q.device, ctx_shared=False)
-    out, lse = _run(q, k_context, v_context, k_decoded, v_decoded, plan, resolve_scale(softmax_scale, d), window[0],
-                    deterministic)
-    return _finish(out, lse, return_lse)
+    padded = _kernel_head_dim(q, d, causal, window)
+    mapping = map_call2(cu_q, cu_k, context_seqlen)
+    inputs = _pad_head_dim(gather_inputs(mapping, q, k_context, v_context, k_decoded, v_decoded), padded)
+    plan = make_plan(mapping.segments, head_dim=padded, group_size=h // hk, window_left=window[0], device=q.device,
+                     ctx_shared=False, causal=causal)
+    out, lse = _run(*inputs, plan, resolve_scale(softmax_scale, d), window[0], deterministic)
+    out, lse = scatter_outputs(mapping, out, lse)
+    return _finish_padded(out, lse, d, return_lse)
 
 
 def context_attention(q, k, v, cu_seqlens=None, max_seqlen=None, softmax_scale=None, causal=True,
                       window_size: Sequence[int] = (-1, -1), return_lse=False, deterministic: bool | None = None):
-    """Call 1 on the GPU (causal self-attention of one or several packed prompts)."""
-    h, hk, d = check_qkv({"q": q, "k": k, "v": v}, query="q", keys=("k", "v"))
-    for name, t in (("k", k), ("v", v)):
-        if t.shape[0] != q.shape[0]:
-            raise ValueError(f"{name} has {t.shape[0]} tokens but q has {q.shape[0]}")
-    if cu_seqlens is None:
-        cu = [0, q.shape[0]]
-    else:
-        if max_seqlen is None:
-            raise ValueError("context_attention: max_seqlen is required when cu_seqlens is given")
-        cu = check_cu_seqlens(cu_seqlens, "cu_seqlens", q.shape[0], q.device)
-        check_max_seqlen(max_seqlen, "max_seqlen", [b - a for a, b in zip(cu, cu[1:])])
+    """Call 1 on the GPU (self-attention of one or several packed prompts; causal or not)."""
+    h, hk, d, cu = check_context_inputs(q, k, v, cu_seqlens, max_seqlen)
     window = check_window(window_size, causal)
-    _check_kernel_inputs(q, d, causal, window[0], k, v)
-    plan = make_plan(segments_from_cu_seqlens(cu, 0), head_dim=d, group_size=h // hk, window_left=window[0],
-                     device=q.device, ctx_shared=True)
+    padded = _kernel_head_dim(q, d, causal, window)
+    q, k, v = _pad_head_dim((q, k, v), padded)
+    plan = make_plan(segments_from_cu_seqlens(cu, 0), head_dim=padded, group_size=h // hk, window_left=window[0],
+                     device=q.device, ctx_shared=True, causal=causal)
     out, lse = _run(q, k, v, k, v, plan, resolve_scale(softmax_scale, d), window[0], deterministic)
-    return _finish(out, lse, return_lse)
+    return _finish_padded(out, lse, d, return_lse)
 
 
 def layout_plan(layout: GroupLayout, *, head_dim: int, group_size: int, window_left: int,
                 device: torch.device) -> Plan:
     """The kernels' schedule of a layout, built once per (shape, device) and cached on the layout."""
-    fwd_kernel = forward_kernel_for(head_dim, arch_of(device.index or 0))
+    fwd_kernel = forward_kernel_for(head_dim, arch_of(device_index(device)))
     key = ("plan", head_dim, group_size, window_left, str(device), fwd_kernel)
     plan = layout._device_cache.get(key)
     if plan is None:
@@ -117,12 +137,13 @@ def shared_prefix_attention(q, k, v, layout: GroupLayout, softmax_scale=None, wi
     where it is faster (:func:`dualkv.cuda.configs.attention_path`), the cuDNN cascade."""
     h, hk, d = check_layout_tensors(q, k, v, layout)
     window = check_window(window_size, True)
-    _check_kernel_inputs(q, d, True, window[0], k, v)
-    if attention_path(arch_of(q.device.index or 0), d, window[0] >= 0, resolve_deterministic(deterministic)) == \
-            "cascade":
+    padded = _kernel_head_dim(q, d, True, window)
+    if attention_path(arch_of(device_index(q.device)), d, window[0] >= 0,
+                      resolve_deterministic(deterministic, d)) == "cascade":
         from ..cascade import shared_prefix_attention as cascade
 
         return cascade(q, k, v, layout, softmax_scale=softmax_scale, return_lse=return_lse)
-    plan = layout_plan(layout, head_dim=d, group_size=h // hk, window_left=window[0], device=q.device)
+    q, k, v = _pad_head_dim((q, k, v), padded)
+    plan = layout_plan(layout, head_dim=padded, group_size=h // hk, window_left=window[0], device=q.device)
     out, lse = _run(q, k, v, k, v, plan, resolve_scale(softmax_scale, d), window[0], deterministic)
-    return _finish(out, lse, return_lse)
+    return _finish_padded(out, lse, d, return_lse)

@@ -41,7 +41,8 @@ def _run(args: argparse.Namespace) -> int:
         for spec, built, err in tqdm(pool.map(build, specs), total=len(specs), desc="compiling kernels",
                                      disable=args.no_progress, file=sys.stderr):
             row = {"kernel": spec.kernel, "arch": spec.arch, "head_dim": spec.head_dim, "dtype": spec.dtype,
-                   "pack": spec.pack, "window": spec.window, "tile": repr(spec.tile), "smem_bytes": spec.smem_bytes,
+                   "pack": spec.pack, "window": spec.window, "causal": spec.causal, "tile": repr(spec.tile),
+                   "smem_bytes": spec.smem_bytes,
                    "ok": err is None}
             if built is not None and built.log:
                 row.update(resource_usage(built.log))
@@ -51,7 +52,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.resources:
         for r in results:
             print(f"{r['arch']} {r['kernel']} d={r['head_dim']:<3} {r['dtype']} pack={r['pack']} "
-                  f"window={int(r['window'])}: {r.get('registers')} regs, spill {r.get('spill_stores')}/"
+                  f"window={int(r['window'])} causal={int(r['causal'])}: {r.get('registers')} regs, spill "
+                  f"{r.get('spill_stores')}/"
                   f"{r.get('spill_loads')} B, smem {r['smem_bytes']} B"
                   + (", wgmma SERIALIZED by ptxas" if r.get("wgmma_serialized") else ""))
     for err in failures:

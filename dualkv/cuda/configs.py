@@ -7,7 +7,6 @@ block schedule (:mod:`dualkv.cuda.mirror`), so the CPU-tested schedule is the on
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import product
 
@@ -151,9 +150,22 @@ SM90_DQ_TILES: dict[int, TileConfig] = {
     128: TileConfig(block_n=64, warps=8, mslabs=1),
 }
 
-# The plan's tile tables are built for DQ_TILES / DKDV_TILES; the wgmma kernels must take the same tiles.
-assert all(SM90_DKDV_TILES[d].block_keys == DKDV_TILES[d].block_keys for d in SM90_DKDV_TILES)
-assert all(SM90_DQ_TILES[d].block_m == DQ_TILES[d].block_m for d in SM90_DQ_TILES)
+
+
+def check_tile_tables(sm90_dkdv: dict = SM90_DKDV_TILES, sm90_dq: dict = SM90_DQ_TILES) -> None:
+    """The plan's tile tables are built for DQ_TILES / DKDV_TILES, so the wgmma kernels must take the same tiles
+    (checked at import; an exception, not an ``assert`` that ``python -O`` would drop)."""
+    for d, tile in sm90_dkdv.items():
+        if tile.block_keys != DKDV_TILES[d].block_keys:
+            raise ValueError(f"SM90_DKDV_TILES[{d}] has {tile.block_keys} keys per CTA but DKDV_TILES[{d}] "
+                             f"{DKDV_TILES[d].block_keys}: the dK/dV schedule is shared")
+    for d, tile in sm90_dq.items():
+        if tile.block_m != DQ_TILES[d].block_m:
+            raise ValueError(f"SM90_DQ_TILES[{d}] has {tile.block_m} query rows per CTA but DQ_TILES[{d}] "
+                             f"{DQ_TILES[d].block_m}: the dQ schedule is shared")
+
+
+check_tile_tables()
 
 KERNELS = ("fwd", "fwd_sm90", "fwd_sm90_ws", "bwd_prep", "bwd_dq", "bwd_dq_sm90", "bwd_dkdv", "bwd_dkdv_sm90",
            "bwd_sm90_ws")
@@ -173,18 +185,30 @@ KERNEL_FAMILIES = ("auto", "wgmma_v1", "mma")
 _family = [os.environ.get("DUALKV_KERNELS", "auto")]
 
 
-@contextmanager
-def kernel_family(choice: str):
-    """Temporarily choose the kernel family (one of :data:`KERNEL_FAMILIES`; also ``$DUALKV_KERNELS``), e.g. to
-    benchmark the mma.sync kernels on a Hopper GPU."""
-    if choice not in KERNEL_FAMILIES:
-        raise ValueError(f"kernel family must be one of {KERNEL_FAMILIES}, got {choice!r}")
-    old = _family[0]
-    _family[0] = choice
-    try:
-        yield
-    finally:
-        _family[0] = old
+class kernel_family:  # noqa: N801 - used like a function: kernel_family("mma")
+    """Choose the kernel family (one of :data:`KERNEL_FAMILIES`; the initial value comes from ``$DUALKV_KERNELS``),
+    e.g. to run the mma.sync kernels on a Hopper GPU.
+
+    A plain call sets it for the rest of the process (``kernel_family("mma")``); used as a context manager
+    (``with kernel_family("mma"): ...``) it also restores the previous family when the block ends.
+    """
+
+    def __init__(self, choice: str):
+        if choice not in KERNEL_FAMILIES:
+            raise ValueError(f"kernel family must be one of {KERNEL_FAMILIES}, got {choice!r}")
+        self.previous = _family[0]
+        _family[0] = choice
+
+    def __enter__(self) -> "kernel_family":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _family[0] = self.previous
+
+
+def current_kernel_family() -> str:
+    """The family in force (see :class:`kernel_family`)."""
+    return _family[0]
 
 
 def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
@@ -227,9 +251,10 @@ def forward_kernel_for(head_dim: int, arch: str) -> str:
     return "fwd"
 
 
-def ws_backward_for(head_dim: int, arch: str, window: bool) -> bool:
-    """Whether the fused warp-specialised backward (dK, dV and dQ in one kernel) serves this call."""
-    return not window and _use_sm90("bwd_sm90_ws", head_dim, arch)
+def ws_backward_for(head_dim: int, arch: str, window: bool, causal: bool = True) -> bool:
+    """Whether the fused warp-specialised backward (dK, dV and dQ in one kernel; causal, no window) serves this
+    call."""
+    return causal and not window and _use_sm90("bwd_sm90_ws", head_dim, arch)
 
 
 def dq_kernel_for(head_dim: int, arch: str) -> str:
@@ -259,12 +284,15 @@ class KernelSpec:
     window: bool
     arch: str
     dq_atomic: bool = False  # bwd_dkdv only: also accumulate dQ with fp32 atomics (non-deterministic mode)
+    causal: bool = True      # False: a segment's own keys are all visible (DKV_CAUSAL=0; no window)
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
             raise ValueError(f"unknown kernel {self.kernel!r}")
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim {self.head_dim} is not supported by the CUDA kernels (supported: {HEAD_DIMS})")
+        if self.window and not self.causal:
+            raise ValueError("sliding windows are built for causal kernels only")
         if self.window and self.head_dim not in WINDOW_HEAD_DIMS:
             raise ValueError(f"sliding windows are supported for head dims {WINDOW_HEAD_DIMS}, not {self.head_dim}")
         if self.dq_atomic and (self.kernel != "bwd_dkdv" or self.head_dim not in ATOMIC_HEAD_DIMS):
@@ -314,7 +342,8 @@ class KernelSpec:
     def defines(self) -> list[tuple[str, str]]:
         t = self.tile
         common = [("DKV_HEAD_DIM", str(self.head_dim)), ("DKV_WARPS", str(t.warps)), ("DKV_DSPLIT", str(t.dsplit)),
-                  ("DKV_BF16", "1" if self.dtype == "bf16" else "0"), ("DKV_WINDOW", "1" if self.window else "0")]
+                  ("DKV_BF16", "1" if self.dtype == "bf16" else "0"), ("DKV_WINDOW", "1" if self.window else "0"),
+                  ("DKV_CAUSAL", "1" if self.causal else "0")]
         if self.kernel == "bwd_prep":
             return common
         if self.kernel in ("bwd_dkdv", "bwd_dkdv_sm90", "bwd_sm90_ws"):
@@ -331,6 +360,17 @@ class KernelSpec:
         return replace(self, arch=arch)
 
 
+def kernel_head_dim(head_dim: int) -> int:
+    """The kernel head dim that serves ``head_dim``: the smallest of :data:`HEAD_DIMS` >= it. The launcher zero-pads
+    q/k/v up to it (exact: the padded columns add 0 to every score, and their output and gradient columns are
+    dropped; the softmax scale stays 1/sqrt(head_dim)). ``head_dim`` must be a multiple of 8 (16-byte rows)."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 8 or head_dim % 8 \
+            or head_dim > HEAD_DIMS[-1]:
+        raise ValueError(f"head_dim {head_dim} is not supported by the CUDA kernels: it must be a multiple of 8 "
+                         f"up to {HEAD_DIMS[-1]} (kernel head dims {HEAD_DIMS}; others are zero-padded up)")
+    return next(d for d in HEAD_DIMS if d >= head_dim)
+
+
 def _check_dtype(dtype: torch.dtype) -> str:
     if dtype not in DTYPES:
         raise TypeError(f"the CUDA kernels take float16 or bfloat16, got {dtype}")
@@ -343,25 +383,25 @@ def _check_head_dim(head_dim: int) -> None:
 
 
 def fwd_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, arch: str,
-             kernel: str | None = None) -> KernelSpec:
+             kernel: str | None = None, causal: bool = True) -> KernelSpec:
     """The forward specialization; ``kernel`` defaults to :func:`forward_kernel_for` (``arch`` is the device's)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
     kernel = kernel or forward_kernel_for(head_dim, arch)
     tile = forward_tile(kernel, head_dim)
     return KernelSpec(kernel, head_dim, name, tile, pack_for(group_size, tile), window,
-                      "sm_90a" if kernel in SM90_KERNELS else arch)
+                      "sm_90a" if kernel in SM90_KERNELS else arch, causal=causal)
 
 
 def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, arch: str,
-            kernel: str | None = None) -> KernelSpec:
+            kernel: str | None = None, causal: bool = True) -> KernelSpec:
     """The dQ specialization; ``kernel`` defaults to :func:`dq_kernel_for` (``arch`` is the device's)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
     kernel = kernel or dq_kernel_for(head_dim, arch)
     tile = (SM90_DQ_TILES if kernel == "bwd_dq_sm90" else DQ_TILES)[head_dim]
     return KernelSpec(kernel, head_dim, name, tile, pack_for(group_size, tile), window,
-                      "sm_90a" if kernel == "bwd_dq_sm90" else arch)
+                      "sm_90a" if kernel == "bwd_dq_sm90" else arch, causal=causal)
 
 
 def ws_bwd_spec(head_dim: int, dtype: torch.dtype) -> KernelSpec:
@@ -370,14 +410,14 @@ def ws_bwd_spec(head_dim: int, dtype: torch.dtype) -> KernelSpec:
 
 
 def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,
-              kernel: str | None = None) -> KernelSpec:
+              kernel: str | None = None, causal: bool = True) -> KernelSpec:
     """The dK/dV specialization; ``kernel`` defaults to :func:`dkdv_kernel_for` (``arch`` is the device's)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
     kernel = kernel or dkdv_kernel_for(head_dim, arch, dq_atomic)
     if kernel == "bwd_dkdv_sm90":
-        return KernelSpec(kernel, head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a")
-    return KernelSpec(kernel, head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic)
+        return KernelSpec(kernel, head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a", causal=causal)
+    return KernelSpec(kernel, head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic, causal)
 
 
 def prep_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
@@ -387,9 +427,10 @@ def prep_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
 
 
 def all_specs(arch: str) -> list[KernelSpec]:
-    """Every specialization the kernels are built in, for one architecture."""
+    """Every specialization the kernels are built in, for one architecture: causal with and without a window, and
+    non-causal (``DKV_CAUSAL=0``, no window); the backward's preprocessing kernel once per head dim and dtype."""
     specs = [prep_spec(d, dtype, arch) for d in HEAD_DIMS for dtype in DTYPES]
-    for head_dim, dtype, window in product(HEAD_DIMS, DTYPES, (False, True)):
+    for head_dim, dtype, (window, causal) in product(HEAD_DIMS, DTYPES, ((False, True), (True, True), (False, False))):
         if window and head_dim not in WINDOW_HEAD_DIMS:
             continue
         name = DTYPES[dtype]
@@ -402,12 +443,14 @@ def all_specs(arch: str) -> list[KernelSpec]:
                 continue
             for pack in PACKS:
                 if tiles[head_dim].block_m // pack >= 8:
-                    specs.append(KernelSpec(kernel, head_dim, name, tiles[head_dim], pack, window, kernel_arch))
+                    specs.append(KernelSpec(kernel, head_dim, name, tiles[head_dim], pack, window, kernel_arch,
+                                            causal=causal))
         if arch == "sm_90" and head_dim in SM90_DKDV_TILES:
-            specs.append(KernelSpec("bwd_dkdv_sm90", head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a"))
-        if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES and not window:
+            specs.append(KernelSpec("bwd_dkdv_sm90", head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a",
+                                    causal=causal))
+        if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES and not window and causal:
             specs.append(KernelSpec("bwd_sm90_ws", head_dim, name, SM90_WS_BWD_TILES[head_dim], 1, False, "sm_90a"))
-        specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch))
+        specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, causal=causal))
         if head_dim in ATOMIC_HEAD_DIMS:
-            specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, True))
+            specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, True, causal))
     return specs

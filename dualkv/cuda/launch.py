@@ -16,7 +16,7 @@ import torch
 from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, TMA_KERNELS, KeyTileConfig, TileConfig, dkdv_spec,
                       dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for, prep_spec, ws_backward_for,
                       ws_bwd_spec)
-from .runtime import arch_of, f32, get_kernel, i32, i64, poison_enabled
+from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
 from .schedule import check_block_order, key_tiles, tile_table
 
 LOG2E = math.log2(math.e)
@@ -46,6 +46,7 @@ class Plan:
     dq_pack: int
     key_tiles: torch.Tensor  # int32 (n, 4)
     ctx_shared: bool
+    causal: bool             # False: own keys all visible (the DKV_CAUSAL=0 kernels)
     fwd_tile: TileConfig
     dq_tile: TileConfig
     dkdv_tile: KeyTileConfig
@@ -58,27 +59,29 @@ def _to_device(a: np.ndarray, device) -> torch.Tensor:
 def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_left: int, device: torch.device,
               ctx_shared: bool, fwd_kernel: str | None = None, fwd_tile: TileConfig | None = None,
               fwd_pack: int | None = None, dq_tile: TileConfig | None = None,
-              dkdv_tile: KeyTileConfig | None = None) -> Plan:
+              dkdv_tile: KeyTileConfig | None = None, causal: bool = True) -> Plan:
     """Schedules for the default kernels and tiles of ``head_dim`` (the kernel/tile/pack arguments override them,
     for tuning; a forward tile without a forward kernel means the mma.sync forward)."""
-    fwd_kernel = fwd_kernel or ("fwd" if fwd_tile else forward_kernel_for(head_dim, arch_of(device.index or 0)))
+    fwd_kernel = fwd_kernel or ("fwd" if fwd_tile else forward_kernel_for(head_dim, arch_of(device_index(device))))
     fwd_tile = fwd_tile or forward_tile(fwd_kernel, head_dim)
     fwd_pack = fwd_pack or pack_for(group_size, fwd_tile)
     if group_size % fwd_pack:
         raise ValueError(f"pack {fwd_pack} does not divide the GQA group size {group_size}")
     dq_tile, dkdv_tile = dq_tile or DQ_TILES[head_dim], dkdv_tile or DKDV_TILES[head_dim]
     dq_pack = pack_for(group_size, dq_tile)
-    keys = key_tiles(segments, dkdv_tile.block_keys, ctx_shared)
+    keys = key_tiles(segments, dkdv_tile.block_keys, ctx_shared, causal)
     check_block_order(keys)
     return Plan(
         segments=_to_device(segments, device),
         fwd_kernel=fwd_kernel,
-        fwd_tiles=_to_device(tile_table(segments, fwd_tile.block_m // fwd_pack, fwd_tile.block_n, window_left), device),
+        fwd_tiles=_to_device(tile_table(segments, fwd_tile.block_m // fwd_pack, fwd_tile.block_n, window_left, causal),
+                             device),
         fwd_pack=fwd_pack,
-        dq_tiles=_to_device(tile_table(segments, dq_tile.block_m // dq_pack, dq_tile.block_n, window_left), device),
+        dq_tiles=_to_device(tile_table(segments, dq_tile.block_m // dq_pack, dq_tile.block_n, window_left, causal),
+                            device),
         dq_pack=dq_pack,
         key_tiles=_to_device(keys, device),
-        ctx_shared=ctx_shared, fwd_tile=fwd_tile, dq_tile=dq_tile, dkdv_tile=dkdv_tile,
+        ctx_shared=ctx_shared, causal=causal, fwd_tile=fwd_tile, dq_tile=dq_tile, dkdv_tile=dkdv_tile,
     )
 
 
@@ -90,17 +93,19 @@ def _new(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
 
 
 def run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, tiles, pack: int, *, scale: float, window_left: int,
-                kernel: str = "fwd", tile: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                kernel: str = "fwd", tile: TileConfig | None = None,
+                causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward kernel (``kernel``: the plan's ``fwd_kernel``). q: (T_q, H, d); k_own/v_own: (T_q, H_k, d);
     k_ctx/v_ctx: (T_c, H_k, d). Returns out (T_q, H, d) and the natural-log LSE (H, T_q) float32."""
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
-    spec = fwd_spec(head_dim, q.dtype, group, window_left >= 0, arch_of(q.device.index or 0), kernel)
+    device = device_index(q)
+    spec = fwd_spec(head_dim, q.dtype, group, window_left >= 0, arch_of(device), kernel, causal)
     spec = replace(spec, pack=pack, tile=tile or spec.tile)
     q, k_ctx, v_ctx, k_own, v_own = (kernel_ready(t) for t in (q, k_ctx, v_ctx, k_own, v_own))
     out = _new(q.shape, q)
     lse = _new((heads, q.shape[0]), q, torch.float32)
-    kern = get_kernel(spec, q.device.index or 0)
+    kern = get_kernel(spec, device)
     if spec.kernel in TMA_KERNELS:
         from .tma import launch_raw, tensor_map_3d
 
@@ -126,7 +131,8 @@ def run_prep(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_lse: to
     lse = lse.float().contiguous()
     d_lse = d_lse.float().contiguous() if d_lse is not None else None
     lse2, delta = _new(lse.shape, lse), _new(lse.shape, lse)
-    kern = get_kernel(prep_spec(head_dim, out.dtype, arch_of(out.device.index or 0)), out.device.index or 0)
+    device = device_index(out)
+    kern = get_kernel(prep_spec(head_dim, out.dtype, arch_of(device)), device)
     rows_per_cta = kern.spec.threads
     kern.launch(((tokens * heads + rows_per_cta - 1) // rows_per_cta, 1, 1),
                 [*_strided(dout), *_strided(out), lse.data_ptr(), d_lse.data_ptr() if d_lse is not None else 0,
@@ -137,7 +143,7 @@ def run_prep(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_lse: to
 def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles_t, dq_pack: int,
                  ctx_shared: bool, *, scale: float, window_left: int, d_lse: torch.Tensor | None = None,
                  dq_tile: TileConfig | None = None, dkdv_tile: KeyTileConfig | None = None,
-                 kernels: tuple[str, ...] = ("dq", "dkdv"), deterministic: bool = True):
+                 kernels: tuple[str, ...] = ("dq", "dkdv"), deterministic: bool = True, causal: bool = True):
     """dQ and dK/dV kernels. Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own); with ``ctx_shared`` the context rows are
     own rows of the same tensors and dk_ctx/dv_ctx are empty (their gradient is inside dk_own/dv_own).
 
@@ -148,7 +154,8 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     """
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
-    arch = arch_of(q.device.index or 0)
+    device = device_index(q)
+    arch = arch_of(device)
     window = window_left >= 0
     dout, q, k_ctx, v_ctx, k_own, v_own = (kernel_ready(t) for t in (dout, q, k_ctx, v_ctx, k_own, v_own))
     lse2, delta = run_prep(dout, out, lse, d_lse)
@@ -160,8 +167,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     else:
         dk_ctx, dv_ctx = _new(k_ctx.shape, k_ctx), _new(v_ctx.shape, v_ctx)
         dkc_args, dvc_args = _strided(dk_ctx), _strided(dv_ctx)
-    device = q.device.index or 0
-    if ws_backward_for(head_dim, arch, window) and not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv"):
+    if ws_backward_for(head_dim, arch, window, causal) and not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv"):
         _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
                          segments, key_tiles_t, group, scale)
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
@@ -169,14 +175,15 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
     keys = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(dout),
             lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0))]
-    dq_kspec = dq_spec(head_dim, q.dtype, group, window, arch, kernel="bwd_dq" if dq_tile else None)
+    dq_kspec = dq_spec(head_dim, q.dtype, group, window, arch, kernel="bwd_dq" if dq_tile else None, causal=causal)
     dq_kernel = get_kernel(replace(dq_kspec, pack=dq_pack, tile=dq_tile or dq_kspec.tile), device)
     if "dq" in kernels and not atomic:
         dq_kernel.launch((dq_tiles.shape[0], heads // dq_pack, 1),
                          [*keys, *_strided(dq), segments.data_ptr(), dq_tiles.data_ptr(), i32(group),
                           f32(scale * LOG2E), f32(scale), i32(window_left)])
     dkdv_kspec = dkdv_spec(head_dim, q.dtype, window, arch, dq_atomic=atomic,
-                           kernel="bwd_dkdv" if dkdv_tile else None)  # a tile override is an mma.sync tile
+                           kernel="bwd_dkdv" if dkdv_tile else None,  # a tile override is an mma.sync tile
+                           causal=causal)
     dkdv_kernel = get_kernel(replace(dkdv_kspec, tile=dkdv_tile or dkdv_kspec.tile), device)
     if "dkdv" in kernels:
         dkdv_kernel.launch((key_tiles_t.shape[0], k_own.shape[1], 1),
@@ -200,7 +207,7 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
 
     tokens, heads, head_dim = q.shape
     spec = ws_bwd_spec(head_dim, q.dtype)
-    kern = get_kernel(spec, q.device.index or 0)
+    kern = get_kernel(spec, device_index(q))
     step, keys = spec.tile.block_m, spec.tile.block_keys
     # dQ counters: one per (class, head, query tile); tile t of segment s is qtile_offset[s] + t. The count is an
     # upper bound from shapes alone (every segment adds at most one partial tile), so nothing is read back.

@@ -1,4 +1,8 @@
-"""Loading compiled kernels onto the current device and launching them on PyTorch's current stream.
+"""Loading compiled kernels onto a tensor's device and launching them on that device's current PyTorch stream.
+
+A launch on ``cuda:i`` makes device i's primary context current only for the launch (:func:`device_context`) and
+restores the caller's context and PyTorch's current device afterwards, so tensors on any GPU may be used whatever
+the current device is.
 
 Every driver call is checked. In debug mode (:func:`debug`, or ``DUALKV_DEBUG=1``) outputs are poisoned with NaN
 before each launch and the stream is synchronised after it, so unwritten outputs and asynchronous faults surface
@@ -57,56 +61,111 @@ def _check(result, what: str):
     return result[1:] if isinstance(result, tuple) and len(result) > 1 else None
 
 
+def _current_context():
+    """The calling thread's current CUDA driver context (a null handle when none is current)."""
+    from cuda.bindings import driver
+
+    return _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")[0]
+
+
+def _set_context(ctx) -> None:
+    from cuda.bindings import driver
+
+    _check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+def _core_device(index: int):
+    """cuda.core's (thread-local) Device ``index``, its primary context made current (the one PyTorch uses)."""
+    from cuda.core import Device
+
+    device = Device(index)
+    device.set_current()
+    return device
+
+
+@contextlib.contextmanager
+def device_context(index: int):
+    """Run the block with device ``index``'s primary context current, then give the caller back its own state.
+
+    cuda.core's ``Device.set_current`` makes the device's primary context (shared with PyTorch) current on this
+    thread, which also moves PyTorch's current device (``cudaGetDevice`` reads the current context). On exit the
+    caller's driver context is restored, and PyTorch's current device with it (set again if it still differs), also
+    when the block raises. Yields the cuda.core Device.
+    """
+    torch_device = torch.cuda.current_device()
+    previous = _current_context()
+    try:
+        yield _core_device(index)
+    finally:
+        _set_context(previous)
+        if torch.cuda.current_device() != torch_device:
+            torch.cuda.set_device(torch_device)
+
+
+def device_index(where: torch.Tensor | torch.device) -> int:
+    """The CUDA device ordinal of a tensor or device (the kernels run there, whatever the current device is)."""
+    device = where.device if isinstance(where, torch.Tensor) else torch.device(where)
+    if device.type != "cuda":
+        raise ValueError(f"the CUDA kernels need CUDA tensors; got a tensor on {device}")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @dataclass
 class LoadedKernel:
+    """One specialization loaded for one device; :meth:`launch` runs it there."""
+
     spec: KernelSpec
     kernel: object  # cuda.core Kernel
+    device: int
 
     def launch(self, grid: tuple[int, int, int], args: list, *, stream: torch.cuda.Stream | None = None) -> None:
+        """Launch on ``stream`` (default: PyTorch's current stream of this kernel's device) inside
+        :func:`device_context`, so neither the caller's current device nor its context changes."""
         from cuda.core import LaunchConfig, launch
 
         if grid[0] == 0 or grid[1] == 0:
             return
-        stream = stream or torch.cuda.current_stream()
+        stream = stream if stream is not None else torch.cuda.current_stream(self.device)
+        if stream.device.index != self.device:
+            raise ValueError(f"stream is on cuda:{stream.device.index} but the kernel runs on cuda:{self.device}")
         config = LaunchConfig(grid=grid, block=(self.spec.tile.threads, 1, 1), shmem_size=self.spec.smem_bytes)
-        launch(_core_stream(stream), config, self.kernel, *args)
+        with device_context(self.device) as device:
+            launch(_core_stream(device, stream), config, self.kernel, *args)
         if _debug["sync"]:
             stream.synchronize()
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
 
 
-_streams: dict[int, object] = {}
+_streams: dict[tuple[int, int], object] = {}
 
 
-def _core_stream(stream: torch.cuda.Stream):
-    """cuda.core view of a PyTorch stream (wraps the same CUstream; cached per stream handle)."""
-    from cuda.core import Device
-
-    handle = stream.cuda_stream
-    core = _streams.get(handle)
+def _core_stream(device, stream: torch.cuda.Stream):
+    """cuda.core view of a PyTorch stream of ``device`` (the same CUstream; cached per device and handle)."""
+    key = (int(device.device_id), stream.cuda_stream)
+    core = _streams.get(key)
     if core is None:
-        core = Device(stream.device.index or 0).create_stream(stream)
-        _streams[handle] = core
+        core = device.create_stream(stream)
+        _streams[key] = core
     return core
 
 
 def get_kernel(spec: KernelSpec, device_index: int) -> LoadedKernel:
-    """Compile (disk-cached), load onto ``device_index`` and configure one specialization (memoised)."""
+    """Compile (disk-cached), load onto ``device_index`` and configure one specialization (memoised per device)."""
     key = (spec, device_index)
     with _lock:
         if key in _loaded:
             return _loaded[key]
     from cuda.bindings import driver
-    from cuda.core import Device, ObjectCode
+    from cuda.core import ObjectCode
 
-    Device(device_index).set_current()  # shares PyTorch's primary context
     built = compile_spec(spec)
-    kernel = ObjectCode.from_cubin(built.cubin).get_kernel(spec.entry)
-    if spec.smem_bytes > 48 * 1024:
-        _check(driver.cuKernelSetAttribute(
-            driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.smem_bytes,
-            kernel.handle, driver.CUdevice(device_index)), f"cuKernelSetAttribute(smem={spec.smem_bytes})")
-    loaded = LoadedKernel(spec, kernel)
+    with device_context(device_index):
+        kernel = ObjectCode.from_cubin(built.cubin).get_kernel(spec.entry)
+        if spec.smem_bytes > 48 * 1024:
+            _check(driver.cuKernelSetAttribute(
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.smem_bytes,
+                kernel.handle, driver.CUdevice(device_index)), f"cuKernelSetAttribute(smem={spec.smem_bytes})")
+    loaded = LoadedKernel(spec, kernel, device_index)
     with _lock:
         _loaded[key] = loaded
     return loaded

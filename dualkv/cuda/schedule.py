@@ -2,12 +2,14 @@
 
 A *segment* is (q_start, q_len, ctx_start, ctx_len): queries [q_start, q_start + q_len) attend to context keys
 [ctx_start, ctx_start + ctx_len) (fully visible, logical positions 0..ctx_len-1) and causally to their own keys
-(logical ctx_len + j). A *tile* is (segment, m): query positions [m * pos_per_tile, (m + 1) * pos_per_tile) of a
-segment. Tiles are ordered heaviest first (longest-processing-time scheduling), and tiles of equal work keep
-segment order, so the N responses of a group read the same context blocks at about the same time (L2 reuse).
+(logical ctx_len + j; all of them in the non-causal kernels, ``causal=False`` below). A *tile* is (segment, m):
+query positions [m * pos_per_tile, (m + 1) * pos_per_tile) of a segment. Tiles are ordered heaviest first
+(longest-processing-time scheduling), and tiles of equal work keep segment order, so the N responses of a group
+read the same context blocks at about the same time (L2 reuse).
 
-:func:`key_range` and :func:`needs_mask` are the Python statements of the same logic in ``csrc/common.cuh`` and
-``csrc/fwd.cu``; :mod:`dualkv.cuda.mirror` runs them (numba) against the reference on the CPU.
+:func:`key_range` and :func:`needs_mask` are the Python statements of the same logic in ``csrc/qtile.cuh``
+(``key_range``, ``block_needs_mask``); :mod:`dualkv.cuda.mirror` runs them (numba) against the reference on the
+CPU.
 """
 
 from __future__ import annotations
@@ -16,12 +18,6 @@ from typing import Sequence
 
 import numpy as np
 
-from ..layout import GroupLayout
-
-
-def segments_from_layout(layout: GroupLayout) -> np.ndarray:
-    """int32 (G + S, 4): the layout's own segment table (prompts, then responses)."""
-    return layout.segment_table
 
 
 def segments_from_cu_seqlens(cu_seqlens: Sequence[int], ctx_len: int) -> np.ndarray:
@@ -31,12 +27,14 @@ def segments_from_cu_seqlens(cu_seqlens: Sequence[int], ctx_len: int) -> np.ndar
     return table.astype(np.int32)
 
 
-def key_range(q_len: int, ctx_len: int, pos_lo: int, pos_hi: int, block_n: int, window_left: int):
-    """Key blocks [first, end) per region for query positions [pos_lo, pos_hi] (window_left < 0: no window).
+def key_range(q_len: int, ctx_len: int, pos_lo: int, pos_hi: int, block_n: int, window_left: int,
+              causal: bool = True):
+    """Key blocks [first, end) per region for query positions [pos_lo, pos_hi] (window_left < 0: no window;
+    ``causal=False``: every own key, no window).
 
     Returns (own_first, own_end, ctx_first, ctx_end).
     """
-    own_end = (pos_hi + block_n) // block_n
+    own_end = (pos_hi + block_n) // block_n if causal else (q_len + block_n - 1) // block_n
     own_lo = max(0, pos_lo - window_left) if window_left >= 0 else 0
     own_first = own_lo // block_n
     ctx_end = (ctx_len + block_n - 1) // block_n
@@ -49,13 +47,14 @@ def key_range(q_len: int, ctx_len: int, pos_lo: int, pos_hi: int, block_n: int, 
 
 
 def needs_mask(is_own: bool, count: int, key_base: int, i_min: int, i_max: int, block_n: int,
-               window_left: int) -> bool:
+               window_left: int, causal: bool = True) -> bool:
     """Whether a key block needs per-element masking for rows at logical positions [i_min, i_max]."""
-    return (count < block_n or (is_own and key_base + block_n - 1 > i_min)
+    return (count < block_n or (causal and is_own and key_base + block_n - 1 > i_min)
             or (window_left >= 0 and key_base < i_max - window_left))
 
 
-def tile_ranges(segments: np.ndarray, pos_per_tile: int, block_n: int, window_left: int = -1) -> np.ndarray:
+def tile_ranges(segments: np.ndarray, pos_per_tile: int, block_n: int, window_left: int = -1,
+                causal: bool = True) -> np.ndarray:
     """Vectorised :func:`key_range` for every tile: int64 (num_tiles, 6) of
     (segment, m, own_first, own_end, ctx_first, ctx_end), in segment order."""
     seg = np.asarray(segments, dtype=np.int64).reshape(-1, 4)
@@ -65,7 +64,7 @@ def tile_ranges(segments: np.ndarray, pos_per_tile: int, block_n: int, window_le
     m = np.arange(s.shape[0]) - np.repeat(np.cumsum(n_tiles) - n_tiles, n_tiles)
     lo = m * pos_per_tile
     hi = np.minimum(q_len[s], lo + pos_per_tile) - 1
-    own_end = (hi + block_n) // block_n
+    own_end = (hi + block_n) // block_n if causal else (q_len[s] + block_n - 1) // block_n
     own_first = (np.maximum(0, lo - window_left) if window_left >= 0 else np.zeros_like(lo)) // block_n
     ctx_end = (ctx_len[s] + block_n - 1) // block_n
     if window_left >= 0:
@@ -76,15 +75,16 @@ def tile_ranges(segments: np.ndarray, pos_per_tile: int, block_n: int, window_le
     return np.stack([s, m, own_first, own_end, ctx_first, ctx_end], 1)
 
 
-def tile_table(segments: np.ndarray, pos_per_tile: int, block_n: int, window_left: int = -1) -> np.ndarray:
+def tile_table(segments: np.ndarray, pos_per_tile: int, block_n: int, window_left: int = -1,
+               causal: bool = True) -> np.ndarray:
     """int32 (num_tiles, 2) of (segment, m), heaviest first (stable for equal work)."""
-    ranges = tile_ranges(segments, pos_per_tile, block_n, window_left)
+    ranges = tile_ranges(segments, pos_per_tile, block_n, window_left, causal)
     work = (ranges[:, 3] - ranges[:, 2]) + (ranges[:, 5] - ranges[:, 4])
     order = np.argsort(-work, kind="stable")
     return np.ascontiguousarray(ranges[order, :2].astype(np.int32))
 
 
-def key_tiles(segments: np.ndarray, block_keys: int, ctx_shared: bool) -> np.ndarray:
+def key_tiles(segments: np.ndarray, block_keys: int, ctx_shared: bool, causal: bool = True) -> np.ndarray:
     """int32 (num_tiles, 4) of (own_seg, blk, dep_begin, dep_end) for the dK/dV kernel, heaviest first.
 
     Every key row is owned by exactly one tile. With ``ctx_shared`` (shared_prefix: the context rows of a segment
@@ -108,7 +108,8 @@ def key_tiles(segments: np.ndarray, block_keys: int, ctx_shared: bool) -> np.nda
         dep_work = int(q_len[deps[0]:deps[1]].sum())
         for b in range((length + block_keys - 1) // block_keys):
             rows.append((own, b, *deps))
-            work.append((max(0, length - b * block_keys) if own >= 0 else 0) + dep_work)
+            own_work = (max(0, length - b * block_keys) if causal else length) if own >= 0 else 0
+            work.append(own_work + dep_work)
 
     for s in range(seg.shape[0]):
         deps = (0, 0)

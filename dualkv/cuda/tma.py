@@ -16,7 +16,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from .runtime import LoadedKernel, _check, _debug
+from .runtime import LoadedKernel, _check, _debug, device_context
 
 _DTYPES = {torch.bfloat16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", torch.float16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}
 _MAPS: "OrderedDict[tuple, object]" = OrderedDict()

@@ -6,9 +6,16 @@ A model whose attention implementation is ``"dualkv"`` runs on a P+ΣR packed mi
 the CUDA kernels for CUDA fp16/bf16 tensors and the reference otherwise. Norms, projections, RoPE and MLP are the
 model's own and simply run on the T = P+ΣR packed tokens.
 
-Importing this module registers ``"dualkv"`` with ``transformers.AttentionInterface``, so
-``from_pretrained(..., attn_implementation="dualkv")`` works; :func:`enable_dualkv` / :func:`disable_dualkv` (for
-trainers that build the model once) and the :func:`apply_dualkv` context manager switch a built model.
+Importing this module registers ``"dualkv"`` with ``transformers.AttentionInterface`` (and its mask function with
+``AttentionMaskInterface``), so ``from_pretrained(..., attn_implementation="dualkv")`` works; :func:`enable_dualkv` /
+:func:`disable_dualkv` (for trainers that build the model once) and the :func:`apply_dualkv` context manager switch
+a built model.
+
+A model built that way validates its inputs itself, without :func:`enable_dualkv`'s input hook: the attention
+compares the ``position_ids`` it receives with the layout (RoPE is applied before it runs, so positions cannot be
+derived there; omitted ones, which ``transformers`` numbers 0..T-1, are refused), and the mask function refuses a
+padding ``attention_mask`` and a KV cache that holds earlier tokens (``transformers`` drops masks of custom
+attentions otherwise). The position tensor is read once per forward (all layers share it).
 
 Per layer the backend reads from what ``transformers`` passes: GQA from the key/value head count, the head dim
 from the tensors (per-layer head dims, e.g. Gemma 4's 256/512), the ``scaling`` the layer uses, and the sliding
@@ -24,6 +31,7 @@ around any ``(q, k, v, layout, softmax_scale=, window_size=) -> out`` callable, 
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Protocol
@@ -39,7 +47,7 @@ LAYOUT_KWARG = "dualkv_layout"
 
 __all__ = ["ATTN_NAME", "LAYOUT_KWARG", "PackedAttention", "apply_dualkv", "disable_dualkv",
            "dualkv_attention_forward", "enable_dualkv", "hf_window", "make_attention_forward",
-           "packed_model_inputs", "register"]
+           "packed_model_inputs", "register", "require_dualkv_attention"]
 
 
 class PackedAttention(Protocol):
@@ -139,6 +147,10 @@ def make_attention_forward(packed_attention: PackedAttention = _default_packed_a
                              f"{type(layout).__name__}")
         _refuse_unsupported(module, query, key, attention_mask, dropout, softcap, kwargs)
         _check_layer_type(module, sliding_window)
+        if query.shape[2] == layout.total_tokens and not torch.compiler.is_compiling():
+            # The whole packed stream (a sequence-parallel rank holds a slice: its caller checks positions). RoPE
+            # was applied already, so positions cannot be derived here: wrong ones are refused.
+            _check_positions(kwargs.get("position_ids"), layout)
         window = hf_window(sliding_window)
         scale = (1.0 / math.sqrt(query.shape[-1])) if scaling is None else float(scaling)
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
@@ -146,6 +158,7 @@ def make_attention_forward(packed_attention: PackedAttention = _default_packed_a
         return out.unsqueeze(0), None
 
     attention_forward.__doc__ = make_attention_forward.__doc__
+    attention_forward._dualkv_packed = True  # what require_dualkv_attention looks for
     return attention_forward
 
 
@@ -160,9 +173,11 @@ def register(packed_attention: PackedAttention | None = None, name: str = ATTN_N
     replaces the default per-layer attention for every model using ``name``.
     """
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
     fn = dualkv_attention_forward if packed_attention is None else make_attention_forward(packed_attention)
     AttentionInterface.register(name, fn)
+    AttentionMaskInterface.register(name, dualkv_mask)
     return fn
 
 
@@ -172,6 +187,26 @@ def _ensure_registered() -> None:
 
     if ATTN_NAME not in AttentionInterface._global_mapping:
         register()
+
+
+def require_dualkv_attention(model: torch.nn.Module, what: str) -> None:
+    """Raise unless ``model``'s attention is a ``"dualkv"`` packed attention (the one :func:`enable_dualkv`
+    installs, or any function :func:`register` made): another attention run on a packed micro-batch attends
+    across its rows and gives silently wrong results."""
+    config = getattr(model, "config", None)
+    name = getattr(config, "_attn_implementation", None)
+    fn = None
+    if isinstance(name, str):
+        try:
+            from transformers import AttentionInterface
+
+            fn = AttentionInterface._global_mapping.get(name)
+        except ImportError:  # pragma: no cover - a model with a config is a transformers model
+            fn = None
+    if not getattr(fn, "_dualkv_packed", False):
+        raise ValueError(f"{what} needs a model running the '{ATTN_NAME}' attention, but {type(model).__name__} runs "
+                         f"{name!r}: on a packed micro-batch it would attend across the packed rows and return wrong "
+                         "values. Call dualkv.integration.hf.enable_dualkv(model) first (or use apply_dualkv)")
 
 
 # ---------------------------------------------------------------------------------------------- model switching
@@ -192,17 +227,69 @@ def _hook_target(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-class _InputCheck:
-    """Forward pre-hook: the token inputs of a ``"dualkv"`` forward must match the layout it carries.
-
-    Catches what would otherwise be silently wrong: missing or non-packed ``position_ids`` (RoPE would see 0..T-1),
-    a padding ``attention_mask`` (``transformers`` drops masks for custom attention names), a token count that is
-    not the layout's. Reads one (T,) tensor to compare positions; a repeated forward on the same position tensor
-    (same object and version) skips the read.
-    """
+class _PositionCheck:
+    """Checks packed ``position_ids`` against a layout, reading the (T,) tensor once per (tensor, version, layout):
+    the model-input hook and every attention layer of one forward see the same tensor, so only the first check
+    reads it (one host sync per forward)."""
 
     def __init__(self) -> None:
         self._last: tuple[weakref.ref, int, int] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, position_ids: Any, layout: GroupLayout) -> None:
+        if position_ids is None:
+            raise ValueError(f"a '{ATTN_NAME}' forward needs position_ids=packed.position_ids[None] (each response "
+                             "continues its prompt's positions); without them RoPE would number the packed stream "
+                             "0..T-1")
+        if not isinstance(position_ids, torch.Tensor):
+            raise TypeError(f"position_ids must be a tensor; got {type(position_ids).__name__}")
+        with self._lock:
+            last = self._last
+        if last is not None and last[0]() is position_ids and last[1] == position_ids._version \
+                and last[2] == id(layout):
+            return
+        expected = layout.device_tensors(position_ids.device)["position_ids"]
+        flat = position_ids.reshape(-1)
+        if flat.shape != expected.shape or not torch.equal(flat.to(expected.dtype), expected):
+            raise ValueError(f"position_ids do not match the packed layout {layout!r}: expected prompt 0..P-1 and "
+                             "each response P..P+R-1 (packed.position_ids)")
+        with self._lock:
+            self._last = (weakref.ref(position_ids), position_ids._version, id(layout))
+
+
+_check_positions = _PositionCheck()
+
+
+def _check_padding_mask(mask: Any) -> None:
+    """A 2-D mask is accepted only when it masks nothing (packing removed the padding)."""
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or not bool(mask.bool().all()):
+        raise ValueError(f"a '{ATTN_NAME}' forward takes no padding mask (packing removed the padding); pass "
+                         "attention_mask=None")
+
+
+def dualkv_mask(*, batch_size: int = 1, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: int = 0,
+                attention_mask: torch.Tensor | None = None, **_: Any) -> None:
+    """The ``AttentionMaskInterface`` entry of ``"dualkv"``: the attention builds its mask from the layout, so this
+    returns None; it refuses what ``transformers`` would otherwise drop silently for a custom attention — a padding
+    mask (a 2-D ``attention_mask`` with zeros) and a KV cache holding earlier tokens."""
+    if kv_length != q_length or (isinstance(kv_offset, int) and kv_offset != 0):
+        raise NotImplementedError(f"the '{ATTN_NAME}' attention runs one packed micro-batch without a KV cache "
+                                  f"({q_length} new tokens but {kv_length} keys: the cache holds earlier tokens). "
+                                  "Call the model with use_cache=False / past_key_values=None")
+    _check_padding_mask(attention_mask)
+    return None
+
+
+class _InputCheck:
+    """Forward pre-hook: the token inputs of a ``"dualkv"`` forward must match the layout it carries.
+
+    Catches at the model's input what would otherwise be silently wrong: missing or non-packed ``position_ids``
+    (RoPE would see 0..T-1), a padding ``attention_mask``, a token count that is not the layout's. The attention
+    layers check positions as well (:func:`make_attention_forward`); the shared :data:`_check_positions` reads the
+    tensor once per forward.
+    """
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         layout = kwargs.get(LAYOUT_KWARG)
@@ -219,32 +306,8 @@ class _InputCheck:
             if tokens.dim() < 2 or tokens.shape[0] != 1 or tokens.shape[1] != layout.total_tokens:
                 raise ValueError(f"packed inputs must have shape (1, {layout.total_tokens}, ...) for {layout!r}; got "
                                  f"{tuple(tokens.shape)}")
-        self._check_mask(kwargs.get("attention_mask"))
-        self._check_positions(kwargs.get("position_ids"), layout)
-
-    @staticmethod
-    def _check_mask(mask: Any) -> None:
-        if mask is None:
-            return
-        if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or not bool(mask.bool().all()):
-            raise ValueError(f"a '{ATTN_NAME}' forward takes no padding mask (packing removed the padding); pass "
-                             "attention_mask=None")
-
-    def _check_positions(self, position_ids: torch.Tensor | None, layout: GroupLayout) -> None:
-        if position_ids is None:
-            raise ValueError(f"a '{ATTN_NAME}' forward needs position_ids=packed.position_ids[None] (each response "
-                             "continues its prompt's positions); without them RoPE would number the packed stream "
-                             "0..T-1")
-        last = self._last
-        if last is not None and last[0]() is position_ids and last[1] == position_ids._version \
-                and last[2] == id(layout):
-            return
-        expected = layout.device_tensors(position_ids.device)["position_ids"]
-        flat = position_ids.reshape(-1)
-        if flat.shape != expected.shape or not torch.equal(flat.to(expected.dtype), expected):
-            raise ValueError(f"position_ids do not match the packed layout {layout!r}: expected prompt 0..P-1 and "
-                             "each response P..P+R-1 (packed.position_ids)")
-        self._last = (weakref.ref(position_ids), position_ids._version, id(layout))
+        _check_padding_mask(kwargs.get("attention_mask"))
+        _check_positions(kwargs.get("position_ids"), layout)
 
 
 def enable_dualkv(model: torch.nn.Module, *, check_inputs: bool = True) -> torch.nn.Module:

@@ -12,7 +12,8 @@ so at most (chunk_size × V) logits exist at once, also in the backward:
 * ``fused=False``: each chunk runs under activation checkpointing (autograd recomputes the chunk's logits in the
   backward, one chunk at a time);
 * ``fused=True``: one autograd.Function whose backward recomputes each chunk's logits and forms
-  d/dz = g_lp (onehot - p) - g_ent p (log p + H) directly; W's gradient is accumulated in float32.
+  d/dz = g_lp (onehot - p) - g_ent p (log p + H) directly; W's gradient is accumulated in float32, each chunk's
+  product included (not rounded to bf16 first).
 
 Logits are made in the hidden states' dtype (as ``lm_head`` does) and the softmax runs in float32 (float64 for
 float64 inputs). Values come back in row order, (M,); :func:`to_padded` and :func:`to_sequence_layout` put them
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .._checks import check_head_inputs
 from .packing import PackedBatch, unpack_token_values
 
 __all__ = ["DEFAULT_CHUNK", "model_response_logprobs", "packed_logprobs", "to_padded", "to_sequence_layout",
@@ -77,6 +79,23 @@ def _grad_z(z: torch.Tensor, lse: torch.Tensor, entropy: torch.Tensor | None, ta
     return grad
 
 
+def _accumulate_weight_grad(grad_w: torch.Tensor, grad_rows: torch.Tensor, h_rows: torch.Tensor) -> torch.Tensor:
+    """grad_w + grad_rows^T h_rows, with the chunk's product kept at grad_w's precision (float32 for bf16/fp16
+    heads): a product rounded to bf16 before the sum would add a 2^-9 relative error per chunk.
+
+    Args:
+        grad_w: (V, D) float32 (float64) accumulator; grad_rows: (rows, V) d loss/d logits in the head's dtype;
+        h_rows: (rows, D) hidden states in the head's dtype.
+    Returns:
+        the updated accumulator (in place where the backend allows it).
+    """
+    if grad_rows.dtype == grad_w.dtype:
+        return grad_w.add_(grad_rows.t() @ h_rows)
+    if grad_w.is_cuda:  # tensor-core GEMM of the low-precision inputs with a float32 result
+        return torch.addmm(grad_w, grad_rows.t(), h_rows, out_dtype=grad_w.dtype)
+    return grad_w.addmm_(grad_rows.t().to(grad_w.dtype), h_rows.to(grad_w.dtype))
+
+
 class _FusedLinearLogprobs(torch.autograd.Function):
     """h (M, D), W (V, D), b (V,) or None -> logp (M,), entropy (M,); never keeps (M × V) logits."""
 
@@ -121,7 +140,7 @@ class _FusedLinearLogprobs(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[a:b] = grad_l @ weight
             if grad_w is not None:
-                grad_w += (grad_l.t() @ h[a:b]).to(grad_w.dtype)
+                grad_w = _accumulate_weight_grad(grad_w, grad_l, h[a:b])
             if grad_b is not None:
                 grad_b += grad.sum(0).to(grad_b.dtype)
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
@@ -129,36 +148,6 @@ class _FusedLinearLogprobs(torch.autograd.Function):
 
 
 # ---------------------------------------------------------------------------------------------- entry points
-def _check_head_inputs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       predictor_index: torch.Tensor, targets: torch.Tensor, temperature: float,
-                       chunk_size: int, logit_softcap: float | None) -> None:
-    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 2:
-        raise ValueError(f"hidden_states must be (T, D) (or (1, T, D)); got {tuple(getattr(hidden, 'shape', ()))}")
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden.shape[1]:
-        raise ValueError(f"weight must be the (V, D) lm_head weight with D = {hidden.shape[1]}; got "
-                         f"{tuple(getattr(weight, 'shape', ()))}")
-    if weight.dtype != hidden.dtype or weight.device != hidden.device:
-        raise ValueError(f"weight ({weight.dtype}, {weight.device}) and hidden_states ({hidden.dtype}, "
-                         f"{hidden.device}) must share dtype and device")
-    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != weight.dtype):
-        raise ValueError(f"bias must be ({weight.shape[0]},) of dtype {weight.dtype}; got {tuple(bias.shape)}, "
-                         f"{bias.dtype}")
-    for name, t in (("predictor_index", predictor_index), ("targets", targets)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"{name} must be a 1-D integer tensor; got {getattr(t, 'dtype', type(t))}, "
-                             f"{tuple(getattr(t, 'shape', ()))}")
-        if t.device != hidden.device:
-            raise ValueError(f"{name} is on {t.device} but hidden_states on {hidden.device}")
-    if predictor_index.shape != targets.shape:
-        raise ValueError(f"predictor_index has {predictor_index.shape[0]} entries but targets {targets.shape[0]}")
-    if not (isinstance(temperature, (int, float)) and temperature > 0):
-        raise ValueError(f"temperature must be a positive number; got {temperature!r}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int; got {chunk_size!r}")
-    if logit_softcap is not None and not logit_softcap > 0:
-        raise ValueError(f"logit_softcap must be positive or None; got {logit_softcap!r}")
-
-
 def token_logprobs(hidden_states: torch.Tensor, weight: torch.Tensor, predictor_index: torch.Tensor,
                    targets: torch.Tensor, *, temperature: float = 1.0, bias: torch.Tensor | None = None,
                    logit_softcap: float | None = None, chunk_size: int = DEFAULT_CHUNK, with_entropy: bool = True,
@@ -178,7 +167,7 @@ def token_logprobs(hidden_states: torch.Tensor, weight: torch.Tensor, predictor_
     """
     if isinstance(hidden_states, torch.Tensor) and hidden_states.dim() == 3 and hidden_states.shape[0] == 1:
         hidden_states = hidden_states[0]
-    _check_head_inputs(hidden_states, weight, bias, predictor_index, targets, temperature, chunk_size, logit_softcap)
+    check_head_inputs(hidden_states, weight, bias, predictor_index, targets, temperature, chunk_size, logit_softcap)
     h = hidden_states.index_select(0, predictor_index)
     targets = targets.to(torch.int64)
     if fused:
@@ -236,11 +225,13 @@ def model_response_logprobs(model: torch.nn.Module, packed: PackedBatch, *, temp
                             **forward_kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run a ``"dualkv"`` causal LM's decoder on ``packed`` and its head chunk by chunk (no (T × V) logits).
 
-    The model must already run the ``"dualkv"`` attention (:func:`dualkv.integration.hf.enable_dualkv`).
+    The model must already run the ``"dualkv"`` attention (:func:`dualkv.integration.hf.enable_dualkv`); any other
+    attention is refused (it would attend across the packed rows).
     Returns logp, entropy: (ΣR,) in row order (see :func:`to_padded`).
     """
-    from .hf import packed_model_inputs
+    from .hf import packed_model_inputs, require_dualkv_attention
 
+    require_dualkv_attention(model, "model_response_logprobs")
     decoder = model.get_decoder()
     out = decoder(**packed_model_inputs(packed.to(model.device)), **forward_kwargs)
     weight, bias, softcap = _head_of(model)

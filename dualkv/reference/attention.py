@@ -15,8 +15,10 @@ from typing import Sequence
 
 import torch
 
-from .._checks import (check_cu_seqlens, check_dualkv_inputs, check_layout_tensors, check_max_seqlen, check_qkv,
-                       check_same_tokens, check_window, resolve_scale)
+from .._checks import (check_context_inputs, check_cu_seqlens, check_deterministic, check_dualkv_inputs,
+                       check_layout_tensors, check_max_seqlen, check_qkv, check_same_tokens, check_window,
+                       resolve_scale)
+from .._warnings import warn_once
 from ..layout import GroupLayout
 from .core import masked_attention
 
@@ -30,6 +32,14 @@ __all__ = [
 
 def _arange(a: int, b: int, device: torch.device) -> torch.Tensor:
     return torch.arange(a, b, dtype=torch.int64, device=device)
+
+
+def _note_deterministic(deterministic: bool | None) -> None:
+    """The reference is deterministic whatever the caller asks: ``deterministic=False`` is accepted (API parity
+    with the CUDA backend) but has no effect, and says so once."""
+    if check_deterministic(deterministic) is False:
+        warn_once("deterministic=False has no effect on dualkv's reference backend: it is always deterministic "
+                  "(only the CUDA kernels have a non-deterministic atomic-dQ mode)", stacklevel=4)
 
 
 def _finish(out: torch.Tensor, lse: torch.Tensor, return_lse: bool):
@@ -56,15 +66,18 @@ def _varlen(q, k, v, cu_q: list[int], cu_k: list[int], scale: float, causal: boo
 
 
 def _dualkv(q, k_context, v_context, k_decoded, v_decoded, cu: list[int], scale: float, causal: bool,
-            window: tuple[int, int]):
-    """Call 2 on validated inputs: sequence s's queries over [context; its own decoded keys]."""
+            window: tuple[int, int], cu_k: list[int] | None = None):
+    """Call 2 on validated inputs: sequence s's L_s query rows (``cu``) over [context; its R_s decoded keys]
+    (``cu_k``, default ``cu``), aligned bottom-right: query row j sits at logical position P + R_s - L_s + j."""
+    cu_k = cu if cu_k is None else cu_k
     p = k_context.shape[0]
     outs, lses = [], []
-    for a, b in zip(cu, cu[1:]):
-        keys = torch.cat([k_context, k_decoded[a:b]], 0)
-        values = torch.cat([v_context, v_decoded[a:b]], 0)
-        out, lse = masked_attention(q[a:b], keys, values, _arange(p, p + b - a, q.device),
-                                    _arange(0, p + b - a, q.device), scale=scale, causal=causal, window=window)
+    for (a, b), (ka, kb) in zip(zip(cu, cu[1:]), zip(cu_k, cu_k[1:])):
+        keys = torch.cat([k_context, k_decoded[ka:kb]], 0)
+        values = torch.cat([v_context, v_decoded[ka:kb]], 0)
+        n_keys = p + kb - ka
+        out, lse = masked_attention(q[a:b], keys, values, _arange(n_keys - (b - a), n_keys, q.device),
+                                    _arange(0, n_keys, q.device), scale=scale, causal=causal, window=window)
         outs.append(out)
         lses.append(lse)
     return torch.cat(outs, 0), torch.cat(lses, 1)
@@ -101,20 +114,17 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
                       window_size: Sequence[int] = (-1, -1), return_lse: bool = False,
                       deterministic: bool | None = None):
     """Call 1: self-attention of the prompt, computed once. (``deterministic`` is accepted for API parity; the
-    reference always is.)
+    reference always is deterministic, and ``deterministic=False`` warns that it has no effect.)
 
     Args:
         q: (P, H, d); k, v: (P, H_k, d). With ``cu_seqlens`` (G + 1,), several prompts packed back to back.
     Returns:
         out (P, H, d) [, lse (H, P)].
     """
-    if cu_seqlens is None:
-        cu_seqlens = torch.tensor([0, q.shape[0]], dtype=torch.int32)
-        max_seqlen = q.shape[0]
-    if max_seqlen is None:
-        raise ValueError("context_attention: max_seqlen is required when cu_seqlens is given")
-    return standard_varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, softmax_scale,
-                                     causal, window_size, return_lse)
+    _note_deterministic(deterministic)
+    _, _, d, cu = check_context_inputs(q, k, v, cu_seqlens, max_seqlen)
+    out, lse = _varlen(q, k, v, cu, cu, resolve_scale(softmax_scale, d), causal, check_window(window_size, causal))
+    return _finish(out, lse, return_lse)
 
 
 def flash_attn_dualkv_varlen_func(q: torch.Tensor, k_context: torch.Tensor, v_context: torch.Tensor,
@@ -123,24 +133,33 @@ def flash_attn_dualkv_varlen_func(q: torch.Tensor, k_context: torch.Tensor, v_co
                                   max_seqlen_k_decoded: int, softmax_scale: float | None = None,
                                   causal: bool = True, window_size: Sequence[int] = (-1, -1),
                                   return_lse: bool = False, deterministic: bool | None = None):
-    """Call 2: every decoded query attends to the shared context and, causally, to its own decoded keys.
+    """Call 2 (the paper's API): each sequence's query rows attend to the shared context and to its own decoded
+    keys.
 
-    Decoded query r of sequence i sits at logical position P + r and sees context keys 0..P-1 and its own decoded
-    keys P..P+r (subject to ``window_size``, measured in logical positions).
+    Sequence i has R_i decoded keys (``cu_seqlens_k_decoded``) at logical positions P..P+R_i-1 after the P context
+    keys (0..P-1), and L_i <= P + R_i query rows (``cu_seqlens_q``) aligned bottom-right: query row j sits at
+    logical position P + R_i - L_i + j. So L_i = R_i is the training case (one query per decoded token), and
+    L_i > R_i passes prompt rows together with the response rows. ``causal=True`` (dualkv's default; the paper's
+    is ``causal=False``): a query sees the keys at positions <= its own; ``causal=False``: all P + R_i keys. A
+    ``window_size`` (left, right) further limits keys to [pos - left, pos + right] (-1: unbounded; causal caps
+    right at 0).
 
     Args:
-        q: (sum_i R_i, H, d) decoded queries, packed varlen.
+        q: (sum_i L_i, H, d) queries, packed varlen.
         k_context, v_context: (P, H_k, d) shared context, stored once.
         k_decoded, v_decoded: (sum_i R_i, H_k, d) per-sequence decoded keys/values.
-        cu_seqlens_q, cu_seqlens_k_decoded: (N + 1,) int32, equal.
-        max_seqlen_q, max_seqlen_k_decoded: >= max R_i. context_seqlen: P.
+        cu_seqlens_q: (N + 1,) int32 query offsets; cu_seqlens_k_decoded: (N + 1,) int32 decoded-key offsets.
+        max_seqlen_q >= max L_i, max_seqlen_k_decoded >= max R_i, context_seqlen = P.
+        deterministic: accepted for API parity (the reference always is; False warns that it has no effect).
     Returns:
-        out (sum_i R_i, H, d) [, lse (H, sum_i R_i)].
+        out (sum_i L_i, H, d) [, lse (H, sum_i L_i)].
     """
-    _, _, d, cu_q = check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q,
-                                         cu_seqlens_k_decoded, max_seqlen_q, context_seqlen, max_seqlen_k_decoded)
+    _note_deterministic(deterministic)
+    _, _, d, cu_q, cu_k = check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlens_q,
+                                              cu_seqlens_k_decoded, max_seqlen_q, context_seqlen,
+                                              max_seqlen_k_decoded)
     out, lse = _dualkv(q, k_context, v_context, k_decoded, v_decoded, cu_q, resolve_scale(softmax_scale, d),
-                       causal, check_window(window_size, causal))
+                       causal, check_window(window_size, causal), cu_k)
     return _finish(out, lse, return_lse)
 
 
@@ -156,6 +175,7 @@ def shared_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, l
     Returns:
         out (T, H, d) [, lse (H, T)].
     """
+    _note_deterministic(deterministic)
     _, _, d = check_layout_tensors(q, k, v, layout)
     out, lse = per_group_attention(q, k, v, layout, resolve_scale(softmax_scale, d), check_window(window_size, True))
     return _finish(out, lse, return_lse)

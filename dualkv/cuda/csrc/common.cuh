@@ -3,7 +3,8 @@
 //
 // Compile-time configuration arrives as macros from dualkv/cuda/configs.py (one table feeds the kernels and the
 // numba mirror of their schedule): DKV_HEAD_DIM (multiple of 32), DKV_WARPS, DKV_BF16 (1 bf16, 0 fp16),
-// DKV_WINDOW (1: causal sliding window), plus per-kernel tile macros (see qtile.cuh and bwd_dkdv.cu).
+// DKV_WINDOW (1: causal sliding window), DKV_CAUSAL (1, the default: a segment's own keys causal; 0: all visible),
+// plus per-kernel tile macros (see qtile.cuh and bwd_dkdv.cu).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,6 +12,9 @@
 
 #ifndef DKV_HEAD_DIM
 #error "DKV_HEAD_DIM must be defined by the launcher"
+#endif
+#ifndef DKV_CAUSAL
+#define DKV_CAUSAL 1
 #endif
 
 namespace dkv {
@@ -21,6 +25,8 @@ constexpr int kHeadDim = DKV_HEAD_DIM;
 constexpr int kWarps = DKV_WARPS;
 constexpr int kThreads = kWarps * 32;
 constexpr bool kWindow = DKV_WINDOW != 0;
+constexpr bool kCausal = DKV_CAUSAL != 0;  // the mask/range helpers of qtile.cuh and keywalk.cuh read it
+static_assert(kCausal || !kWindow, "sliding windows are built for causal kernels only");
 // Shared-memory rows are padded by 16 bytes so that ldmatrix's 8 row addresses hit 8 different bank groups.
 constexpr int kRowStride = kHeadDim + 8;                 // elements
 constexpr int kChunksPerRow = kHeadDim / 8;              // 16-byte chunks per row

@@ -36,7 +36,7 @@ struct Walk {
         const Segment seg = load_segment(segments, seg_of(src));
         const int key_max = key0 + count - 1;  // in the source's logical coordinates below
         if (is_own(src)) {
-            p_lo = key0;  // causal: a query sees the block only from its first key on
+            p_lo = kCausal ? key0 : 0;  // causal: a query sees the block only from its first key on
             p_hi = seg.q_len - 1;
             if (kWindow) p_hi = min(p_hi, key_max + window_left);
         } else {
@@ -117,7 +117,7 @@ __device__ __forceinline__ StepGeometry step_geometry(const Walk<kStep>& w, cons
     sg.key_base = (own ? sg.seg.ctx_len : 0) + w.key0;
     sg.query_pos0 = sg.seg.ctx_len + c.pos;
     const int i_max = sg.seg.ctx_len + min(c.pos + kStep, c.p_hi + 1) - 1;
-    sg.need_mask = (own && sg.key_base + block_keys - 1 > sg.query_pos0) ||
+    sg.need_mask = (kCausal && own && sg.key_base + block_keys - 1 > sg.query_pos0) ||
                    (kWindow && sg.key_base < i_max - w.window_left);
     return sg;
 }
@@ -178,7 +178,7 @@ __device__ __forceinline__ void probs_t(float (&acc)[kN8][4], const float* lse, 
             if (need_mask) {
                 const int key = key0 + g + 8 * (e >> 1);
                 const int i = query_pos0 + c;
-                if (key > i || (kWindow && key < i - window_left)) p = 0.f;
+                if ((kCausal && key > i) || (kWindow && key < i - window_left)) p = 0.f;
             }
             acc[nt][e] = p;
         }

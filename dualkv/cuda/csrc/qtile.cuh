@@ -34,8 +34,9 @@ struct KeyRange {
 
 __device__ __forceinline__ KeyRange key_range(const Segment& seg, int pos_lo, int pos_hi, int window_left) {
     KeyRange kr;
-    // Own keys: causal, so keys 0..pos_hi; a window drops keys below pos_lo - window_left.
-    kr.own_end = (pos_hi + kBlockN) / kBlockN;
+    // Own keys: causal, so keys 0..pos_hi (all q_len of them when not causal); a window drops keys below
+    // pos_lo - window_left.
+    kr.own_end = kCausal ? (pos_hi + kBlockN) / kBlockN : (seg.q_len + kBlockN - 1) / kBlockN;
     int own_lo = 0;
     if (kWindow) own_lo = max(0, pos_lo - window_left);
     kr.own_first = own_lo / kBlockN;
@@ -125,7 +126,7 @@ __device__ __forceinline__ void load_key_block(elem_t* dst, const QTile& t, int 
 // Whether a key block needs per-element masking (partial block, causal diagonal, window boundary).
 __device__ __forceinline__ bool block_needs_mask(const QTile& t, bool is_own, int count, int key_base,
                                                  int window_left) {
-    return count < kBlockN || (is_own && key_base + kBlockN - 1 > t.i_min) ||
+    return count < kBlockN || (kCausal && is_own && key_base + kBlockN - 1 > t.i_min) ||
            (kWindow && key_base < t.i_max - window_left);
 }
 
@@ -135,7 +136,7 @@ __device__ __forceinline__ int row_position(const QTile& t, int warp_row0, int s
 }
 
 __device__ __forceinline__ bool key_visible(int j, int count, int key, int i, int window_left) {
-    return j < count && key <= i && (!kWindow || key >= i - window_left);
+    return j < count && (!kCausal || key <= i) && (!kWindow || key >= i - window_left);
 }
 
 // ---- The dQ kernels' per-row backward math (rows = queries; accumulators in the m16n8 layout, kMSlabs slabs).
