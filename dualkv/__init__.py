@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from .dispatch import backend_for, backend_name
 from .layout import GroupLayout
+from .tree import PrefixTreeLayout
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GroupLayout",
+    "PrefixTreeLayout",
     "backend_name",
     "context_attention",
     "flash_attn_dualkv_varlen_func",
