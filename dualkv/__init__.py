@@ -51,6 +51,6 @@ def shared_prefix_attention(q, k, v, layout, softmax_scale=None, window_size=(-1
 
     ``deterministic``: CUDA backward mode (None: ``torch.are_deterministic_algorithms_enabled()`` or the default).
     """
-    return backend_for(q).shared_prefix_attention(q, k, v, layout, softmax_scale=softmax_scale,
-                                                  window_size=window_size, return_lse=return_lse,
-                                                  deterministic=deterministic)
+    return backend_for(q, layout).shared_prefix_attention(q, k, v, layout, softmax_scale=softmax_scale,
+                                                          window_size=window_size, return_lse=return_lse,
+                                                          deterministic=deterministic)
