@@ -32,10 +32,13 @@ import torch
 
 from .. import shared_prefix_attention
 from ..layout import GroupLayout
+from ..tree import PrefixTreeLayout
 from .packing import PackedBatch
 
 ATTN_NAME = "dualkv"
 LAYOUT_KWARG = "dualkv_layout"
+#: What ``dualkv_layout`` may be: a shared-prompt packing or a prefix tree (dualkv.integration.tree).
+LAYOUT_TYPES = (GroupLayout, PrefixTreeLayout)
 
 __all__ = ["ATTN_NAME", "LAYOUT_KWARG", "PackedAttention", "apply_dualkv", "disable_dualkv",
            "dualkv_attention_forward", "enable_dualkv", "hf_window", "make_attention_forward",
@@ -133,7 +136,7 @@ def make_attention_forward(packed_attention: PackedAttention = _default_packed_a
                           sliding_window: int | None = None, softcap: float | None = None,
                           **kwargs) -> tuple[torch.Tensor, None]:
         layout = kwargs.get(LAYOUT_KWARG)
-        if not isinstance(layout, GroupLayout):
+        if not isinstance(layout, LAYOUT_TYPES):
             raise ValueError(f"attn_implementation='{ATTN_NAME}' needs the packed layout: call the model with "
                              f"{LAYOUT_KWARG}=packed.layout (see dualkv.integration.hf.packed_model_inputs); got "
                              f"{type(layout).__name__}")
@@ -210,8 +213,9 @@ class _InputCheck:
             raise ValueError(f"this model runs the '{ATTN_NAME}' attention: call it with {LAYOUT_KWARG}=packed.layout "
                              "and the packed input/position ids (dualkv.integration.hf.packed_model_inputs(packed)), "
                              "or disable_dualkv(model) first")
-        if not isinstance(layout, GroupLayout):
-            raise TypeError(f"{LAYOUT_KWARG} must be a dualkv.GroupLayout; got {type(layout).__name__}")
+        if not isinstance(layout, LAYOUT_TYPES):
+            raise TypeError(f"{LAYOUT_KWARG} must be a dualkv.GroupLayout or PrefixTreeLayout; got "
+                            f"{type(layout).__name__}")
         tokens = kwargs.get("input_ids", args[0] if args else None)
         if tokens is None:
             tokens = kwargs.get("inputs_embeds")
