@@ -386,9 +386,13 @@ class TreeTargets:
         return values.index_select(0, self.gather.to(values.device))
 
     def split(self, values: torch.Tensor) -> list[torch.Tensor]:
-        """(M, ...) values of ``rows`` -> one (L_s - start_s, ...) tensor per sequence."""
-        lens = (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).tolist()
-        return list(torch.split(self.unpack(values), lens))
+        """(sum_s (L_s - start_s), ...) per-sequence values (:meth:`unpack`'s output, or what
+        :func:`dualkv.integration.tree.tree_logprobs` returns) -> one (L_s - start_s, ...) tensor per sequence."""
+        total = int(self.cu_seqlens[-1])
+        if not isinstance(values, torch.Tensor) or values.dim() < 1 or values.shape[0] != total:
+            raise ValueError(f"values must have {total} rows (the scored tokens of every sequence, sequence after "
+                             f"sequence); got {tuple(getattr(values, 'shape', ()))}")
+        return list(torch.split(values, (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).tolist()))
 
     def to(self, device: torch.device | str) -> "TreeTargets":
         return TreeTargets(*(t.to(device) for t in (self.rows, self.predictor_index, self.target_ids, self.gather,

@@ -169,3 +169,13 @@ def test_bad_rows_and_layouts_are_refused():
     with pytest.raises(TypeError, match="GroupLayout or a PrefixTreeLayout"):
         model_flops("qwen3-8b", [3, 1])
     assert tree_rows(other, index) == index.end_nodes
+
+
+def test_docs_table_is_the_models_output():
+    """docs/trees.md shows exactly what workload_table computes (no hand-entered numbers)."""
+    from pathlib import Path
+
+    from dualkv.analysis import format_workload_table
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "trees.md").read_text()
+    assert format_workload_table(workload_table()) in doc

@@ -173,3 +173,15 @@ def test_bad_inputs_are_refused():
         tree_logprobs(torch.zeros(5, 32, dtype=torch.float64), model.lm_head.weight, index)
     with apply_dualkv(model), pytest.raises(ValueError, match=r"start\[0\] = 4"):
         model_tree_logprobs(model, index, start=4)
+
+
+def test_docs_example_runs():
+    """The from_sequences example of docs/trees.md runs as written (on a tiny model) and scores what it says."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "trees.md").read_text()
+    code = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    scope = {"model": tiny_causal_lm("qwen3")}
+    exec(compile(code, "docs/trees.md", "exec"), scope)
+    assert [t.shape[0] for t in scope["per_sequence"]] == [2, 1, 3, 2, 2]

@@ -216,11 +216,11 @@ def test_targets_and_unpack():
     assert tg.rows.tolist() == sorted(set(tg.rows.tolist()))
     assert tg.cu_seqlens.tolist() == [0, 2, 5, 6, 7]
     assert index.targets([2, 2, 2, 4]).cu_seqlens.tolist() == [0, 2, 5, 5, 5]   # start = L: nothing scored
-    per_seq = tg.split(tg.rows)
+    per_seq = tg.split(tg.unpack(tg.rows))
     for s, seq in enumerate(seqs):
         assert per_seq[s].tolist() == index[s][starts[s]:].tolist()
-        assert tg.split(tg.target_ids)[s].tolist() == seq[starts[s]:]
-        assert tg.split(tg.predictor_index)[s].tolist() == index[s][starts[s] - 1:-1].tolist()
+        assert tg.split(tg.unpack(tg.target_ids))[s].tolist() == seq[starts[s]:]
+        assert tg.split(tg.unpack(tg.predictor_index))[s].tolist() == index[s][starts[s] - 1:-1].tolist()
     # a token scored for two sequences is one row, read twice (so its gradient sums over both)
     x = torch.ones(tg.rows.shape[0], requires_grad=True)
     tg.unpack(x).sum().backward()
@@ -252,6 +252,8 @@ def test_targets_refuse_bad_starts():
         index.targets([1])
     with pytest.raises(ValueError, match="must have 3 rows"):
         index.targets().unpack(torch.zeros(2))
+    with pytest.raises(ValueError, match="must have 3 rows .the scored tokens of every sequence"):
+        index.targets().split(torch.zeros(2))
 
 
 def test_large_batch_is_fast():

@@ -174,8 +174,8 @@ def linear_flops_per_token(model: "str | ModelConfig") -> float:
     return 2.0 * params
 
 
-def model_flops(model: "str | ModelConfig", layout: "GroupLayout | PrefixTreeLayout", mode: str = "fwdbwd", layout_kind: str = "dualkv",
-                recompute: bool = False) -> dict[str, float]:
+def model_flops(model: "str | ModelConfig", layout: "GroupLayout | PrefixTreeLayout", mode: str = "fwdbwd",
+                layout_kind: str = "dualkv", recompute: bool = False) -> dict[str, float]:
     """Whole-model FLOPs of one packed micro-batch: ``{"tokens", "linear", "attention", "total"}`` (FLOPs).
 
     ``layout_kind`` "dualkv" counts the shared-prompt packing (``layout.total_tokens`` tokens, useful pairs);
@@ -202,8 +202,8 @@ def model_flops(model: "str | ModelConfig", layout: "GroupLayout | PrefixTreeLay
     return {"tokens": float(tokens), "linear": linear, "attention": attention, "total": linear + attention}
 
 
-def step_speedup_bounds(model: "str | ModelConfig", layout: "GroupLayout | PrefixTreeLayout", mode: str = "fwdbwd",
-                        recompute: bool = False) -> dict[str, float]:
+def step_speedup_bounds(model: "str | ModelConfig", layout: "GroupLayout | PrefixTreeLayout",
+                        mode: str = "fwdbwd", recompute: bool = False) -> dict[str, float]:
     """Predicted compute speedup of the shared-prompt layout for one micro-batch, with its bounds.
 
     ``flop_ratio`` = N-copy FLOPs / dualkv FLOPs (the speedup if time followed FLOPs). It is a mediant of the

@@ -22,7 +22,7 @@ The three benchmark workloads of issue #14 are named constructors: :func:`system
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence, Union
 
 from ..tree import PrefixTreeLayout, TreeIndex
 from ._checks import IntOrSeq, check_int, check_window, response_lengths
@@ -42,7 +42,12 @@ __all__ = [
     "multi_turn_workload",
     "WORKLOADS",
     "workload_table",
+    "format_workload_table",
 ]
+
+#: N-copy rows: None (the leaves), a TreeIndex (its sequences) or explicit end nodes.
+Rows = Optional[Union[Sequence[int], TreeIndex]]
+
 
 def _check_tree(layout: object) -> PrefixTreeLayout:
     if not isinstance(layout, PrefixTreeLayout):
@@ -50,7 +55,7 @@ def _check_tree(layout: object) -> PrefixTreeLayout:
     return layout
 
 
-def tree_rows(layout: PrefixTreeLayout, rows: "Sequence[int] | TreeIndex | None" = None) -> tuple[int, ...]:
+def tree_rows(layout: PrefixTreeLayout, rows: Rows = None) -> tuple[int, ...]:
     """End nodes of the N-copy rows: the leaves (default), a TreeIndex's sequences (its ``end_nodes``, one per
     sequence), or an explicit list of nodes (repeats allowed: a duplicated sequence is a row twice)."""
     layout = _check_tree(layout)
@@ -69,12 +74,12 @@ def tree_rows(layout: PrefixTreeLayout, rows: "Sequence[int] | TreeIndex | None"
     return nodes
 
 
-def tree_tokens_ncopy(layout: PrefixTreeLayout, rows: "Sequence[int] | TreeIndex | None" = None) -> int:
+def tree_tokens_ncopy(layout: PrefixTreeLayout, rows: Rows = None) -> int:
     """Tokens of the N-copy layout: ``sum_rows S_r`` (each row's whole root-to-node path)."""
     return sum(layout.path_lens[r] for r in tree_rows(layout, rows))
 
 
-def tree_rho(layout: PrefixTreeLayout, rows: "Sequence[int] | TreeIndex | None" = None) -> float:
+def tree_rho(layout: PrefixTreeLayout, rows: Rows = None) -> float:
     """``T_std / T_tree``: the per-token (norms, projections, MLP, LM head, activations) reduction of the tree."""
     return tree_tokens_ncopy(layout, rows) / _check_tree(layout).total_tokens
 
@@ -88,13 +93,13 @@ def tree_useful_pairs(layout: PrefixTreeLayout, window_left: int = -1) -> int:
                for s, p in zip(layout.path_lens, layout.node_positions))
 
 
-def tree_n_copy_pairs(layout: PrefixTreeLayout, window_left: int = -1, rows: "Sequence[int] | TreeIndex | None" = None) -> int:
+def tree_n_copy_pairs(layout: PrefixTreeLayout, window_left: int = -1, rows: Rows = None) -> int:
     """(query, key) pairs the N-copy layout computes: ``sum_rows F(S_r)``."""
     left = check_window(window_left)
     return sum(causal_row_pairs(layout.path_lens[r], left) for r in tree_rows(layout, rows))
 
 
-def tree_attn_ratio(layout: PrefixTreeLayout, window_left: int = -1, rows: "Sequence[int] | TreeIndex | None" = None) -> float:
+def tree_attn_ratio(layout: PrefixTreeLayout, window_left: int = -1, rows: Rows = None) -> float:
     """Attention FLOP ratio N-copy / tree (the per-pair cost is the same)."""
     return tree_n_copy_pairs(layout, window_left, rows) / tree_useful_pairs(layout, window_left)
 
@@ -230,3 +235,15 @@ def workload_table(model: str = "qwen3-8b", window_left: int = -1, mode: str = "
             "flop_ratio": std["total"] / tree["total"], "model": cfg.name, "mode": mode,
         })
     return out
+
+
+def format_workload_table(rows: list[dict]) -> str:
+    """:func:`workload_table` rows as a Markdown table (what docs/trees.md shows)."""
+    lines = ["| workload | nodes | paths | tokens: tree | best two-level | N-copy | rho | rho two-level "
+             "| attn pairs N-copy/tree | N-copy/two-level | model FLOPs N-copy/tree |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['nodes']} | {r['paths']} | {r['tokens_tree']:,} | "
+                     f"{r['tokens_two_level']:,} | {r['tokens_ncopy']:,} | {r['rho']:.2f} | {r['rho_two_level']:.2f} | "
+                     f"{r['attn_ratio']:.2f} | {r['attn_ratio_two_level']:.2f} | {r['flop_ratio']:.2f} |")
+    return "\n".join(lines)
