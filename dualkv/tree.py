@@ -452,8 +452,8 @@ class TreeIndex:
 
     @property
     def position_ids(self) -> torch.Tensor:
-        """(T,) logical positions of the packed tokens, on ``packed_ids``' device."""
-        return self.layout.device_tensors(self.packed_ids.device)["position_ids"]
+        """(T,) logical positions of the packed tokens, on ``packed_ids``' device (a fresh tensor)."""
+        return self.layout.position_ids(self.packed_ids.device)
 
     def sequences(self) -> list[torch.Tensor]:
         """The sequences back from the packed ids (``packed_ids[index[s]]``)."""
