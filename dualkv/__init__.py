@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from .dispatch import backend_for, backend_name
 from .layout import GroupLayout
+from .tree import PrefixTreeLayout
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GroupLayout",
+    "PrefixTreeLayout",
     "backend_name",
     "context_attention",
     "flash_attn_dualkv_varlen_func",
@@ -51,6 +53,6 @@ def shared_prefix_attention(q, k, v, layout, softmax_scale=None, window_size=(-1
 
     ``deterministic``: CUDA backward mode (None: ``torch.are_deterministic_algorithms_enabled()`` or the default).
     """
-    return backend_for(q).shared_prefix_attention(q, k, v, layout, softmax_scale=softmax_scale,
-                                                  window_size=window_size, return_lse=return_lse,
-                                                  deterministic=deterministic)
+    return backend_for(q, layout).shared_prefix_attention(q, k, v, layout, softmax_scale=softmax_scale,
+                                                          window_size=window_size, return_lse=return_lse,
+                                                          deterministic=deterministic)

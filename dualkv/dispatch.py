@@ -11,17 +11,23 @@
 * ``cuda``: the kernels, or an error saying why they cannot serve the call.
 
 Any other value is refused with the list of valid ones.
+
+Prefix trees (:class:`dualkv.PrefixTreeLayout`) have no kernels yet: they run :mod:`dualkv.reference.tree` on
+every device (with a warning on CUDA fp16/bf16).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from types import ModuleType
 
 import torch
 
 from . import reference
 from ._warnings import FallbackWarning, warn_once
+from .reference import tree as reference_tree
+from .tree import PrefixTreeLayout
 
 BACKENDS = ("auto", "reference", "cuda")
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -63,8 +69,11 @@ def _kernel_refusal(tensor: torch.Tensor) -> str | None:
     return kernels_unavailable_reason(tensor.device)
 
 
-def backend_for(tensor: torch.Tensor) -> ModuleType:
-    """The module whose functions serve a call whose query tensor is ``tensor`` (see the module doc)."""
+def backend_for(tensor: torch.Tensor, layout: object = None) -> ModuleType:
+    """The module whose functions serve a call whose query tensor is ``tensor`` and packed ``layout`` (see the module
+    doc)."""
+    if isinstance(layout, PrefixTreeLayout):
+        return _tree_backend(tensor)
     choice = requested_backend()
     if choice == "reference":
         return reference
@@ -85,3 +94,12 @@ def backend_for(tensor: torch.Tensor) -> ModuleType:
 def backend_name(tensor: torch.Tensor) -> str:
     """``"cuda"`` or ``"reference"``: the backend :func:`backend_for` picks for ``tensor``."""
     return "cuda" if backend_for(tensor) is not reference else "reference"
+
+
+def _tree_backend(tensor: torch.Tensor) -> ModuleType:
+    forced = os.environ.get("DUALKV_BACKEND", "").lower() == "reference"
+    if tensor.is_cuda and tensor.dtype in _KERNEL_DTYPES and not forced:
+        warnings.warn("dualkv has no CUDA kernel for PrefixTreeLayout yet: tree attention runs the pure-PyTorch "
+                      "reference (dualkv.reference.tree), which is slow and memory-hungry on long sequences. "
+                      "A GroupLayout runs the CUDA kernels.", RuntimeWarning, stacklevel=3)
+    return reference_tree

@@ -22,6 +22,7 @@ from importlib import resources
 
 from ..layout import GroupLayout
 from .._checks import check_int, check_mode
+from ..tree import PrefixTreeLayout
 from .pairs import MODE_FACTOR, attention_flops, n_copy_pairs, useful_pairs
 
 __all__ = [
@@ -173,19 +174,20 @@ def linear_flops_per_token(model: "str | ModelConfig") -> float:
     return 2.0 * params
 
 
-def model_flops(model: "str | ModelConfig", layout: GroupLayout, mode: str = "fwdbwd", layout_kind: str = "dualkv",
-                recompute: bool = False) -> dict[str, float]:
+def model_flops(model: "str | ModelConfig", layout: "GroupLayout | PrefixTreeLayout", mode: str = "fwdbwd",
+                layout_kind: str = "dualkv", recompute: bool = False) -> dict[str, float]:
     """Whole-model FLOPs of one packed micro-batch: ``{"tokens", "linear", "attention", "total"}`` (FLOPs).
 
     ``layout_kind`` "dualkv" counts the shared-prompt packing (``layout.total_tokens`` tokens, useful pairs);
-    "ncopy" the N-copy packing of the same rows (``layout.tokens_std`` tokens, N-copy pairs).
+    "ncopy" the N-copy packing of the same rows (``layout.tokens_std`` tokens, N-copy pairs). A PrefixTreeLayout
+    counts the tree packing against its root-to-leaf paths.
     """
     cfg = load_model(model)
     mode = check_mode(mode)
     if layout_kind not in ("dualkv", "ncopy"):
         raise ValueError(f"layout_kind = {layout_kind!r}: expected 'dualkv' or 'ncopy'")
-    if not isinstance(layout, GroupLayout):
-        raise TypeError(f"layout must be a GroupLayout, got {type(layout).__name__}")
+    if not isinstance(layout, (GroupLayout, PrefixTreeLayout)):
+        raise TypeError(f"layout must be a GroupLayout or a PrefixTreeLayout, got {type(layout).__name__}")
     count = useful_pairs if layout_kind == "dualkv" else n_copy_pairs
     tokens = layout.total_tokens if layout_kind == "dualkv" else layout.tokens_std
     extra = 1.0 if recompute and mode != "fwd" else 0.0
@@ -200,8 +202,8 @@ def model_flops(model: "str | ModelConfig", layout: GroupLayout, mode: str = "fw
     return {"tokens": float(tokens), "linear": linear, "attention": attention, "total": linear + attention}
 
 
-def step_speedup_bounds(model: "str | ModelConfig", layout: GroupLayout, mode: str = "fwdbwd",
-                        recompute: bool = False) -> dict[str, float]:
+def step_speedup_bounds(model: "str | ModelConfig", layout: "GroupLayout | PrefixTreeLayout",
+                        mode: str = "fwdbwd", recompute: bool = False) -> dict[str, float]:
     """Predicted compute speedup of the shared-prompt layout for one micro-batch, with its bounds.
 
     ``flop_ratio`` = N-copy FLOPs / dualkv FLOPs (the speedup if time followed FLOPs). It is a mediant of the

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ..layout import GroupLayout
 from .._checks import IntOrSeq, check_int, check_mode, check_positive_array, check_window_left
+from ..tree import PrefixTreeLayout
 from .tokens import group_layout
 
 __all__ = [
@@ -53,9 +54,14 @@ def _check_layout(layout: object) -> GroupLayout:
     return layout
 
 
-def useful_pairs(layout: GroupLayout, window_left: int = -1) -> int:
+def useful_pairs(layout: GroupLayout | PrefixTreeLayout, window_left: int = -1) -> int:
     """(query, key) pairs shared-prompt attention needs for a packed micro-batch (every group's prompt once, every
-    response against [its prompt; itself]), exact for a causal window of ``window_left`` keys before the query."""
+    response against [its prompt; itself]), exact for a causal window of ``window_left`` keys before the query.
+    A PrefixTreeLayout: :func:`dualkv.analysis.trees.tree_useful_pairs`."""
+    if isinstance(layout, PrefixTreeLayout):
+        from .trees import tree_useful_pairs
+
+        return tree_useful_pairs(layout, window_left)
     layout = _check_layout(layout)
     total = 0
     for p, lens in zip(layout.prompt_lens, layout.response_lens):
@@ -64,8 +70,13 @@ def useful_pairs(layout: GroupLayout, window_left: int = -1) -> int:
     return total
 
 
-def n_copy_pairs(layout: GroupLayout, window_left: int = -1) -> int:
-    """(query, key) pairs the N-copy layout computes for the same rows (each row's prompt copy attended again)."""
+def n_copy_pairs(layout: GroupLayout | PrefixTreeLayout, window_left: int = -1) -> int:
+    """(query, key) pairs the N-copy layout computes for the same rows (each row's prompt copy attended again).
+    A PrefixTreeLayout: its root-to-leaf paths (:func:`dualkv.analysis.trees.tree_n_copy_pairs`)."""
+    if isinstance(layout, PrefixTreeLayout):
+        from .trees import tree_n_copy_pairs
+
+        return tree_n_copy_pairs(layout, window_left)
     layout = _check_layout(layout)
     return sum(causal_row_pairs(p + r, window_left)
                for p, lens in zip(layout.prompt_lens, layout.response_lens) for r in lens)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..layout import GroupLayout
 from .._checks import IntOrSeq, check_int, check_positive_array, response_lengths
+from ..tree import PrefixTreeLayout
 
 __all__ = [
     "group_layout",
@@ -46,10 +47,10 @@ def tokens_dualkv(N: int | None, P: int, R: IntOrSeq) -> int:
     return group_layout(N, P, R).total_tokens
 
 
-def rho_layout(layout: GroupLayout) -> float:
-    """``T_std / T_dk`` of a packed micro-batch (any number of groups)."""
-    if not isinstance(layout, GroupLayout):
-        raise TypeError(f"layout must be a GroupLayout, got {type(layout).__name__}")
+def rho_layout(layout: GroupLayout | PrefixTreeLayout) -> float:
+    """``T_std / T_dk`` of a packed micro-batch (any number of groups; a tree: its root-to-leaf paths vs the tree)."""
+    if not isinstance(layout, (GroupLayout, PrefixTreeLayout)):
+        raise TypeError(f"layout must be a GroupLayout or a PrefixTreeLayout, got {type(layout).__name__}")
     return layout.tokens_std / layout.total_tokens
 
 

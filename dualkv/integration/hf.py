@@ -40,10 +40,13 @@ import torch
 
 from .. import shared_prefix_attention
 from ..layout import GroupLayout
+from ..tree import PrefixTreeLayout
 from .packing import PackedBatch
 
 ATTN_NAME = "dualkv"
 LAYOUT_KWARG = "dualkv_layout"
+#: What ``dualkv_layout`` may be: a shared-prompt packing or a prefix tree (dualkv.integration.tree).
+LAYOUT_TYPES = (GroupLayout, PrefixTreeLayout)
 
 __all__ = ["ATTN_NAME", "LAYOUT_KWARG", "PackedAttention", "apply_dualkv", "disable_dualkv",
            "dualkv_attention_forward", "enable_dualkv", "hf_window", "make_attention_forward",
@@ -141,7 +144,7 @@ def make_attention_forward(packed_attention: PackedAttention = _default_packed_a
                           sliding_window: int | None = None, softcap: float | None = None,
                           **kwargs) -> tuple[torch.Tensor, None]:
         layout = kwargs.get(LAYOUT_KWARG)
-        if not isinstance(layout, GroupLayout):
+        if not isinstance(layout, LAYOUT_TYPES):
             raise ValueError(f"attn_implementation='{ATTN_NAME}' needs the packed layout: call the model with "
                              f"{LAYOUT_KWARG}=packed.layout (see dualkv.integration.hf.packed_model_inputs); got "
                              f"{type(layout).__name__}")
@@ -251,8 +254,9 @@ class _PositionCheck:
         expected = layout.device_tensors(position_ids.device)["position_ids"]
         flat = position_ids.reshape(-1)
         if flat.shape != expected.shape or not torch.equal(flat.to(expected.dtype), expected):
-            raise ValueError(f"position_ids do not match the packed layout {layout!r}: expected prompt 0..P-1 and "
-                             "each response P..P+R-1 (packed.position_ids)")
+            raise ValueError(f"position_ids do not match the packed layout {layout!r}: expected the layout's "
+                             "logical positions (layout.position_ids(): prompt 0..P-1 and each response P..P+R-1; "
+                             "in a prefix tree each node continues its parent's positions)")
         with self._lock:
             self._last = (weakref.ref(position_ids), position_ids._version, id(layout))
 
@@ -297,8 +301,9 @@ class _InputCheck:
             raise ValueError(f"this model runs the '{ATTN_NAME}' attention: call it with {LAYOUT_KWARG}=packed.layout "
                              "and the packed input/position ids (dualkv.integration.hf.packed_model_inputs(packed)), "
                              "or disable_dualkv(model) first")
-        if not isinstance(layout, GroupLayout):
-            raise TypeError(f"{LAYOUT_KWARG} must be a dualkv.GroupLayout; got {type(layout).__name__}")
+        if not isinstance(layout, LAYOUT_TYPES):
+            raise TypeError(f"{LAYOUT_KWARG} must be a dualkv.GroupLayout or PrefixTreeLayout; got "
+                            f"{type(layout).__name__}")
         tokens = kwargs.get("input_ids", args[0] if args else None)
         if tokens is None:
             tokens = kwargs.get("inputs_embeds")
