@@ -118,3 +118,21 @@ def test_group_shuffle_order_groups_identical_prompts_together():
         assert abs(order.index(0) - order.index(2)) == 1 and order.index(0) < order.index(2)
     with pytest.raises(KeyError, match="prompt_mask"):
         group_shuffle({"prompt_ids": ids})
+
+
+def test_autocast_packed_attention_casts_like_stock_under_autocast(monkeypatch):
+    """fp32 q/k next to bf16 v (a Qwen3 layer with fp32 weights under bf16 autocast) reach the packed attention in
+    the autocast dtype; without autocast nothing is cast."""
+    from dualkv import GroupLayout
+    from dualkv.integration.trl import attention
+
+    seen = []
+    monkeypatch.setattr(attention, "shared_prefix_attention",
+                        lambda q, k, v, layout, **kw: seen.append((q.dtype, k.dtype, v.dtype)) or q)
+    layout = GroupLayout.single(2, [1])
+    q, k = torch.randn(3, 2, 4), torch.randn(3, 1, 4)
+    v = k.to(torch.bfloat16)
+    attention.autocast_packed_attention(q, k, v, layout, softmax_scale=0.5, window_size=(-1, -1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        attention.autocast_packed_attention(q, k, v, layout, softmax_scale=0.5, window_size=(-1, -1))
+    assert seen == [(torch.float32, torch.float32, torch.bfloat16), (torch.bfloat16,) * 3]

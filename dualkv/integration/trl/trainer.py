@@ -14,6 +14,8 @@ Around it:
   attention, and a backward with gradient checkpointing recomputes under the attention its forward used;
 * the generation batch is shuffled by prompt group instead of by row before TRL splits it into
   ``steps_per_generation`` micro-batches (``keep_groups=True``), drawing the same random numbers as TRL's shuffle;
+* the per-layer attention casts its inputs to the autocast dtype under autocast (:mod:`.attention`), as stock
+  sdpa and FlashAttention do, so float32 weights with ``bf16=True`` still run dualkv's CUDA kernels;
 * what cannot be packed runs stock: a call whose rows all have empty completions (the whole call, with a warning).
 
 Refused by name: vision-language inputs, the MoE router aux loss, PEFT prompt learning, models that scale their
@@ -27,7 +29,8 @@ from typing import Any
 
 import torch
 
-from ..hf import ATTN_NAME, disable_dualkv, enable_dualkv
+from ..hf import ATTN_NAME, disable_dualkv, enable_dualkv, register
+from .attention import autocast_packed_attention
 from .compat import check_trl_version
 from .forward import HEADS, packed_call_logps, row_kernel
 from .rows import group_rows, group_shuffle
@@ -117,6 +120,7 @@ class DualKVGRPOMixin:
         """Switch ``inner`` to (or back from) the ``"dualkv"`` attention; returns whether it was on."""
         was_on = any(m is inner for m in self._dualkv_switched)
         if on and not was_on:
+            register(packed_attention=autocast_packed_attention)   # (re)installed: another stack may swap it
             enable_dualkv(inner)
             self._dualkv_switched.append(inner)
         elif not on and was_on:
