@@ -60,7 +60,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "curves": dict(vocab=512, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                    head_dim=64, intermediate_size=768, weights="float32", prompt_len=(8, 48), prompts=2048,
                    num_generations=8, per_device_train_batch_size=64, max_completion_length=32, steps=40,
-                   learning_rate=3e-4, beta=0.0),
+                   learning_rate=1e-3, beta=0.0),
     "long": dict(vocab=32768, hidden_size=1536, num_hidden_layers=16, num_attention_heads=12, num_key_value_heads=4,
                  head_dim=128, intermediate_size=4608, weights="bfloat16", prompt_len=(4096, 4096), prompts=64,
                  num_generations=16, per_device_train_batch_size=16, max_completion_length=128, steps=4,
@@ -315,7 +315,7 @@ def table(data: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--settings", default="fp32,curves,long", help="comma-separated: curves, long, fp32")
+    parser.add_argument("--settings", default="fp32,long,curves", help="comma-separated: fp32, long, curves")
     parser.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "experiments" / "results"))
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny models, 3 steps")
     parser.add_argument("--seed", type=int, default=0)
