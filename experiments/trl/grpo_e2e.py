@@ -27,6 +27,10 @@ GPU (one H100/H200; see experiments/trl/README.md for the wheels to carry)::
 
     python experiments/trl/grpo_e2e.py --out $OUT
 
+Redraw the plot of a result file (here, after the run)::
+
+    python experiments/trl/grpo_e2e.py --plot experiments/results/trl_grpo-<gpu>-<time>.json
+
 CPU smoke run (what the test suite runs; seconds)::
 
     python experiments/trl/grpo_e2e.py --tiny --out /tmp/trl_smoke
@@ -319,10 +323,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "experiments" / "results"))
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny models, 3 steps")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--time-budget-s", type=float, default=480.0,
+    parser.add_argument("--time-budget-s", type=float, default=360.0,
                         help="start no new setting after this many seconds")
     parser.add_argument("--steps", type=int, default=None, help="override every setting's step count")
+    parser.add_argument("--plot", metavar="JSON", help="only redraw the plot (and table) of a result file")
     args = parser.parse_args(argv)
+    if args.plot:
+        data = json.loads(Path(args.plot).read_text())
+        print(plot(Path(args.plot).with_suffix(".png"), data))
+        print(table(data))
+        return 0
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import transformers
 
