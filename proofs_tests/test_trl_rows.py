@@ -1,4 +1,5 @@
-"""TRL rows -> prompt groups, packable chunks and the group-preserving shuffle (no TRL needed)."""
+"""TRL rows -> prompt groups, packable chunks and the group-preserving shuffle (TRL only for its own shuffle and
+split, the references)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def _generation_batch(num_prompts=6, n=4, seed=0):
 
 
 def test_group_shuffle_keeps_groups_whole_and_permutes_all_keys_alike():
-    from trl.trainer.utils import split_tensor_dict
+    split_tensor_dict = pytest.importorskip("trl.trainer.utils").split_tensor_dict
 
     batch = _generation_batch()
     torch.manual_seed(3)
@@ -88,7 +89,7 @@ def test_group_shuffle_keeps_groups_whole_and_permutes_all_keys_alike():
 
 
 def test_group_shuffle_draws_the_same_random_numbers_as_trl_shuffle():
-    from trl.trainer.utils import shuffle_sequence_dict
+    shuffle_sequence_dict = pytest.importorskip("trl.trainer.utils").shuffle_sequence_dict
 
     batch = _generation_batch(seed=1)
     torch.manual_seed(11)
@@ -101,7 +102,8 @@ def test_group_shuffle_draws_the_same_random_numbers_as_trl_shuffle():
 
 def test_stock_row_shuffle_splits_groups_known_wrong_for_sharing():
     """TRL's own shuffle is what group_shuffle replaces: with the same seed it scatters groups over micro-batches."""
-    from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
+    utils = pytest.importorskip("trl.trainer.utils")
+    shuffle_sequence_dict, split_tensor_dict = utils.shuffle_sequence_dict, utils.split_tensor_dict
 
     torch.manual_seed(3)
     out = shuffle_sequence_dict(_generation_batch())
