@@ -1,4 +1,4 @@
-"""The end-to-end GRPO script (experiments/trl/grpo_e2e.py) on the CPU: tiny fp32 models, both systems, 2 steps."""
+"""The end-to-end GRPO script (experiments/trl_grpo/grpo_e2e.py) on the CPU: tiny fp32 models, both systems, 2 steps."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "trl"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "trl_grpo"))
 import grpo_e2e  # noqa: E402
 
 

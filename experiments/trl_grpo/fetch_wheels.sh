@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download the wheels of wheels.txt for the GPU machine (CPython 3.12, manylinux x86_64) into .whl/ at the repo
 # root (git-ignored; carry it to the device run). WITH_ARROW=1 adds pyarrow, pandas, python-dateutil.
-# Usage: bash experiments/trl/fetch_wheels.sh [OUT_DIR]   (PYVER=3.11 PYVER_NODOT=311: wheels for a local check)
+# Usage: bash experiments/trl_grpo/fetch_wheels.sh [OUT_DIR]   (PYVER=3.11 PYVER_NODOT=311: wheels for a local check)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${1:-$HERE/../../.whl}"

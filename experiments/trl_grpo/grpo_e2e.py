@@ -23,17 +23,17 @@ Per step and system: reward, loss, and wall time (seconds, ``*_s``) split into `
 preparation); peak GPU memory per system. The result is one JSON file; the plot (if matplotlib is there) beside it;
 a short table is printed last.
 
-GPU (one H100/H200; see experiments/trl/README.md for the wheels to carry)::
+GPU (one H100/H200; see experiments/trl_grpo/README.md for the wheels to carry)::
 
-    python experiments/trl/grpo_e2e.py --out $OUT
+    python experiments/trl_grpo/grpo_e2e.py --out $OUT
 
 Redraw the plot of a result file (here, after the run)::
 
-    python experiments/trl/grpo_e2e.py --plot experiments/results/trl_grpo-<gpu>-<time>.json
+    python experiments/trl_grpo/grpo_e2e.py --plot experiments/results/trl_grpo-<gpu>-<time>.json
 
 CPU smoke run (what the test suite runs; seconds)::
 
-    python experiments/trl/grpo_e2e.py --tiny --out /tmp/trl_smoke
+    python experiments/trl_grpo/grpo_e2e.py --tiny --out /tmp/trl_smoke
 """
 
 from __future__ import annotations

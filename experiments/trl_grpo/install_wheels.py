@@ -1,9 +1,9 @@
-"""Install the carried wheels (experiments/trl/fetch_wheels.sh) on a machine without network, touching as little as
+"""Install the carried wheels (experiments/trl_grpo/fetch_wheels.sh) on a machine without network, touching as little as
 possible: a wheel is installed only when its distribution is missing, or when the installed version does not meet
 what another carried wheel requires and the carried one does. Nothing is resolved online (``--no-deps
 --no-index``). Afterwards every requirement of the carried wheels is checked and the unmet ones are printed.
 
-    python3 experiments/trl/install_wheels.py [WHEEL_DIR]      # default: .whl at the repo root
+    python3 experiments/trl_grpo/install_wheels.py [WHEEL_DIR]      # default: .whl at the repo root
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
         name, version, *_ = parse_wheel_filename(path.name)
         wheels[canonicalize_name(name)] = (Version(str(version)), path)
     if not wheels:
-        print(f"no wheels in {folder}; run experiments/trl/fetch_wheels.sh first", file=sys.stderr)
+        print(f"no wheels in {folder}; run experiments/trl_grpo/fetch_wheels.sh first", file=sys.stderr)
         return 1
     needs = {name: wheel_requirements(path) for name, (_, path) in wheels.items()}
     chosen = []
