@@ -19,8 +19,8 @@ Settings (``--settings``, default all three):
   (seen: 1.7e-4 relative gradient differences from step 2 on with AdamW at lr 1e-3, 6e-7 at step 1).
 
 Per step and system: reward, loss, and wall time (seconds, ``*_s``) split into ``generation`` (``_generate``),
-``logprobs`` (the no-grad old/ref log-prob calls) and ``update`` (policy forward + backward + optimizer step: the step minus input
-preparation); peak GPU memory per system. The result is one JSON file; the plot (if matplotlib is there) beside it;
+``logprobs`` (the no-grad old/ref log-prob calls) and ``update`` (policy forward + backward + optimizer step: the
+step minus input preparation); peak GPU memory per system. The result is one JSON file; the plot (if matplotlib is there) beside it;
 a short table is printed last.
 
 GPU (one H100/H200; see experiments/trl_grpo/README.md for the wheels to carry)::
