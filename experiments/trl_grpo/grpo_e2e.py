@@ -175,7 +175,8 @@ class PhaseTimer:
 
 
 def run_system(system: str, setting: str, cfg: dict, model_dir: str, dataset: Any, out_dir: Path, device: torch.device,
-               seed: int) -> dict:
+               seed: int, stop_at: float = float("inf")) -> dict:
+    """Train ``system`` for ``cfg['steps']`` steps, or until ``time.perf_counter()`` passes ``stop_at``."""
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -203,6 +204,10 @@ def run_system(system: str, setting: str, cfg: dict, model_dir: str, dataset: An
             if logs and "reward" in logs:
                 logs_copy = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
                 logs_list.append(logs_copy)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if time.perf_counter() > stop_at:
+                control.should_training_stop = True
 
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
             if cfg.get("compare"):
@@ -325,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-budget-s", type=float, default=360.0,
                         help="start no new setting after this many seconds")
+    parser.add_argument("--deadline-s", type=float, default=500.0,
+                        help="stop training (each system its share of what is left) after this many seconds")
     parser.add_argument("--steps", type=int, default=None, help="override every setting's step count")
     parser.add_argument("--plot", metavar="JSON", help="only redraw the plot (and table) of a result file")
     args = parser.parse_args(argv)
@@ -367,10 +374,12 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = build_model_dir(Path(tmp), cfg, args.seed)
             dataset = build_dataset(cfg, args.seed)
-            for system in SYSTEMS:
+            for i, system in enumerate(SYSTEMS):
+                now = time.perf_counter()
+                stop_at = now + max(0.0, began + args.deadline_s - now) / (len(SYSTEMS) - i)
                 try:
                     results[system] = run_system(system, setting, cfg, model_dir, dataset, Path(tmp), device,
-                                                 args.seed)
+                                                 args.seed, stop_at)
                 except torch.cuda.OutOfMemoryError:
                     data["rows"].append({"setting": setting, "system": system, "status": "OOM"})
                     gc.collect()
