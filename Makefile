@@ -7,7 +7,8 @@ VENV        := .venv
 TORCH_SPEC  ?= torch==2.13.0
 EXTRAS      ?= dev
 STAMP       := $(VENV)/.dualkv-$(EXTRAS)
-# veRL 0.9.1 (and what its workers/trainers import) for proofs_tests/test_verl_*.py; `make test` only
+# veRL 0.9.1 (and what its workers/trainers import) for proofs_tests/test_verl_*.py and TRL 1.16 for
+# proofs_tests/test_trl_*.py; `make test` only
 VERL_STAMP  := $(VENV)/.dualkv-verl
 
 ifeq ($(SYSTEM),1)
@@ -42,7 +43,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 $(VERL_STAMP): $(STAMP) pyproject.toml
-	$(VENV)/bin/python -m pip install -q -e ".[verl]"
+	$(VENV)/bin/python -m pip install -q -e ".[verl,trl]"
 	touch $(VERL_STAMP)
 
 clean:

@@ -1,0 +1,256 @@
+"""dualkv in TRL's ``GRPOTrainer``: every log-prob TRL computes runs on P+ΣR packed prompt groups.
+
+One seam carries the whole change: ``GRPOTrainer._get_per_token_logps_and_entropies``, which TRL calls for the
+policy (with entropy, under gradient), the old policy (``num_iterations > 1`` or misaligned steps), and the
+reference (a separate ``ref_model``, or the policy with its PEFT adapter disabled). It returns (B, C) log-probs and
+entropies in TRL's completion layout, so TRL's losses (every ``loss_type``), KL, entropy mask and bonus, importance
+sampling, gradient accumulation and ``steps_per_generation`` run unchanged on the same numbers.
+
+Around it:
+
+* the model runs the ``"dualkv"`` attention only while dualkv needs it: a log-prob call switches it on (a call
+  without gradient switches it back afterwards); generation (``_generate``) and the end of every
+  ``training_step``/``prediction_step`` switch it off, so generation, callbacks and saving see the model's own
+  attention, and a backward with gradient checkpointing recomputes under the attention its forward used;
+* the generation batch is shuffled by prompt group instead of by row before TRL splits it into
+  ``steps_per_generation`` micro-batches (``keep_groups=True``), drawing the same random numbers as TRL's shuffle;
+* the per-layer attention casts its inputs to the autocast dtype under autocast (:mod:`.attention`), as stock
+  sdpa and FlashAttention do, so float32 weights with ``bf16=True`` still run dualkv's CUDA kernels;
+* what cannot be packed runs stock: a call whose rows all have empty completions (the whole call, with a warning).
+
+Refused by name: vision-language inputs, the MoE router aux loss, PEFT prompt learning, models that scale their
+logits, TRL outside :data:`~.compat.SUPPORTED_TRL`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from ..hf import ATTN_NAME, disable_dualkv, enable_dualkv, register
+from .attention import autocast_packed_attention
+from .compat import check_trl_version
+from .forward import HEADS, packed_call_logps, row_kernel
+from .rows import group_rows, group_shuffle
+
+__all__ = ["DualKVTRLError", "DualKVGRPOMixin", "apply_dualkv", "dualkv_trainer_class", "innermost_model"]
+
+#: Config fields of models that scale their logits before the softmax (TRL's fused head honours them; dualkv
+#: refuses such models rather than guess).
+_LOGIT_SCALES = ("logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling", "output_multiplier_scale")
+#: Keyword inputs of TRL's log-prob call that only vision-language models pass.
+_MULTIMODAL = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+               "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+_STOCK_SHUFFLE = "shuffle_sequence_dict"
+
+
+class DualKVTRLError(ValueError):
+    """A GRPOTrainer setting or input dualkv does not support (named in the message)."""
+
+
+def innermost_model(model: torch.nn.Module, accelerator: Any = None) -> torch.nn.Module:
+    """The causal LM inside ``model``'s wrappers (accelerate/DDP, PEFT): the module whose attention is switched."""
+    inner = accelerator.unwrap_model(model) if accelerator is not None else model
+    if hasattr(inner, "peft_config") and hasattr(inner, "get_base_model"):
+        config = getattr(inner, "active_peft_config", None)
+        if config is not None and getattr(config, "is_prompt_learning", False):
+            raise DualKVTRLError(f"PEFT prompt learning ({type(config).__name__}) prepends virtual tokens dualkv does "
+                                 "not pack; use an adapter method such as LoRA")
+        inner = inner.get_base_model()
+    return inner
+
+
+def _check_model(inner: torch.nn.Module, what: str) -> None:
+    config = getattr(inner, "config", None)
+    if config is None or not hasattr(inner, "get_decoder") or not hasattr(inner, "set_attn_implementation"):
+        raise DualKVTRLError(f"the {what} ({type(inner).__name__}) is not a transformers causal LM")
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if text_config is not config:
+        raise DualKVTRLError(f"the {what} is a multimodal model ({type(inner).__name__}); dualkv's TRL integration "
+                             "supports text-only causal LMs")
+    if not isinstance(inner.get_output_embeddings(), torch.nn.Linear):
+        raise DualKVTRLError(f"the {what} ({type(inner).__name__}) has no nn.Linear output head")
+    for name in _LOGIT_SCALES:
+        value = getattr(config, name, None)
+        if value not in (None, 1, 1.0):
+            raise DualKVTRLError(f"the {what} scales its logits ({name}={value}); dualkv's packed head does not")
+    if config._attn_implementation == ATTN_NAME:
+        raise DualKVTRLError(f"the {what} was loaded with attn_implementation='{ATTN_NAME}'; load it with its own "
+                             "attention (sdpa, flash_attention_2): dualkv switches to packed attention per call")
+
+
+class DualKVGRPOMixin:
+    """The dualkv overrides of ``GRPOTrainer`` (see the module docstring). Use :func:`apply_dualkv` or
+    ``DualKVGRPOTrainer``; the state is set by :meth:`_dualkv_setup`."""
+
+    def _dualkv_setup(self, head: str = "trl", keep_groups: bool = True) -> None:
+        check_trl_version()
+        if head not in HEADS:
+            raise ValueError(f"head must be one of {HEADS}; got {head!r}")
+        if getattr(self, "_is_vlm", False):
+            raise DualKVTRLError("vision-language training (images in the dataset) is not supported by dualkv")
+        if getattr(self, "aux_loss_enabled", False):
+            raise DualKVTRLError("the MoE router aux loss (model_init_kwargs output_router_logits=True) is not "
+                                 "supported by dualkv: its load-balancing term counts each prompt token N times")
+        policy = innermost_model(self.model, self.accelerator)
+        _check_model(policy, "policy")
+        if self.ref_model is not None:
+            _check_model(innermost_model(self.ref_model, self.accelerator), "reference model")
+        softcap = getattr(policy.config.get_text_config(), "final_logit_softcapping", None)
+        self._dualkv_kernel = row_kernel(head, softcap)
+        self._dualkv_head = head
+        self._dualkv_keep_groups = bool(keep_groups)
+        self._dualkv_switched: list[torch.nn.Module] = []
+        self._dualkv_warned: set[str] = set()
+        per_step, n = self.args.per_device_train_batch_size, self.num_generations
+        if per_step % n != 0:
+            self._dualkv_warn("split", f"per_device_train_batch_size ({per_step}) is not a multiple of "
+                                       f"num_generations ({n}): some prompt groups are split across micro-batches; "
+                                       "each part packs its own copy of the prompt (exact, smaller saving)")
+
+    # ------------------------------------------------------------------ attention state
+    def _dualkv_warn(self, key: str, message: str) -> None:
+        if key not in self._dualkv_warned:
+            self._dualkv_warned.add(key)
+            warnings.warn(f"dualkv: {message}", stacklevel=3)
+
+    def _dualkv_attention(self, inner: torch.nn.Module, on: bool) -> bool:
+        """Switch ``inner`` to (or back from) the ``"dualkv"`` attention; returns whether it was on."""
+        was_on = any(m is inner for m in self._dualkv_switched)
+        if on and not was_on:
+            register(packed_attention=autocast_packed_attention)   # (re)installed: another stack may swap it
+            enable_dualkv(inner)
+            self._dualkv_switched.append(inner)
+        elif not on and was_on:
+            disable_dualkv(inner)
+            self._dualkv_switched = [m for m in self._dualkv_switched if m is not inner]
+        return was_on
+
+    def _dualkv_all_off(self) -> None:
+        for inner in list(self._dualkv_switched):
+            self._dualkv_attention(inner, False)
+
+    # ------------------------------------------------------------------ GRPOTrainer seams
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **model_inputs):
+        passed = sorted(k for k in _MULTIMODAL if model_inputs.get(k) is not None)
+        unknown = sorted(k for k in model_inputs if k not in _MULTIMODAL)
+        if passed or unknown:
+            raise DualKVTRLError(f"dualkv packs text-only GRPO batches; this log-prob call carries {passed + unknown}")
+        if compute_aux_loss:
+            raise DualKVTRLError("the MoE router aux loss is not supported by dualkv")
+        inner = innermost_model(model, self.accelerator)
+        groups = group_rows(attention_mask, input_ids, input_ids.shape[1] - logits_to_keep)
+        if not groups.groups:
+            self._dualkv_warn("empty", "a log-prob call whose completions are all empty ran stock TRL")
+            self._dualkv_attention(inner, False)
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss)
+        was_on = self._dualkv_attention(inner, True)
+        try:
+            with self.accelerator.autocast():
+                logps, entropies = packed_call_logps(
+                    model, inner, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                    kernel=self._dualkv_kernel, temperature=self.temperature, with_entropy=compute_entropy,
+                    fp32_head=bool(self.args.cast_lm_head_to_fp32), row_groups=groups)
+        finally:
+            if not torch.is_grad_enabled() and not was_on:   # a backward may follow a grad call: keep it on
+                self._dualkv_attention(inner, False)
+        return logps, entropies, None
+
+    def _generate(self, prompts):
+        self._dualkv_all_off()
+        return super()._generate(prompts)
+
+    def _prepare_inputs(self, generation_batch):
+        if not self._dualkv_keep_groups:
+            return super()._prepare_inputs(generation_batch)
+        import trl.trainer.grpo_trainer as grpo_module
+
+        stock = getattr(grpo_module, _STOCK_SHUFFLE)
+        setattr(grpo_module, _STOCK_SHUFFLE, group_shuffle)
+        try:
+            return super()._prepare_inputs(generation_batch)
+        finally:
+            setattr(grpo_module, _STOCK_SHUFFLE, stock)
+
+    def training_step(self, *args, **kwargs):
+        try:
+            return super().training_step(*args, **kwargs)
+        finally:
+            self._dualkv_all_off()
+
+    def prediction_step(self, *args, **kwargs):
+        try:
+            return super().prediction_step(*args, **kwargs)
+        finally:
+            self._dualkv_all_off()
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def dualkv_trainer_class(cls: type) -> type:
+    """The dualkv subclass of a ``GRPOTrainer`` class (itself if it already is one); one class per ``cls``."""
+    if issubclass(cls, DualKVGRPOMixin):
+        return cls
+    if cls not in _CLASSES:
+        from trl import GRPOTrainer
+
+        if cls is GRPOTrainer:
+            return _make_trainer_class()
+        _CLASSES[cls] = type(f"DualKV{cls.__name__}", (DualKVGRPOMixin, cls), {"__module__": __name__})
+    return _CLASSES[cls]
+
+
+def apply_dualkv(trainer: Any, *, head: str = "trl", keep_groups: bool = True) -> Any:
+    """Turn dualkv on for a built ``trl.GRPOTrainer`` (or subclass); call before ``trainer.train()``.
+
+    Args:
+        trainer: the trainer; its class becomes its dualkv subclass (``DualKV<Class>``).
+        head: ``"trl"`` — TRL's own chunked log-prob kernel on the packed rows (stock numerics) — or ``"dualkv"``
+            — :func:`dualkv.integration.logprobs.token_logprobs`.
+        keep_groups: shuffle the generation batch by prompt group, not by row, so each of the
+            ``steps_per_generation`` micro-batches holds whole groups (False: TRL's row shuffle; the packing stays
+            exact, groups split over micro-batches just share less).
+    Returns:
+        the same trainer.
+    """
+    check_trl_version()
+    from trl import GRPOTrainer
+
+    if not isinstance(trainer, GRPOTrainer):
+        raise TypeError(f"apply_dualkv takes a trl.GRPOTrainer; got {type(trainer).__name__} (for a transformers "
+                        "model use dualkv.integration.hf.enable_dualkv)")
+    if getattr(trainer, "_dualkv_kernel", None) is not None:
+        raise RuntimeError("dualkv is already applied to this trainer")
+    cls = dualkv_trainer_class(type(trainer))
+    previous = trainer.__class__
+    trainer.__class__ = cls
+    try:
+        trainer._dualkv_setup(head, keep_groups)
+    except BaseException:
+        trainer.__class__ = previous
+        raise
+    return trainer
+
+
+def _make_trainer_class() -> type:
+    from trl import GRPOTrainer
+
+    class DualKVGRPOTrainer(DualKVGRPOMixin, GRPOTrainer):
+        """``trl.GRPOTrainer`` with dualkv on: same arguments, plus ``dualkv_head`` and ``dualkv_keep_groups``
+        (see :func:`apply_dualkv`)."""
+
+        def __init__(self, *args, dualkv_head: str = "trl", dualkv_keep_groups: bool = True, **kwargs):
+            check_trl_version()
+            super().__init__(*args, **kwargs)
+            self._dualkv_setup(dualkv_head, dualkv_keep_groups)
+
+    DualKVGRPOTrainer.__module__ = "dualkv.integration.trl"
+    DualKVGRPOTrainer.__qualname__ = "DualKVGRPOTrainer"
+    _CLASSES[GRPOTrainer] = DualKVGRPOTrainer
+    return DualKVGRPOTrainer

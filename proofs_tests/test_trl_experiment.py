@@ -1,0 +1,35 @@
+"""The end-to-end GRPO script (experiments/trl_grpo/grpo_e2e.py) on the CPU: tiny fp32 models, both systems, 2 steps."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+pytest.importorskip("datasets")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "trl_grpo"))
+import grpo_e2e  # noqa: E402
+
+
+def test_tiny_run_writes_results_and_both_systems_agree(tmp_path, capsys):
+    assert grpo_e2e.main(["--tiny", "--settings", "fp32", "--steps", "2", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("trl_grpo-cpu-tiny-*.json")
+    data = json.loads(path.read_text())
+    rows = data["rows"]
+    assert {(r["system"], r["step"]) for r in rows} == {(s, i) for s in grpo_e2e.SYSTEMS for i in (1, 2)}
+    for r in rows:
+        assert r["generation_s"] > 0 and r["update_s"] > 0 and r["logprobs_s"] > 0 and 0 <= r["reward"] <= 1
+    cmp = data["comparisons"]["fp32"]
+    assert cmp["same_rows"] and cmp["logprob_max_rel"] < 1e-5
+    assert max(cmp["grad_max_rel_per_step"]) < 1e-5
+    assert set(data["summary"]["fp32"]["speedup"]) == {"generation", "logprobs", "update", "training", "step"}
+    assert data["environment"]["trl"].startswith("1.16")
+    assert "setting  system" in capsys.readouterr().out
+
+
+def test_reward_counts_target_residue():
+    assert grpo_e2e.target_residue_reward(["t8 t3 t16 t5", "", "t1 <eos>"]) == [0.5, 0.0, 0.0]
