@@ -20,6 +20,7 @@ from .runtime import LoadedKernel, _check, _debug, device_context
 
 _DTYPES = {torch.bfloat16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", torch.float16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"}
 _MAPS: "OrderedDict[tuple, object]" = OrderedDict()
+_FUNCTIONS: dict[int, object] = {}  # id(LoadedKernel) -> CUfunction (loaded kernels live for the process)
 _MAX_MAPS = 256
 
 
