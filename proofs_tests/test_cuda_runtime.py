@@ -98,3 +98,26 @@ def test_device_index_comes_from_the_tensor():
     assert runtime.device_index(torch.device("cuda:3")) == 3
     with pytest.raises(ValueError, match="need CUDA tensors"):
         runtime.device_index(torch.empty(1))
+
+
+def test_tma_launches_run_on_the_kernels_device_too(monkeypatch):
+    """The warp-specialised kernels launch through cuLaunchKernel (dualkv/cuda/tma.py): same device, stream and
+    context discipline as every other launch (a launch on the caller's stream of another device failed on 2 GPUs)."""
+    from cuda.bindings import driver
+
+    from dualkv.cuda import tma
+
+    fake = FakeCuda(monkeypatch, current=0)
+    calls = []
+    monkeypatch.setattr(tma, "_FUNCTIONS", {})
+    monkeypatch.setattr(driver, "cuKernelGetFunction", lambda handle: (driver.CUresult.CUDA_SUCCESS,
+                                                                       f"function@{fake.ctx}"))
+    monkeypatch.setattr(driver, "cuLaunchKernel", lambda f, *a: calls.append((f, int(a[-3]), fake.ctx))
+                        or (driver.CUresult.CUDA_SUCCESS,))
+    kernel = runtime.LoadedKernel(fwd_spec(128, torch.bfloat16, 4, False, "sm_90"), types.SimpleNamespace(handle=7), 1)
+    tma.launch_raw(kernel, (3, 2, 1), [runtime.i32(1)])
+    tma.launch_raw(kernel, (3, 2, 1), [runtime.i32(1)])
+    assert calls == [("function@primary1", 1001, "primary1")] * 2    # device 1's function, stream and context
+    assert fake.ctx == "primary0" and torch.cuda.current_device() == 0
+    with pytest.raises(ValueError, match="stream is on cuda:0"):
+        tma.launch_raw(kernel, (3, 2, 1), [], stream=FakeCuda._stream(0))

@@ -79,17 +79,25 @@ def _param(value) -> tuple[object, int]:
 def launch_raw(kernel: LoadedKernel, grid: tuple[int, int, int], args: list,
                stream: torch.cuda.Stream | None = None) -> None:
     """Launch ``kernel`` with ``args`` (np.int32 / np.int64 / np.float32 scalars, int device pointers, tensor maps)
-    on PyTorch's current stream of the kernel's device."""
+    on ``stream`` (default: PyTorch's current stream of the kernel's device), inside the runtime's
+    ``device_context`` like every other launch: the caller's device and driver context are left as they were."""
     from cuda.bindings import driver
 
     if grid[0] == 0 or grid[1] == 0:
         return
-    stream = stream or torch.cuda.current_stream()
+    stream = stream if stream is not None else torch.cuda.current_stream(kernel.device)
+    if stream.device.index != kernel.device:
+        raise ValueError(f"stream is on cuda:{stream.device.index} but the kernel runs on cuda:{kernel.device}")
     held = [_param(a) for a in args]
     pointers = (ctypes.c_void_p * len(held))(*[addr for _, addr in held])
-    _check(driver.cuLaunchKernel(driver.CUfunction(int(kernel.kernel.handle)), *grid, kernel.spec.threads, 1, 1, kernel.spec.smem_bytes,
-                                 driver.CUstream(stream.cuda_stream), ctypes.addressof(pointers), 0),
-           f"cuLaunchKernel({kernel.spec.entry})")
+    with device_context(kernel.device):
+        function = _FUNCTIONS.get(id(kernel))
+        if function is None:  # the kernel's function in this device's context (a CUkernel is context-independent)
+            function = _check(driver.cuKernelGetFunction(kernel.kernel.handle), "cuKernelGetFunction")[0]
+            _FUNCTIONS[id(kernel)] = function
+        _check(driver.cuLaunchKernel(function, *grid, kernel.spec.threads, 1, 1, kernel.spec.smem_bytes,
+                                     driver.CUstream(stream.cuda_stream), ctypes.addressof(pointers), 0),
+               f"cuLaunchKernel({kernel.spec.entry})")
     if _debug["sync"]:
         stream.synchronize()
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(kernel.device)
