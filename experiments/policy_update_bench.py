@@ -38,8 +38,9 @@ CPU smoke run (seconds; what the test suite runs)::
     python experiments/policy_update_bench.py --tiny
 
 Needs veRL 0.9.1 and its small dependencies (``experiments/verl/wheels.txt``); Ray and ``datasets`` are not needed:
-when absent, stubs (``dualkv.integration.verl.import_stubs``) stand in for veRL's import-time uses of them, in this
-process only.
+when absent, stubs (``proofs_tests/verl_fixtures/import_stubs.py``) stand in for veRL's import-time uses of them,
+in this process only. Run it from the repository root (it imports the CPU platform shim, the stubs and the synthetic
+rollouts from ``proofs_tests/verl_fixtures``).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from dualkv.integration.verl import import_stubs  # noqa: E402
+from proofs_tests.verl_fixtures import import_stubs  # noqa: E402
 
 #: Pretend these packages are not installed (comma-separated; how the tests exercise the stubs on a machine that
 #: has them). Inherited by the per-system child processes.
@@ -149,7 +150,7 @@ def setup_process(device: str) -> None:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
     if device == "cpu":
-        from dualkv.integration.verl import cpu_platform
+        from proofs_tests.verl_fixtures import cpu_platform
 
         cpu_platform.register()
     if not torch.distributed.is_initialized():
@@ -206,7 +207,7 @@ def use_fused_stock_logprobs() -> None:
 def save_model(args: argparse.Namespace, folder: Path) -> tuple[str, Any]:
     """A randomly initialised Qwen3 of the requested size (built on the CPU) saved to ``folder``, and its config."""
     from dualkv.bench.qwen3 import build_model, qwen3_config
-    from dualkv.integration.verl.synthetic import save_random_model
+    from proofs_tests.verl_fixtures.synthetic import save_random_model
 
     config = qwen3_config(args.model, max_positions=args.P + args.R + 16, num_layers=args.layers)
     dtype = torch.float32 if args.fp32 else torch.bfloat16
@@ -292,7 +293,7 @@ def batches(args: argparse.Namespace, n: int, mb: int, vocab: int):
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
 
-    from dualkv.integration.verl.synthetic import rollout_batch
+    from proofs_tests.verl_fixtures.synthetic import rollout_batch
 
     data = rollout_batch([(args.P, [args.R] * n)], vocab_size=vocab, seed=args.seed)
 

@@ -35,7 +35,7 @@ def _td(**meta):
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
 
-    from dualkv.integration.verl.synthetic import rollout_batch
+    from verl_fixtures.synthetic import rollout_batch
 
     td = left_right_2_no_padding(rollout_batch(GROUPS, vocab_size=F.VOCAB, seed=3).to_tensordict())
     tu.assign_non_tensor(td, **meta)
@@ -85,8 +85,11 @@ def test_actor_and_ref_workers_match_stock(model_dir, dynamic):
     for key in ("actor/pg_loss", "loss", "grad_norm", "actor/entropy_loss"):
         for a, b in zip(s["metrics"][key], d["metrics"][key]):
             assert abs(a - b) <= TOL * max(abs(a), 1e-6), key
-    for name, p in s["params"].items():   # two optimizer steps (2 mini-batches) later
-        assert float((d["params"][name] - p).abs().max()) <= 1e-6, name
+    # Two Adam steps (lr 1e-3) later. Adam divides by sqrt(v) + 1e-8, so where a gradient entry is ~1e-8 a
+    # float32 rounding difference in it moves that entry's step by a visible fraction of lr (seen: 1.04e-6 on this
+    # CPU); 1e-5 is 0.5% of the two steps' largest possible move.
+    for name, p in s["params"].items():
+        assert float((d["params"][name] - p).abs().max()) <= TOL, name
 
     # rows reordered as a row-level shuffle would: fixed micro-batches refuse it naming the problem; dynamic
     # micro-batching regroups each uid's rows (and maps the outputs back), so the log-probs stay the same

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from dualkv.integration.verl import cpu_platform
+from . import cpu_platform
 
 VOCAB = 64
 
@@ -44,7 +44,7 @@ def init_process_group(rank: int = 0, world_size: int = 1, port: int | None = No
 
 def build_model_dir(path: Path, arch: str = "qwen3", seed: int = 0, **overrides) -> str:
     """Save a tiny random ``arch`` causal LM (dualkv.testing.tiny_causal_lm, float32) and its tokenizer."""
-    from dualkv.integration.verl.synthetic import save_random_model
+    from .synthetic import save_random_model
     from dualkv.testing import tiny_causal_lm
 
     fields = dict(vocab=VOCAB, tie_word_embeddings=False)
@@ -67,7 +67,7 @@ def engine_batch(groups: Sequence[tuple[int, Sequence[int]]], *, seed: int = 0, 
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
 
-    from dualkv.integration.verl.synthetic import rollout_batch
+    from .synthetic import rollout_batch
 
     batch = rollout_batch(groups, vocab_size=VOCAB, seed=seed, temperature=temperature, uids=uids)
     td = left_right_2_no_padding(batch.to_tensordict())
