@@ -29,7 +29,8 @@ from ..hf import ATTN_NAME, LAYOUT_KWARG, disable_dualkv, enable_dualkv, registe
 from ..logprobs import DEFAULT_CHUNK, _head_of
 from .head import HeadPlan, RowKernel, dualkv_row_kernel, head_logprobs, verl_fused_row_kernel
 from .micro_batches import plan_micro_batches
-from .rows import DualKVBatchError, group_ids_of, pack_rows, prompt_lengths, to_nested_rows
+from .rows import (DualKVBatchError, group_ids_of, pack_rows, packed_response_lens, prompt_lengths,
+                   to_nested_rows)
 from .sequence_parallel import ulysses_packed_attention
 
 __all__ = ["ENGINE_FLAG", "MICRO_BATCH_FLAG", "dualkv_enabled", "set_dualkv_attention", "run_packed_model",
@@ -228,8 +229,7 @@ def group_prepare_micro_batches(data: Any, dp_group: Any = None, num_batches_div
     input_ids = data["input_ids"]
     rows = input_ids.offsets().numel() - 1
     prompt_lens = prompt_lengths(data["prompts"], data.get("attention_mask", None))
-    seq_lens = input_ids.offsets().diff().tolist()
-    response_lens = [s - p for s, p in zip(seq_lens, prompt_lens)]
+    response_lens = packed_response_lens(input_ids.offsets().diff().tolist(), prompt_lens)
     sync = dist.is_initialized() and same_micro_num_in_dp and dp_group is not None
 
     def agree(value: int, op) -> int:
