@@ -75,12 +75,8 @@ STUBBED = import_stubs.stub_missing()   # Ray, datasets, ...: imported by veRL a
 SYSTEMS = ("stock", "dualkv")
 PHASES = ("old_log_prob", "ref_log_prob", "update_actor")
 STOCK_ATTENTION = "dualkv_bench_stock_varlen"
-DUALKV_LINES = {
-    "actor_rollout_ref.actor._target_": "dualkv.integration.verl.config.DualKVActorConfig",
-    "actor_rollout_ref.actor.use_dualkv": True,
-    "actor_rollout_ref.ref._target_": "dualkv.integration.verl.config.DualKVActorConfig",
-    "actor_rollout_ref.ref.use_dualkv": True,
-}
+#: The documented override (the ref follows the actor).
+DUALKV_LINES = {"actor_rollout_ref.actor.use_dualkv": True}
 TINY = {"model": "tiny", "P": 24, "R": 6, "N": [2, 4], "mb": [2], "warmup": 1, "reps": 1}
 
 
@@ -262,6 +258,9 @@ def trainer_config(args: argparse.Namespace, model_dir: str, n: int, system: str
         settings[f"actor_rollout_ref.{role}.fsdp_config.mixed_precision"] = {
             "param_dtype": precision, "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
     if system == "dualkv":
+        from dualkv.integration.verl import enable
+
+        enable()            # what the verl.plugins entry point does where dualkv is installed (here: PYTHONPATH)
         settings.update(DUALKV_LINES)
     cfg = base
     for key, value in settings.items():

@@ -254,3 +254,28 @@ def test_skipping_the_model_for_empty_micro_batches_is_caught(engine, monkeypatc
     _train(engine, F.engine_batch(EMPTY_GROUPS[:1], micro_batch_size_per_gpu=3), True)     # one empty row: fine
     with pytest.raises(RuntimeError, match="does not require grad"):
         _train(engine, F.engine_batch(EMPTY_GROUPS, micro_batch_size_per_gpu=3), True)
+
+
+@pytest.fixture(scope="module")
+def fsdp1_engine(tmp_path_factory):
+    return F.build_engine(F.tiny_model_dir(tmp_path_factory, "fsdp1"), dualkv=False, strategy="fsdp")
+
+
+@pytest.mark.parametrize("groups, micro_batch", [(EMPTY_GROUPS, 3), (GROUPS, 2)], ids=["empty", "cut"])
+def test_fsdp1_veRLs_default_strategy_matches_stock(fsdp1_engine, groups, micro_batch):
+    """``strategy=fsdp`` (FSDP1, veRL 0.9.1's default): the engine wraps the model, whose forward dualkv replaces
+    inside the wrapper. Log-probs, entropy, loss and every gradient match stock FSDP1 (with empty responses; with
+    micro-batches that cut groups)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    engine = fsdp1_engine
+    assert isinstance(engine.module, FullyShardedDataParallel)
+    td = F.engine_batch(groups, micro_batch_size_per_gpu=micro_batch)
+    mask = _mask(td)
+    lp_s, ent_s = _infer(engine, td, False)
+    lp_d, ent_d = _infer(engine, td, True)
+    assert (lp_s - lp_d)[mask].abs().max() <= TOL and (ent_s - ent_d)[mask].abs().max() <= TOL
+    out_s, g_s = _train(engine, td, False)
+    out_d, g_d = _train(engine, td, True)
+    assert abs(sum(out_d["loss"]) - sum(out_s["loss"])) <= TOL * abs(sum(out_s["loss"]))
+    assert len(g_s) >= 1 and set(g_s) == set(g_d) and max(_rel(g_d[k], g_s[k]) for k in g_s) <= TOL
