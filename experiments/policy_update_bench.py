@@ -22,7 +22,8 @@ and peak-memory counter; nothing of the other system stays resident); an out-of-
 ``OOM`` and the sweep goes on; ``--time-budget-s`` is shared equally by the systems and stops starting new
 phases; the result file is rewritten after each system, so a killed run keeps what it measured.
 
-Result: ``experiments/results/policy_update-<device>-<UTC time>.json``::
+Result: ``out/bench/policy_update-<device>-<UTC time>.json`` (``--out experiments/results`` records a run with the
+committed ones that ``experiments/summarize.py`` reads)::
 
     {"environment": {...}, "benchmark": "policy_update", "config": {...},
      "rows": [{"system", "N", "P", "R", "mb", "phase", "seconds", "peak_mem_gib", "mfu", "mfu_useful",
@@ -110,7 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fp32", action="store_true", help="float32 end to end (exactness check; default bf16 mixed)")
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--tiny", action="store_true", help="tiny model and lengths on the CPU: a smoke run")
-    p.add_argument("--out", default=str(REPO / "experiments" / "results"), help="result folder")
+    p.add_argument("--out", default=str(REPO / "out" / "bench"),
+                   help="result folder (default out/bench, git-ignored; experiments/results holds the cited runs)")
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="start no new (N, mb) after this many seconds; the rest are recorded as skipped")
     p.add_argument("--seed", type=int, default=0)
