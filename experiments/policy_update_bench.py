@@ -69,9 +69,19 @@ from proofs_tests.verl_fixtures import import_stubs  # noqa: E402
 #: Pretend these packages are not installed (comma-separated; how the tests exercise the stubs on a machine that
 #: has them). Inherited by the per-system child processes.
 HIDE_ENV = "DUALKV_BENCH_HIDE_PACKAGES"
-for _name in filter(None, os.environ.get(HIDE_ENV, "").split(",")):
-    sys.modules[_name] = None
-STUBBED = import_stubs.stub_missing()   # Ray, datasets, ...: imported by veRL at module top, unused in process
+#: Packages served by import stubs in this process (set by :func:`stub_unused_imports`).
+STUBBED: list[str] = []
+
+
+def stub_unused_imports() -> list[str]:
+    """Hide the packages named in ``$DUALKV_BENCH_HIDE_PACKAGES`` and stub every missing one that veRL imports at
+    module top but does not use in process (Ray, datasets, ...). Runs first in :func:`main`, not on import, so
+    importing this module (``experiments/summarize.py`` does, for the FLOP helpers) changes nothing."""
+    for name in filter(None, os.environ.get(HIDE_ENV, "").split(",")):
+        sys.modules[name] = None
+    STUBBED[:] = import_stubs.stub_missing()
+    return STUBBED
+
 
 SYSTEMS = ("stock", "dualkv")
 PHASES = ("old_log_prob", "ref_log_prob", "update_actor")
@@ -450,7 +460,7 @@ def environment(device: str) -> dict:
 
     env = base(torch.device(device))
     env["verl"] = metadata.version("verl")
-    env["stubbed_packages"] = STUBBED
+    env["stubbed_packages"] = list(STUBBED)
     return env
 
 
@@ -510,6 +520,7 @@ def write_result(path: Path, args: argparse.Namespace, rows: list[dict], logprob
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    stub_unused_imports()
     args = parse_args(argv)
     if args.worker_system:
         return run_worker_process(args)
