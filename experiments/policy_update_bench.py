@@ -119,6 +119,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "for flash-attn's Triton cross-entropy, which veRL uses when flash-attn is installed; "
                         "'verl-fallback' = veRL's own path without flash-attn (a Python loop over tokens in bf16)")
     p.add_argument("--fp32", action="store_true", help="float32 end to end (exactness check; default bf16 mixed)")
+    p.add_argument("--strategy", choices=("fsdp2", "fsdp"), default="fsdp2",
+                   help="veRL's FSDP strategy for actor and ref (default fsdp2; fsdp = FSDP1, veRL's own default)")
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--tiny", action="store_true", help="tiny model and lengths on the CPU: a smoke run")
     p.add_argument("--out", default=str(REPO / "out" / "bench"),
@@ -254,7 +256,7 @@ def trainer_config(args: argparse.Namespace, model_dir: str, n: int, system: str
         "actor_rollout_ref.model.use_fused_kernels": args.fused_kernels != "off",
         "actor_rollout_ref.model.fused_kernel_options": {"impl_backend": args.fused_kernels}
         if args.fused_kernels != "off" else {},
-        "actor_rollout_ref.actor.strategy": "fsdp2", "actor_rollout_ref.ref.strategy": "fsdp2",
+        "actor_rollout_ref.actor.strategy": args.strategy, "actor_rollout_ref.ref.strategy": args.strategy,
         "actor_rollout_ref.rollout.n": n, "actor_rollout_ref.rollout.name": "vllm",
         "actor_rollout_ref.actor.ppo_mini_batch_size": 1,
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": args.mb[0],   # each batch sets its own
