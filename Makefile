@@ -1,6 +1,7 @@
 # make verify — the numerical-equivalence report on this machine's hardware
-# make test   — the test suite
-# Both create (or refresh) .venv/ in the repo root and install what they need there.
+# make test   — the test suite: test-main (everything, veRL's pinned transformers) and test-latest (the HF path
+#               with the newest transformers and the CUDA-12 NVRTC, in a second environment)
+# Both create (or refresh) .venv/ (and .venv-latest/) in the repo root and install what they need there.
 # On a machine whose python already holds torch (e.g. the GPU box), use SYSTEM=1: no venv, no installs.
 
 VENV        := .venv
@@ -10,6 +11,17 @@ STAMP       := $(VENV)/.dualkv-$(EXTRAS)
 # veRL 0.9.1 (and what its workers/trainers import) for proofs_tests/test_verl_*.py and TRL 1.16 for
 # proofs_tests/test_trl_*.py; `make test` only
 VERL_STAMP  := $(VENV)/.dualkv-verl
+# The second environment: no veRL, so transformers is the newest release (only the verl extra caps it), and the
+# cu12 extra (NVRTC 12). Runs the tests of the transformers path and the packaging test.
+LATEST_VENV  := .venv-latest
+LATEST_STAMP := $(LATEST_VENV)/.dualkv-latest
+LATEST_TESTS := proofs_tests/test_hf_errors.py proofs_tests/test_hf_logprob_head.py proofs_tests/test_hf_models.py \
+                proofs_tests/test_model_equivalence.py proofs_tests/test_training_step_invariance.py \
+                proofs_tests/test_logprobs.py proofs_tests/test_mutants.py proofs_tests/test_verify_cli.py \
+                proofs_tests/test_packaging.py
+# The CUDA extra (cu12/cu13: NVRTC, runtime headers, cuda-bindings) of the CUDA major the installed torch was
+# built for; a CPU torch gets cu13.
+CUDA_EXTRA   = $$($(1)/bin/python -c "import torch; v = torch.version.cuda; print('cu' + v.split('.')[0] if v else 'cu13')")
 
 ifeq ($(SYSTEM),1)
 PY   := PYTHONPATH=$(CURDIR) python3
@@ -21,13 +33,23 @@ DEPS := $(STAMP)
 TEST_DEPS := $(STAMP) $(VERL_STAMP)
 endif
 
-.PHONY: verify test test-gpu setup clean
+.PHONY: verify test test-main test-latest test-gpu setup clean
 
 verify: $(DEPS)
 	$(PY) -m dualkv verify $(VERIFY_ARGS)
 
-test: $(TEST_DEPS)
+ifeq ($(SYSTEM),1)
+test: test-main
+else
+test: test-main test-latest
+endif
+
+test-main: $(TEST_DEPS)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-latest: $(LATEST_STAMP)
+	$(LATEST_VENV)/bin/python .ci/latest_env.py
+	$(LATEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(LATEST_TESTS)
 
 test-gpu: $(DEPS)
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
@@ -39,12 +61,19 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
 	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
-	$(VENV)/bin/python -m pip install -q -e ".[$(EXTRAS)]"
+	$(VENV)/bin/python -m pip install -q -e ".[$(EXTRAS),$(call CUDA_EXTRA,$(VENV))]"
 	touch $(STAMP)
 
 $(VERL_STAMP): $(STAMP) pyproject.toml
 	$(VENV)/bin/python -m pip install -q -e ".[verl,trl]"
 	touch $(VERL_STAMP)
 
+$(LATEST_STAMP): pyproject.toml
+	test -x $(LATEST_VENV)/bin/python || python3 -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -c "import torch" 2>/dev/null || $(LATEST_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(LATEST_VENV)/bin/python -m pip install -q -e ".[hf,cu12]" "pytest>=8"
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade "transformers>=5.5.3,!=5.6.0"
+	touch $(LATEST_STAMP)
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(LATEST_VENV) build *.egg-info .pytest_cache

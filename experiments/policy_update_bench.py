@@ -22,7 +22,8 @@ and peak-memory counter; nothing of the other system stays resident); an out-of-
 ``OOM`` and the sweep goes on; ``--time-budget-s`` is shared equally by the systems and stops starting new
 phases; the result file is rewritten after each system, so a killed run keeps what it measured.
 
-Result: ``experiments/results/policy_update-<device>-<UTC time>.json``::
+Result: ``out/bench/policy_update-<device>-<UTC time>.json`` (``--out experiments/results`` records a run with the
+committed ones that ``experiments/summarize.py`` reads)::
 
     {"environment": {...}, "benchmark": "policy_update", "config": {...},
      "rows": [{"system", "N", "P", "R", "mb", "phase", "seconds", "peak_mem_gib", "mfu", "mfu_useful",
@@ -38,8 +39,9 @@ CPU smoke run (seconds; what the test suite runs)::
     python experiments/policy_update_bench.py --tiny
 
 Needs veRL 0.9.1 and its small dependencies (``experiments/verl/wheels.txt``); Ray and ``datasets`` are not needed:
-when absent, stubs (``dualkv.integration.verl.import_stubs``) stand in for veRL's import-time uses of them, in this
-process only.
+when absent, stubs (``proofs_tests/verl_fixtures/import_stubs.py``) stand in for veRL's import-time uses of them,
+in this process only. Run it from the repository root (it imports the CPU platform shim, the stubs and the synthetic
+rollouts from ``proofs_tests/verl_fixtures``).
 """
 
 from __future__ import annotations
@@ -62,24 +64,30 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from dualkv.integration.verl import import_stubs  # noqa: E402
+from proofs_tests.verl_fixtures import import_stubs  # noqa: E402
 
 #: Pretend these packages are not installed (comma-separated; how the tests exercise the stubs on a machine that
 #: has them). Inherited by the per-system child processes.
 HIDE_ENV = "DUALKV_BENCH_HIDE_PACKAGES"
-for _name in filter(None, os.environ.get(HIDE_ENV, "").split(",")):
-    sys.modules[_name] = None
-STUBBED = import_stubs.stub_missing()   # Ray, datasets, ...: imported by veRL at module top, unused in process
+#: Packages served by import stubs in this process (set by :func:`stub_unused_imports`).
+STUBBED: list[str] = []
+
+
+def stub_unused_imports() -> list[str]:
+    """Hide the packages named in ``$DUALKV_BENCH_HIDE_PACKAGES`` and stub every missing one that veRL imports at
+    module top but does not use in process (Ray, datasets, ...). Runs first in :func:`main`, not on import, so
+    importing this module (``experiments/summarize.py`` does, for the FLOP helpers) changes nothing."""
+    for name in filter(None, os.environ.get(HIDE_ENV, "").split(",")):
+        sys.modules[name] = None
+    STUBBED[:] = import_stubs.stub_missing()
+    return STUBBED
+
 
 SYSTEMS = ("stock", "dualkv")
 PHASES = ("old_log_prob", "ref_log_prob", "update_actor")
 STOCK_ATTENTION = "dualkv_bench_stock_varlen"
-DUALKV_LINES = {
-    "actor_rollout_ref.actor._target_": "dualkv.integration.verl.config.DualKVActorConfig",
-    "actor_rollout_ref.actor.use_dualkv": True,
-    "actor_rollout_ref.ref._target_": "dualkv.integration.verl.config.DualKVActorConfig",
-    "actor_rollout_ref.ref.use_dualkv": True,
-}
+#: The documented override (the ref follows the actor).
+DUALKV_LINES = {"actor_rollout_ref.actor.use_dualkv": True}
 TINY = {"model": "tiny", "P": 24, "R": 6, "N": [2, 4], "mb": [2], "warmup": 1, "reps": 1}
 
 
@@ -111,9 +119,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "for flash-attn's Triton cross-entropy, which veRL uses when flash-attn is installed; "
                         "'verl-fallback' = veRL's own path without flash-attn (a Python loop over tokens in bf16)")
     p.add_argument("--fp32", action="store_true", help="float32 end to end (exactness check; default bf16 mixed)")
+    p.add_argument("--strategy", choices=("fsdp2", "fsdp"), default="fsdp2",
+                   help="veRL's FSDP strategy for actor and ref (default fsdp2; fsdp = FSDP1, veRL's own default)")
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--tiny", action="store_true", help="tiny model and lengths on the CPU: a smoke run")
-    p.add_argument("--out", default=str(REPO / "experiments" / "results"), help="result folder")
+    p.add_argument("--out", default=str(REPO / "out" / "bench"),
+                   help="result folder (default out/bench, git-ignored; experiments/results holds the cited runs)")
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="start no new (N, mb) after this many seconds; the rest are recorded as skipped")
     p.add_argument("--seed", type=int, default=0)
@@ -149,7 +160,7 @@ def setup_process(device: str) -> None:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
     if device == "cpu":
-        from dualkv.integration.verl import cpu_platform
+        from proofs_tests.verl_fixtures import cpu_platform
 
         cpu_platform.register()
     if not torch.distributed.is_initialized():
@@ -206,7 +217,7 @@ def use_fused_stock_logprobs() -> None:
 def save_model(args: argparse.Namespace, folder: Path) -> tuple[str, Any]:
     """A randomly initialised Qwen3 of the requested size (built on the CPU) saved to ``folder``, and its config."""
     from dualkv.bench.qwen3 import build_model, qwen3_config
-    from dualkv.integration.verl.synthetic import save_random_model
+    from proofs_tests.verl_fixtures.synthetic import save_random_model
 
     config = qwen3_config(args.model, max_positions=args.P + args.R + 16, num_layers=args.layers)
     dtype = torch.float32 if args.fp32 else torch.bfloat16
@@ -245,7 +256,7 @@ def trainer_config(args: argparse.Namespace, model_dir: str, n: int, system: str
         "actor_rollout_ref.model.use_fused_kernels": args.fused_kernels != "off",
         "actor_rollout_ref.model.fused_kernel_options": {"impl_backend": args.fused_kernels}
         if args.fused_kernels != "off" else {},
-        "actor_rollout_ref.actor.strategy": "fsdp2", "actor_rollout_ref.ref.strategy": "fsdp2",
+        "actor_rollout_ref.actor.strategy": args.strategy, "actor_rollout_ref.ref.strategy": args.strategy,
         "actor_rollout_ref.rollout.n": n, "actor_rollout_ref.rollout.name": "vllm",
         "actor_rollout_ref.actor.ppo_mini_batch_size": 1,
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": args.mb[0],   # each batch sets its own
@@ -261,6 +272,9 @@ def trainer_config(args: argparse.Namespace, model_dir: str, n: int, system: str
         settings[f"actor_rollout_ref.{role}.fsdp_config.mixed_precision"] = {
             "param_dtype": precision, "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
     if system == "dualkv":
+        from dualkv.integration.verl import enable
+
+        enable()            # what the verl.plugins entry point does where dualkv is installed (here: PYTHONPATH)
         settings.update(DUALKV_LINES)
     cfg = base
     for key, value in settings.items():
@@ -292,7 +306,7 @@ def batches(args: argparse.Namespace, n: int, mb: int, vocab: int):
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
 
-    from dualkv.integration.verl.synthetic import rollout_batch
+    from proofs_tests.verl_fixtures.synthetic import rollout_batch
 
     data = rollout_batch([(args.P, [args.R] * n)], vocab_size=vocab, seed=args.seed)
 
@@ -448,7 +462,7 @@ def environment(device: str) -> dict:
 
     env = base(torch.device(device))
     env["verl"] = metadata.version("verl")
-    env["stubbed_packages"] = STUBBED
+    env["stubbed_packages"] = list(STUBBED)
     return env
 
 
@@ -508,6 +522,7 @@ def write_result(path: Path, args: argparse.Namespace, rows: list[dict], logprob
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    stub_unused_imports()
     args = parse_args(argv)
     if args.worker_system:
         return run_worker_process(args)

@@ -205,7 +205,7 @@ def test_kernel_plot_merges_runs_and_refuses_other_files(tmp_path):
     rows, _ = latest_kernel_rows([first, second])
     ms = {(r["system"], r["N"], r["mode"]): r["ms"] for r in rows}
     assert ms[("dualkv", 2, "fwdbwd")] == 1.0 and ms[("dualkv", 2, "fwd")] == 3.0 and len(rows) == 5
-    assert main(["bench", "plot", str(first), str(second)]) == 0
+    assert main(["bench", "plot", str(first), str(second), "--out", str(tmp_path)]) == 0
     assert second.with_suffix(".png").exists() and not first.with_suffix(".png").exists()
     layer = tmp_path / "layer-x.json"
     layer.write_text(json.dumps({"environment": env, "benchmark": "layer", "rows": []}))

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("verl")
 
-from dualkv.integration.verl.import_stubs import DEFAULT_STUBS  # noqa: E402
+from verl_fixtures.import_stubs import DEFAULT_STUBS  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "experiments" / "policy_update_bench.py"
 

@@ -1,7 +1,8 @@
-"""Config and loading: the documented recipe lines select ``DualKVActorConfig`` through Hydra's ``_target_``, pass
-veRL's own validation, mark the engine config, and refuse settings that would mix groups; the ``verl.plugins`` entry
-point installs the patches on ``import verl`` in a fresh process; ``enable()`` and the config do it without the
-plugin; an unsupported veRL is reported."""
+"""Config and loading: one Hydra override (``+actor_rollout_ref.actor.use_dualkv=true``) on veRL's defaults (FSDP1)
+selects ``DualKVActorConfig`` for the actor and the ref, passes veRL's own validation, marks the engine config, and
+every setting that conflicts with the packing is refused by name; naming the class explicitly still works; the
+``verl.plugins`` entry point installs the patches on ``import verl`` in a fresh process; ``enable()`` and the
+config do it without the plugin; an unsupported veRL is reported with how to install a supported one."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,7 @@ pytest.importorskip("verl")
 import verl_fixtures as F  # noqa: E402
 
 from dualkv.integration import verl as dv  # noqa: E402
+from dualkv.integration.verl.switch import DUALKV_TARGET, install_dualkv_target  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -27,34 +30,70 @@ def model_dir(tmp_path_factory):
     return F.build_model_dir(tmp_path_factory.mktemp("cfg"))
 
 
-def test_recipe_lines_select_the_dualkv_config(model_dir):
+@pytest.mark.parametrize("lines", ["one", "explicit"])
+def test_one_override_selects_the_dualkv_config_on_verls_defaults(model_dir, lines):
     from verl.utils.config import omega_conf_to_dataclass, validate_config
     from verl.workers.config import FSDPActorConfig
 
-    cfg = F.compose_grpo(model_dir, 4, dualkv=True)
+    extra = F.DUALKV_EXPLICIT_OVERRIDES if lines == "explicit" else []
+    cfg = F.compose_grpo(model_dir, 4, dualkv=lines == "one", extra=extra)
+    assert cfg.actor_rollout_ref.actor.strategy == "fsdp" and cfg.actor_rollout_ref.ref.strategy == "fsdp"
     validate_config(cfg, use_reference_policy=True, use_critic=False)
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     assert type(actor) is dv.DualKVActorConfig and isinstance(actor, FSDPActorConfig)
-    assert actor.use_dualkv is True and actor.engine.use_dualkv is True
-    assert cfg.actor_rollout_ref.ref._target_ == "dualkv.integration.verl.config.DualKVActorConfig"
-    assert cfg.actor_rollout_ref.ref.use_dualkv is True
+    assert actor.use_dualkv is True and actor.engine.use_dualkv is True and actor.strategy == "fsdp"
+    # the ref follows (the worker converts it after renaming its log_prob_* keys; test_verl_worker runs that)
+    assert install_dualkv_target(cfg.actor_rollout_ref.ref)
+    assert cfg.actor_rollout_ref.ref._target_ == DUALKV_TARGET and cfg.actor_rollout_ref.ref.use_dualkv is True
 
-    stock = omega_conf_to_dataclass(F.compose_grpo(model_dir, 4, dualkv=False).actor_rollout_ref.actor)
-    assert type(stock) is FSDPActorConfig and not getattr(stock.engine, "use_dualkv", False)
+    stock = F.compose_grpo(model_dir, 4, dualkv=False)
+    actor = omega_conf_to_dataclass(stock.actor_rollout_ref.actor)
+    assert type(actor) is FSDPActorConfig and not getattr(actor.engine, "use_dualkv", False)
+    assert not install_dualkv_target(stock.actor_rollout_ref.ref)
+    assert stock.actor_rollout_ref.ref._target_ != DUALKV_TARGET
+
+
+def test_the_ref_can_opt_out(model_dir):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = F.compose_grpo(model_dir, 4, dualkv=True, extra=["+actor_rollout_ref.ref.use_dualkv=false"])
+    assert type(omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)) is dv.DualKVActorConfig
+    assert not install_dualkv_target(cfg.actor_rollout_ref.ref)
+    assert cfg.actor_rollout_ref.ref._target_ != DUALKV_TARGET
 
 
 @pytest.mark.parametrize("override, message", [
     ("actor_rollout_ref.actor.shuffle=true", "shuffle=True"),
-    ("actor_rollout_ref.actor.strategy=fsdp", "strategy='fsdp'"),
+    ("actor_rollout_ref.actor.strategy=megatron", "strategy='megatron'"),
     ("actor_rollout_ref.actor.use_prefix_grouper=true", "use_prefix_grouper"),
+    ("actor_rollout_ref.actor.pad_to_length=true", "pad_to_length"),
+    ("actor_rollout_ref.actor.calculate_sum_pi_squared=true", "calculate_sum_pi_squared"),
 ])
-def test_settings_that_mix_groups_are_refused(model_dir, override, message):
+def test_conflicting_settings_are_refused(model_dir, override, message):
     from hydra.errors import InstantiationException
     from verl.utils.config import omega_conf_to_dataclass
 
     cfg = F.compose_grpo(model_dir, 4, dualkv=True, extra=[override])
     with pytest.raises((ValueError, InstantiationException), match=message):
         omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+def test_an_engine_dualkv_does_not_patch_is_refused():
+    """Megatron's recipe (``ppo_megatron_trainer``) with the one line: refused by name, not a Hydra kwarg error."""
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name="ppo_megatron_trainer", overrides=F.DUALKV_OVERRIDES)
+    with pytest.raises(ValueError, match="needs veRL's FSDP engine.*McoreActorConfig"):
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+def test_unsupported_verl_says_how_to_install_from_the_repository():
+    with pytest.raises(dv.UnsupportedVerlError, match=r"pip install -e '\.\[verl\]'.*checkout"):
+        dv.check_verl_version("0.8.0")
 
 
 def test_entry_point_is_declared():
@@ -67,10 +106,12 @@ import json, os
 import verl
 import verl.workers.engine.fsdp.transformer_impl as ti
 import verl.trainer.ppo.ray_trainer as rt
+import verl.utils.config as vc
 def patched():
     return {"engine": hasattr(ti.FSDPEngineWithLMHead.forward_step, "__dualkv_original__"),
             "micro_batches": hasattr(ti.prepare_micro_batches, "__dualkv_original__"),
-            "trainer": hasattr(rt.RayPPOTrainer._balance_batch, "__dualkv_original__")}
+            "trainer": hasattr(rt.RayPPOTrainer._balance_batch, "__dualkv_original__"),
+            "config": hasattr(vc.omega_conf_to_dataclass, "__dualkv_original__")}
 out = {"after_import": patched()}
 from dualkv.integration.verl.config import DualKVActorConfig
 DualKVActorConfig(strategy="fsdp2", rollout_n=2, ppo_micro_batch_size_per_gpu=1, use_dualkv=True)
@@ -88,8 +129,9 @@ def test_fresh_process_gets_the_patches(plugins):
     assert proc.returncode == 0 and line, proc.stderr[-3000:]
     out = json.loads(line[0][5:])
     expected = plugins == "auto"   # the plugin patches on import; without it the config does
-    assert out["after_import"] == {"engine": expected, "micro_batches": expected, "trainer": expected}
-    assert out["after_config"] == {"engine": True, "micro_batches": True, "trainer": True}
+    assert out["after_import"] == {"engine": expected, "micro_batches": expected, "trainer": expected,
+                                   "config": expected}
+    assert out["after_config"] == {"engine": True, "micro_batches": True, "trainer": True, "config": True}
 
 
 def test_enable_is_idempotent_and_patches_once():

@@ -209,3 +209,73 @@ def test_stock_engines_take_the_stock_path(engine, monkeypatch):
     assert not hasattr(FSDPEngine.forward_backward_batch, "__dualkv_original__")
     for name in ("prepare_model_inputs", "prepare_model_outputs"):
         assert not hasattr(getattr(FSDPEngineWithValueHead, name), "__dualkv_original__")
+
+
+#: Empty responses (no valid token; stock veRL accepts them): inside a group, at a group's end, a whole group of
+#: them, and (micro_batch=3: rows 3-5) a micro-batch where every row is empty.
+EMPTY_GROUPS = [(7, [3, 0, 2]), (5, [0, 0, 0]), (9, [1, 4, 0])]
+
+
+@pytest.mark.parametrize("micro_batch,dynamic", [(9, False), (3, False), (9, True)])
+def test_empty_responses_contribute_exactly_what_stock_gives(engine, micro_batch, dynamic):
+    """Rows without a response token contribute nothing: log-probs/entropy of every other row, the loss terms and
+    every gradient as stock veRL computes them, also when a whole group (or a whole micro-batch) is empty."""
+    meta = dict(micro_batch_size_per_gpu=micro_batch, use_dynamic_bsz=dynamic, max_token_len_per_gpu=24)
+    td = F.engine_batch(EMPTY_GROUPS, **meta)
+    mask = _mask(td)
+    assert int((mask.sum(-1) == 0).sum()) == 5
+    lp_s, ent_s = _infer(engine, td, False)
+    lp_d, ent_d = _infer(engine, td, True)
+    assert (lp_s - lp_d)[mask].abs().max() <= TOL and (ent_s - ent_d)[mask].abs().max() <= TOL
+    assert (lp_d[~mask] == 0).all() and (ent_d[~mask] == 0).all()
+    out_s, g_s = _train(engine, td, False)
+    out_d, g_d = _train(engine, td, True)
+    assert len(out_s["loss"]) == len(out_d["loss"]) or dynamic
+    assert abs(sum(out_d["loss"]) - sum(out_s["loss"])) <= TOL * abs(sum(out_s["loss"]))
+    for key in ("actor/pg_loss", "actor/entropy_loss", "kl_loss"):
+        a, b = (sum(out["metrics"][key].values) for out in (out_s, out_d))
+        assert abs(a - b) <= TOL * max(abs(a), 1e-6), key
+    assert set(g_s) == set(g_d) and max(_rel(g_d[k], g_s[k]) for k in g_s) <= TOL
+
+
+def test_skipping_the_model_for_empty_micro_batches_is_caught(engine, monkeypatch):
+    """Known-wrong variant: a micro-batch of empty responses answered with constants instead of running the model.
+    Its loss then does not reach the parameters and the backward fails (under FSDP every rank must run it)."""
+    import dualkv.integration.verl.engine as dk_engine
+
+    original = dk_engine.to_nested_rows
+
+    def constant_when_all_empty(values, packed, offsets):
+        prompt_lens = torch.tensor([packed.layout.prompt_lens[g] for g in packed.layout.response_group])
+        all_empty = bool((offsets.diff() == prompt_lens).all())
+        return original(values.detach() if all_empty else values, packed, offsets)
+
+    monkeypatch.setattr(dk_engine, "to_nested_rows", constant_when_all_empty)
+    _train(engine, F.engine_batch(EMPTY_GROUPS[:1], micro_batch_size_per_gpu=3), True)     # one empty row: fine
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        _train(engine, F.engine_batch(EMPTY_GROUPS, micro_batch_size_per_gpu=3), True)
+
+
+@pytest.fixture(scope="module")
+def fsdp1_engine(tmp_path_factory):
+    return F.build_engine(F.tiny_model_dir(tmp_path_factory, "fsdp1"), dualkv=False, strategy="fsdp")
+
+
+@pytest.mark.parametrize("groups, micro_batch", [(EMPTY_GROUPS, 3), (GROUPS, 2)], ids=["empty", "cut"])
+def test_fsdp1_veRLs_default_strategy_matches_stock(fsdp1_engine, groups, micro_batch):
+    """``strategy=fsdp`` (FSDP1, veRL 0.9.1's default): the engine wraps the model, whose forward dualkv replaces
+    inside the wrapper. Log-probs, entropy, loss and every gradient match stock FSDP1 (with empty responses; with
+    micro-batches that cut groups)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    engine = fsdp1_engine
+    assert isinstance(engine.module, FullyShardedDataParallel)
+    td = F.engine_batch(groups, micro_batch_size_per_gpu=micro_batch)
+    mask = _mask(td)
+    lp_s, ent_s = _infer(engine, td, False)
+    lp_d, ent_d = _infer(engine, td, True)
+    assert (lp_s - lp_d)[mask].abs().max() <= TOL and (ent_s - ent_d)[mask].abs().max() <= TOL
+    out_s, g_s = _train(engine, td, False)
+    out_d, g_d = _train(engine, td, True)
+    assert abs(sum(out_d["loss"]) - sum(out_s["loss"])) <= TOL * abs(sum(out_s["loss"]))
+    assert len(g_s) >= 1 and set(g_s) == set(g_d) and max(_rel(g_d[k], g_s[k]) for k in g_s) <= TOL

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from dualkv.integration.verl import DualKVBatchError  # noqa: E402
 from dualkv.integration.verl.balance import partition_problems, split_groups  # noqa: E402
 from dualkv.integration.verl.rows import pack_rows, prompt_lengths  # noqa: E402
-from dualkv.integration.verl.synthetic import rollout_batch  # noqa: E402
+from verl_fixtures.synthetic import rollout_batch  # noqa: E402
 
 DP = 2
 

@@ -60,9 +60,28 @@ def test_pack_rows_round_trip_to_verl_layout():
     assert float(flat.sum()) == float(values.sum())
 
 
+def test_empty_responses_pack_with_a_placeholder_and_come_back_empty():
+    """R = 0 rows (stock veRL accepts them): packed with one placeholder token at position P, whose value is
+    zeroed, dropped from the row layout and gets a zero gradient; a whole group of them still packs its prompt."""
+    ids, pos, plens, uids = _nested_rows([(5, [2, 0, 3]), (3, [0, 0])])
+    packed = pack_rows(ids, pos, plens, uids)
+    assert packed.layout.response_lens == ((2, 1, 3), (1, 1))
+    assert packed.input_ids[7].item() == ids.values()[ids.offsets()[1] + 4].item()     # last prompt token again
+    assert packed.position_ids[7].item() == 5
+    values = torch.arange(1, packed.layout.total_response_tokens + 1, dtype=torch.float32, requires_grad=True)
+    nested = to_nested_rows(values, packed, ids.offsets())
+    assert torch.equal(nested.offsets(), ids.offsets())
+    flat, off = nested.values(), ids.offsets().tolist()
+    assert flat[off[0] + 4: off[0] + 6].tolist() == [1, 2]
+    assert flat[off[2] + 4: off[2] + 7].tolist() == [4, 5, 6]
+    assert not flat[off[1]:off[2]].detach().any() and not flat[off[3]:].detach().any()
+    flat.sum().backward()
+    assert values.grad.tolist() == [1, 1, 0, 1, 1, 1, 0, 0]
+
+
 @pytest.mark.parametrize("case, message", [
     ("split", "not adjacent"), ("prompts", "prompts differ"), ("positions", "position_ids"),
-    ("uid_count", "'uid' has"), ("no_response", "non-empty response"),
+    ("uid_count", "'uid' has"), ("no_prompt", "non-empty prompt"),
 ])
 def test_pack_rows_refuses_what_would_be_wrong(case, message):
     ids, pos, plens, uids = _nested_rows([(5, [2, 3]), (4, [2, 2])])
@@ -78,8 +97,8 @@ def test_pack_rows_refuses_what_would_be_wrong(case, message):
         with pytest.raises(DualKVBatchError, match=message):
             group_ids_of(uids[:3], 4)
         return
-    elif case == "no_response":
-        plens = [7, 5, 4, 4]
+    elif case == "no_prompt":
+        plens = [5, 5, 0, 0]
     with pytest.raises(DualKVBatchError, match=message):
         pack_rows(ids, pos, plens, uids)
 

@@ -1,7 +1,8 @@
 """Plots and tables derived from benchmark result files (never hand-entered numbers).
 
-``dualkv bench plot FILE.json ...`` redraws the PNG next to each file (e.g. on a machine with matplotlib when the
-GPU machine has none).
+``dualkv bench plot FILE.json ...`` draws the figures of result files (e.g. on a machine with matplotlib when the
+GPU machine has none) into ``out/bench/`` (or ``--out``), never next to the files: the committed figures beside
+``experiments/results/*.json`` are only replaced by naming them with ``--out``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import register_bench
+from .cli import DEFAULT_OUT
 
 __all__ = ["latest_kernel_rows", "plot_kernel_results", "plot_results", "speedup_table"]
 
@@ -49,8 +51,9 @@ def speedup_table(rows: Sequence[dict], reference: str = REFERENCE_SYSTEM) -> st
     return "\n".join(lines)
 
 
-def plot_results(path: str | Path) -> Path | None:
-    """Draw time and peak memory per (P, mb) and system next to the JSON file; None without matplotlib."""
+def plot_results(path: str | Path, out: str | Path | None = None) -> Path | None:
+    """Draw time and peak memory per (P, mb) and system into ``out`` (default: next to the JSON file, what a
+    benchmark run does with its own file); None without matplotlib."""
     plt = _pyplot()
     if plt is None:
         return None
@@ -87,7 +90,7 @@ def plot_results(path: str | Path) -> Path | None:
     fig.suptitle(f"dualkv bench {data['benchmark']} — {env.get('gpu')} — {env.get('date')} (x = OOM)", fontsize=9)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    png = path.with_suffix(".png")
+    png = Path(out) if out is not None else path.with_suffix(".png")
     fig.savefig(png, dpi=110)
     plt.close(fig)
     return png
@@ -166,24 +169,52 @@ def _plot_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", help="result JSON files written by dualkv bench")
     p.add_argument("--systems", default=None,
                    help="kernel files: comma list of the systems to draw, in this order (default: all)")
-    p.add_argument("--out", default=None, help="kernel files: the PNG to write (default: next to the last file)")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"a .png (when one figure is drawn) or a folder (default {DEFAULT_OUT}); figures are never "
+                        "written next to the result files unless named here")
+
+
+def _figure_paths(out: str, names: list[str]) -> list[Path]:
+    """Where each figure goes: ``out`` itself if it is a .png (one figure only), else ``out/<name>.png``."""
+    target = Path(out)
+    if target.suffix == ".png":
+        if len(names) != 1:
+            raise SystemExit(f"--out {out} names one figure, but these files make {len(names)} "
+                             "(a kernel figure over all kernel files, one per other file): give a folder")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return [target]
+    target.mkdir(parents=True, exist_ok=True)
+    return [target / f"{name}.png" for name in names]
+
+
+def _describe_merge(paths: Sequence[str]) -> str:
+    """What a kernel figure over several files merges: the files and the commits they were measured at."""
+    commits = list(dict.fromkeys(json.loads(Path(f).read_text())["environment"].get("commit") for f in paths))
+    note = f"merging {len(paths)} kernel files (a later file's row replaces an earlier one's): " + ", ".join(
+        Path(f).name for f in paths)
+    if len(commits) > 1:
+        note += f"\nnote: measured at {len(commits)} commits ({', '.join(map(str, commits))}): the figure compares " \
+                "across runs"
+    return note
 
 
 def _plot_run(args: argparse.Namespace) -> int:
     kernel_files = [f for f in args.files if json.loads(Path(f).read_text()).get("benchmark") == "kernel"]
+    others = [f for f in args.files if f not in kernel_files]
+    names = ([Path(kernel_files[-1]).stem] if kernel_files else []) + [Path(f).stem for f in others]
+    figures = _figure_paths(args.out, names)
     if kernel_files:  # one figure for all of them (a table is often split over several runs)
+        if len(kernel_files) > 1:
+            print(_describe_merge(kernel_files))
         systems = args.systems.split(",") if args.systems else None
-        png = plot_kernel_results(kernel_files, args.out or Path(kernel_files[-1]).with_suffix(".png"), systems)
+        png = plot_kernel_results(kernel_files, figures.pop(0), systems)
         if png is None:
             return 1
         print(f"plot: {png}")
-    for f in args.files:
-        if f in kernel_files:
-            continue
+    for f, png in zip(others, figures):
         rows = json.loads(Path(f).read_text())["rows"]
         print(speedup_table(rows))
-        png = plot_results(f)
-        if png is None:
+        if plot_results(f, png) is None:
             return 1
         print(f"plot: {png}")
     return 0

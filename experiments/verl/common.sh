@@ -12,12 +12,10 @@ SYSTEM="${SYSTEM:-dualkv}"
 : "${MODEL:?set MODEL to the model folder or HF id}"
 : "${DATA:?set DATA to the folder holding train.parquet and test.parquet}"
 
-# The four lines a stock veRL recipe gets for dualkv (actor and ref). The critic is untouched.
+# The one line a stock veRL recipe gets for dualkv (actor, and the ref, which follows it; the critic is untouched).
+# dualkv must be installed (`pip install -e .` in the repository) so veRL loads its plugin.
 DUALKV_ARGS=(
-  actor_rollout_ref.actor._target_=dualkv.integration.verl.config.DualKVActorConfig
   +actor_rollout_ref.actor.use_dualkv=true
-  actor_rollout_ref.ref._target_=dualkv.integration.verl.config.DualKVActorConfig
-  +actor_rollout_ref.ref.use_dualkv=true
 )
 
 system_args() {

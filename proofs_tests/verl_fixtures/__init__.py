@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from dualkv.integration.verl import cpu_platform
+from . import cpu_platform
 
 VOCAB = 64
 
@@ -44,7 +44,7 @@ def init_process_group(rank: int = 0, world_size: int = 1, port: int | None = No
 
 def build_model_dir(path: Path, arch: str = "qwen3", seed: int = 0, **overrides) -> str:
     """Save a tiny random ``arch`` causal LM (dualkv.testing.tiny_causal_lm, float32) and its tokenizer."""
-    from dualkv.integration.verl.synthetic import save_random_model
+    from .synthetic import save_random_model
     from dualkv.testing import tiny_causal_lm
 
     fields = dict(vocab=VOCAB, tie_word_embeddings=False)
@@ -67,7 +67,7 @@ def engine_batch(groups: Sequence[tuple[int, Sequence[int]]], *, seed: int = 0, 
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
 
-    from dualkv.integration.verl.synthetic import rollout_batch
+    from .synthetic import rollout_batch
 
     batch = rollout_batch(groups, vocab_size=VOCAB, seed=seed, temperature=temperature, uids=uids)
     td = left_right_2_no_padding(batch.to_tensordict())
@@ -99,8 +99,10 @@ def loss_fn(n: int, **overrides):
 
 
 def build_engine(model_dir: str, *, dualkv: bool, sp: int = 1, fused: bool = False, dynamic: bool = False,
-                 forward_only: bool = False, max_token_len: int = 4096, micro_batch_size: int = 64):
-    """An initialised FSDP2 language-model engine (float32 end to end, gradient checkpointing on)."""
+                 forward_only: bool = False, max_token_len: int = 4096, micro_batch_size: int = 64,
+                 strategy: str = "fsdp2"):
+    """An initialised FSDP language-model engine (``strategy`` fsdp2 or fsdp; float32 end to end, gradient
+    checkpointing on)."""
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
     from verl.workers.engine import EngineRegistry
@@ -109,13 +111,13 @@ def build_engine(model_dir: str, *, dualkv: bool, sp: int = 1, fused: bool = Fal
                                  use_remove_padding=True, enable_gradient_checkpointing=True,
                                  use_fused_kernels=fused, fused_kernel_options={"impl_backend": "torch"} if fused else {})
     engine_config = FSDPEngineConfig(
-        strategy="fsdp2", model_dtype="fp32", forward_only=forward_only, ulysses_sequence_parallel_size=sp,
+        strategy=strategy, model_dtype="fp32", forward_only=forward_only, ulysses_sequence_parallel_size=sp,
         mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
         use_torch_compile=False, use_dynamic_bsz=dynamic, max_token_len_per_gpu=max_token_len,
         micro_batch_size_per_gpu=micro_batch_size, infer_max_token_len_per_gpu=max_token_len,
         infer_micro_batch_size_per_gpu=micro_batch_size, use_remove_padding=True, use_fused_kernels=fused)
     object.__setattr__(engine_config, "use_dualkv", dualkv)
-    engine = EngineRegistry.new(model_type="language_model", backend="fsdp2", model_config=model_config,
+    engine = EngineRegistry.new(model_type="language_model", backend=strategy, model_config=model_config,
                                 engine_config=engine_config, optimizer_config=FSDPOptimizerConfig(lr=1e-3),
                                 checkpoint_config=CheckpointConfig())
     engine.initialize()
@@ -141,8 +143,10 @@ def response_values(nested: torch.Tensor, td) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- recipes
-#: What a user adds to a stock GRPO recipe (README "veRL").
-DUALKV_OVERRIDES = [
+#: What a user adds to a stock GRPO recipe (README "veRL"): one override.
+DUALKV_OVERRIDES = ["+actor_rollout_ref.actor.use_dualkv=true"]
+#: The same with the config class named explicitly (works without plugin discovery).
+DUALKV_EXPLICIT_OVERRIDES = [
     "actor_rollout_ref.actor._target_=dualkv.integration.verl.config.DualKVActorConfig",
     "+actor_rollout_ref.actor.use_dualkv=true",
     "actor_rollout_ref.ref._target_=dualkv.integration.verl.config.DualKVActorConfig",
@@ -150,9 +154,10 @@ DUALKV_OVERRIDES = [
 ]
 
 
-def compose_grpo(model_dir: str, n: int, *, dualkv: bool, extra: Sequence[str] = ()):
+def compose_grpo(model_dir: str, n: int, *, dualkv: bool, strategy: str | None = None, extra: Sequence[str] = ()):
     """veRL's ``ppo_trainer`` config composed by Hydra as ``main_ppo`` would, for a GRPO run on the tiny model
-    (float32 FSDP2, sdpa, fixed micro-batches of one group), plus :data:`DUALKV_OVERRIDES` when ``dualkv``."""
+    (float32, sdpa, fixed micro-batches of one group; veRL's default strategy, FSDP1, unless ``strategy``), plus
+    :data:`DUALKV_OVERRIDES` when ``dualkv``."""
     import verl
     from hydra import compose, initialize_config_dir
 
@@ -160,7 +165,6 @@ def compose_grpo(model_dir: str, n: int, *, dualkv: bool, extra: Sequence[str] =
     overrides = [
         "algorithm.adv_estimator=grpo", f"actor_rollout_ref.model.path={model_dir}",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2",
         f"actor_rollout_ref.rollout.n={n}", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={n}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={n}",
@@ -173,6 +177,8 @@ def compose_grpo(model_dir: str, n: int, *, dualkv: bool, extra: Sequence[str] =
     for role in ("actor", "ref"):
         overrides += [f"+actor_rollout_ref.{role}.fsdp_config.mixed_precision.{k}=fp32"
                       for k in ("param_dtype", "reduce_dtype", "buffer_dtype")]
+    if strategy is not None:
+        overrides.append(f"actor_rollout_ref.actor.strategy={strategy}")   # the ref follows the actor
     overrides += list(DUALKV_OVERRIDES if dualkv else []) + list(extra)
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         return compose(config_name="ppo_trainer", overrides=overrides)

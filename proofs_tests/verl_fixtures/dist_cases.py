@@ -1,4 +1,4 @@
-"""Multi-process cases (gloo, CPU): each rank builds a real FSDP2 engine, runs the same batches with stock veRL and
+"""Multi-process cases (gloo, CPU): each rank builds a real FSDP engine, runs the same batches with stock veRL and
 with dualkv, and saves what it saw to ``out_dir/rank{r}.pt`` for the test process to compare.
 
 Run with :func:`spawn`; every case is a top-level function so ``torch.multiprocessing`` can pickle it.
@@ -83,11 +83,12 @@ def sequence_parallel(rank: int, world_size: int, model_dir: str, groups: list, 
 
 
 def data_parallel(rank: int, world_size: int, model_dir: str, groups_per_rank: list, n: int, dynamic: bool,
-                  out_dir: str) -> dict:
-    """DP = world_size: rank r runs its own groups; stock and dualkv training, gradients after FSDP's reduce."""
+                  strategy: str, out_dir: str) -> dict:
+    """DP = world_size: rank r runs its own groups; stock and dualkv training, gradients after FSDP's reduce
+    (FSDP2: the full gradient; FSDP1: this rank's shard of the flat parameters)."""
     from . import build_engine, engine_batch
 
-    engine = build_engine(model_dir, dualkv=False, dynamic=dynamic, max_token_len=40)
+    engine = build_engine(model_dir, dualkv=False, dynamic=dynamic, max_token_len=40, strategy=strategy)
     td = engine_batch(groups_per_rank[rank], seed=rank, use_dynamic_bsz=dynamic, max_token_len_per_gpu=40,
                       micro_batch_size_per_gpu=n)
     return {"infer": _run_both(engine, td, n, train=False), "train": _run_both(engine, td, n, train=True)}

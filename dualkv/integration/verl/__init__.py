@@ -1,21 +1,22 @@
 """dualkv for veRL 0.9.x: shared-prompt packing in the FSDP actor and ref (GRPO, DAPO, any recipe with N
-responses per prompt). See the README's "veRL" section.
+responses per prompt), on either FSDP strategy (``fsdp``, veRL's default, and ``fsdp2``). See the README's "veRL"
+section.
 
-Add to a veRL recipe (Hydra overrides)::
+Add one Hydra override to a veRL recipe (the ref follows the actor; ``+actor_rollout_ref.ref.use_dualkv=false``
+opts it out)::
 
-    actor_rollout_ref.actor._target_=dualkv.integration.verl.config.DualKVActorConfig
     +actor_rollout_ref.actor.use_dualkv=true
-    actor_rollout_ref.ref._target_=dualkv.integration.verl.config.DualKVActorConfig
-    +actor_rollout_ref.ref.use_dualkv=true
 
-With dualkv installed (``pip install dualkv[verl]``), its ``verl.plugins`` entry point installs the patches in
-every process that imports veRL; :func:`enable` does the same explicitly. Modules:
+With dualkv installed (``pip install -e '.[verl]'`` in a checkout of its repository), its ``verl.plugins`` entry
+point installs the patches in every process that imports veRL, including the one that converts a role with
+``use_dualkv`` to :class:`DualKVActorConfig`; :func:`enable` does the same explicitly. Modules:
 
 * :mod:`.rows` — micro-batch rows <-> P+ΣR packing, and the run-time checks (:class:`DualKVBatchError`);
 * :mod:`.head` — response-token log-probs/entropy from hidden states, Ulysses-aware (seed Eq. 9);
 * :mod:`.sequence_parallel` — the all-to-alls around the "dualkv" attention;
 * :mod:`.micro_batches`, :mod:`.balance` — group-preserving dynamic micro-batches and DP balancing;
-* :mod:`.engine`, :mod:`.trainers`, :mod:`.patches` — the veRL seams; :mod:`.config` — ``DualKVActorConfig``.
+* :mod:`.engine`, :mod:`.trainers`, :mod:`.patches` — the veRL seams; :mod:`.config` — ``DualKVActorConfig``;
+  :mod:`.switch` — the one-override switch.
 
 Importing this package does not import veRL (``DualKVActorConfig`` loads it on first access).
 """

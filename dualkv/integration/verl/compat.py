@@ -36,7 +36,8 @@ def check_verl_version(version: str | None = None) -> Version:
     """Return the parsed veRL version; raise :class:`UnsupportedVerlError` naming the supported range otherwise."""
     text = installed_verl_version() if version is None else version
     low, high = SUPPORTED_VERL
-    wanted = f"verl>={low},<{high} (tested with {TESTED_VERL}; `pip install 'dualkv[verl]'`)"
+    wanted = (f"verl>={low},<{high} (tested with {TESTED_VERL}: `pip install verl=={TESTED_VERL}`, or install dualkv "
+              "with its `verl` extra from the repository: `pip install -e '.[verl]'` in a checkout)")
     if text is None:
         raise UnsupportedVerlError(f"dualkv's veRL integration needs {wanted}, but veRL is not installed")
     try:

@@ -1,16 +1,14 @@
 """``DualKVActorConfig``: veRL's FSDP actor/ref config plus ``use_dualkv``.
 
-veRL builds the actor and the ref config from Hydra with ``_target_`` (``omega_conf_to_dataclass``), so a recipe
-selects this class and sets the field::
-
-    actor_rollout_ref.actor._target_=dualkv.integration.verl.config.DualKVActorConfig
-    +actor_rollout_ref.actor.use_dualkv=true
-    actor_rollout_ref.ref._target_=dualkv.integration.verl.config.DualKVActorConfig
-    +actor_rollout_ref.ref.use_dualkv=true
+A recipe turns dualkv on with one Hydra override, ``+actor_rollout_ref.actor.use_dualkv=true``: the plugin
+(:mod:`.switch`) converts the actor's config — and the ref's, which follows the actor — as this class. Naming the
+class in the recipe (``actor_rollout_ref.actor._target_=dualkv.integration.verl.config.DualKVActorConfig``, the
+same for ``ref``, each with ``+...use_dualkv=true``) does the same without plugin discovery.
 
 The field is copied onto the engine config (``fsdp_config``), which is all the FSDP engine receives, and building a
 config with ``use_dualkv=true`` installs the patches in that process (:func:`dualkv.integration.verl.enable`), so a
-Ray worker is patched even when plugin discovery is off (``VERL_USE_EXTERNAL_PLUGINS=none``).
+Ray worker is patched even when plugin discovery is off (``VERL_USE_EXTERNAL_PLUGINS=none``). Both of veRL's FSDP
+strategies run: ``fsdp`` (FSDP1, veRL's default) and ``fsdp2``.
 """
 
 from __future__ import annotations
@@ -44,14 +42,16 @@ class DualKVActorConfig(FSDPActorConfig):
         if not self.use_dualkv:
             return
         problems = []
-        if self.strategy != "fsdp2":
-            problems.append(f"strategy={self.strategy!r} (dualkv runs on fsdp2)")
+        if self.strategy not in ("fsdp", "fsdp2"):
+            problems.append(f"strategy={self.strategy!r} (dualkv runs on veRL's FSDP engine: fsdp or fsdp2)")
         if self.shuffle:
             problems.append("shuffle=True (it mixes prompt groups inside mini-batches; set shuffle=False)")
         if self.use_prefix_grouper:
             problems.append("use_prefix_grouper=True (veRL's own shared-prefix path; use one or the other)")
         if self.pad_to_length or getattr(self.fsdp_config, "pad_to_length", False):
             problems.append("pad_to_length=True (static packed-length padding is not supported)")
+        if self.calculate_sum_pi_squared:
+            problems.append("calculate_sum_pi_squared=True (needs the full (T, V) logits, which dualkv never forms)")
         if problems:
             raise ValueError("use_dualkv=True conflicts with: " + "; ".join(problems))
         from .patches import enable

@@ -14,7 +14,8 @@ on the actor and the ref; the critic never has it), each micro-batch is
    ``restore_dynamic_batch`` run unchanged.
 
 Dynamic batch size uses :mod:`.micro_batches` (groups kept whole, counted as P+ΣR tokens); fixed micro-batch
-sizes keep veRL's contiguous chunks, which never reorder rows.
+sizes keep veRL's contiguous chunks, which never reorder rows. Both of veRL's FSDP strategies run: FSDP2 shards
+the ``transformers`` model in place, FSDP1 (``strategy=fsdp``, veRL's default) wraps it (:func:`hf_model`).
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from ..hf import ATTN_NAME, LAYOUT_KWARG, disable_dualkv, enable_dualkv, registe
 from ..logprobs import DEFAULT_CHUNK, _head_of
 from .head import HeadPlan, RowKernel, dualkv_row_kernel, head_logprobs, verl_fused_row_kernel
 from .micro_batches import plan_micro_batches
-from .rows import DualKVBatchError, group_ids_of, pack_rows, prompt_lengths, to_nested_rows
+from .rows import (DualKVBatchError, group_ids_of, pack_rows, packed_response_lens, prompt_lengths,
+                   to_nested_rows)
 from .sequence_parallel import ulysses_packed_attention
 
-__all__ = ["ENGINE_FLAG", "MICRO_BATCH_FLAG", "dualkv_enabled", "set_dualkv_attention", "run_packed_model",
-           "dualkv_forward_step", "group_prepare_micro_batches"]
+__all__ = ["ENGINE_FLAG", "MICRO_BATCH_FLAG", "hf_model", "dualkv_enabled", "set_dualkv_attention",
+           "run_packed_model", "dualkv_forward_step", "group_prepare_micro_batches"]
 
 #: Attribute of the engine config (``FSDPEngineConfig``) that turns the dualkv path on.
 ENGINE_FLAG = "use_dualkv"
@@ -41,6 +43,14 @@ ENGINE_FLAG = "use_dualkv"
 MICRO_BATCH_FLAG = "dualkv_group_micro_batches"
 #: Engine attribute: weak reference to the module currently switched to the "dualkv" attention (None: none).
 _STATE = "_dualkv_attention_module"
+
+
+def hf_model(module: torch.nn.Module) -> torch.nn.Module:
+    """The ``transformers`` model of an engine's module: FSDP1 wraps it (``FullyShardedDataParallel.module``; its
+    forward unshards the root's parameters and then calls the wrapped model), FSDP2 shards it in place."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return module.module if isinstance(module, FullyShardedDataParallel) else module
 
 
 def dualkv_enabled(engine: Any) -> bool:
@@ -55,7 +65,7 @@ def set_dualkv_attention(engine: Any, on: bool) -> None:
     ``shared_prefix_attention`` without an SP group. Input checks stay on at SP = 1 (inputs are then the whole
     packed stream); with SP each rank sees a slice, so they are off.
     """
-    module = engine.module
+    module = hf_model(engine.module)
     ref = getattr(engine, _STATE, None)
     switched = ref is not None and ref() is module      # a re-initialised engine has a new, unswitched module
     if on and not switched:
@@ -84,18 +94,20 @@ def _forward_replaced(module: torch.nn.Module, forward: Callable) -> Iterator[No
 
 def run_packed_model(module: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, layout,
                      head: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], Any]) -> Any:
-    """Run a (possibly FSDP2-wrapped) causal LM on packed (1, T_local) inputs and apply ``head`` to its final hidden
-    states as the forward of its ``lm_head``.
+    """Run a (possibly FSDP1- or FSDP2-wrapped) causal LM on packed (1, T_local) inputs and apply ``head`` to its
+    final hidden states as the forward of its ``lm_head``.
 
-    Both replacements go through the modules' own ``__call__``, so FSDP2 gathers the decoder and ``lm_head``
-    weights exactly when the stock forward would (``lm_head`` is its own FSDP unit when embeddings are untied),
-    and its backward hooks fire. ``head(hidden (1, T_local, D), weight, bias)`` sees the unsharded weight.
+    Both replacements go through the modules' own ``__call__`` (for FSDP1: the wrapper's, which calls the replaced
+    forward of the model inside), so FSDP gathers the decoder and ``lm_head`` weights exactly when the stock forward
+    would (``lm_head`` is its own FSDP2 unit when embeddings are untied), and its backward hooks fire.
+    ``head(hidden (1, T_local, D), weight, bias)`` sees the unsharded weight.
     """
-    decoder = module.get_decoder()
-    lm_head = module.get_output_embeddings()
+    model = hf_model(module)
+    decoder = model.get_decoder()
+    lm_head = model.get_output_embeddings()
     if decoder is None or lm_head is None:
         raise NotImplementedError(f"{type(module).__name__} has no decoder/output head to run dualkv on")
-    implementation = getattr(module.config, "_attn_implementation", None)
+    implementation = getattr(model.config, "_attn_implementation", None)
     if implementation != ATTN_NAME:   # any other attention would treat the packed stream as plain sequences
         raise RuntimeError(f"the model runs the {implementation!r} attention, not {ATTN_NAME!r}; a packed micro-batch "
                            "needs dualkv.integration.verl.engine.set_dualkv_attention(engine, True) first")
@@ -108,21 +120,18 @@ def run_packed_model(module: torch.nn.Module, input_ids: torch.Tensor, position_
     def head_forward(hidden: torch.Tensor) -> Any:
         return head(hidden, lm_head.weight, getattr(lm_head, "bias", None))
 
-    with _forward_replaced(module, root_forward), _forward_replaced(lm_head, head_forward):
+    with _forward_replaced(model, root_forward), _forward_replaced(lm_head, head_forward):
         return module(input_ids=input_ids, position_ids=position_ids)
 
 
 def _refuse_unsupported(engine: Any, micro_batch: Any) -> None:
     from verl.utils import tensordict_utils as tu
     from verl.utils.dataset.dataset_utils import DatasetPadMode
-    from verl.utils.fsdp_utils import fsdp_version
     from verl.utils.model import extract_multi_modal_inputs
 
     def flag(key: str) -> Any:
         return tu.get_non_tensor_data(data=micro_batch, key=key, default=False)
 
-    if fsdp_version(engine.module) == 1:
-        raise NotImplementedError("dualkv runs on FSDP2 engines only: set actor/ref strategy=fsdp2")
     if getattr(engine, "pad_to_length", False):
         raise NotImplementedError("dualkv does not support pad_to_length (static packed-length padding): turn it off")
     if tu.get_non_tensor_data(data=micro_batch, key="pad_mode", default=DatasetPadMode.NO_PADDING) \
@@ -151,7 +160,7 @@ def _row_kernel(engine: Any, module: torch.nn.Module, use_fused_kernels: bool) -
     if use_fused_kernels:
         options = getattr(engine.model_config, "fused_kernel_options", None) or {}
         return verl_fused_row_kernel(options.get("impl_backend", None) or "torch")
-    _, _, softcap = _head_of(module)
+    _, _, softcap = _head_of(hf_model(module))
     chunk = int(getattr(engine.engine_config, "entropy_from_logits_chunk_size", 0) or DEFAULT_CHUNK)
     return dualkv_row_kernel(chunk_size=chunk, logit_softcap=softcap)
 
@@ -228,8 +237,7 @@ def group_prepare_micro_batches(data: Any, dp_group: Any = None, num_batches_div
     input_ids = data["input_ids"]
     rows = input_ids.offsets().numel() - 1
     prompt_lens = prompt_lengths(data["prompts"], data.get("attention_mask", None))
-    seq_lens = input_ids.offsets().diff().tolist()
-    response_lens = [s - p for s, p in zip(seq_lens, prompt_lens)]
+    response_lens = packed_response_lens(input_ids.offsets().diff().tolist(), prompt_lens)
     sync = dist.is_initialized() and same_micro_num_in_dp and dp_group is not None
 
     def agree(value: int, op) -> int:

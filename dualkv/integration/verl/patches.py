@@ -7,7 +7,10 @@ installing them is harmless for every other run (critic engines, non-dualkv acto
 * ``FSDPEngineWithLMHead.forward_backward_batch`` marks the batch so that
   ``transformer_impl.prepare_micro_batches`` (imported there by name) keeps prompt groups whole with dynamic
   batch size (:func:`.engine.group_prepare_micro_batches`);
-* ``RayPPOTrainer._balance_batch`` and the v1 ``PPOTrainer._balance_batch`` -> :mod:`.trainers`.
+* ``RayPPOTrainer._balance_batch`` and the v1 ``PPOTrainer._balance_batch`` -> :mod:`.trainers`;
+* ``omega_conf_to_dataclass`` (in ``verl.utils.config`` and, imported by name, ``verl.workers.engine_workers``)
+  converts a role with ``use_dualkv=true`` as ``DualKVActorConfig`` (:mod:`.switch`), so enabling dualkv is one
+  Hydra override.
 
 Patches attach to their module's import (:mod:`._hooks`), so enabling from ``import verl`` (the plugin entry
 point) pulls in nothing heavy.
@@ -22,9 +25,12 @@ from typing import Any, Callable
 from ._hooks import when_imported
 from .compat import check_verl_version
 
-__all__ = ["enable", "is_enabled", "PATCHED_ATTR", "ENGINE_MODULE", "LEGACY_TRAINER_MODULE", "V1_TRAINER_MODULE"]
+__all__ = ["enable", "is_enabled", "PATCHED_ATTR", "ENGINE_MODULE", "LEGACY_TRAINER_MODULE", "V1_TRAINER_MODULE",
+           "CONFIG_MODULES"]
 
 ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
+#: Modules whose ``omega_conf_to_dataclass`` converts actor/ref configs.
+CONFIG_MODULES = ("verl.utils.config", "verl.workers.engine_workers")
 LEGACY_TRAINER_MODULE = "verl.trainer.ppo.ray_trainer"
 V1_TRAINER_MODULE = "verl.trainer.ppo.v1.trainer_base"
 #: Set on every wrapper; holds the wrapped original.
@@ -105,6 +111,12 @@ def _patch_v1_trainer(module: ModuleType) -> None:
     _wrap(module.PPOTrainer, "_balance_batch", _balance_patch(balance_v1))
 
 
+def _patch_config_loader(module: ModuleType) -> None:
+    from .switch import wrap_omega_conf_to_dataclass
+
+    _wrap(module, "omega_conf_to_dataclass", wrap_omega_conf_to_dataclass)
+
+
 def enable() -> None:
     """Install the dualkv patches in this process (idempotent). Raises ``UnsupportedVerlError`` on a veRL outside
     the supported range."""
@@ -115,6 +127,8 @@ def enable() -> None:
     when_imported(ENGINE_MODULE, _patch_engine)
     when_imported(LEGACY_TRAINER_MODULE, _patch_legacy_trainer)
     when_imported(V1_TRAINER_MODULE, _patch_v1_trainer)
+    for name in CONFIG_MODULES:
+        when_imported(name, _patch_config_loader)
     _enabled = True
 
 

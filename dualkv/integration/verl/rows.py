@@ -9,19 +9,25 @@ left-padded dense tensor (or a nested one in the v1 trainer), an ``attention_mas
 The way back: veRL's losses read row b's response log-probs at ``values[off_b - R_b - 1 : off_b - 1]`` of the
 per-row stream (``verl.workers.utils.padding.no_padding_2_padding``), i.e. the value predicting response token k
 sits at offset P_b - 1 + k of its row. :func:`to_nested_rows` fills exactly those slots (zeros elsewhere).
+
+Empty responses (R_b = 0: a row of prompt tokens only, which stock veRL accepts) contribute nothing there: no slot
+is read. The packing needs R >= 1, so such a row is packed with one placeholder token (its last prompt token
+again, at position P_b) whose value :func:`to_nested_rows` zeroes and drops. Other rows do not attend to it, so
+their values are unchanged, and its gradient is exactly zero; it keeps a group (or a whole micro-batch) of empty
+responses running through the model like stock's, so the backward reaches every parameter on every rank.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
 from ..logprobs import to_sequence_layout
 from ..packing import PackedBatch, pack_varlen
 
-__all__ = ["DualKVBatchError", "group_ids_of", "prompt_lengths", "pack_rows", "to_nested_rows"]
+__all__ = ["DualKVBatchError", "group_ids_of", "prompt_lengths", "packed_response_lens", "pack_rows",
+           "to_nested_rows"]
 
 #: What to change in veRL when a batch cannot be packed.
 _HINT = ("dualkv needs each prompt group's rows adjacent inside a micro-batch and sharing one prompt: keep "
@@ -61,12 +67,35 @@ def prompt_lengths(prompts: torch.Tensor, attention_mask: torch.Tensor | None) -
     return attention_mask[:, : prompts.shape[1]].sum(dim=1).tolist()
 
 
+def packed_response_lens(seq_lens: Sequence[int], prompt_lens: Sequence[int]) -> list[int]:
+    """R_b as packed: the response length, or 1 for an empty response (its placeholder token)."""
+    return [max(int(s) - int(p), 1) for s, p in zip(seq_lens, prompt_lens)]
+
+
+def _with_placeholders(tokens: torch.Tensor, offsets: torch.Tensor, empty: list[bool]) -> tuple[torch.Tensor,
+                                                                                                 torch.Tensor]:
+    """(T,) row-packed values and (B + 1,) offsets with each empty row's last token repeated once at its end."""
+    if not any(empty):
+        return tokens, offsets
+    bounds = offsets.tolist()
+    pieces = []
+    for b, is_empty in enumerate(empty):
+        pieces.append(tokens[bounds[b]:bounds[b + 1]])
+        if is_empty:
+            pieces.append(tokens[bounds[b + 1] - 1:bounds[b + 1]])
+    added = torch.tensor([0] + empty, dtype=offsets.dtype, device=offsets.device).cumsum(0)
+    return torch.cat(pieces), offsets + added
+
+
 def pack_rows(input_ids: torch.Tensor, position_ids: torch.Tensor, prompt_lens: Sequence[int],
               group_ids: Sequence) -> PackedBatch:
     """Pack a micro-batch's nested rows into P+ΣR per group, checking what would make the result wrong.
 
+    A row without response tokens is packed with one placeholder token (module docstring), so row b of the packing
+    has ``packed_response_lens(...)[b]`` response tokens.
+
     Args:
-        input_ids: nested (B, j) token ids, row b = [prompt_b; response_b].
+        input_ids: nested (B, j) token ids, row b = [prompt_b; response_b] (response_b may be empty).
         position_ids: nested (B, j) veRL position ids; must be 0..P_b+R_b-1 in every row (what the packing gives
             each token), else RoPE would see other positions than the stock forward.
         prompt_lens: P_b of every row.
@@ -82,14 +111,18 @@ def pack_rows(input_ids: torch.Tensor, position_ids: torch.Tensor, prompt_lens: 
     offsets = input_ids.offsets()
     lengths = offsets.diff().tolist()
     for row, (length, p) in enumerate(zip(lengths, prompt_lens)):
-        if not 0 < p < length:
+        if not 0 < p <= length:
             raise DualKVBatchError(f"row {row} has {length} tokens of which {p} prompt tokens: dualkv needs a "
-                                   "non-empty prompt and a non-empty response in every row")
+                                   "non-empty prompt in every row (as veRL's no_padding_2_padding does)")
+    empty = [length == p for length, p in zip(lengths, prompt_lens)]
+    tokens, packed_offsets = _with_placeholders(input_ids.values(), offsets, empty)
     try:
-        packed = pack_varlen(input_ids.values(), offsets, list(prompt_lens), group_ids)
+        packed = pack_varlen(tokens, packed_offsets, list(prompt_lens), group_ids)
     except ValueError as err:
         raise DualKVBatchError(f"{err}. {_HINT}") from err
     expected = packed.position_ids[torch.from_numpy(packed.layout.copy_token_index).to(packed.position_ids.device)]
+    if any(empty):
+        expected = expected[_real_slots(packed_offsets, torch.tensor(empty)).to(expected.device)]
     given = position_ids.values()
     if given.shape != expected.shape or not torch.equal(given.to(expected.dtype), expected):
         raise DualKVBatchError("position_ids are not 0..P+R-1 in every row; dualkv numbers each response after its "
@@ -97,13 +130,37 @@ def pack_rows(input_ids: torch.Tensor, position_ids: torch.Tensor, prompt_lens: 
     return packed
 
 
+def _placeholder_rows(packed: PackedBatch, offsets: torch.Tensor) -> torch.Tensor:
+    """(B,) bool on the CPU: the rows packed as one placeholder token, i.e. one token longer in the packing's
+    per-row stream than in the micro-batch (``offsets``). Raises if the two layouts differ in any other way."""
+    packed_offsets, offsets = torch.from_numpy(packed.layout.copy_cu_seqlens), offsets.cpu()
+    extra = packed_offsets.diff() - offsets.diff() if packed_offsets.shape == offsets.shape else None
+    if extra is None or bool(((extra != 0) & (extra != 1)).any()) \
+            or bool((packed.response_cu_seqlens.cpu().diff()[extra.bool()] != 1).any()):
+        raise DualKVBatchError("the packed rows do not match the micro-batch's offsets")
+    return extra.bool()
+
+
+def _real_slots(packed_offsets: torch.Tensor, placeholder: torch.Tensor) -> torch.Tensor:
+    """Indices of the per-row stream of ``packed_offsets`` without each placeholder row's last slot."""
+    keep = torch.ones(int(packed_offsets[-1]), dtype=torch.bool)
+    keep[packed_offsets.cpu()[1:][placeholder] - 1] = False
+    return torch.nonzero(keep).flatten()
+
+
 def to_nested_rows(values: torch.Tensor, packed: PackedBatch, offsets: torch.Tensor) -> torch.Tensor:
     """(ΣR,) row-order per-response-token values -> veRL's nested per-row layout with ``offsets``.
 
     Row b's value for response token k lands at offset P_b - 1 + k of its row (where the stock forward's log-prob
-    of that token sits); the other slots hold 0 and no veRL loss reads them.
+    of that token sits); the other slots hold 0 and no veRL loss reads them. An empty row's placeholder value is
+    zeroed (it stays in the autograd graph, with a zero gradient) and its slot dropped.
     """
-    flat, cu = to_sequence_layout(values, packed)
-    if not np.array_equal(cu.cpu().numpy(), offsets.cpu().numpy()):
-        raise DualKVBatchError("the packed rows do not match the micro-batch's offsets")
+    packed_offsets = torch.from_numpy(packed.layout.copy_cu_seqlens)
+    placeholder = _placeholder_rows(packed, offsets)
+    if bool(placeholder.any()):
+        per_value = torch.repeat_interleave(placeholder, packed.response_cu_seqlens.diff().cpu()).to(values.device)
+        values = torch.where(per_value.view(-1, *[1] * (values.dim() - 1)), values.new_zeros(()), values)
+    flat, _ = to_sequence_layout(values, packed)
+    if bool(placeholder.any()):
+        flat = flat[_real_slots(packed_offsets, placeholder).to(flat.device)]
     return torch.nested.nested_tensor_from_jagged(flat, offsets)

@@ -49,6 +49,30 @@ def _unpinned_offload() -> None:
     transformer_impl.CPUOffloadPolicy = lambda pin_memory=True: CPUOffloadPolicy(pin_memory=False)
 
 
+def _fsdp1_on_cpu() -> None:
+    """veRL builds FSDP1 (``strategy=fsdp``) with ``sync_module_states=True`` (ranks > 0 start on the meta device and
+    receive rank 0's weights), which torch refuses for CPU parameters — only a check: the broadcast itself runs on
+    gloo — and the ref with ``CPUOffload(offload_params=True)``, which pins memory (needs an accelerator; the
+    parameters live on the CPU anyway). On CPU the check is skipped and the ref built without offloading (a
+    subclass of the wrapper, so veRL's ``fsdp_version`` still sees FSDP1)."""
+    from torch.distributed.fsdp import _init_utils
+    from verl.workers.engine.fsdp import transformer_impl
+
+    _init_utils._check_module_states_for_sync_module_states = lambda module_states: None
+    stock = transformer_impl.FSDP
+    if getattr(stock, "_dualkv_cpu_shim", False):
+        return
+
+    class CPUFullyShardedDataParallel(stock):
+        _dualkv_cpu_shim = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["cpu_offload"] = None
+            super().__init__(*args, **kwargs)
+
+    transformer_impl.FSDP = CPUFullyShardedDataParallel
+
+
 def register() -> None:
     """Register the "cpu" platform with veRL and select it (idempotent)."""
     os.environ["VERL_PLATFORM"] = "cpu"
@@ -133,3 +157,4 @@ def register() -> None:
             return None
 
     _unpinned_offload()
+    _fsdp1_on_cpu()

@@ -1,0 +1,73 @@
+"""The one Hydra override that turns dualkv on: ``+actor_rollout_ref.actor.use_dualkv=true``.
+
+veRL converts each role's config with ``verl.utils.config.omega_conf_to_dataclass`` (Hydra ``instantiate`` of its
+``_target_``, stock ``verl.workers.config.FSDPActorConfig``, which has no ``use_dualkv`` field). The plugin wraps
+that function (:func:`wrap_omega_conf_to_dataclass`): an actor or ref config whose switch is on gets
+:class:`~.config.DualKVActorConfig` as its ``_target_`` — rewritten in place, so every later reader (the ref's
+conversion, the trainer's group-preserving balancing) sees the same — and is converted as that class, which checks
+the settings that conflict with the packing.
+
+The ref follows the actor (it computes log-probs of the same rows with the same model) unless it sets its own
+``use_dualkv``. A role on an engine other than veRL's FSDP one (megatron, veomni, torchtitan) is refused by name.
+A recipe may still name the class itself (``_target_=dualkv.integration.verl.config.DualKVActorConfig`` with
+``use_dualkv=true``); that works with plugin discovery off (``VERL_USE_EXTERNAL_PLUGINS=none``) too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+__all__ = ["FLAG", "DUALKV_TARGET", "FSDP_TARGETS", "role_switch", "install_dualkv_target",
+           "wrap_omega_conf_to_dataclass"]
+
+#: The switch, on ``actor_rollout_ref.actor`` (and optionally ``actor_rollout_ref.ref``).
+FLAG = "use_dualkv"
+DUALKV_TARGET = "dualkv.integration.verl.config.DualKVActorConfig"
+#: How veRL 0.9's FSDP actor/ref configs name their class.
+FSDP_TARGETS = ("verl.workers.config.FSDPActorConfig", "verl.workers.config.actor.FSDPActorConfig")
+
+
+def role_switch(config: Any) -> bool:
+    """Whether an actor/ref ``DictConfig`` asks for dualkv: its own ``use_dualkv``, else, for the ref (the ``ref``
+    child of ``actor_rollout_ref``), the actor's. Any other config: False."""
+    from omegaconf import DictConfig
+
+    if not isinstance(config, DictConfig):
+        return False
+    own = config.get(FLAG, None)
+    if own is not None:
+        return bool(own)
+    parent = config._get_parent()
+    actor = parent.get("actor", None) if isinstance(parent, DictConfig) and config._key() == "ref" else None
+    return isinstance(actor, DictConfig) and bool(actor.get(FLAG, False))
+
+
+def install_dualkv_target(config: Any) -> bool:
+    """Point a switched-on actor/ref config at ``DualKVActorConfig`` (in place); return whether it is switched on.
+
+    Raises:
+        ValueError: the role runs on an engine dualkv does not patch.
+    """
+    if not role_switch(config):
+        return False
+    from omegaconf import open_dict, read_write
+
+    target = config.get("_target_", None)
+    if target not in FSDP_TARGETS + (DUALKV_TARGET,):
+        raise ValueError(f"use_dualkv=true needs veRL's FSDP engine (strategy fsdp or fsdp2); this role's config is "
+                         f"{target!r} (strategy={config.get('strategy', None)!r})")
+    with read_write(config), open_dict(config):
+        config["_target_"] = DUALKV_TARGET
+        config[FLAG] = True
+    return True
+
+
+def wrap_omega_conf_to_dataclass(original: Callable) -> Callable:
+    """``omega_conf_to_dataclass`` that first applies :func:`install_dualkv_target` to target-based conversions."""
+
+    def omega_conf_to_dataclass(config, dataclass_type=None):
+        if dataclass_type is None:
+            install_dualkv_target(config)
+        return original(config, dataclass_type)
+
+    return omega_conf_to_dataclass
