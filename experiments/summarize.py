@@ -397,8 +397,33 @@ def results_markdown(root: Path = RESULTS) -> str:
                                "../experiments/results/"),
              "", sweep_section(sorted(root.glob("model-*.json")),
                                "## Whole model with log-prob head (`dualkv bench model`)", "../experiments/results/"),
+             "", trl_section(sorted(root.glob("trl_grpo-*.json"))),
              "", verify_section(sorted(root.glob("verify-*.json"))), "", checks_section(root), ""]
     return "\n".join(parts)
+
+
+def trl_section(files: Sequence[Path]) -> str:
+    """TRL GRPOTrainer end to end, stock vs dualkv from one seed: seconds per step by phase, peak memory, reward."""
+    out = ["## TRL GRPOTrainer end to end (`experiments/trl_grpo/grpo_e2e.py`)", ""]
+    if not files:
+        return "\n".join(out + ["No run yet."])
+    for path in files:
+        d = _load(path)
+        rows = []
+        for setting, by in d["summary"].items():
+            for system in ("stock", "dualkv"):
+                r = by[system]
+                rows.append([setting, system, f"{r['generation']:.3f}", f"{r['logprobs']:.3f}", f"{r['update']:.3f}",
+                             f"{r['peak_mem_gib']:.1f}", f"{r['final_reward']:.3f}"])
+        out += [f"`{path.name}` ({d['environment'].get('gpu')}, {_commit(d['environment'])}); seconds per step "
+                "(median after the first), settings in its `config`:", "",
+                _table(["setting", "system", "generation s", "log-probs s", "update s", "peak GiB", "final reward"],
+                       rows)]
+        fp32 = d.get("comparisons", {}).get("fp32")
+        if fp32:
+            out += ["", f"fp32, first {len(fp32['grad_max_rel_per_step'])} steps: log-probs {fp32['logprob_max_rel']:.1e}"
+                        f" and gradients <= {max(fp32['grad_max_rel_per_step']):.1e} relative (stock vs dualkv)."]
+    return "\n".join(out)
 
 
 def headline_block(root: Path = RESULTS) -> str:
@@ -459,6 +484,18 @@ def headline_block(root: Path = RESULTS) -> str:
         end_to_end.append([f"veRL 0.9.1 policy update, {cfg['model']}, P={cfg['P']}, R={cfg['R']}, N={n} "
                            f"({_files(files)}, {', '.join(commits)})",
                            ", ".join(f"{ph.replace('_', ' ')} {phases[ph][1]:.2f}×" for ph in PHASES if ph in phases)])
+    trl = sorted(root.glob("trl_grpo-*.json"))
+    if trl:
+        d = _load(trl[-1])
+        cfg, long = d["config"]["long"], d["summary"].get("long")
+        if long:
+            sp, gib = long["speedup"], (long["stock"]["peak_mem_gib"], long["dualkv"]["peak_mem_gib"])
+            end_to_end.append([
+                f"TRL {d['environment'].get('trl')} GRPOTrainer, random Qwen3 ({cfg['num_hidden_layers']} layers, "
+                f"hidden {cfg['hidden_size']}), P={cfg['prompt_len'][0]}, N={cfg['num_generations']}, "
+                f"R<={cfg['max_completion_length']} (`{trl[-1].name}`, {_commit(d['environment'])})",
+                f"log-probs {sp['logprobs']:.2f}×, update {sp['update']:.2f}×, both {sp['training']:.2f}×, whole step "
+                f"with generation {sp['step']:.2f}×; peak {gib[0]:.1f} → {gib[1]:.1f} GiB"])
     parts = [BEGIN, "", *kernel]
     if end_to_end:
         parts += ["", _table(["end to end (result file, commit)", "dualkv's speedup over the stock layout, same run"],
