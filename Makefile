@@ -1,16 +1,21 @@
 # make verify — the numerical-equivalence report on this machine's hardware
-# make test   — the test suite: test-main (everything, veRL's pinned transformers) and test-latest (the HF path
-#               with the newest transformers and the CUDA-12 NVRTC, in a second environment)
-# Both create (or refresh) .venv/ (and .venv-latest/) in the repo root and install what they need there.
+# make test   — the test suite: test-main (everything but TRL, veRL's pinned transformers), test-latest (the HF path
+#               with the newest transformers and the CUDA-12 NVRTC, in a second environment) and test-trl (TRL's
+#               tests in a third: veRL 0.9.1 imports trl.experimental.ppo, which TRL 1.16 no longer has, as soon
+#               as TRL is installed beside it)
+# They create (or refresh) .venv/ (.venv-latest/, .venv-trl/) in the repo root and install what they need there.
 # On a machine whose python already holds torch (e.g. the GPU box), use SYSTEM=1: no venv, no installs.
 
 VENV        := .venv
 TORCH_SPEC  ?= torch==2.13.0
 EXTRAS      ?= dev
 STAMP       := $(VENV)/.dualkv-$(EXTRAS)
-# veRL 0.9.1 (and what its workers/trainers import) for proofs_tests/test_verl_*.py and TRL 1.16 for
-# proofs_tests/test_trl_*.py; `make test` only
+# veRL 0.9.1 (and what its workers/trainers import) for proofs_tests/test_verl_*.py; `make test` only
 VERL_STAMP  := $(VENV)/.dualkv-verl
+# The third environment: TRL 1.16 without veRL, transformers in the range its parity tests were checked with.
+TRL_VENV    := .venv-trl
+TRL_STAMP   := $(TRL_VENV)/.dualkv-trl
+TRL_TESTS   := proofs_tests/test_trl_rows.py proofs_tests/test_trl_parity.py proofs_tests/test_trl_experiment.py
 # The second environment: no veRL, so transformers is the newest release (only the verl extra caps it), and the
 # cu12 extra (NVRTC 12). Runs the tests of the transformers path and the packaging test.
 LATEST_VENV  := .venv-latest
@@ -33,7 +38,7 @@ DEPS := $(STAMP)
 TEST_DEPS := $(STAMP) $(VERL_STAMP)
 endif
 
-.PHONY: verify test test-main test-latest test-gpu setup clean
+.PHONY: verify test test-main test-latest test-trl test-gpu setup clean
 
 verify: $(DEPS)
 	$(PY) -m dualkv verify $(VERIFY_ARGS)
@@ -41,11 +46,14 @@ verify: $(DEPS)
 ifeq ($(SYSTEM),1)
 test: test-main
 else
-test: test-main test-latest
+test: test-main test-latest test-trl
 endif
 
 test-main: $(TEST_DEPS)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_ARGS) $(addprefix --ignore=,$(TRL_TESTS))
+
+test-trl: $(TRL_STAMP)
+	$(TRL_VENV)/bin/python -m pytest -q -p no:cacheprovider $(TRL_TESTS)
 
 test-latest: $(LATEST_STAMP)
 	$(LATEST_VENV)/bin/python .ci/latest_env.py
@@ -65,8 +73,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 $(VERL_STAMP): $(STAMP) pyproject.toml
-	$(VENV)/bin/python -m pip install -q -e ".[verl,trl]"
+	$(VENV)/bin/python -m pip install -q -e ".[verl]"
 	touch $(VERL_STAMP)
+
+$(TRL_STAMP): pyproject.toml
+	test -x $(TRL_VENV)/bin/python || python3 -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/python -c "import torch" 2>/dev/null || $(TRL_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(TRL_VENV)/bin/python -m pip install -q -e ".[trl,$(call CUDA_EXTRA,$(TRL_VENV))]" "pytest>=8" \
+	    "transformers>=5.5.3,<5.11,!=5.6.0"
+	touch $(TRL_STAMP)
 
 $(LATEST_STAMP): pyproject.toml
 	test -x $(LATEST_VENV)/bin/python || python3 -m venv $(LATEST_VENV)
@@ -76,4 +91,4 @@ $(LATEST_STAMP): pyproject.toml
 	touch $(LATEST_STAMP)
 
 clean:
-	rm -rf $(VENV) $(LATEST_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(LATEST_VENV) $(TRL_VENV) build *.egg-info .pytest_cache

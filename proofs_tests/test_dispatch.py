@@ -137,7 +137,7 @@ def test_kernel_family_as_a_plain_call_and_as_a_context_manager():
         assert configs.current_kernel_family() == "mma"
         assert configs.fwd_spec(128, torch.bfloat16, 4, False, "sm_90").kernel == "fwd"
         with configs.kernel_family("auto"):                # a block sets it and restores the previous one
-            assert configs.fwd_spec(128, torch.bfloat16, 4, False, "sm_90").kernel == "fwd_sm90"
+            assert configs.fwd_spec(128, torch.bfloat16, 4, False, "sm_90").kernel == "fwd_sm90_ws"
         assert configs.current_kernel_family() == "mma"
     finally:
         configs.kernel_family("auto")

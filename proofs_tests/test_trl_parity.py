@@ -34,7 +34,7 @@ RTOL = 1e-5
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from dualkv.integration.verl.synthetic import save_random_model
+    from proofs_tests.verl_fixtures.synthetic import save_random_model
     from dualkv.testing import tiny_causal_lm
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

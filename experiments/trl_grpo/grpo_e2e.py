@@ -92,7 +92,7 @@ def build_model_dir(root: Path, cfg: dict, seed: int) -> str:
     """Save a word-level tokenizer over ``cfg['vocab']`` ids and a random Qwen3 of ``cfg``; returns the folder."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from dualkv.integration.verl.synthetic import save_tokenizer
+    from proofs_tests.verl_fixtures.synthetic import save_tokenizer
 
     path = root / "model"
     tokenizer = save_tokenizer(path, cfg["vocab"])
