@@ -35,15 +35,10 @@ subcommand("verify", "numerical-equivalence report on whatever hardware is prese
 
 
 def _load_plugins() -> None:
-    """Import the modules that add subcommands (each is optional until its issue lands)."""
-    import importlib
-
-    for module in ("dualkv.analysis.cli", "dualkv.cuda.cli", "dualkv.bench.cli"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name is None or not module.startswith(err.name):
-                raise
+    """Import the modules that add the other subcommands (analysis, kernels, bench)."""
+    from .analysis import cli as _analysis  # noqa: F401
+    from .bench import cli as _bench  # noqa: F401
+    from .cuda import cli as _cuda  # noqa: F401
 
 
 def build_parser() -> argparse.ArgumentParser:

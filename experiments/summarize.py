@@ -217,7 +217,7 @@ def sweep_section(files: Sequence[Path], title: str, prefix: str) -> str:
     for path in sorted(files, reverse=True):
         d = _load(path)
         cfg, env = d.get("config", {}), d["environment"]
-        systems = [s for s in ("dualkv", "fa2_ncopy", "pg_padded", "flex_packed") if any(r["system"] == s
+        systems = [s for s in ("dualkv", "fa2_ncopy", "pg_padded", "flex_packed", "flex") if any(r["system"] == s
                                                                                           for r in d["rows"])]
         out += ["", f"### {_commit(env)} — {env.get('gpu')}, {_date(env)} (`{path.name}`)", "",
                 f"{cfg.get('model') or cfg.get('model_dims')}, {cfg.get('dtype')}, {cfg.get('pass')}, "

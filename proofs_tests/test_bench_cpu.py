@@ -59,7 +59,7 @@ def test_flex_forward_through_flex_attention(tiny):
     config, packed = tiny
     with torch.no_grad():
         ref = _layer_run_nograd(config, packed, "dualkv")
-        out = _layer_run_nograd(config, packed, "flex_packed")
+        out = _layer_run_nograd(config, packed, "flex")
     assert rel_err(out, ref) < 1e-12
 
 
@@ -82,7 +82,7 @@ def test_wrong_flex_mask_is_caught(tiny):
         return lambda b, h, q, kv: kv <= q
 
     wrong = lambda p, d: flex_mask(p, d, mask_mod_fn=causal_only)  # noqa: E731
-    out, _ = _layer_run(config, packed, "flex_packed", flex_mask_fn=wrong)
+    out, _ = _layer_run(config, packed, "flex", flex_mask_fn=wrong)
     assert rel_err(out, ref_out) > 1e-3
 
 

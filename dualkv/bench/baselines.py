@@ -24,6 +24,7 @@ import math
 import torch
 
 from ..layout import GroupLayout
+from .registry import kernel_systems
 
 
 class System:
@@ -146,9 +147,11 @@ def fa2_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, rng,
                                                     rng, unused, scale=scale)
 
 
-class FA2NCopy(System):
-    """The N-copy q/k/v are built in :meth:`prepare`: in the N-copy pipeline they are the activations themselves,
-    so their memory counts (peak memory is measured over preparation and calls) but their copy time does not."""
+class FA2NCopy(_Autograd):
+    """PyTorch's varlen FlashAttention-2 on the N-copy layout — the same call as the layer-level ``fa2_ncopy``
+    (:func:`dualkv.bench.systems.varlen_causal`), differentiated by autograd. The N-copy q/k/v are built in
+    :meth:`prepare`: in the N-copy pipeline they are the activations themselves, so their memory counts (peak memory
+    is measured over preparation and calls) but their copy time does not."""
 
     name = "fa2_ncopy"
 
@@ -163,13 +166,14 @@ class FA2NCopy(System):
         return self.layout.tokens_std
 
     def forward(self, train=False):
-        self.out, self.lse, self.rng, self.unused = fa2_forward(self.q_std, self.k_std, self.v_std, self.cu, self.cu,
-                                                                self.max_len, self.max_len, True, self.scale)
-        return self.out
+        from .systems import varlen_causal
 
-    def backward(self, dout):
-        return fa2_backward(dout, self.q_std, self.k_std, self.v_std, self.out, self.lse, self.cu, self.cu,
-                            self.max_len, self.max_len, True, self.rng, self.unused, self.scale)
+        q, k, v = (self.q_std, self.k_std, self.v_std)
+        if train:
+            self.leaves = q, k, v = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        with torch.set_grad_enabled(train):
+            self.out = varlen_causal(q, k, v, self.cu, self.cu, self.max_len, self.max_len, self.scale)
+        return self.out
 
     def to_packed(self, out):
         return out[torch.from_numpy(self.layout.first_copy_index).to(out.device)]
@@ -345,5 +349,8 @@ class FlexDynamic(Flex):
     dynamic = None
 
 
-SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVAtomic, DualKVMma, DualKVV1, FA2NCopy, Cascade, CudnnCascade, CudnnNCopy,
-                                     Flex, FlexDynamic, Reference)}
+#: The kernel-level implementations of the one registry (dualkv.bench.registry).
+SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVAtomic, DualKVMma, DualKVV1, FA2NCopy, Cascade, CudnnCascade,
+                                     CudnnNCopy, Flex, FlexDynamic, Reference)}
+if set(SYSTEMS) != set(kernel_systems()):
+    raise RuntimeError(f"kernel systems {tuple(SYSTEMS)} and the registry's {kernel_systems()} disagree")

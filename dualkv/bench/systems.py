@@ -8,7 +8,7 @@
   batch through every layer op; attention = two FlashAttention calls: the prompt's causal self-attention once, then
   every response over [the prompt K/V repeated per response (expand + copy); its own K/V], bottom-right causal.
   (The published Prefix Grouper packs [prefix; suffixes]; this is the padded variant the paper benchmarks.)
-* ``flex_packed`` — baseline (c): the P+ΣR packing with ``torch.compile(flex_attention)`` and the BlockMask
+* ``flex`` — baseline (c): the P+ΣR packing with ``torch.compile(flex_attention)`` and the BlockMask
   ``k <= q and same group and (k in prompt or seg[k] == seg[q])``, built per shape.
 
 On a CPU (smoke runs only) FlashAttention is replaced by :func:`dualkv.reference.standard_varlen_attention`
@@ -28,12 +28,16 @@ from ..integration import hf as dualkv_hf
 from ..integration.packing import PackedBatch
 from ..layout import GroupLayout
 from ..reference import standard_varlen_attention
+from .registry import layer_systems
 
 __all__ = ["SYSTEMS", "SystemBatch", "build_batch", "register_attention", "varlen_causal"]
 
-SYSTEMS = ("dualkv", "fa2_ncopy", "pg_padded", "flex_packed")
+#: The layer-level systems of the one registry (dualkv.bench.registry).
+SYSTEMS = layer_systems()
 ATTN_NAMES = {"dualkv": dualkv_hf.ATTN_NAME, "fa2_ncopy": "dualkv_bench_fa2_varlen",
-              "pg_padded": "dualkv_bench_pg_padded", "flex_packed": "dualkv_bench_flex"}
+              "pg_padded": "dualkv_bench_pg_padded", "flex": "dualkv_bench_flex"}
+if set(ATTN_NAMES) != set(SYSTEMS):
+    raise RuntimeError(f"layer systems {SYSTEMS} and their attention functions {sorted(ATTN_NAMES)} disagree")
 
 
 @dataclass
@@ -164,9 +168,9 @@ def build_batch(system: str, packed: PackedBatch, device: torch.device | str, *,
         return _ncopy_batch(packed, device)
     if system == "pg_padded":
         return _padded_batch(packed, device)
-    if system == "flex_packed":
+    if system == "flex":
         batch = _packed_batch(packed, device)
-        batch.system = "flex_packed"
+        batch.system = "flex"
         batch.forward_kwargs = {"bench_flex": flex_mask_fn(packed, device)}
         return batch
     raise ValueError(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
@@ -286,4 +290,4 @@ def register_attention() -> None:
     dualkv_hf.register()
     AttentionInterface.register(ATTN_NAMES["fa2_ncopy"], _fa2_varlen_attention)
     AttentionInterface.register(ATTN_NAMES["pg_padded"], _pg_padded_attention)
-    AttentionInterface.register(ATTN_NAMES["flex_packed"], _flex_attention)
+    AttentionInterface.register(ATTN_NAMES["flex"], _flex_attention)
