@@ -244,11 +244,11 @@ class CudnnNCopy(System):
 
 
 def merge_by_lse(o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor):
-    """Exact merge of attentions over two disjoint key sets: o (T, H, d), l (H, T) natural-log LSE -> (o, l)."""
-    l1, l2 = l1.float(), l2.float()
-    lse = torch.logaddexp(l1, l2)
-    w1, w2 = torch.exp(l1 - lse).t()[..., None], torch.exp(l2 - lse).t()[..., None]
-    return (o1.float() * w1 + o2.float() * w2).to(o1.dtype), lse
+    """Exact merge of attentions over two disjoint key sets: o (T, H, d), l (H, T) natural-log LSE -> (o, l); the
+    cascade backend's merge (:func:`dualkv.cascade.merge_lse`), output in o1's dtype."""
+    from ..cascade import merge_lse
+
+    return merge_lse(o1, l1, o2, l2, o1.dtype)
 
 
 class Cascade(System):
