@@ -223,7 +223,7 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
 #: (arch, head dim) where the cuDNN cascade (dualkv.cascade) is faster than the fused kernels, fwd+bwd, without a
 #: window: measured on H100 and H200 (experiments/results/, README "Kernels"). ``deterministic=False`` routes these
 #: calls to the cascade — the dispatch floor. The deterministic default stays on the fused kernels: the cascade's
-#: cross-part backward (cuDNN, non-causal) is not bitwise reproducible run to run (measured on both GPUs).
+#: cross-part backward (cuDNN, non-causal) is not bitwise reproducible run to run (measured on an H100).
 CASCADE_FASTER = {("sm_90", 128)}
 #: ``$DUALKV_PATH``: "auto" (the rule above), "fused" (always the kernels), "cascade" (always the cascade where it
 #: applies: CUDA fp16/bf16, head dim <= 128 on cuDNN, no window).
