@@ -87,7 +87,7 @@ def test_wgmma_kernels_are_not_serialized_by_ptxas():
     for spec in specs:
         usage = resource_usage(compile_spec(spec, use_cache=False, verbose=True).log)
         assert not usage["wgmma_serialized"], spec
-        # The (opt-in) warp-specialised backward: its producer warpgroup runs on 24 registers (setmaxnreg) and keeps
+        # The warp-specialised backward: its producer warpgroup runs on 24 registers (setmaxnreg) and keeps
         # loop state in local memory; its consumers spill a few per-step values (cursor, step geometry) at 240
         # registers, never inside the products. Everything else must not spill at all.
         limit = 128 if spec.kernel == "bwd_sm90_ws" else 0

@@ -33,3 +33,22 @@ def test_tiny_run_writes_results_and_both_systems_agree(tmp_path, capsys):
 
 def test_reward_counts_target_residue():
     assert grpo_e2e.target_residue_reward(["t8 t3 t16 t5", "", "t1 <eos>"]) == [0.5, 0.0, 0.0]
+
+
+def test_controls_measure_the_stock_vs_stock_spread(tmp_path):
+    assert grpo_e2e.main(["--tiny", "--settings", "curves", "--steps", "2", "--controls", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("trl_grpo-cpu-tiny-*.json")
+    data = json.loads(path.read_text())
+    assert {r["system"] for r in data["rows"]} == {*grpo_e2e.SYSTEMS, *grpo_e2e.CONTROLS}
+    spread = data["summary"]["curves"]["curve_spread"]
+    assert set(spread) == {*grpo_e2e.SYSTEMS, *grpo_e2e.CONTROLS}
+    assert spread["stock"]["reward_max_abs_diff"] == 0.0  # stock against itself
+    for entry in spread.values():
+        assert entry["steps"] == 2 and entry["reward_mean_abs_diff"] is not None
+
+
+def test_curve_spread_sees_a_different_curve():
+    rows = lambda rewards: {"rows": [{"step": i + 1, "reward": r, "loss": 0.0} for i, r in enumerate(rewards)]}  # noqa: E731
+    spread = grpo_e2e.curve_spread({"stock": rows([0.1, 0.2]), "stock_seed1": rows([0.1, 0.5])})
+    assert spread["stock_seed1"]["reward_max_abs_diff"] == pytest.approx(0.3)
+    assert spread["stock_seed1"]["reward_mean_abs_diff"] == pytest.approx(0.15)

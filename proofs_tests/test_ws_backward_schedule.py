@@ -1,6 +1,6 @@
-"""The warp-specialised Hopper backward's walk and deterministic dQ order (dualkv/cuda/ws_schedule.py, the Python
-statement of csrc/bwd_sm90_ws.cu), checked on the CPU: every dQ counter receives blocks 0..k-1 in launch order (or
-the kernel would deadlock), and replaying the walk in float64 reproduces the reference gradients exactly."""
+"""The warp-specialised Hopper backward's walk, launch order and deterministic dQ order (dualkv/cuda/ws_schedule.py,
+the Python statement of csrc/bwd_sm90_ws.cu), checked on the CPU: every dQ counter receives ranks 0..k-1 in launch
+order (or the kernel would deadlock), and replaying the walk in float64 reproduces the reference gradients exactly."""
 
 import random
 
@@ -10,7 +10,7 @@ import torch
 
 from dualkv import GroupLayout
 from dualkv.cuda.schedule import check_block_order, key_tiles, segments_from_cu_seqlens
-from dualkv.cuda.ws_schedule import BLOCK_KEYS, check_dq_order, numeric_backward
+from dualkv.cuda.ws_schedule import BLOCK_KEYS, check_dq_order, check_launch_order, launch_order, numeric_backward
 
 
 def _layouts(seed, count):
@@ -26,27 +26,46 @@ def _layouts(seed, count):
 def test_dq_counters_receive_blocks_in_order(seed):
     for layout in _layouts(seed, 25):
         seg = layout.segment_table
-        tiles = key_tiles(seg, BLOCK_KEYS, True)
+        tiles = launch_order(key_tiles(seg, BLOCK_KEYS, True), seg)
         check_block_order(tiles)
+        check_launch_order(tiles, seg)
         check_dq_order(tiles, seg, group=2)
     rng = random.Random(seed)
     for _ in range(25):  # the paper's call 2: a separate context tensor
         cu = np.cumsum([0] + [rng.randint(1, 300) for _ in range(rng.randint(1, 4))]).tolist()
         seg = segments_from_cu_seqlens(cu, rng.randint(1, 400))
-        tiles = key_tiles(seg, BLOCK_KEYS, False)
+        tiles = launch_order(key_tiles(seg, BLOCK_KEYS, False), seg)
         check_block_order(tiles)
+        check_launch_order(tiles, seg)
         check_dq_order(tiles, seg)
 
 
 def test_out_of_order_tables_are_caught():
     seg = GroupLayout.single(300, [129, 5]).segment_table
-    tiles = key_tiles(seg, BLOCK_KEYS, True)
+    heaviest_first = key_tiles(seg, BLOCK_KEYS, True)
+    tiles = launch_order(heaviest_first, seg)
     with pytest.raises(RuntimeError, match="block order"):
         check_block_order(tiles[::-1])
     with pytest.raises(RuntimeError, match="not 0..k-1"):
         check_dq_order(tiles[::-1], seg)
     with pytest.raises(RuntimeError, match="not 0..k-1"):  # a block missing from a run
         check_dq_order(np.delete(tiles, 0, axis=0), seg)
+    # the shared prompt's tiles ahead of the responses' own tiles: the ranks would arrive out of order
+    with pytest.raises(RuntimeError, match="after a shared-key tile"):
+        check_launch_order(heaviest_first, seg)
+    with pytest.raises(RuntimeError, match="not 0..k-1"):
+        check_dq_order(heaviest_first, seg)
+
+
+def test_plans_carry_the_launch_order():
+    from dualkv.cuda.launch import make_plan
+
+    seg = GroupLayout.from_lengths([200, 70], [[129, 5], [64, 1, 300]]).segment_table
+    plan = make_plan(seg, head_dim=128, group_size=2, window_left=-1, device=torch.device("cpu"), ctx_shared=True,
+                     fwd_kernel="fwd")  # a named kernel: no GPU needed to pick one
+    tiles = plan.key_tiles.numpy()
+    check_launch_order(tiles, seg)
+    check_dq_order(tiles, seg, group=2)
 
 
 def _reference_grads(q, k, v, dout, layout):
@@ -66,7 +85,8 @@ def test_walk_replay_equals_reference_backward(layout):
     k, v = (torch.randn(t, hk, d, dtype=torch.float64) for _ in range(2))
     dout = torch.randn(t, h, d, dtype=torch.float64)
     seg = layout.segment_table
-    dq, _, _, dk, dv = numeric_backward(q, k, v, k, v, dout, seg, key_tiles(seg, BLOCK_KEYS, True), d ** -0.5)
+    dq, _, _, dk, dv = numeric_backward(q, k, v, k, v, dout, seg, launch_order(key_tiles(seg, BLOCK_KEYS, True), seg),
+                                        d ** -0.5)
     ref = _reference_grads(q, k, v, dout, layout)
     for got, want in zip((dq, dk, dv), ref):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)

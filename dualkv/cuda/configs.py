@@ -168,8 +168,9 @@ def check_tile_tables(sm90_dkdv: dict = SM90_DKDV_TILES, sm90_dq: dict = SM90_DQ
 check_tile_tables()
 
 KERNELS = ("fwd", "fwd_sm90", "fwd_sm90_ws", "bwd_prep", "bwd_dq", "bwd_dq_sm90", "bwd_dkdv", "bwd_dkdv_sm90",
-           "bwd_sm90_ws")
-#: The backward's preprocessing kernel (D = rowsum(dO * O), LSE in log2): one thread per row, no tiles.
+           "bwd_sm90_ws", "bwd_dq_cast")
+#: The backward's preprocessing kernel (D = rowsum(dO * O), LSE in log2): one thread per row, no tiles; the
+#: warp-specialised backward's dQ cast uses the same (one thread per 8 output elements).
 PREP_TILE = TileConfig(block_n=16, warps=8, mslabs=1)
 #: Hopper-only (sm_90a) kernels and the head dims they exist for.
 SM90_KERNELS = {"fwd_sm90": tuple(SM90_FWD_TILES), "fwd_sm90_ws": tuple(SM90_WS_FWD_TILES),
@@ -316,7 +317,7 @@ class KernelSpec:
     def smem_bytes(self) -> int:
         row = (self.head_dim + 8) * 2
         t = self.tile
-        if self.kernel == "bwd_prep":
+        if self.kernel in ("bwd_prep", "bwd_dq_cast"):
             return 0
         if self.kernel == "fwd":
             return (t.block_m + 2 * t.block_n) * row
@@ -344,7 +345,7 @@ class KernelSpec:
         common = [("DKV_HEAD_DIM", str(self.head_dim)), ("DKV_WARPS", str(t.warps)), ("DKV_DSPLIT", str(t.dsplit)),
                   ("DKV_BF16", "1" if self.dtype == "bf16" else "0"), ("DKV_WINDOW", "1" if self.window else "0"),
                   ("DKV_CAUSAL", "1" if self.causal else "0")]
-        if self.kernel == "bwd_prep":
+        if self.kernel in ("bwd_prep", "bwd_dq_cast"):
             return common
         if self.kernel in ("bwd_dkdv", "bwd_dkdv_sm90", "bwd_sm90_ws"):
             keys = common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages)),
@@ -426,10 +427,19 @@ def prep_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
     return KernelSpec("bwd_prep", head_dim, _check_dtype(dtype), PREP_TILE, 1, False, arch)
 
 
+def dq_cast_spec(head_dim: int, dtype: torch.dtype) -> KernelSpec:
+    """The warp-specialised backward's dQ cast (fp32 accumulator -> scaled 16-bit dQ)."""
+    _check_head_dim(head_dim)
+    return KernelSpec("bwd_dq_cast", head_dim, _check_dtype(dtype), PREP_TILE, 1, False, "sm_90")
+
+
 def all_specs(arch: str) -> list[KernelSpec]:
     """Every specialization the kernels are built in, for one architecture: causal with and without a window, and
-    non-causal (``DKV_CAUSAL=0``, no window); the backward's preprocessing kernel once per head dim and dtype."""
+    non-causal (``DKV_CAUSAL=0``, no window); the backward's preprocessing kernel once per head dim and dtype, and on
+    sm_90 the warp-specialised backward's dQ cast."""
     specs = [prep_spec(d, dtype, arch) for d in HEAD_DIMS for dtype in DTYPES]
+    if arch == "sm_90":
+        specs += [dq_cast_spec(d, dtype) for d in SM90_WS_BWD_TILES for dtype in DTYPES]
     for head_dim, dtype, (window, causal) in product(HEAD_DIMS, DTYPES, ((False, True), (True, True), (False, False))):
         if window and head_dim not in WINDOW_HEAD_DIMS:
             continue

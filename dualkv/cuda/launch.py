@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, TMA_KERNELS, KeyTileConfig, TileConfig, dkdv_spec,
-                      dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for, prep_spec, ws_backward_for,
-                      ws_bwd_spec)
+                      dq_cast_spec, dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for, prep_spec,
+                      ws_backward_for, ws_bwd_spec)
 from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
+from . import ws_schedule
 from .schedule import check_block_order, key_tiles, tile_table
 
 LOG2E = math.log2(math.e)
@@ -69,8 +70,9 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
         raise ValueError(f"pack {fwd_pack} does not divide the GQA group size {group_size}")
     dq_tile, dkdv_tile = dq_tile or DQ_TILES[head_dim], dkdv_tile or DKDV_TILES[head_dim]
     dq_pack = pack_for(group_size, dq_tile)
-    keys = key_tiles(segments, dkdv_tile.block_keys, ctx_shared, causal)
+    keys = ws_schedule.launch_order(key_tiles(segments, dkdv_tile.block_keys, ctx_shared, causal), segments)
     check_block_order(keys)
+    ws_schedule.check_launch_order(keys, segments)
     return Plan(
         segments=_to_device(segments, device),
         fwd_kernel=fwd_kernel,
@@ -201,39 +203,33 @@ WS_BWD_STEP = 64
 
 def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
                      segments, key_tiles_t, group: int, scale: float) -> None:
-    """The warp-specialised Hopper backward: dK, dV (written) and dQ (fp32, fixed-order adds into two class
-    accumulators, then summed, scaled and cast into ``dq``) from one kernel."""
+    """The warp-specialised Hopper backward: dK, dV (written) and dQ (fp32, fixed-order adds into one accumulator,
+    then scaled and cast into ``dq`` by one more kernel) from one kernel. ``key_tiles_t`` must be in
+    :func:`dualkv.cuda.ws_schedule.launch_order` (every own-response tile first)."""
     from .tma import launch_raw, tensor_map_3d
 
     tokens, heads, head_dim = q.shape
+    kv_heads = k_own.shape[1]
     spec = ws_bwd_spec(head_dim, q.dtype)
     kern = get_kernel(spec, device_index(q))
     step, keys = spec.tile.block_m, spec.tile.block_keys
-    # dQ counters: one per (class, head, query tile); tile t of segment s is qtile_offset[s] + t. The count is an
-    # upper bound from shapes alone (every segment adds at most one partial tile), so nothing is read back.
+    # dQ counters: one per (head, query tile); tile t of segment s is qtile_offset[s] + t. The count is an upper
+    # bound from shapes alone (every segment adds at most one partial tile), so nothing is read back.
     n_tiles = (segments[:, 1] + step - 1) // step
     qtile_offset = (torch.cumsum(n_tiles, 0) - n_tiles).to(torch.int32)
     n_qtiles = tokens // step + segments.shape[0] + 1
-    sems = torch.zeros((2, heads, n_qtiles), dtype=torch.int32, device=q.device)
+    sems = torch.zeros((heads, n_qtiles), dtype=torch.int32, device=q.device)
     rows = tokens + step  # a step's tile may reach past the last token
-    dq_acc = torch.zeros((2, heads, rows, head_dim), dtype=torch.float32, device=q.device)
+    dq_acc = torch.zeros((heads, rows, head_dim), dtype=torch.float32, device=q.device)
     maps = [tensor_map_3d(q, step), tensor_map_3d(dout, step), tensor_map_3d(k_own, keys), tensor_map_3d(v_own, keys),
             tensor_map_3d(k_ctx, keys), tensor_map_3d(v_ctx, keys)]
-    launch_raw(kern, (key_tiles_t.shape[0], k_own.shape[1], 1),
+    launch_raw(kern, (key_tiles_t.shape[0] * kv_heads, 1, 1),
                [*maps, lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0)), *dkc_args, *dvc_args,
-                *_strided(dk_own), *_strided(dv_own), dq_acc.data_ptr(), i64(rows * head_dim),
-                i64(heads * rows * head_dim), sems.data_ptr(), i64(heads * n_qtiles), i32(n_qtiles),
-                qtile_offset.data_ptr(), segments.data_ptr(), key_tiles_t.data_ptr(), i32(group), f32(scale * LOG2E),
-                f32(scale)])
-    total = dq_acc[0, :, :tokens].add_(dq_acc[1, :, :tokens]).mul_(scale)  # class 0 + class 1, a fixed order
-    dq.copy_(unswizzle_dq(total).transpose(0, 1))
-
-
-def unswizzle_dq(acc: torch.Tensor) -> torch.Tensor:
-    """The warp-specialised backward's dQ accumulator rows (H, T, d) with the 16-byte chunks of row t permuted
-    within groups of 8 (chunk c stored at c ^ (t & 7), see bwd_sm90_ws.cu) -> natural order."""
-    heads, tokens, head_dim = acc.shape
-    chunks = acc.view(heads, tokens, head_dim // 32, 8, 4)
-    src = torch.arange(8, device=acc.device)[None, :] ^ (torch.arange(tokens, device=acc.device)[:, None] & 7)
-    index = src.view(1, tokens, 1, 8, 1).expand(heads, tokens, head_dim // 32, 8, 4)
-    return chunks.gather(3, index).view(heads, tokens, head_dim)
+                *_strided(dk_own), *_strided(dv_own), dq_acc.data_ptr(), i64(rows * head_dim), sems.data_ptr(),
+                i32(n_qtiles), qtile_offset.data_ptr(), segments.data_ptr(), key_tiles_t.data_ptr(), i32(kv_heads),
+                i32(group), f32(scale * LOG2E), f32(scale)])
+    cast = get_kernel(dq_cast_spec(head_dim, q.dtype), device_index(q))
+    per_cta = cast.spec.threads
+    chunks = tokens * heads * (head_dim // 8)
+    cast.launch(((chunks + per_cta - 1) // per_cta, 1, 1),
+                [dq_acc.data_ptr(), i64(rows * head_dim), *_strided(dq), i32(tokens), i32(heads), f32(scale)])

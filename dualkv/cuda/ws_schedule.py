@@ -1,12 +1,16 @@
-"""The warp-specialised Hopper backward's walk and dQ ordering, stated in Python (``csrc/bwd_sm90_ws.cu`` runs the
-same logic), so the CPU can check what the GPU relies on:
+"""The warp-specialised Hopper backward's walk, launch order and dQ ordering, stated in Python
+(``csrc/bwd_sm90_ws.cu`` runs the same logic), so the CPU can check what the GPU relies on:
 
 * the walk of a key tile: every dependent segment's query tiles in order (they see the whole block), then the own
   segment's query tiles from the last one down to the block's first (causal), query heads innermost;
-* each step's dQ goes to the accumulator of its *class* (0: a run of keys a group shares — a prompt, or a separate
-  context; 1: a response's own keys), after the contributions of the run's earlier blocks: contribution ``blk`` of a
-  query tile waits until that tile's counter reads ``blk``. So the contributors of every (class, query tile) must be
-  exactly blocks 0, 1, ..., k - 1 of one run — a missing block would leave its successors waiting forever.
+* every step's dQ goes into ONE accumulator, in a fixed order per (query head, query tile): a contribution of rank r
+  waits until the tile's counter reads r. A response's own (causal) key blocks b have rank b; the blocks b of keys a
+  group shares (a prompt, or a separate context) have rank (own blocks reaching the tile) + b when the tile is a
+  dependent's, and b when it is the prompt's own tile. So the ranks reaching every counter must be exactly
+  0, 1, ..., k - 1 in launch order — a gap would leave its successors waiting forever, and a rank launched after a
+  higher one would deadlock;
+* the launch order (:func:`launch_order`): every own-response tile before every shared-key tile, blocks in order
+  within a run (:func:`dualkv.cuda.schedule.check_block_order`).
 
 :func:`numeric_backward` replays the walk in float64 (masks included) so the CPU tests can compare its dQ, dK, dV
 with the reference backward.
@@ -46,34 +50,61 @@ def walk(tile: tuple[int, int, int, int], segments: np.ndarray, group: int) -> l
     return steps
 
 
-def tile_class(tile: tuple[int, int, int, int], segments: np.ndarray) -> int:
+def is_own_response(tile: tuple[int, int, int, int], segments: np.ndarray) -> bool:
+    """Whether a key tile holds a response's own keys (its segment has a context), which rank first."""
     own_seg = tile[0]
-    return 1 if own_seg >= 0 and int(segments[own_seg, 3]) > 0 else 0
+    return own_seg >= 0 and int(segments[own_seg, 3]) > 0
+
+
+def rank(tile: tuple[int, int, int, int], step: Step) -> int:
+    """The position of ``tile``'s contribution among those reaching ``step``'s (head, query tile) counter."""
+    if step.own:
+        return tile[1]
+    return tile[1] + (step.qt * STEP + STEP - 1) // BLOCK_KEYS + 1  # after the dependent's own blocks
+
+
+def launch_order(tiles: np.ndarray, segments: np.ndarray) -> np.ndarray:
+    """``tiles`` (int32 (n, 4), heaviest first) with every own-response tile moved before the shared-key tiles,
+    each part keeping its order."""
+    tiles = np.asarray(tiles).reshape(-1, 4)
+    seg = np.asarray(segments).reshape(-1, 4)
+    first = np.array([is_own_response(t, seg) for t in tiles.tolist()], dtype=bool)
+    return np.ascontiguousarray(np.concatenate([tiles[first], tiles[~first]]).astype(np.int32))
+
+
+def check_launch_order(tiles: np.ndarray, segments: np.ndarray) -> None:
+    """Raise unless every own-response tile comes before every shared-key tile (the dQ ranks rely on it)."""
+    seg = np.asarray(segments).reshape(-1, 4)
+    seen_shared = False
+    for t in np.asarray(tiles).reshape(-1, 4).tolist():
+        if not is_own_response(t, seg):
+            seen_shared = True
+        elif seen_shared:
+            raise RuntimeError(f"key tile {t} (a response's own keys) comes after a shared-key tile: the "
+                               "warp-specialised backward's dQ order would deadlock")
 
 
 def dq_contributors(tiles: np.ndarray, segments: np.ndarray, group: int) -> dict[tuple, list[int]]:
-    """(class, segment, query tile, head) -> the blocks adding into it, in table (= launch) order."""
+    """(segment, query tile, head) -> the ranks of the contributions adding into it, in table (= launch) order."""
     out: dict[tuple, list[int]] = defaultdict(list)
     for tile in np.asarray(tiles).reshape(-1, 4).tolist():
-        cls = tile_class(tile, segments)
         for st in walk(tile, segments, group):
-            out[(cls, st.seg, st.qt, st.head)].append(tile[1])
+            out[(st.seg, st.qt, st.head)].append(rank(tile, st))
     return out
 
 
 def check_dq_order(tiles: np.ndarray, segments: np.ndarray, group: int = 1) -> None:
-    """Raise unless every dQ counter receives blocks 0, 1, ..., k - 1 in launch order (see the module docstring)."""
-    for key, blocks in dq_contributors(tiles, segments, group).items():
-        if blocks != list(range(len(blocks))):
-            raise RuntimeError(f"dQ counter {key} would receive blocks {blocks}: not 0..k-1 in launch order")
+    """Raise unless every dQ counter receives ranks 0, 1, ..., k - 1 in launch order (see the module docstring)."""
+    for key, ranks in dq_contributors(tiles, segments, group).items():
+        if ranks != list(range(len(ranks))):
+            raise RuntimeError(f"dQ counter {key} would receive ranks {ranks}: not 0..k-1 in launch order")
 
 
 def numeric_backward(q, k_ctx, v_ctx, k_own, v_own, dout, segments: np.ndarray, tiles: np.ndarray, scale: float):
     """dQ, dK/dV (context rows and own rows) by replaying the walk in the inputs' dtype (float64 for proofs).
 
     q, dout: (T, H, d); k_own/v_own: (T, H_k, d) aligned with q; k_ctx/v_ctx: the context rows' tensor (the same
-    tensor as k_own when the context is another segment's own rows). Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own);
-    dq as the sum of the two class accumulators.
+    tensor as k_own when the context is another segment's own rows). Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own).
     """
     heads, kv_heads = q.shape[1], k_own.shape[1]
     group = heads // kv_heads
@@ -94,12 +125,11 @@ def numeric_backward(q, k_ctx, v_ctx, k_own, v_own, dout, segments: np.ndarray, 
         out[q0:q0 + ql] = torch.einsum("hqk,khd->qhd", torch.exp(sc - l_s[..., None]), vals)
     delta = (dout * out).sum(-1).t()  # (H, T)
 
-    acc = torch.zeros((2, *q.shape), dtype=q.dtype)
+    dq = torch.zeros_like(q)
     dk_own, dv_own = torch.zeros_like(k_own), torch.zeros_like(v_own)
     dk_ctx, dv_ctx = torch.zeros_like(k_ctx), torch.zeros_like(v_ctx)
     for tile in np.asarray(tiles).reshape(-1, 4).tolist():
         own_seg, blk, dep_begin, dep_end = tile
-        cls = tile_class(tile, seg)
         key_seg = own_seg if own_seg >= 0 else dep_begin
         q0k, qlk, c0k, clk = (int(x) for x in seg[key_seg])
         key0 = blk * BLOCK_KEYS
@@ -126,5 +156,5 @@ def numeric_backward(q, k_ctx, v_ctx, k_own, v_own, dout, segments: np.ndarray, 
                 ds_t = p_t * (dp_t - delta[h, rows][None, :])
                 dv_dst[row0:row0 + count, kv] += p_t @ dout[rows, h]
                 dk_dst[row0:row0 + count, kv] += ds_t @ q[rows, h] * scale
-                acc[cls, rows, h] += ds_t.t() @ kb * scale
-    return acc[0] + acc[1], dk_ctx, dv_ctx, dk_own, dv_own
+                dq[rows, h] += ds_t.t() @ kb * scale
+    return dq, dk_ctx, dv_ctx, dk_own, dv_own

@@ -22,6 +22,8 @@ VARIANTS = {
     "base": "",
     "nodq": "DKV_DBG_NODQ=1",
     "nosem": "DKV_DBG_NOSEM=1",
+    "serial_dq": "DKV_DQ_INFLIGHT=0",  # the dQ warp waits for each add to complete before the next
+    "serial_nosem": "DKV_DQ_INFLIGHT=0,DKV_DBG_NOSEM=1",
     "regs24": "DKV_PRODUCER_REGS=24",
     "regs40_216": "DKV_PRODUCER_REGS=40,DKV_CONSUMER_REGS=216",
     "nolimit": "DKV_WAIT_LIMIT=1000000000",

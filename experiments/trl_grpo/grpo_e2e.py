@@ -57,6 +57,11 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 SYSTEMS = ("stock", "dualkv")
+#: Stock-vs-stock controls for the ``curves`` setting (``--controls``): how far two stock runs drift apart, the
+#: yardstick for "dualkv's curve agrees with stock's within bf16 noise". ``stock_eager`` is stock TRL with eager
+#: attention (the same math, other bf16 rounding: what dualkv changes too); ``stock_seed1`` a stock run whose
+#: trainer seed (sampling, data order) is one higher.
+CONTROLS = {"stock_eager": {"attn_implementation": "eager"}, "stock_seed1": {"seed_offset": 1}}
 TARGET_MODULUS = 8
 
 #: Per setting: model config fields, data and trainer settings. ``tiny`` replaces them for the CPU smoke run.
@@ -182,14 +187,18 @@ def run_system(system: str, setting: str, cfg: dict, model_dir: str, dataset: An
 
     from dualkv.integration.trl import apply_dualkv
 
+    control = CONTROLS.get(system, {})
+    seed = seed + control.get("seed_offset", 0)
+    init_kwargs = {"dtype": getattr(torch, cfg["weights"])}
+    if "attn_implementation" in control:
+        init_kwargs["attn_implementation"] = control["attn_implementation"]
     autocast = cfg.get("autocast", True) and device.type == "cuda"
     args = GRPOConfig(output_dir=str(out_dir / f"{setting}-{system}"), per_device_train_batch_size=cfg[
         "per_device_train_batch_size"], num_generations=cfg["num_generations"],
         max_completion_length=cfg["max_completion_length"], max_steps=cfg["steps"], learning_rate=cfg["learning_rate"],
         beta=cfg["beta"], bf16=autocast, use_cpu=device.type == "cpu", report_to=[], logging_steps=1, seed=seed,
         save_strategy="no", disable_tqdm=True, max_grad_norm=1.0, optim=cfg.get("optim", "adamw_torch"),
-        model_init_kwargs={"dtype": getattr(torch, cfg[
-            "weights"])}, shuffle_dataset=True)
+        model_init_kwargs=init_kwargs, shuffle_dataset=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = GRPOTrainer(model=model_dir, reward_funcs=target_residue_reward, args=args, train_dataset=dataset)
@@ -260,6 +269,25 @@ def compare(stock: dict, dual: dict) -> dict:
     return out
 
 
+def curve_spread(results: dict[str, dict]) -> dict:
+    """Per run other than stock: mean and max |reward - stock's reward| and |loss - stock's loss| over the steps
+    both ran, and the mean reward of the last 10 steps (the controls put dualkv's differences in scale)."""
+    ref = {r["step"]: r for r in results["stock"]["rows"]}
+    out = {}
+    for system, res in results.items():
+        rows = [r for r in res["rows"] if r["step"] in ref and r["reward"] is not None]
+        entry: dict[str, Any] = {"steps": len(rows)}
+        for key in ("reward", "loss"):
+            diffs = [abs(r[key] - ref[r["step"]][key]) for r in rows
+                     if r[key] is not None and ref[r["step"]][key] is not None]
+            entry[f"{key}_mean_abs_diff"] = statistics.fmean(diffs) if diffs else None
+            entry[f"{key}_max_abs_diff"] = max(diffs) if diffs else None
+        tail = [r["reward"] for r in res["rows"][-10:] if r["reward"] is not None]
+        entry["reward_last10_mean"] = statistics.fmean(tail) if tail else None
+        out[system] = entry
+    return out
+
+
 def summarize(setting: str, results: dict[str, dict]) -> dict:
     """Median phase times over the steps after the first (warm-up), peak memory, speedups."""
     summary: dict[str, Any] = {}
@@ -272,6 +300,8 @@ def summarize(setting: str, results: dict[str, dict]) -> dict:
     if all(s in summary for s in SYSTEMS):
         summary["speedup"] = {k: summary["stock"][k] / summary["dualkv"][k] if summary["dualkv"][k] else None
                               for k in ("generation", "logprobs", "update", "training", "step")}
+    if "stock" in results and any(c in results for c in CONTROLS):
+        summary["curve_spread"] = curve_spread(results)
     return summary
 
 
@@ -286,7 +316,7 @@ def plot(path: Path, data: dict) -> str | None:
     rows = [r for r in data["rows"] if r["setting"] == "curves"] or data["rows"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     for ax, key in zip(axes, ("reward", "loss")):
-        for system, style in zip(SYSTEMS, ("-", "--")):
+        for system, style in zip((*SYSTEMS, *CONTROLS), ("-", "--", ":", "-.")):
             pts = [(r["step"], r[key]) for r in rows if r["system"] == system and r[key] is not None]
             if pts:
                 ax.plot(*zip(*pts), style, label=system)
@@ -301,21 +331,26 @@ def plot(path: Path, data: dict) -> str | None:
 
 
 def table(data: dict) -> str:
-    lines = [f"{'setting':8} {'system':7} {'gen s':>7} {'logp s':>7} {'upd s':>7} {'train x':>8} {'peak GiB':>9} "
+    lines = [f"{'setting':8} {'system':11} {'gen s':>7} {'logp s':>7} {'upd s':>7} {'train x':>8} {'peak GiB':>9} "
              f"{'reward':>7}"]
     for setting, summary in data["summary"].items():
         if not isinstance(summary, dict) or "stock" not in summary:
             lines.append(f"{setting:8} {summary}")
             continue
-        for system in SYSTEMS:
+        for system in (*SYSTEMS, *CONTROLS):
             s = summary.get(system)
             if s is None:
                 continue
             speed = summary.get("speedup", {}).get("training") if system == "dualkv" else None
             peak = f"{s['peak_mem_gib']:.1f}" if s["peak_mem_gib"] is not None else "-"
             reward = f"{s['final_reward']:.3f}" if s["final_reward"] is not None else "-"
-            lines.append(f"{setting:8} {system:7} {s['generation']:7.3f} {s['logprobs']:7.3f} {s['update']:7.3f} "
+            lines.append(f"{setting:8} {system:11} {s['generation']:7.3f} {s['logprobs']:7.3f} {s['update']:7.3f} "
                          f"{(f'{speed:.2f}x' if speed else ''):>8} {peak:>9} {reward:>7}")
+    for setting, summary in data["summary"].items():
+        for system, sp in (summary.get("curve_spread", {}) if isinstance(summary, dict) else {}).items():
+            if system != "stock" and sp["reward_mean_abs_diff"] is not None:
+                lines.append(f"{setting}: {system:11} vs stock: reward |diff| mean {sp['reward_mean_abs_diff']:.3f} "
+                             f"max {sp['reward_max_abs_diff']:.3f}, last-10 mean reward {sp['reward_last10_mean']:.3f}")
     for setting, cmp in data.get("comparisons", {}).items():
         lines.append(f"{setting}: logprob max rel {cmp['logprob_max_rel']}, grad max rel per step "
                      f"{[f'{g:.1e}' for g in cmp['grad_max_rel_per_step']]}, same rows {cmp['same_rows']}")
@@ -334,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop training (each system its share of what is left) after this many seconds")
     parser.add_argument("--steps", type=int, default=None, help="override every setting's step count")
     parser.add_argument("--plot", metavar="JSON", help="only redraw the plot (and table) of a result file")
+    parser.add_argument("--controls", action="store_true",
+                        help=f"also run the stock-vs-stock controls {sorted(CONTROLS)} in the curves setting")
     args = parser.parse_args(argv)
     if args.plot:
         data = json.loads(Path(args.plot).read_text())
@@ -374,9 +411,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = build_model_dir(Path(tmp), cfg, args.seed)
             dataset = build_dataset(cfg, args.seed)
-            for i, system in enumerate(SYSTEMS):
+            systems = (*SYSTEMS, *CONTROLS) if args.controls and setting == "curves" else SYSTEMS
+            for i, system in enumerate(systems):
                 now = time.perf_counter()
-                stop_at = now + max(0.0, began + args.deadline_s - now) / (len(SYSTEMS) - i)
+                stop_at = now + max(0.0, began + args.deadline_s - now) / (len(systems) - i)
                 try:
                     results[system] = run_system(system, setting, cfg, model_dir, dataset, Path(tmp), device,
                                                  args.seed, stop_at)

@@ -8,15 +8,19 @@
 //   S^T = K Q^T, dP^T = V dO^T     (wgmma, smem operands)          P^T = exp2(S^T scale - LSE), masked
 //   dV += P^T dO,  dK += dS^T Q    (wgmma, P^T / dS^T from registers) dS^T = P^T (dP^T - D)
 //   dS^T -> smem (stmatrix, transposed), then dQ_step = dS K          (each warpgroup one half of the head dim)
-// and hand dQ_step (fp32, through smem) to the dQ warp, which adds it into a (class, H, T, d) fp32 accumulator with
-// bulk reduce-adds IN A FIXED ORDER: each query tile has a counter per class of key tiles (0: tiles of shared keys —
-// the prompt / context; 1: a response's own tiles); the contribution of key block b waits until the counter reads b
-// (every earlier block has added), adds, then sets it to b + 1. Blocks of one class are contiguous from 0 for every
-// query tile and are dispatched in block order (dualkv/cuda/schedule.py), so a CTA only ever waits on CTAs launched
-// before it. The walk keeps the CTAs of a class in step: first every dependent segment's queries (all see the
-// block), then the own segment's causal queries from the LAST tile down, so no CTA waits on one with more work.
-// Summing the two class accumulators in a fixed order gives bitwise-reproducible dQ. dK, dV: fp32 in registers over
-// the whole walk (all N responses and the GQA group), cast once.
+// and hand dQ_step (fp32, through smem) to the dQ warp, which adds it into ONE (H, T, d) fp32 accumulator with bulk
+// reduce-adds IN A FIXED ORDER: each (query head, query tile) has a counter, and a contribution whose rank is r waits
+// until the counter reads r (every earlier contribution has landed), adds, then sets it to r + 1. Ranks: a
+// response's own (causal) key blocks b = 0, 1, ... come first (rank b), then the blocks b of the keys its group shares
+// (rank = own blocks reaching the tile + b); a prompt's (or any context-free segment's) own blocks have rank b. The
+// launcher puts every own-response tile before every shared-key tile and keeps blocks in order within a run
+// (dualkv/cuda/ws_schedule.py states and checks it), so a CTA only ever waits on CTAs launched before it. The dQ
+// warp keeps one add in flight: it releases a counter once the NEXT step's add is issued (the earlier one has then
+// completed), and frees the smem buffer as soon as the bulk copy has read it. The walk keeps the CTAs of a run in
+// step: first every dependent segment's queries (all see the block), then the own segment's causal queries from the
+// LAST tile down, so no CTA waits on one with more work. The grid is 1-D, key tile major and K/V head minor, so the
+// CTAs resident together form short chains. dK, dV: fp32 in registers over the whole walk (all N responses and the
+// GQA group), cast once.
 #include "keywalk.cuh"
 #include "sm90.cuh"
 #include "tma.cuh"
@@ -58,6 +62,11 @@ constexpr int kBarConsumers = 1;
 #ifndef DKV_DBG_NODQ
 #define DKV_DBG_NODQ 0
 #endif
+// 1: the dQ warp keeps one add in flight (releases a counter one step late); 0: it waits for each add to complete.
+#ifndef DKV_DQ_INFLIGHT
+#define DKV_DQ_INFLIGHT 1
+#endif
+constexpr bool kDqInFlight = DKV_DQ_INFLIGHT != 0;
 #ifndef DKV_PRODUCER_REGS
 #define DKV_PRODUCER_REGS 24  // 32 (with 240 for the consumers: exactly the register file) hangs in setmaxnreg
 #endif
@@ -75,7 +84,8 @@ struct StepCursor {
 struct WsWalk {
     KeyTile kt;
     const int* segments;
-    int group, key0, count, cls, qt_lo;
+    int group, key0, count, qt_lo;
+    bool own_response;
 
     __device__ __forceinline__ int n_qt(int seg) const { return (load_segment(segments, seg).q_len + kStep - 1) / kStep; }
     __device__ __forceinline__ int own_top() const { return n_qt(kt.own_seg) - 1; }
@@ -106,8 +116,9 @@ struct WsWalk {
     }
 };
 
-__device__ __forceinline__ WsWalk make_ws_walk(const int* key_tiles, const int* segments, int group, int& key_token0) {
-    const int4 kt4 = reinterpret_cast<const int4*>(key_tiles)[blockIdx.x];
+__device__ __forceinline__ WsWalk make_ws_walk(const int* key_tiles, int tile, const int* segments, int group,
+                                               int& key_token0) {
+    const int4 kt4 = reinterpret_cast<const int4*>(key_tiles)[tile];
     WsWalk w;
     w.kt = KeyTile{kt4.x, kt4.y, kt4.z, kt4.w};
     w.segments = segments;
@@ -117,14 +128,14 @@ __device__ __forceinline__ WsWalk make_ws_walk(const int* key_tiles, const int* 
     const Segment key_seg = load_segment(segments, has_own ? w.kt.own_seg : w.kt.dep_begin);
     key_token0 = (has_own ? key_seg.q_start : key_seg.ctx_start) + w.key0;
     w.count = min(kBlockKeys, (has_own ? key_seg.q_len : key_seg.ctx_len) - w.key0);
-    w.cls = (has_own && key_seg.ctx_len > 0) ? 1 : 0;  // a response's own keys, or keys a group shares
+    w.own_response = has_own && key_seg.ctx_len > 0;  // a response's own keys (rank first), or keys a group shares
     w.qt_lo = w.key0 / kStep;
     return w;
 }
 
 // What every role needs to know about one step.
 struct StepInfo {
-    int seg, tok0, n, head, q_pos0, key_base;
+    int seg, tok0, n, head, q_pos0, key_base, rank;
     bool own, need_mask;
 };
 
@@ -140,6 +151,8 @@ __device__ __forceinline__ StepInfo step_info(const WsWalk& w, const StepCursor&
     si.q_pos0 = seg.ctx_len + pos0;
     si.key_base = (si.own ? seg.ctx_len : 0) + w.key0;
     si.need_mask = w.count < kBlockKeys || (si.own && si.key_base + kBlockKeys - 1 > si.q_pos0);
+    // a dependent's tile first receives its own causal blocks 0 .. (last row of the tile) / kBlockKeys
+    si.rank = w.kt.blk + (si.own ? 0 : (c.qt * kStep + kStep - 1) / kBlockKeys + 1);
     return si;
 }
 
@@ -151,9 +164,9 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     const float* __restrict__ lse2, const float* __restrict__ delta, long long lse_sh, elem_t* __restrict__ dkc,
     long long dkc_st, long long dkc_sh, elem_t* __restrict__ dvc, long long dvc_st, long long dvc_sh,
     elem_t* __restrict__ dkd, long long dkd_st, long long dkd_sh, elem_t* __restrict__ dvd, long long dvd_st,
-    long long dvd_sh, float* __restrict__ dq_acc, long long dqa_head, long long dqa_class, int* __restrict__ sems,
-    long long sem_class, int n_qtiles, const int* __restrict__ qtile_offset, const int* __restrict__ segments,
-    const int* __restrict__ key_tiles, int group_size, float scale_log2, float scale) {
+    long long dvd_sh, float* __restrict__ dq_acc, long long dqa_head, int* __restrict__ sems, int n_qtiles,
+    const int* __restrict__ qtile_offset, const int* __restrict__ segments, const int* __restrict__ key_tiles,
+    int kv_heads, int group_size, float scale_log2, float scale) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char* base = align_1024(smem_raw);
     const unsigned sk = smem_addr(base), sv = sk + kKeyBytes;
@@ -168,8 +181,8 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     const unsigned bar_dq_full = bar0 + 8 + 16 * kStages, bar_dq_empty = bar_dq_full + 8 * kDqBuffers;
 
     int key_token0;
-    const WsWalk w = make_ws_walk(key_tiles, segments, group_size, key_token0);
-    const int kv_head = blockIdx.y;
+    const int kv_head = blockIdx.x % kv_heads;
+    const WsWalk w = make_ws_walk(key_tiles, blockIdx.x / kv_heads, segments, group_size, key_token0);
     const bool has_own = w.kt.own_seg >= 0;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
@@ -225,29 +238,46 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                 __syncwarp();
                 if (lane == 0) mbar_arrive(bar_full + 8 * s);
             }
-        } else if (warp == 2 && !DKV_DBG_NODQ) {  // dQ: fixed-order bulk reduce-adds into the class accumulator
+        } else if (warp == 2 && !DKV_DBG_NODQ) {  // dQ: fixed-order bulk reduce-adds into the accumulator
+            int* pending = nullptr;  // the counter of the add in flight, released once it has completed
+            int pending_rank = 0;
             int i = 0;
             for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
                 const StepInfo si = step_info(w, c, kv_head);
-                int* sem = sems + w.cls * sem_class + si.head * (long long)n_qtiles + qtile_offset[si.seg] + c.qt;
+                int* sem = sems + si.head * (long long)n_qtiles + qtile_offset[si.seg] + c.qt;
                 const int b = i % kDqBuffers;
                 const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
                 mbar_wait(bar_dq_full + 8 * b, (i / kDqBuffers) & 1);
-                if (lane == 0 && !DKV_DBG_NOSEM) wait_flag(sem, w.kt.blk);
-                __syncwarp();
-                float* dst = dq_acc + w.cls * dqa_class + si.head * dqa_head + (long long)si.tok0 * kHeadDim;
                 if (lane == 0) {
-                    bulk_reduce_add_f32(dst, sdq, si.n * kDqRowBytes);
+                    if (!DKV_DBG_NOSEM) {
+                        wait_flag(sem, si.rank);
+                        fence_async_global();  // the add below (async proxy) after the acquire
+                    }
+                    bulk_reduce_add_f32(dq_acc + si.head * dqa_head + (long long)si.tok0 * kHeadDim, sdq,
+                                        si.n * kDqRowBytes);
                     bulk_commit();
-                    bulk_wait_all();
-                    fence_async_global();
-                }
-                __syncwarp();
-                if (lane == 0) {
-                    __threadfence();
-                    if (!DKV_DBG_NOSEM) st_release(sem, w.kt.blk + 1);
+                    if (kDqInFlight && pending) {  // the previous add has completed: publish it
+                        bulk_wait<1>();
+                        fence_async_global();
+                        if (!DKV_DBG_NOSEM) st_release(pending, pending_rank + 1);
+                    }
+                    if (kDqInFlight) {
+                        bulk_wait_read<0>();  // the smem buffer has been read
+                        pending = sem;
+                        pending_rank = si.rank;
+                    } else {
+                        bulk_wait<0>();
+                        fence_async_global();
+                        if (!DKV_DBG_NOSEM) st_release(sem, si.rank + 1);
+                    }
                     mbar_arrive(bar_dq_empty + 8 * b);
                 }
+                __syncwarp();
+            }
+            if (lane == 0 && pending) {
+                bulk_wait<0>();
+                fence_async_global();
+                if (!DKV_DBG_NOSEM) st_release(pending, pending_rank + 1);
             }
         }
         return;

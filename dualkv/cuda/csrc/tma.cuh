@@ -66,14 +66,22 @@ __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
 }
 
 // ---- Bulk (non-tensor) copies from shared to global: fp32 reduce-add of `bytes` (multiple of 16, 16-byte aligned
-// both sides), grouped per thread; wait_all returns once this thread's groups are complete.
+// both sides), grouped per thread (commit_group), waited for with bulk_wait / bulk_wait_read.
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, unsigned bytes) {
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
                  "r"(bytes)
                  : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Until at most kPending of this thread's groups are incomplete / still reading their shared-memory source.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
 // Orders this thread's async-proxy global writes (bulk copies) before its later generic-proxy accesses.
 __device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 

@@ -1,0 +1,50 @@
+"""One backward of dualkv's default kernels and one of the cuDNN cascade at one shape, each inside an NVTX range
+(``dualkv_bwd`` / ``cudnn_bwd``), after a warm-up, for Nsight Compute to profile:
+
+    ncu --clock-control none --nvtx --nvtx-include "dualkv_bwd/" --section SpeedOfLight ... \\
+        python3 experiments/gpu/profile_bwd.py --shape 16:32768
+
+Qwen3-8B attention (H=32, H_k=8, d=128), bf16, R=2048.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="16:32768", help="N:P")
+    ap.add_argument("--systems", default="dualkv,cudnn")
+    args = ap.parse_args()
+    import dualkv
+    from dualkv import cascade
+    from dualkv.bench.kernel import random_inputs
+
+    n, p = (int(x) for x in args.shape.split(":"))
+    layout = dualkv.GroupLayout.single(p, [2048] * n)
+    q, k, v = (t.requires_grad_() for t in random_inputs(layout, 32, 8, 128, torch.bfloat16, 0))
+    dout = torch.randn_like(q)
+    fns = {"dualkv": dualkv.shared_prefix_attention, "cudnn": cascade.shared_prefix_attention}
+    for name in args.systems.split(","):
+        out = fns[name](q, k, v, layout)
+        for _ in range(2):
+            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push(f"{name}_bwd")
+        torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+        del out
+    print("profiled", args.systems, args.shape)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Device calls for the Hopper backward work, in parts that each fit one call (a warm machine keeps the kernel cache):
+#   bash experiments/gpu/run_bwd_session.sh check   # precompile; WS backward checks, determinism, timing; variants;
+#                                                   # Nsight Compute profiles of dualkv's and the cuDNN cascade's bwd
+#   bash experiments/gpu/run_bwd_session.sh table   # Table 1 (dualkv vs cuDNN cascade, fwd/bwd/fwd+bwd, memory)
+#   bash experiments/gpu/run_bwd_session.sh tests   # the GPU test suite and `dualkv verify`
+# Everything lands in $OUT; each step has its own time limit so one hang does not take the rest.
+set -u
+cd "$(dirname "$0")/../.."
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export DUALKV_COMMIT=${DUALKV_COMMIT:-$(cat .commit 2>/dev/null || echo unknown)}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+( time timeout 150 python3 -m dualkv kernels --compile-only --arch sm_90 --jobs 16 --no-progress ) \
+    > "$OUT/compile.log" 2>&1
+tail -3 "$OUT/compile.log"
+SHAPE=${SHAPE:-16:32768}
+case "${1:-check}" in
+check)
+    timeout 150 python3 experiments/gpu/hopper_session.py --sections bwd --shapes "$SHAPE" --out "$OUT" --tag bwd \
+        2>&1 | tail -40
+    timeout 150 python3 experiments/gpu/debug_ws_bwd.py --timing "$SHAPE" --out "$OUT" \
+        --variants "${VARIANTS:-base,serial_dq,nosem,nodq}" 2>&1 | tail -8
+    SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+--section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy"
+    timeout 150 ncu --clock-control none --nvtx --nvtx-include "dualkv_bwd/" $SECTIONS -f -o "$OUT/ncu_dualkv_bwd" \
+        python3 experiments/gpu/profile_bwd.py --systems dualkv --shape "$SHAPE" > "$OUT/ncu_dualkv.log" 2>&1
+    tail -3 "$OUT/ncu_dualkv.log"
+    timeout 100 ncu --clock-control none --nvtx --nvtx-include "cudnn_bwd/" --section SpeedOfLight \
+        --section WarpStateStats -f -o "$OUT/ncu_cudnn_bwd" \
+        python3 experiments/gpu/profile_bwd.py --systems cudnn --shape "$SHAPE" > "$OUT/ncu_cudnn.log" 2>&1
+    tail -3 "$OUT/ncu_cudnn.log"
+    for r in ncu_dualkv_bwd ncu_cudnn_bwd; do
+        [ -f "$OUT/$r.ncu-rep" ] && ncu --import "$OUT/$r.ncu-rep" --page details > "$OUT/$r.txt" 2>&1
+    done
+    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Registers Per|Warp Cycles Per Issued|Issue Slots Busy" \
+        "$OUT/ncu_dualkv_bwd.txt" 2>/dev/null | head -20
+    ;;
+table)
+    timeout 400 python3 experiments/gpu/hopper_session.py --sections table --systems dualkv,cudnn_cascade \
+        --shapes "${SHAPES:-28:4096,8:8192,28:16384,16:32768,16:65536,4:131072}" --modes fwd,bwd,fwdbwd \
+        --out "$OUT" --tag table1 2>&1 | tail -30
+    ;;
+tests)
+    timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-proofs_tests} > "$OUT/pytest.log" 2>&1
+    tail -15 "$OUT/pytest.log"
+    timeout 200 python3 -m dualkv verify --no-progress --json "$OUT/verify-$(date -u +%Y%m%dT%H%MZ).json" \
+        > "$OUT/verify.log" 2>&1
+    tail -8 "$OUT/verify.log"
+    ;;
+esac
+cat "$OUT/gpu.txt"
