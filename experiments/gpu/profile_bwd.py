@@ -1,8 +1,9 @@
-"""One backward of dualkv's default kernels and one of the cuDNN cascade at one shape, each inside an NVTX range
-(``dualkv_bwd`` / ``cudnn_bwd``), after a warm-up, for Nsight Compute to profile:
+"""One backward of dualkv's default kernels or of the cuDNN cascade at one shape, after a warm-up, between
+cudaProfilerStart and cudaProfilerStop (process-wide: the backward's kernels are launched from autograd's device
+thread, which NVTX ranges pushed here would not cover), for Nsight Compute to profile:
 
-    ncu --clock-control none --nvtx --nvtx-include "dualkv_bwd/" --section SpeedOfLight ... \\
-        python3 experiments/gpu/profile_bwd.py --shape 16:32768
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
+        python3 experiments/gpu/profile_bwd.py --systems dualkv --shape 16:32768
 
 Qwen3-8B attention (H=32, H_k=8, d=128), bf16, R=2048.
 """
@@ -37,10 +38,10 @@ def main() -> int:
         for _ in range(2):
             torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
         torch.cuda.synchronize()
-        torch.cuda.nvtx.range_push(f"{name}_bwd")
+        torch.cuda.cudart().cudaProfilerStart()
         torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
         torch.cuda.synchronize()
-        torch.cuda.nvtx.range_pop()
+        torch.cuda.cudart().cudaProfilerStop()
         del out
     print("profiled", args.systems, args.shape)
     return 0

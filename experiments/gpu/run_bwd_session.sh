@@ -15,28 +15,35 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
     > "$OUT/compile.log" 2>&1
 tail -3 "$OUT/compile.log"
 SHAPE=${SHAPE:-16:32768}
+# Nsight Compute: every kernel of one dualkv backward (full sections) and of one cuDNN cascade backward (speed of
+# light, warp states), reports and text pages in $OUT.
+profile() {
+    local sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+--section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy"
+    timeout 150 ncu --clock-control none --profile-from-start off $sections -f -o "$OUT/ncu_dualkv_bwd" \
+        python3 experiments/gpu/profile_bwd.py --systems dualkv --shape "$SHAPE" > "$OUT/ncu_dualkv.log" 2>&1
+    timeout 120 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section WarpStateStats \
+        -f -o "$OUT/ncu_cudnn_bwd" python3 experiments/gpu/profile_bwd.py --systems cudnn --shape "$SHAPE" \
+        > "$OUT/ncu_cudnn.log" 2>&1
+    for r in ncu_dualkv_bwd ncu_cudnn_bwd; do
+        [ -f "$OUT/$r.ncu-rep" ] && ncu --import "$OUT/$r.ncu-rep" --page details > "$OUT/$r.txt" 2>&1
+        grep -E "^  [a-z_]|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Warp Cycles Per Issued" \
+            "$OUT/$r.txt" 2>/dev/null | head -40
+    done
+}
 case "${1:-check}" in
 check)
     timeout 150 python3 experiments/gpu/hopper_session.py --sections bwd --shapes "$SHAPE" --out "$OUT" --tag bwd \
         2>&1 | tail -40
     timeout 150 python3 experiments/gpu/debug_ws_bwd.py --timing "$SHAPE" --out "$OUT" \
         --variants "${VARIANTS:-base,serial_dq,nosem,nodq}" 2>&1 | tail -8
-    SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
---section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy"
-    timeout 150 ncu --clock-control none --nvtx --nvtx-include "dualkv_bwd/" $SECTIONS -f -o "$OUT/ncu_dualkv_bwd" \
-        python3 experiments/gpu/profile_bwd.py --systems dualkv --shape "$SHAPE" > "$OUT/ncu_dualkv.log" 2>&1
-    tail -3 "$OUT/ncu_dualkv.log"
-    timeout 100 ncu --clock-control none --nvtx --nvtx-include "cudnn_bwd/" --section SpeedOfLight \
-        --section WarpStateStats -f -o "$OUT/ncu_cudnn_bwd" \
-        python3 experiments/gpu/profile_bwd.py --systems cudnn --shape "$SHAPE" > "$OUT/ncu_cudnn.log" 2>&1
-    tail -3 "$OUT/ncu_cudnn.log"
-    for r in ncu_dualkv_bwd ncu_cudnn_bwd; do
-        [ -f "$OUT/$r.ncu-rep" ] && ncu --import "$OUT/$r.ncu-rep" --page details > "$OUT/$r.txt" 2>&1
-    done
-    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Registers Per|Warp Cycles Per Issued|Issue Slots Busy" \
-        "$OUT/ncu_dualkv_bwd.txt" 2>/dev/null | head -20
+    profile
+    ;;
+profile)
+    profile
     ;;
 table)
+    [ -n "${PROFILE:-}" ] && profile
     timeout 400 python3 experiments/gpu/hopper_session.py --sections table --systems dualkv,cudnn_cascade \
         --shapes "${SHAPES:-28:4096,8:8192,28:16384,16:32768,16:65536,4:131072}" --modes fwd,bwd,fwdbwd \
         --out "$OUT" --tag table1 2>&1 | tail -30
