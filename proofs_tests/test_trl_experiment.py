@@ -36,7 +36,9 @@ def test_reward_counts_target_residue():
 
 
 def test_controls_measure_the_stock_vs_stock_spread(tmp_path):
-    assert grpo_e2e.main(["--tiny", "--settings", "curves", "--steps", "2", "--controls", "--out", str(tmp_path)]) == 0
+    systems = ",".join((*grpo_e2e.SYSTEMS, *grpo_e2e.CONTROLS))
+    assert grpo_e2e.main(["--tiny", "--settings", "curves", "--steps", "2", "--systems", systems,
+                          "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("trl_grpo-cpu-tiny-*.json")
     data = json.loads(path.read_text())
     assert {r["system"] for r in data["rows"]} == {*grpo_e2e.SYSTEMS, *grpo_e2e.CONTROLS}

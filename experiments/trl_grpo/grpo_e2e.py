@@ -369,9 +369,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop training (each system its share of what is left) after this many seconds")
     parser.add_argument("--steps", type=int, default=None, help="override every setting's step count")
     parser.add_argument("--plot", metavar="JSON", help="only redraw the plot (and table) of a result file")
-    parser.add_argument("--controls", action="store_true",
-                        help=f"also run the stock-vs-stock controls {sorted(CONTROLS)} in the curves setting")
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help=f"comma-separated runs per setting: {', '.join((*SYSTEMS, *CONTROLS))} (the controls "
+                             "are stock-vs-stock yardsticks, best in the curves setting)")
     args = parser.parse_args(argv)
+    unknown = {s.strip() for s in args.systems.split(",") if s.strip()} - {*SYSTEMS, *CONTROLS}
+    if unknown:
+        parser.error(f"unknown systems {sorted(unknown)}; choose from {[*SYSTEMS, *CONTROLS]}")
     if args.plot:
         data = json.loads(Path(args.plot).read_text())
         print(plot(Path(args.plot).with_suffix(".png"), data))
@@ -411,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = build_model_dir(Path(tmp), cfg, args.seed)
             dataset = build_dataset(cfg, args.seed)
-            systems = (*SYSTEMS, *CONTROLS) if args.controls and setting == "curves" else SYSTEMS
+            systems = [s.strip() for s in args.systems.split(",") if s.strip()]
             for i, system in enumerate(systems):
                 now = time.perf_counter()
                 stop_at = now + max(0.0, began + args.deadline_s - now) / (len(systems) - i)
