@@ -56,8 +56,8 @@ class Figure:
 
 #: The Table 1 figure of the README (H100): dualkv and the cuDNN cascade from the newest run, the FA2 cascade from
 #: the run before it (later files replace earlier rows).
-TABLE1_FIGURE = Figure("kernel-h100-20261126T1207Z-table1.png",
-                       ("kernel-h100-20261126T1116Z-table1.json", "kernel-h100-20261126T1207Z-table1.json"),
+TABLE1_FIGURE = Figure("kernel-h100-20261126T1400Z-table1.png",
+                       ("kernel-h100-20261126T1116Z-table1.json", "kernel-h100-20261126T1400Z-table1.json"),
                        ("dualkv", "cudnn_cascade", "cascade"))
 
 
@@ -411,7 +411,7 @@ def trl_section(files: Sequence[Path]) -> str:
         d = _load(path)
         rows = []
         for setting, by in d["summary"].items():
-            for system in ("stock", "dualkv"):
+            for system in [s for s in by if isinstance(by[s], dict) and "peak_mem_gib" in by[s]]:
                 r = by[system]
                 rows.append([setting, system, f"{r['generation']:.3f}", f"{r['logprobs']:.3f}", f"{r['update']:.3f}",
                              f"{r['peak_mem_gib']:.1f}", f"{r['final_reward']:.3f}"])
@@ -419,6 +419,15 @@ def trl_section(files: Sequence[Path]) -> str:
                 "(median after the first), settings in its `config`:", "",
                 _table(["setting", "system", "generation s", "log-probs s", "update s", "peak GiB", "final reward"],
                        rows)]
+        for setting, by in d["summary"].items():
+            spread = by.get("curve_spread", {}) if isinstance(by, dict) else {}
+            others = [(name, sp) for name, sp in spread.items() if name != "stock"]
+            if others:
+                out += ["", f"{setting}: reward per step against stock's (same seed; a stock control measures how far "
+                            "two stock runs drift apart):", "",
+                        _table(["run", "mean |reward diff|", "max |reward diff|", "mean reward, last 10 steps"],
+                               [[name, f"{sp['reward_mean_abs_diff']:.3f}", f"{sp['reward_max_abs_diff']:.3f}",
+                                 f"{sp['reward_last10_mean']:.3f}"] for name, sp in others])]
         fp32 = d.get("comparisons", {}).get("fp32")
         if fp32:
             out += ["", f"fp32, first {len(fp32['grad_max_rel_per_step'])} steps: log-probs {fp32['logprob_max_rel']:.1e}"
@@ -484,11 +493,11 @@ def headline_block(root: Path = RESULTS) -> str:
         end_to_end.append([f"veRL 0.9.1 policy update, {cfg['model']}, P={cfg['P']}, R={cfg['R']}, N={n} "
                            f"({_files(files)}, {', '.join(commits)})",
                            ", ".join(f"{ph.replace('_', ' ')} {phases[ph][1]:.2f}×" for ph in PHASES if ph in phases)])
-    trl = sorted(root.glob("trl_grpo-*.json"))
+    trl = [p for p in sorted(root.glob("trl_grpo-*.json")) if "long" in _load(p)["summary"]]
     if trl:
         d = _load(trl[-1])
         cfg, long = d["config"]["long"], d["summary"].get("long")
-        if long:
+        if isinstance(long, dict) and "speedup" in long:
             sp, gib = long["speedup"], (long["stock"]["peak_mem_gib"], long["dualkv"]["peak_mem_gib"])
             end_to_end.append([
                 f"TRL {d['environment'].get('trl')} GRPOTrainer, random Qwen3 ({cfg['num_hidden_layers']} layers, "
