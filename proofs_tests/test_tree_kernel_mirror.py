@@ -205,3 +205,38 @@ def test_key_tiles_cover_every_row_once_with_descendant_ranges():
     assert (covered == 1).all()
     # heaviest first: the root's first block (its node and every descendant) leads
     assert tuple(tiles[0]) == (0, 0, 1, 7)
+
+
+# ---------------------------------------------------------------------------------------------- builds
+def test_tree_specializations_compile_without_spills_or_serialized_wgmma():
+    """Every query kernel has a DKV_TREE=1 specialization in the build list (causal, no window; the dK/dV kernels
+    need none), and a sample of them compiles with NVRTC for sm_80 / sm_90a with no more spills than the two-level
+    build of the same kernel and no serialized wgmma. (`dualkv kernels --compile-only` builds all of them.)"""
+    from dualkv.cuda.build import compile_spec, resource_usage
+    from dualkv.cuda.configs import TREE_KERNELS, all_specs
+
+    for arch in ("sm_80", "sm_90"):
+        tree_specs = [s for s in all_specs(arch) if s.tree]
+        assert all(s.causal and not s.window and s.kernel in TREE_KERNELS for s in tree_specs)
+        expected = {"fwd", "bwd_dq"} | ({"fwd_sm90", "fwd_sm90_ws", "bwd_dq_sm90"} if arch == "sm_90" else set())
+        assert {s.kernel for s in tree_specs} == expected
+        sample = [s for s in tree_specs if s.dtype == "bf16" and s.head_dim in (64, 128) and s.pack == 4]
+        assert len(sample) == 2 * len(expected)
+        for spec in sample:
+            from dataclasses import replace
+
+            tree = resource_usage(compile_spec(spec, use_cache=False, verbose=True).log)
+            flat = resource_usage(compile_spec(replace(spec, tree=False), use_cache=False, verbose=True).log)
+            assert not tree["wgmma_serialized"], spec
+            assert tree["spill_stores"] <= max(flat["spill_stores"], 0) + 16, (spec, tree, flat)
+            if spec.kernel in ("fwd_sm90", "fwd_sm90_ws", "bwd_dq_sm90"):
+                assert tree["spill_stores"] == 0, (spec, tree)
+
+
+def test_tree_specs_are_refused_where_they_do_not_exist():
+    from dualkv.cuda.configs import DKDV_TILES, KernelSpec
+
+    with pytest.raises(ValueError, match="prefix-tree specializations exist for the query kernels"):
+        KernelSpec("bwd_dkdv", 64, "bf16", DKDV_TILES[64], 1, False, "sm_80", tree=True)
+    with pytest.raises(ValueError, match="prefix-tree specializations"):
+        KernelSpec("fwd", 64, "bf16", FWD_TILES[64], 1, True, "sm_80", tree=True)

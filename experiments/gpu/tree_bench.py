@@ -24,6 +24,7 @@ failed or disagreed, so a wrapper cannot miss it.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -66,7 +67,10 @@ def flex_tree_mask(layout: PrefixTreeLayout, device):
         return (nk <= nq) & (nq < end[nk]) & ((nk != nq) | (kv_idx <= q_idx))
 
     t = layout.total_tokens
-    return lambda: create_block_mask(mask_mod, 1, 1, t, t, device=device)
+    kwargs = {"device": device}
+    if "_compile" in inspect.signature(create_block_mask).parameters and torch.device(device).type == "cuda":
+        kwargs["_compile"] = True  # no O(T^2) dense mask while building (as dualkv.bench.systems.flex_mask)
+    return lambda: create_block_mask(mask_mod, None, None, t, t, **kwargs)
 
 
 class Runner:
