@@ -12,14 +12,13 @@
 
 Any other value is refused with the list of valid ones.
 
-Prefix trees (:class:`dualkv.PrefixTreeLayout`) have no kernels yet: they run :mod:`dualkv.reference.tree` on
-every device (with a warning on CUDA fp16/bf16).
+Prefix trees (:class:`dualkv.PrefixTreeLayout`) follow the same rules: the CUDA tree kernels
+(:func:`dualkv.cuda.api.tree_attention`) where they can run, else :mod:`dualkv.reference.tree`.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from types import ModuleType
 
 import torch
@@ -72,11 +71,11 @@ def _kernel_refusal(tensor: torch.Tensor) -> str | None:
 def backend_for(tensor: torch.Tensor, layout: object = None) -> ModuleType:
     """The module whose functions serve a call whose query tensor is ``tensor`` and packed ``layout`` (see the module
     doc)."""
-    if isinstance(layout, PrefixTreeLayout):
-        return _tree_backend(tensor)
+    tree = isinstance(layout, PrefixTreeLayout)
+    fallback = reference_tree if tree else reference
     choice = requested_backend()
     if choice == "reference":
-        return reference
+        return fallback
     reason = _kernel_refusal(tensor)
     if reason is None:
         from . import cuda as cuda_backend
@@ -88,18 +87,9 @@ def backend_for(tensor: torch.Tensor, layout: object = None) -> ModuleType:
         warn_once(f"dualkv runs this CUDA call on the pure-PyTorch reference (much slower than the kernels): "
                   f"{reason}. Use float16/bfloat16 CUDA tensors where the kernels can run, or set "
                   "DUALKV_BACKEND=reference to choose the reference explicitly.", FallbackWarning, stacklevel=4)
-    return reference
+    return fallback
 
 
 def backend_name(tensor: torch.Tensor) -> str:
     """``"cuda"`` or ``"reference"``: the backend :func:`backend_for` picks for ``tensor``."""
     return "cuda" if backend_for(tensor) is not reference else "reference"
-
-
-def _tree_backend(tensor: torch.Tensor) -> ModuleType:
-    forced = os.environ.get("DUALKV_BACKEND", "").lower() == "reference"
-    if tensor.is_cuda and tensor.dtype in _KERNEL_DTYPES and not forced:
-        warnings.warn("dualkv has no CUDA kernel for PrefixTreeLayout yet: tree attention runs the pure-PyTorch "
-                      "reference (dualkv.reference.tree), which is slow and memory-hungry on long sequences. "
-                      "A GroupLayout runs the CUDA kernels.", RuntimeWarning, stacklevel=3)
-    return reference_tree

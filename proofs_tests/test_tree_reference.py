@@ -190,11 +190,24 @@ def test_dispatch_routes_trees_to_the_reference():
     assert torch.equal(ref_tree.shared_prefix_attention(qg, kg, vg, group), group_attention(qg, kg, vg, group))
 
 
-def test_cuda_tensors_get_a_warning_and_the_reference(monkeypatch):
-    fake_cuda = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)
+def test_trees_dispatch_like_group_layouts(monkeypatch):
+    """CUDA fp16/bf16 trees go to the CUDA tree kernels where they can run; where they cannot, to the tree reference
+    with the same FallbackWarning as a GroupLayout; DUALKV_BACKEND=reference and CPU tensors take the reference
+    silently."""
+    from dualkv import _warnings, cuda as cuda_backend
+
+    fake_cuda = types.SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, device=torch.device("cuda", 0))
     layout = SHAPES["chain"]
-    with pytest.warns(RuntimeWarning, match="no CUDA kernel for PrefixTreeLayout"):
+    _warnings.reset()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.warns(_warnings.FallbackWarning, match="PyTorch sees no CUDA device"):
         assert dualkv.backend_for(fake_cuda, layout) is ref_tree
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dualkv.backend_for(fake_cuda, layout) is cuda_backend
     monkeypatch.setitem(os.environ, "DUALKV_BACKEND", "reference")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -218,16 +231,17 @@ def test_bad_inputs_are_refused_by_name():
 
 
 @pytest.mark.gpu
-def test_cuda_bf16_tree_through_the_reference_meets_the_rule():
-    """On a GPU the tree runs the reference (with a warning) and meets FlashAttention's criterion at bf16."""
+def test_cuda_bf16_tree_through_the_reference_meets_the_rule(monkeypatch):
+    """On a GPU with DUALKV_BACKEND=reference the tree runs the reference and meets FlashAttention's criterion at
+    bf16 (the kernels' own tests: test_tree_cuda.py)."""
+    monkeypatch.setenv("DUALKV_BACKEND", "reference")
     layout = SHAPES["fans of fans"]
     q64, k64, v64 = qkv(layout)
     expand = torch.from_numpy(layout.copy_token_index)
     ref = n_copy_oracle(q64[expand], k64[expand], v64[expand], layout.copy_cu_seqlens.tolist())[
         torch.from_numpy(layout.first_copy_index)]
     lowp = [t.detach().to("cuda", torch.bfloat16) for t in (q64, k64, v64)]
-    with pytest.warns(RuntimeWarning):
-        out = dualkv.shared_prefix_attention(*lowp, layout)
+    out = dualkv.shared_prefix_attention(*lowp, layout)
     ref_lowp = n_copy_oracle(*(t[expand.cuda()] for t in lowp), layout.copy_cu_seqlens.tolist())[
         torch.from_numpy(layout.first_copy_index).cuda()]
     assert compare(out, ref, dtype=torch.bfloat16, ref_lowp=ref_lowp).passed

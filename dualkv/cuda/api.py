@@ -23,9 +23,10 @@ from .._checks import (check_context_inputs, check_deterministic, check_dualkv_i
                        check_window, resolve_scale)
 from .._warnings import warn_once
 from ..layout import GroupLayout
+from ..tree import PrefixTreeLayout
 from .call2 import gather_inputs, map_call2, scatter_outputs
 from .configs import ATOMIC_HEAD_DIMS, DTYPES, WINDOW_HEAD_DIMS, attention_path, forward_kernel_for, kernel_head_dim
-from .launch import Plan, make_plan
+from .launch import Plan, make_plan, make_tree_plan
 from .ops import fwd as _fwd_op
 from .runtime import arch_of, device_index
 from .schedule import segments_from_cu_seqlens
@@ -74,7 +75,7 @@ def resolve_deterministic(deterministic: bool | None, head_dim: int | None = Non
 def _run(q, k_ctx, v_ctx, k_own, v_own, plan: Plan, scale: float, window_left: int, deterministic: bool | None):
     return _fwd_op(q, k_ctx, v_ctx, k_own, v_own, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles,
                    plan.fwd_kernel, plan.fwd_pack, plan.dq_pack, plan.ctx_shared, scale, window_left, plan.causal,
-                   resolve_deterministic(deterministic, q.shape[-1]))
+                   resolve_deterministic(deterministic, q.shape[-1]), plan.tree)
 
 
 def _finish(out, lse, return_lse):
@@ -131,10 +132,80 @@ def layout_plan(layout: GroupLayout, *, head_dim: int, group_size: int, window_l
     return plan
 
 
-def shared_prefix_attention(q, k, v, layout: GroupLayout, softmax_scale=None, window_size: Sequence[int] = (-1, -1),
-                            return_lse=False, deterministic: bool | None = None):
+def tree_plan(layout: PrefixTreeLayout, *, head_dim: int, group_size: int, device: torch.device) -> Plan:
+    """The tree kernels' schedule of a preorder tree, built once per (shape, device) and cached on the layout."""
+    fwd_kernel = forward_kernel_for(head_dim, arch_of(device_index(device)))
+    key = ("tree_plan", head_dim, group_size, str(device), fwd_kernel)
+    plan = layout._device_cache.get(key)
+    if plan is None:
+        plan = make_tree_plan(layout, head_dim=head_dim, group_size=group_size, device=device, fwd_kernel=fwd_kernel)
+        layout._device_cache[key] = plan
+    return plan
+
+
+def _cached(layout: PrefixTreeLayout, key: str, build):
+    if key not in layout._device_cache:
+        layout._device_cache[key] = build()
+    return layout._device_cache[key]
+
+
+def _as_group_layout(layout: PrefixTreeLayout) -> GroupLayout | None:
+    """The GroupLayout with the same packing, if the tree is one (then the two-level kernels serve it unchanged)."""
+    def build():
+        try:
+            return layout.to_group_layout()
+        except ValueError:
+            return None
+    return _cached(layout, "as_group_layout", build)
+
+
+def tree_attention(q, k, v, layout: PrefixTreeLayout, softmax_scale=None, window_size: Sequence[int] = (-1, -1),
+                   return_lse=False, deterministic: bool | None = None):
+    """Exact attention of a packed prefix tree on the GPU (see :func:`dualkv.reference.tree.tree_attention`).
+
+    A tree that is a :class:`GroupLayout` packing (depth 1, each root followed by its leaf children) runs the
+    two-level kernels unchanged; any other tree runs the ``DKV_TREE=1`` query kernels (context = the ancestors' runs)
+    and the dK/dV kernels over descendant ranges (:mod:`dualkv.cuda.tree_schedule`) — on sm_90 the wgmma_v1
+    backward, as the warp-specialised backward has no tree mode. Nodes not in DFS preorder are permuted into it
+    (a gather of q, k, v and of the outputs). Sliding windows on trees run the reference (with a warning).
+    """
+    from ..reference.tree import check_tree_tensors
+    from .tree_schedule import is_preorder, preorder_permutation
+
+    h, hk, d = check_tree_tensors(q, k, v, layout)
+    window = check_window(window_size, True)
+    group = _as_group_layout(layout)
+    if group is not None:
+        return shared_prefix_attention(q, k, v, group, softmax_scale, window_size, return_lse, deterministic)
+    if window[0] >= 0:
+        from ..reference.tree import tree_attention as reference_tree
+
+        warn_once("the CUDA tree kernels have no sliding window: this windowed PrefixTreeLayout call runs the "
+                  "pure-PyTorch reference (dualkv.reference.tree), which is slow on long sequences", stacklevel=4)
+        return reference_tree(q, k, v, layout, softmax_scale, window_size, return_lse)
+    padded = _kernel_head_dim(q, d, True, window)
+    perm = inverse = None
+    if not is_preorder(layout):
+        layout, perm_np = _cached(layout, "preorder", lambda: preorder_permutation(layout))
+        perm = torch.from_numpy(perm_np).to(q.device)
+        inverse = torch.argsort(perm)
+        q, k, v = q[perm], k[perm], v[perm]
+    q, k, v = _pad_head_dim((q, k, v), padded)
+    plan = tree_plan(layout, head_dim=padded, group_size=h // hk, device=q.device)
+    out, lse = _run(q, k, v, k, v, plan, resolve_scale(softmax_scale, d), -1, deterministic)
+    if perm is not None:
+        out, lse = out[inverse], lse[:, inverse]
+    return _finish_padded(out, lse, d, return_lse)
+
+
+def shared_prefix_attention(q, k, v, layout: GroupLayout | PrefixTreeLayout, softmax_scale=None,
+                            window_size: Sequence[int] = (-1, -1), return_lse=False,
+                            deterministic: bool | None = None):
     """Calls 1 and 2 of every group in ONE launch over the layout's segment table — or, with ``deterministic=False``
-    where it is faster (:func:`dualkv.cuda.configs.attention_path`), the cuDNN cascade."""
+    where it is faster (:func:`dualkv.cuda.configs.attention_path`), the cuDNN cascade. A
+    :class:`PrefixTreeLayout` runs :func:`tree_attention`."""
+    if isinstance(layout, PrefixTreeLayout):
+        return tree_attention(q, k, v, layout, softmax_scale, window_size, return_lse, deterministic)
     h, hk, d = check_layout_tensors(q, k, v, layout)
     window = check_window(window_size, True)
     padded = _kernel_head_dim(q, d, True, window)

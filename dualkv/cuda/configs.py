@@ -178,6 +178,11 @@ SM90_KERNELS = {"fwd_sm90": tuple(SM90_FWD_TILES), "fwd_sm90_ws": tuple(SM90_WS_
                 "bwd_sm90_ws": tuple(SM90_WS_BWD_TILES)}
 #: Kernels whose K/V (and Q) arrive by TMA: launched with tensor maps (dualkv/cuda/tma.py).
 TMA_KERNELS = ("fwd_sm90_ws", "bwd_sm90_ws")
+#: Kernels with a prefix-tree specialization (``KernelSpec.tree``: a segment's context is its ancestors' runs). The
+#: dK/dV kernels need none: their key tiles list a node's descendants as dependent segments
+#: (dualkv/cuda/tree_schedule.py). The warp-specialised backward has no tree mode: trees run the wgmma_v1 dQ and
+#: dK/dV kernels on sm_90 (:func:`ws_backward_for`).
+TREE_KERNELS = ("fwd", "fwd_sm90", "fwd_sm90_ws", "bwd_dq", "bwd_dq_sm90")
 #: Which kernel family runs where several exist: "auto" (on sm_90 the fastest measured Hopper kernels: the
 #: warp-specialised TMA forward, and the one-kernel warp-specialised backward — five products, deterministic dQ —
 #: where it exists, else the wgmma dQ and dK/dV kernels), "wgmma_v1" (the first wgmma kernels: cp.async loads, no
@@ -252,10 +257,10 @@ def forward_kernel_for(head_dim: int, arch: str) -> str:
     return "fwd"
 
 
-def ws_backward_for(head_dim: int, arch: str, window: bool, causal: bool = True) -> bool:
+def ws_backward_for(head_dim: int, arch: str, window: bool, causal: bool = True, tree: bool = False) -> bool:
     """Whether the fused warp-specialised backward (dK, dV and dQ in one kernel; causal, no window) serves this
-    call."""
-    return causal and not window and _use_sm90("bwd_sm90_ws", head_dim, arch)
+    call. Prefix trees (``tree``) never: they run the wgmma_v1 dQ and dK/dV kernels (sm_90) or the mma ones."""
+    return causal and not window and not tree and _use_sm90("bwd_sm90_ws", head_dim, arch)
 
 
 def dq_kernel_for(head_dim: int, arch: str) -> str:
@@ -286,6 +291,7 @@ class KernelSpec:
     arch: str
     dq_atomic: bool = False  # bwd_dkdv only: also accumulate dQ with fp32 atomics (non-deterministic mode)
     causal: bool = True      # False: a segment's own keys are all visible (DKV_CAUSAL=0; no window)
+    tree: bool = False       # query kernels only: prefix-tree segments, context = a list of runs (DKV_TREE=1)
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -298,6 +304,9 @@ class KernelSpec:
             raise ValueError(f"sliding windows are supported for head dims {WINDOW_HEAD_DIMS}, not {self.head_dim}")
         if self.dq_atomic and (self.kernel != "bwd_dkdv" or self.head_dim not in ATOMIC_HEAD_DIMS):
             raise ValueError(f"the atomic dQ mode exists for the dK/dV kernel at head dims {ATOMIC_HEAD_DIMS}")
+        if self.tree and (self.kernel not in TREE_KERNELS or self.window or not self.causal):
+            raise ValueError(f"prefix-tree specializations exist for the query kernels {TREE_KERNELS}, causal, "
+                             f"without a window (got {self.kernel}, window={self.window}, causal={self.causal})")
         if self.kernel in SM90_KERNELS and (self.arch != "sm_90a" or self.head_dim not in SM90_KERNELS[self.kernel]):
             raise ValueError(f"{self.kernel} is built for sm_90a at head dims {SM90_KERNELS[self.kernel]}")
 
@@ -353,6 +362,8 @@ class KernelSpec:
             return keys + ([("DKV_DQ_BUFFERS", str(t.dq_buffers))] if self.kernel == "bwd_sm90_ws" else [])
         query = common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack)),
                           ("DKV_OVERLAP", "1" if getattr(t, "overlap", False) else "0")]
+        if self.tree:
+            query += [("DKV_TREE", "1")]
         if self.kernel == "fwd_sm90_ws":
             query += [("DKV_STAGES", str(t.stages)), ("DKV_PINGPONG", "1" if t.pingpong else "0")]
         return query
@@ -384,25 +395,25 @@ def _check_head_dim(head_dim: int) -> None:
 
 
 def fwd_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, arch: str,
-             kernel: str | None = None, causal: bool = True) -> KernelSpec:
+             kernel: str | None = None, causal: bool = True, tree: bool = False) -> KernelSpec:
     """The forward specialization; ``kernel`` defaults to :func:`forward_kernel_for` (``arch`` is the device's)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
     kernel = kernel or forward_kernel_for(head_dim, arch)
     tile = forward_tile(kernel, head_dim)
     return KernelSpec(kernel, head_dim, name, tile, pack_for(group_size, tile), window,
-                      "sm_90a" if kernel in SM90_KERNELS else arch, causal=causal)
+                      "sm_90a" if kernel in SM90_KERNELS else arch, causal=causal, tree=tree)
 
 
 def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, arch: str,
-            kernel: str | None = None, causal: bool = True) -> KernelSpec:
+            kernel: str | None = None, causal: bool = True, tree: bool = False) -> KernelSpec:
     """The dQ specialization; ``kernel`` defaults to :func:`dq_kernel_for` (``arch`` is the device's)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
     kernel = kernel or dq_kernel_for(head_dim, arch)
     tile = (SM90_DQ_TILES if kernel == "bwd_dq_sm90" else DQ_TILES)[head_dim]
     return KernelSpec(kernel, head_dim, name, tile, pack_for(group_size, tile), window,
-                      "sm_90a" if kernel == "bwd_dq_sm90" else arch, causal=causal)
+                      "sm_90a" if kernel == "bwd_dq_sm90" else arch, causal=causal, tree=tree)
 
 
 def ws_bwd_spec(head_dim: int, dtype: torch.dtype) -> KernelSpec:
@@ -435,12 +446,14 @@ def dq_cast_spec(head_dim: int, dtype: torch.dtype) -> KernelSpec:
 
 def all_specs(arch: str) -> list[KernelSpec]:
     """Every specialization the kernels are built in, for one architecture: causal with and without a window, and
-    non-causal (``DKV_CAUSAL=0``, no window); the backward's preprocessing kernel once per head dim and dtype, and on
-    sm_90 the warp-specialised backward's dQ cast."""
+    non-causal (``DKV_CAUSAL=0``, no window), and the query kernels' prefix-tree mode (``DKV_TREE=1``, causal, no
+    window); the backward's preprocessing kernel once per head dim and dtype, and on sm_90 the warp-specialised
+    backward's dQ cast."""
     specs = [prep_spec(d, dtype, arch) for d in HEAD_DIMS for dtype in DTYPES]
     if arch == "sm_90":
         specs += [dq_cast_spec(d, dtype) for d in SM90_WS_BWD_TILES for dtype in DTYPES]
-    for head_dim, dtype, (window, causal) in product(HEAD_DIMS, DTYPES, ((False, True), (True, True), (False, False))):
+    for head_dim, dtype, (window, causal, tree) in product(HEAD_DIMS, DTYPES, ((False, True, False), (True, True, False),
+                                                                             (False, False, False), (False, True, True))):
         if window and head_dim not in WINDOW_HEAD_DIMS:
             continue
         name = DTYPES[dtype]
@@ -454,7 +467,9 @@ def all_specs(arch: str) -> list[KernelSpec]:
             for pack in PACKS:
                 if tiles[head_dim].block_m // pack >= 8:
                     specs.append(KernelSpec(kernel, head_dim, name, tiles[head_dim], pack, window, kernel_arch,
-                                            causal=causal))
+                                            causal=causal, tree=tree))
+        if tree:  # the key-side kernels have no tree specialization
+            continue
         if arch == "sm_90" and head_dim in SM90_DKDV_TILES:
             specs.append(KernelSpec("bwd_dkdv_sm90", head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a",
                                     causal=causal))

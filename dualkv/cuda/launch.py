@@ -51,6 +51,7 @@ class Plan:
     fwd_tile: TileConfig
     dq_tile: TileConfig
     dkdv_tile: KeyTileConfig
+    tree: bool = False       # a PrefixTreeLayout's schedule (dualkv/cuda/tree_schedule.py): DKV_TREE=1 query kernels
 
 
 def _to_device(a: np.ndarray, device) -> torch.Tensor:
@@ -87,6 +88,30 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
     )
 
 
+def make_tree_plan(layout, *, head_dim: int, group_size: int, device: torch.device,
+                   fwd_kernel: str | None = None) -> Plan:
+    """The schedule of a preorder :class:`dualkv.PrefixTreeLayout`: the tree table (segment rows + context run
+    lists), query tiles of the DKV_TREE=1 forward and dQ kernels, and descendant-range key tiles for the dK/dV
+    kernels (causal, no window)."""
+    from .tree_schedule import tree_key_tiles, tree_segments, tree_tile_table
+
+    fwd_kernel = fwd_kernel or forward_kernel_for(head_dim, arch_of(device_index(device)))
+    fwd_tile = forward_tile(fwd_kernel, head_dim)
+    fwd_pack = pack_for(group_size, fwd_tile)
+    dq_tile, dkdv_tile = DQ_TILES[head_dim], DKDV_TILES[head_dim]
+    dq_pack = pack_for(group_size, dq_tile)
+    return Plan(
+        segments=_to_device(tree_segments(layout), device),
+        fwd_kernel=fwd_kernel,
+        fwd_tiles=_to_device(tree_tile_table(layout, fwd_tile.block_m // fwd_pack, fwd_tile.block_n), device),
+        fwd_pack=fwd_pack,
+        dq_tiles=_to_device(tree_tile_table(layout, dq_tile.block_m // dq_pack, dq_tile.block_n), device),
+        dq_pack=dq_pack,
+        key_tiles=_to_device(tree_key_tiles(layout, dkdv_tile.block_keys), device),
+        ctx_shared=True, causal=True, fwd_tile=fwd_tile, dq_tile=dq_tile, dkdv_tile=dkdv_tile, tree=True,
+    )
+
+
 def _new(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
     t = torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
     if poison_enabled():
@@ -96,13 +121,14 @@ def _new(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
 
 def run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, tiles, pack: int, *, scale: float, window_left: int,
                 kernel: str = "fwd", tile: TileConfig | None = None,
-                causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                causal: bool = True, tree: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward kernel (``kernel``: the plan's ``fwd_kernel``). q: (T_q, H, d); k_own/v_own: (T_q, H_k, d);
-    k_ctx/v_ctx: (T_c, H_k, d). Returns out (T_q, H, d) and the natural-log LSE (H, T_q) float32."""
+    k_ctx/v_ctx: (T_c, H_k, d). Returns out (T_q, H, d) and the natural-log LSE (H, T_q) float32. ``tree``: the
+    segments are a tree table (:func:`make_tree_plan`)."""
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
     device = device_index(q)
-    spec = fwd_spec(head_dim, q.dtype, group, window_left >= 0, arch_of(device), kernel, causal)
+    spec = fwd_spec(head_dim, q.dtype, group, window_left >= 0, arch_of(device), kernel, causal, tree)
     spec = replace(spec, pack=pack, tile=tile or spec.tile)
     q, k_ctx, v_ctx, k_own, v_own = (kernel_ready(t) for t in (q, k_ctx, v_ctx, k_own, v_own))
     out = _new(q.shape, q)
@@ -145,14 +171,17 @@ def run_prep(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_lse: to
 def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles_t, dq_pack: int,
                  ctx_shared: bool, *, scale: float, window_left: int, d_lse: torch.Tensor | None = None,
                  dq_tile: TileConfig | None = None, dkdv_tile: KeyTileConfig | None = None,
-                 kernels: tuple[str, ...] = ("dq", "dkdv"), deterministic: bool = True, causal: bool = True):
+                 kernels: tuple[str, ...] = ("dq", "dkdv"), deterministic: bool = True, causal: bool = True,
+                 tree: bool = False):
     """dQ and dK/dV kernels. Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own); with ``ctx_shared`` the context rows are
     own rows of the same tensors and dk_ctx/dv_ctx are empty (their gradient is inside dk_own/dv_own).
 
     ``d_lse`` (H, T_q), the gradient reaching the returned LSE, enters as dS = P (dP - D + dLSE): it is folded into D.
     ``deterministic=False`` (head dims <= 128): dQ is added by the dK/dV kernel with fp32 atomics (one kernel, five
     products, run-to-run rounding differences in dQ); otherwise the separate query-tile dQ kernel sums every dQ row
-    in a fixed order. ``kernels`` and the tile arguments exist for tuning.
+    in a fixed order. ``kernels`` and the tile arguments exist for tuning. ``tree``: the segments are a tree table
+    (:func:`make_tree_plan`): the DKV_TREE=1 dQ kernel, and never the warp-specialised backward (its key tiles
+    assume one context run), so trees run the wgmma_v1 dQ and dK/dV kernels on sm_90.
     """
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
@@ -169,7 +198,8 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     else:
         dk_ctx, dv_ctx = _new(k_ctx.shape, k_ctx), _new(v_ctx.shape, v_ctx)
         dkc_args, dvc_args = _strided(dk_ctx), _strided(dv_ctx)
-    if ws_backward_for(head_dim, arch, window, causal) and not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv"):
+    if (ws_backward_for(head_dim, arch, window, causal, tree) and not dq_tile and not dkdv_tile
+            and kernels == ("dq", "dkdv")):
         _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
                          segments, key_tiles_t, group, scale)
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
@@ -177,7 +207,8 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
     keys = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(dout),
             lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0))]
-    dq_kspec = dq_spec(head_dim, q.dtype, group, window, arch, kernel="bwd_dq" if dq_tile else None, causal=causal)
+    dq_kspec = dq_spec(head_dim, q.dtype, group, window, arch, kernel="bwd_dq" if dq_tile else None, causal=causal,
+                       tree=tree)
     dq_kernel = get_kernel(replace(dq_kspec, pack=dq_pack, tile=dq_tile or dq_kspec.tile), device)
     if "dq" in kernels and not atomic:
         dq_kernel.launch((dq_tiles.shape[0], heads // dq_pack, 1),

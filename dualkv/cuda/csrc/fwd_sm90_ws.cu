@@ -70,7 +70,7 @@ __device__ __forceinline__ void produce(const QTile& t, const Barriers& bar, uns
         if (it >= kStages) mbar_wait(bar.empty + 8 * s, ((it / kStages) + 1) & 1);
         bool is_own;
         const int k0 = block_start(t, it, is_own);
-        const int tok = (is_own ? t.seg.q_start : t.seg.ctx_start) + k0;
+        const int tok = block_row(t, is_own, k0);
         const TmaDesc* tk = is_own ? tm_kd : tm_kc;
         const TmaDesc* tv = is_own ? tm_vd : tm_vc;
         const unsigned k_dst = skv + s * kTileBytesKV, v_dst = skv + (kStages + s) * kTileBytesKV;

@@ -6,6 +6,8 @@
 //   DKV_BLOCK_N  keys per block          DKV_MSLABS  16-row MMA slabs per warp
 //   DKV_DSPLIT   warps sharing a row slab, each owning HEAD_DIM / DKV_DSPLIT output columns
 //   DKV_PACK     query heads packed per CTA
+//   DKV_TREE     1: prefix-tree segments (PrefixTreeLayout): a segment's context is a list of packed runs (its
+//                ancestors), not one run; see tree_runs below
 #pragma once
 
 #include "common.cuh"
@@ -19,6 +21,11 @@ constexpr int kRowWarps = kWarps / kDSplit;              // warps along the row 
 constexpr int kBlockM = kRowWarps * 16 * kMSlabs;        // query rows per CTA tile (positions x packed heads)
 constexpr int kPack = DKV_PACK;
 constexpr int kPosPerTile = kBlockM / kPack;             // query positions per CTA tile
+#ifndef DKV_TREE
+#define DKV_TREE 0
+#endif
+constexpr bool kTree = DKV_TREE != 0;
+static_assert(!kTree || (kCausal && !kWindow), "tree segments are built causal, without a sliding window");
 constexpr int kOutCols = kHeadDim / kDSplit;             // output columns per warp
 
 static_assert(kBlockN % 16 == 0, "block_n must be a multiple of 16");
@@ -48,6 +55,37 @@ __device__ __forceinline__ KeyRange key_range(const Segment& seg, int pos_lo, in
     return kr;
 }
 
+// Prefix trees (kTree): a segment row is (q_start, q_len, runs, pos) with pos the logical position of its first
+// query (its ancestors' summed length, so the causal logic is unchanged) and runs the int2 index, from the table's
+// start, of its context list: (n_runs, 0), then (k_start, k_len) of each ancestor run, root first
+// (dualkv/cuda/tree_schedule.py). Each run is tiled into kBlockN-key blocks from its own start (a run's last block
+// may be partial, masked like any partial block); context block j counts blocks run after run. Tree segments have no
+// sliding window (context keys are fully visible), so a context block's logical position is never needed.
+struct TreeBlock {
+    int row, count;  // first packed key row, valid keys
+};
+
+__device__ __forceinline__ const int2* tree_runs(const int* segments, const Segment& seg) {
+    return reinterpret_cast<const int2*>(segments) + seg.ctx_start;
+}
+
+__device__ __forceinline__ int tree_context_blocks(const int2* runs) {
+    const int n_runs = runs[0].x;
+    int n = 0;
+    for (int r = 1; r <= n_runs; ++r) n += (runs[r].y + kBlockN - 1) / kBlockN;
+    return n;
+}
+
+__device__ __forceinline__ TreeBlock tree_block(const int2* runs, int j) {
+    const int n_runs = runs[0].x;
+    for (int r = 1; r < n_runs; ++r) {  // the last run takes what is left
+        const int nb = (runs[r].y + kBlockN - 1) / kBlockN;
+        if (j < nb) return TreeBlock{runs[r].x + j * kBlockN, min(kBlockN, runs[r].y - j * kBlockN)};
+        j -= nb;
+    }
+    return TreeBlock{runs[n_runs].x + j * kBlockN, min(kBlockN, runs[n_runs].y - j * kBlockN)};
+}
+
 // Where a CTA is in the schedule, and what it must visit.
 struct QTile {
     Segment seg;
@@ -55,6 +93,7 @@ struct QTile {
     KeyRange kr;
     int n_own, n_iter;
     int i_min, i_max;  // logical positions of the first and last valid query
+    const int2* runs;  // kTree: the segment's context list
 };
 
 __device__ __forceinline__ QTile make_qtile(const int* segments, const int* tiles, int group_size,
@@ -67,6 +106,11 @@ __device__ __forceinline__ QTile make_qtile(const int* segments, const int* tile
     t.head0 = blockIdx.y * kPack;
     t.kv_head = t.head0 / group_size;
     t.kr = key_range(t.seg, t.pos0, t.pos0 + t.n_pos - 1, window_left);
+    if (kTree) {
+        t.runs = tree_runs(segments, t.seg);
+        t.kr.ctx_first = 0;
+        t.kr.ctx_end = tree_context_blocks(t.runs);
+    }
     t.n_own = t.kr.own_end - t.kr.own_first;
     t.n_iter = t.n_own + (t.kr.ctx_end - t.kr.ctx_first);
     t.i_min = t.seg.ctx_len + t.pos0;
@@ -106,7 +150,15 @@ __device__ __forceinline__ int block_start(const QTile& t, int it, bool& is_own)
 }
 
 __device__ __forceinline__ int block_count(const QTile& t, bool is_own, int k0) {
+    if (kTree && !is_own) return tree_block(t.runs, k0 / kBlockN).count;
     return min(kBlockN, (is_own ? t.seg.q_len : t.seg.ctx_len) - k0);
+}
+
+// First packed key row of the block starting at key k0 of its region (own rows: of the own tensor; else of the
+// context tensor).
+__device__ __forceinline__ int block_row(const QTile& t, bool is_own, int k0) {
+    if (is_own) return t.seg.q_start + k0;
+    return kTree ? tree_block(t.runs, k0 / kBlockN).row : t.seg.ctx_start + k0;
 }
 
 // Load block `it` of one key-side tensor pair (own rows from `own`, context rows from `ctx`) into dst.
@@ -117,8 +169,8 @@ __device__ __forceinline__ void load_key_block(elem_t* dst, const QTile& t, int 
     bool is_own;
     const int k0 = block_start(t, it, is_own);
     const int count = block_count(t, is_own, k0);
-    const elem_t* base = is_own ? own + (t.seg.q_start + k0) * own_st + t.kv_head * own_sh
-                                : ctx + (t.seg.ctx_start + k0) * ctx_st + t.kv_head * ctx_sh;
+    const long long row = block_row(t, is_own, k0);
+    const elem_t* base = is_own ? own + row * own_st + t.kv_head * own_sh : ctx + row * ctx_st + t.kv_head * ctx_sh;
     const long long st = is_own ? own_st : ctx_st;
     load_strided_rows<kBlockN, kSwizzle>(dst, base, st, count, any_valid);
 }
