@@ -41,7 +41,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq(DKV_DQ_PARA
         bool is_own;
         const int k0 = block_start(t, it, is_own);
         const int count = block_count(t, is_own, k0);
-        const int key_base = (is_own ? t.seg.ctx_len : 0) + k0;
+        const int key_base = block_key_base(t, is_own, k0);
 
         float acc_s[kMSlabs][kBlockN / 8][4];
         gemm_rows_rows<kMSlabs, kBlockN>(acc_s, sQ, sK, warp_row0, lrow, lmat);  // S = Q K^T

@@ -50,7 +50,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dq_sm90(DKV
         bool is_own;
         const int k0 = block_start(t, it, is_own);
         const int count = block_count(t, is_own, k0);
-        const int key_base = (is_own ? t.seg.ctx_len : 0) + k0;
+        const int key_base = block_key_base(t, is_own, k0);
         const unsigned k_addr = smem_addr(kv.k(it));
         const unsigned long long k_desc = kmajor_tile(k_addr, 0), v_desc = kmajor_tile(smem_addr(kv.v(it)), 0);
         const unsigned long long kn_desc = nmajor_tile<kBlockN>(k_addr);

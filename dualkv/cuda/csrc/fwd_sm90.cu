@@ -64,7 +64,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_fwd_sm90(DKV_FW
         bool is_own;
         const int k0 = block_start(t, it, is_own);
         const int count = block_count(t, is_own, k0);
-        const int key_base = (is_own ? t.seg.ctx_len : 0) + k0;  // logical position of key 0 of the block
+        const int key_base = block_key_base(t, is_own, k0);  // logical position of key 0 of the block
         fence_regs(acc_o[0]);
         online_softmax_step(acc_s, acc_o, row_max, row_sum, t, is_own, count, key_base, window_left, qw.row0, qw.g,
                             qw.t4, scale_log2);

@@ -169,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_f
         bool is_own;
         const int k0 = block_start(t, it, is_own);
         const int count = block_count(t, is_own, k0);
-        const int key_base = (is_own ? t.seg.ctx_len : 0) + k0;
+        const int key_base = block_key_base(t, is_own, k0);
         online_softmax_step(acc_s, acc_o, row_max, row_sum, t, is_own, count, key_base, window_left, qw.row0, qw.g,
                             qw.t4, scale_log2);
         to_a_frag<1, kBlockN>(p_frag, acc_s);

@@ -161,6 +161,14 @@ __device__ __forceinline__ int block_row(const QTile& t, bool is_own, int k0) {
     return kTree ? tree_block(t.runs, k0 / kBlockN).row : t.seg.ctx_start + k0;
 }
 
+// Logical position of the block's first key, for the causal mask. A tree's context blocks are numbered run after
+// run, so k0 is not a position there; every context key precedes every query of the segment, and 0 keeps them all
+// visible (key j < count <= the segment's first position).
+__device__ __forceinline__ int block_key_base(const QTile& t, bool is_own, int k0) {
+    if (is_own) return t.seg.ctx_len + k0;
+    return kTree ? 0 : k0;
+}
+
 // Load block `it` of one key-side tensor pair (own rows from `own`, context rows from `ctx`) into dst.
 template <bool kSwizzle = false>
 __device__ __forceinline__ void load_key_block(elem_t* dst, const QTile& t, int it, const elem_t* own,
