@@ -66,9 +66,8 @@ import torch  # noqa: E402
 
 from proofs_tests.verl_fixtures import import_stubs, stock_attention  # noqa: E402
 
-#: Pretend these packages are not installed (comma-separated; how the tests exercise the stubs on a machine that
-#: has them). Inherited by the per-system child processes.
-HIDE_ENV = "DUALKV_BENCH_HIDE_PACKAGES"
+#: Pretend these packages are not installed (inherited by the per-system child processes).
+HIDE_ENV = import_stubs.HIDE_ENV
 #: Packages served by import stubs in this process (set by :func:`stub_unused_imports`).
 STUBBED: list[str] = []
 
@@ -77,9 +76,7 @@ def stub_unused_imports() -> list[str]:
     """Hide the packages named in ``$DUALKV_BENCH_HIDE_PACKAGES`` and stub every missing one that veRL imports at
     module top but does not use in process (Ray, datasets, ...). Runs first in :func:`main`, not on import, so
     importing this module (``experiments/summarize.py`` does, for the FLOP helpers) changes nothing."""
-    for name in filter(None, os.environ.get(HIDE_ENV, "").split(",")):
-        sys.modules[name] = None
-    STUBBED[:] = import_stubs.stub_missing()
+    STUBBED[:] = import_stubs.hide_and_stub()
     return STUBBED
 
 

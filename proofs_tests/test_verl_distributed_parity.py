@@ -16,6 +16,8 @@ import torch
 
 pytest.importorskip("verl")
 
+from verl_fixtures.import_stubs import DEFAULT_STUBS  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 PARITY = REPO / "experiments" / "verl" / "distributed_parity.py"
 
@@ -24,6 +26,7 @@ def run_parity(mode: str, nproc: int, out: Path, *extra: str, device: str = "cpu
                timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
     """torchrun the parity program; (process, the JSON rank 0 wrote)."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", VERL_LOGGING_LEVEL="ERROR",
+               DUALKV_BENCH_HIDE_PACKAGES=",".join(DEFAULT_STUBS),     # as on the GPU hosts: no Ray, datasets, ...
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            str(PARITY), "--mode", mode, "--device", device, "--out", str(out), *extra]
@@ -33,11 +36,17 @@ def run_parity(mode: str, nproc: int, out: Path, *extra: str, device: str = "cpu
     return proc, json.loads(written[-1].read_text())
 
 
+def device_is_cpu(record: dict) -> bool:
+    return record["environment"]["device"] == "cpu"
+
+
 def _assert_passed(proc, record, mode, world, precisions):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert record["passed"] and record["failed"] == []
     assert record["mode"] == mode and record["world_size"] == world and len(record["devices"]) == world
     assert record["partition"]["split_groups"] == []
+    if device_is_cpu(record):
+        assert set(record["environment"]["stubbed_packages"]) == set(DEFAULT_STUBS)
     for rank in record["ranks"]:
         assert set(rank["report"]) == set(precisions)
         for rows in rank["report"].values():

@@ -109,6 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def setup(device: str) -> tuple[int, int]:
     """Process group (veRL's own init on CUDA: cpu:gloo + cuda:nccl, device = LOCAL_RANK; gloo on a CPU with the
     CPU platform shim), dualkv's veRL patches, the stock attention. Returns (rank, world size)."""
+    from verl_fixtures import import_stubs
+
+    import_stubs.hide_and_stub()      # Ray, datasets, ...: imported by veRL at module top, absent on the GPU hosts
     os.environ.setdefault("VERL_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if device == "cpu":
@@ -399,6 +402,10 @@ def run(args: argparse.Namespace) -> int:
     torch.distributed.all_gather_object(names, device_name)
     record["devices"] = names
     record["environment"] = environment(args.device)
+    from verl_fixtures import import_stubs
+
+    record["environment"]["stubbed_packages"] = [n for n in import_stubs.DEFAULT_STUBS if n in sys.modules
+                                                 and import_stubs.is_stub(sys.modules[n])]
     record["tolerance"] = {
         "fp32": "relative error ||dualkv - stock|| / ||stock|| <= 1e-5 (dualkv.testing.REL_BOUNDS[float32])",
         "bf16": "stock-vs-stock spread = max |stock bf16 - stock fp32| on the same batches, layout and weights (the "
