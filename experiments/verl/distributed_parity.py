@@ -66,6 +66,8 @@ MUTANTS = ("none", "split-groups", "no-sp-allreduce")
 PRECISIONS = ("fp32", "bf16")
 N = 4                       # responses per prompt
 GROUPS_PER_MICRO_BATCH = 2
+#: Packages served by import stubs in this process (set by :func:`setup`).
+STUBBED: list[str] = []
 
 #: Model and lengths. CUDA: head_dim 128 (a kernel size); CPU: small, for CI.
 SIZES = {
@@ -111,7 +113,7 @@ def setup(device: str) -> tuple[int, int]:
     CPU platform shim), dualkv's veRL patches, the stock attention. Returns (rank, world size)."""
     from verl_fixtures import import_stubs
 
-    import_stubs.hide_and_stub()      # Ray, datasets, ...: imported by veRL at module top, absent on the GPU hosts
+    STUBBED[:] = import_stubs.hide_and_stub()   # Ray, datasets, ...: veRL imports them at module top; absent on the GPU hosts
     os.environ.setdefault("VERL_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if device == "cpu":
@@ -382,7 +384,8 @@ def environment(device: str) -> dict:
         import dualkv
 
         env["dualkv_backend_bf16"] = dualkv.backend_name(torch.zeros(1, dtype=torch.bfloat16, device="cuda"))
-        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        version = torch.cuda.nccl.version()
+        env["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     return env
 
 
@@ -402,10 +405,7 @@ def run(args: argparse.Namespace) -> int:
     torch.distributed.all_gather_object(names, device_name)
     record["devices"] = names
     record["environment"] = environment(args.device)
-    from verl_fixtures import import_stubs
-
-    record["environment"]["stubbed_packages"] = [n for n in import_stubs.DEFAULT_STUBS if n in sys.modules
-                                                 and import_stubs.is_stub(sys.modules[n])]
+    record["environment"]["stubbed_packages"] = list(STUBBED)
     record["tolerance"] = {
         "fp32": "relative error ||dualkv - stock|| / ||stock|| <= 1e-5 (dualkv.testing.REL_BOUNDS[float32])",
         "bf16": "stock-vs-stock spread = max |stock bf16 - stock fp32| on the same batches, layout and weights (the "

@@ -164,13 +164,16 @@ def measure(args, engine, system: str, phase: str, td, loss, warmup: int, reps: 
         seconds, peak, _ = bench.timed(lambda: phase_call(engine, phase, td, loss), warmup, reps, args.device)
     except torch.OutOfMemoryError:
         status = "OOM"
+    except RuntimeError as err:            # e.g. an OOM re-raised by a collective or a checkpointed recompute
+        status = "OOM" if "out of memory" in str(err).lower() else f"error: {type(err).__name__}: {str(err)[:200]}"
     finally:
         engine.optimizer_zero_grad()
         bench.release_memory()
     gathered: list = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, (status, seconds, peak))
-    statuses = {g[0] for g in gathered}
-    row = {"system": system, "phase": phase, "status": "OOM" if "OOM" in statuses else "ok",
+    statuses = [g[0] for g in gathered]
+    worst = "OOM" if "OOM" in statuses else next((x for x in statuses if x != "ok"), "ok")
+    row = {"system": system, "phase": phase, "status": worst,
            "seconds": None, "peak_mem_gib_per_rank": [g[2] for g in gathered]}
     if row["status"] == "ok":
         row["seconds"] = max(g[1] for g in gathered)
@@ -217,9 +220,12 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     hf = AutoConfig.from_pretrained(args.model_dir)
     vocab = min(int(hf.vocab_size), 4096)
-    engine = verl_fixtures.build_engine(args.model_dir, dualkv=False, sp=args.sp, precision="bf16",
-                                        attention=STOCK_ATTENTION, micro_batch_size=args.mb,
-                                        max_token_len=args.N * (max(args.P) + args.R))
+    def build():
+        return verl_fixtures.build_engine(args.model_dir, dualkv=False, sp=args.sp, precision="bf16",
+                                          attention=STOCK_ATTENTION, micro_batch_size=args.mb,
+                                          max_token_len=args.N * (max(args.P) + args.R))
+
+    engine = build()
     dp_rank, dp = engine.get_data_parallel_rank(), engine.get_data_parallel_size()
     loss = verl_fixtures.loss_fn(args.N, entropy_coeff=0.0, kl_loss_coef=0.001)
     name = Path(args.model_dir).name
@@ -264,8 +270,15 @@ def run(args: argparse.Namespace) -> int:
                 if rank == 0:
                     print(f"[w{world} sp{args.sp}] P={prompt_len} {system} {phase}: {row['status']} "
                           f"{row['seconds']} s, peak {row['peak_mem_gib_per_rank']} GiB", flush=True)
-                if row["status"] == "OOM":
+                if row["status"] != "ok":
                     alive.remove(system)
+                    # A forward that died half-way may leave FSDP's state (unsharded modules, hooks) behind: the
+                    # systems still searching get a fresh engine.
+                    if alive:
+                        del engine
+                        policy_bench_cached().release_memory()
+                        engine = build()
+                        record["rebuilds"] = record.get("rebuilds", 0) + 1
                     break
         if not alive:
             break
