@@ -13,6 +13,7 @@ set -uo pipefail
 MODE="${1:?usage: run_multigpu.sh 2gpu|4gpu}"
 OUT="${OUT:-out/multigpu}"
 BUDGET_S="${BUDGET_S:-450}"
+PARTS="${PARTS:-parity,bench}"      # 2gpu: PARTS=bench (or parity) runs one half, e.g. in a second call
 WHEELS="${WHEELS:-experiments/verl/wheels}"
 mkdir -p "$OUT"
 START=$SECONDS
@@ -50,7 +51,8 @@ MODELS=/tmp/dualkv-multigpu-models
 log "precompiling kernels"
 step kernels 150 python3 -m dualkv kernels --compile-only --arch sm_90 --jobs 16 --no-progress &
 KERNELS=$!
-if [[ "$MODE" == 2gpu ]]; then
+want() { [[ ",$PARTS," == *",$1,"* ]]; }
+if [[ "$MODE" == 2gpu ]] && want bench; then
   # Random-weight models, saved while the kernels compile: Qwen3-1.7B (DP scaling at P=8K) and Qwen3-4B (longest
   # prompt: 16 bytes/parameter of fp32 weights, gradients and Adam leave ~14 GB for activations on one 80 GB GPU).
   python3 $BENCH --save-model $MODELS/qwen3-1.7b --model qwen3-1.7b --max-positions 12000 > "$OUT/save_1.7b.log" 2>&1 &
@@ -62,8 +64,11 @@ wait $KERNELS
 
 case "$MODE" in
   2gpu)
-    step parity_dp2 120 $TR --nproc-per-node 2 $PARITY --mode dp2 --out "$OUT"
-    step parity_sp2 120 $TR --nproc-per-node 2 $PARITY --mode sp2 --out "$OUT"
+    if want parity; then
+      step parity_dp2 120 $TR --nproc-per-node 2 $PARITY --mode dp2 --out "$OUT"
+      step parity_sp2 120 $TR --nproc-per-node 2 $PARITY --mode sp2 --out "$OUT"
+    fi
+    want bench || { log "done (parity only); results in $OUT"; exit 0; }
     wait $SAVE1 $SAVE2; log "models saved: $(du -sh $MODELS | cut -f1)"
     common=(--R 2048 --N 8 --out "$OUT")
     step tp_w1 75 $TR --nproc-per-node 1 $BENCH --task throughput --model-dir $MODELS/qwen3-1.7b --systems dualkv \
