@@ -14,12 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("verl")
-
-from verl_fixtures.import_stubs import DEFAULT_STUBS  # noqa: E402
+from verl_fixtures.import_stubs import DEFAULT_STUBS
 
 REPO = Path(__file__).resolve().parents[1]
 PARITY = REPO / "experiments" / "verl" / "distributed_parity.py"
+
+
+@pytest.fixture(autouse=True)
+def _needs_verl():
+    """Checked per test, not at import: the gpu tests must still be collected where veRL is not installed (the GPU
+    hosts get it from carried wheels, experiments/verl/run_multigpu.sh)."""
+    pytest.importorskip("verl")
 
 
 def run_parity(mode: str, nproc: int, out: Path, *extra: str, device: str = "cpu",
