@@ -64,11 +64,10 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from proofs_tests.verl_fixtures import import_stubs  # noqa: E402
+from proofs_tests.verl_fixtures import import_stubs, stock_attention  # noqa: E402
 
-#: Pretend these packages are not installed (comma-separated; how the tests exercise the stubs on a machine that
-#: has them). Inherited by the per-system child processes.
-HIDE_ENV = "DUALKV_BENCH_HIDE_PACKAGES"
+#: Pretend these packages are not installed (inherited by the per-system child processes).
+HIDE_ENV = import_stubs.HIDE_ENV
 #: Packages served by import stubs in this process (set by :func:`stub_unused_imports`).
 STUBBED: list[str] = []
 
@@ -77,15 +76,13 @@ def stub_unused_imports() -> list[str]:
     """Hide the packages named in ``$DUALKV_BENCH_HIDE_PACKAGES`` and stub every missing one that veRL imports at
     module top but does not use in process (Ray, datasets, ...). Runs first in :func:`main`, not on import, so
     importing this module (``experiments/summarize.py`` does, for the FLOP helpers) changes nothing."""
-    for name in filter(None, os.environ.get(HIDE_ENV, "").split(",")):
-        sys.modules[name] = None
-    STUBBED[:] = import_stubs.stub_missing()
+    STUBBED[:] = import_stubs.hide_and_stub()
     return STUBBED
 
 
 SYSTEMS = ("stock", "dualkv")
 PHASES = ("old_log_prob", "ref_log_prob", "update_actor")
-STOCK_ATTENTION = "dualkv_bench_stock_varlen"
+STOCK_ATTENTION = stock_attention.STOCK_ATTENTION
 #: The documented override (the ref follows the actor).
 DUALKV_LINES = {"actor_rollout_ref.actor.use_dualkv": True}
 TINY = {"model": "tiny", "P": 24, "R": 6, "N": [2, 4], "mb": [2], "warmup": 1, "reps": 1}
@@ -169,28 +166,9 @@ def setup_process(device: str) -> None:
 
 
 def register_stock_attention() -> None:
-    """The stock system's attention: veRL hands a packed (1, T) N-copy stream with position ids restarting at 0 per
-    row and no mask; this runs causal FlashAttention-2 varlen over those rows (PyTorch's ``varlen_attn`` on CUDA,
-    the dualkv reference of the same op on a CPU) — what veRL does with ``flash_attention_2`` installed."""
-    from transformers import AttentionInterface
-
-    from dualkv.bench.systems import varlen_causal
-
-    def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
-                  **kwargs):
-        if sliding_window or (dropout and module.training):
-            raise NotImplementedError("the stock benchmark attention is full causal attention without dropout")
-        positions = kwargs.get("position_ids")
-        if positions is None or query.shape[0] != 1:
-            raise ValueError("the stock benchmark attention needs packed (1, T) inputs with position_ids")
-        starts = torch.nonzero(positions.reshape(-1) == 0).flatten()
-        total = positions.numel()
-        cu = torch.cat([starts, starts.new_tensor([total])]).to(torch.int32)
-        max_len = int((cu[1:] - cu[:-1]).max())
-        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
-        return varlen_causal(q, k, v, cu, cu, max_len, max_len, scaling)[None], None
-
-    AttentionInterface.register(STOCK_ATTENTION, attention)
+    """The stock system's attention: causal FlashAttention-2 varlen over veRL's packed N-copy rows (PyTorch's
+    ``varlen_attn`` on CUDA), Ulysses-aware — see ``proofs_tests/verl_fixtures/stock_attention.py``."""
+    stock_attention.register_stock_attention()
 
 
 def use_fused_stock_logprobs() -> None:

@@ -64,12 +64,17 @@ def engine_batch(groups: Sequence[tuple[int, Sequence[int]]], *, seed: int = 0, 
                  calculate_entropy: bool = True, uids: Sequence[str] | None = None, **meta):
     """The no-padding TensorDict veRL's workers hand the engine (``left_right_2_no_padding`` of a synthetic rollout
     batch), with the non-tensor keys the trainer and worker set."""
-    from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import left_right_2_no_padding
-
     from .synthetic import rollout_batch
 
     batch = rollout_batch(groups, vocab_size=VOCAB, seed=seed, temperature=temperature, uids=uids)
+    return engine_batch_of(batch, calculate_entropy=calculate_entropy, **meta)
+
+
+def engine_batch_of(batch, *, calculate_entropy: bool = True, **meta):
+    """:func:`engine_batch` of a given rollout ``DataProto`` (e.g. one DP rank's share of a balanced batch)."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
     td = left_right_2_no_padding(batch.to_tensordict())
     rows = td.batch_size[0]
     defaults = dict(calculate_entropy=calculate_entropy, compute_loss=True, use_remove_padding=True,
@@ -100,19 +105,23 @@ def loss_fn(n: int, **overrides):
 
 def build_engine(model_dir: str, *, dualkv: bool, sp: int = 1, fused: bool = False, dynamic: bool = False,
                  forward_only: bool = False, max_token_len: int = 4096, micro_batch_size: int = 64,
-                 strategy: str = "fsdp2"):
-    """An initialised FSDP language-model engine (``strategy`` fsdp2 or fsdp; float32 end to end, gradient
-    checkpointing on)."""
+                 strategy: str = "fsdp2", precision: str = "fp32", attention: str = "sdpa"):
+    """An initialised FSDP language-model engine (``strategy`` fsdp2 or fsdp; gradient checkpointing on).
+
+    ``precision``: "fp32" (float32 end to end) or "bf16" (veRL's actor default: fp32 master weights, bf16 compute,
+    fp32 gradient reduction). ``attention``: the model's ``attn_implementation`` for stock micro-batches."""
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
     from verl.workers.engine import EngineRegistry
 
-    model_config = HFModelConfig(path=model_dir, override_config={"attn_implementation": "sdpa"},
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be 'fp32' or 'bf16'; got {precision!r}")
+    model_config = HFModelConfig(path=model_dir, override_config={"attn_implementation": attention},
                                  use_remove_padding=True, enable_gradient_checkpointing=True,
                                  use_fused_kernels=fused, fused_kernel_options={"impl_backend": "torch"} if fused else {})
     engine_config = FSDPEngineConfig(
         strategy=strategy, model_dtype="fp32", forward_only=forward_only, ulysses_sequence_parallel_size=sp,
-        mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+        mixed_precision={"param_dtype": precision, "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
         use_torch_compile=False, use_dynamic_bsz=dynamic, max_token_len_per_gpu=max_token_len,
         micro_batch_size_per_gpu=micro_batch_size, infer_max_token_len_per_gpu=max_token_len,
         infer_micro_batch_size_per_gpu=micro_batch_size, use_remove_padding=True, use_fused_kernels=fused)

@@ -60,7 +60,7 @@ def _run_both(engine, td, n: int, *, train: bool) -> dict:
         mo = res["model_output"]
         out[system] = {"log_probs": response_values(mo["log_probs"], td),
                        "entropy": response_values(mo["entropy"], td) if "entropy" in mo else None,
-                       "loss": res["loss"], "grads": grads}
+                       "loss": res["loss"], "metrics": res.get("metrics", {}), "grads": grads}
     return out
 
 

@@ -17,11 +17,14 @@ import sys
 import types
 from typing import Any, Iterable
 
-__all__ = ["stub_missing", "is_stub", "DEFAULT_STUBS"]
+__all__ = ["stub_missing", "hide_and_stub", "is_stub", "DEFAULT_STUBS", "HIDE_ENV"]
 
 #: What veRL 0.9.1 imports on the actor/ref worker path without using it in process.
 DEFAULT_STUBS = ("ray", "datasets", "PIL", "pandas", "uvicorn", "fastapi")
 _MARK = "__dualkv_import_stub__"
+#: Pretend these packages are not installed (comma-separated; how the tests exercise the stubs on a machine that
+#: has them). Inherited by child processes.
+HIDE_ENV = "DUALKV_BENCH_HIDE_PACKAGES"
 
 
 class _InertMeta(type):
@@ -126,3 +129,13 @@ def stub_missing(packages: Iterable[str] = DEFAULT_STUBS) -> list[str]:
     if missing:
         sys.meta_path.insert(0, _Finder(missing))
     return missing
+
+
+def hide_and_stub(packages: Iterable[str] = DEFAULT_STUBS) -> list[str]:
+    """Hide the packages named in ``$DUALKV_BENCH_HIDE_PACKAGES``, then :func:`stub_missing`; call before veRL is
+    imported. Returns the stubbed names."""
+    import os
+
+    for name in filter(None, os.environ.get(HIDE_ENV, "").split(",")):
+        sys.modules[name] = None
+    return stub_missing(packages)

@@ -1,0 +1,476 @@
+"""veRL 0.9.1's own FSDP engine, stock vs dualkv, on several processes: DP=2, Ulysses SP=2, DP=2 x SP=2.
+
+Launch with torchrun (one process per GPU; veRL's own ``initialize_global_process_group`` on CUDA/NCCL)::
+
+    torchrun --nproc-per-node 2 experiments/verl/distributed_parity.py --mode dp2     --out $OUT
+    torchrun --nproc-per-node 2 experiments/verl/distributed_parity.py --mode sp2     --out $OUT
+    torchrun --nproc-per-node 4 experiments/verl/distributed_parity.py --mode dp2sp2  --out $OUT
+
+and on a CPU over gloo, the same code path at a tiny size (what CI runs)::
+
+    torchrun --nproc-per-node 2 experiments/verl/distributed_parity.py --mode sp2 --device cpu --out DIR
+
+What one run does, on every rank:
+
+1. a random Qwen3 (head_dim 128 on CUDA, so the dualkv kernels serve it; 2 layers) is saved by rank 0;
+2. one global GRPO batch of G groups of N responses (random lengths) is balanced over the DP ranks with dualkv's
+   group-preserving partition — the one both veRL trainers' ``_balance_batch`` use with dualkv — and the run
+   **stops with an error if any group's rows land on two ranks** (``--mutant split-groups`` balances rows the way
+   stock veRL does, to show the check fires); each rank takes its share, as veRL's dispatch would;
+3. for each precision (fp32, bf16) one FSDP2 engine (veRL's ``EngineRegistry``; bf16 = fp32 master weights,
+   bf16 compute, fp32 gradient reduction) runs the rank's batch with stock veRL (N-copy rows; FlashAttention-2
+   varlen, Ulysses-wrapped as veRL wraps ``flash_attention_2``: ``proofs_tests/verl_fixtures/stock_attention.py``)
+   and with dualkv (the CUDA kernels for bf16 on a GPU; the reference for fp32), on the same weights and batches:
+   ``infer_batch`` (old log-probs, entropy) and ``forward_backward_batch`` with veRL's ``ppo_loss`` (loss, its
+   terms, full gradients after FSDP's reduce, gradient norm); micro-batches of two groups;
+4. the comparison (per rank, then gathered):
+
+   * fp32: relative error ``||dualkv - stock|| / ||stock||`` <= 1e-5 for every quantity;
+   * bf16: the stock-vs-stock spread is stock bf16 against stock fp32 on the same batches, layout and weights
+     (the rounding that bf16 itself puts into veRL's stock run); dualkv bf16 passes when its max |error| against
+     stock fp32 is <= 2 x that spread + 1e-4 (3 x for gradients) — FlashAttention's rule, ``dualkv.testing``;
+   * with SP: every group's first response token (scored from the shared last-prompt row that the SP all-reduce
+     sums) is checked on its own, the SP ranks of a DP group must return bitwise the same values, and the batch
+     is built so that both SP ranks own shared rows (recorded; ``--mutant no-sp-allreduce`` drops the
+     all-reduce to show the check fires).
+
+Rank 0 writes ``<out>/distributed_parity-<mode>.json`` (GPU names, torch/CUDA/veRL versions, commit from
+``$DUALKV_COMMIT`` or git, per-quantity errors and bounds, pass/fail) and the exit status is 0 only when every
+check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+for path in (REPO, REPO / "proofs_tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import torch  # noqa: E402
+
+#: world size and Ulysses SP size of each mode.
+MODES = {"dp2": (2, 1), "sp2": (2, 2), "dp2sp2": (4, 2)}
+MUTANTS = ("none", "split-groups", "no-sp-allreduce")
+PRECISIONS = ("fp32", "bf16")
+N = 4                       # responses per prompt
+GROUPS_PER_MICRO_BATCH = 2
+#: Packages served by import stubs in this process (set by :func:`setup`).
+STUBBED: list[str] = []
+
+#: Model and lengths. CUDA: head_dim 128 (a kernel size); CPU: small, for CI.
+SIZES = {
+    "gpu": {"model": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=128, max_position_embeddings=4096),
+            "prompt": (48, 320), "response": (8, 160)},
+    "tiny": {"model": dict(num_attention_heads=4, num_key_value_heads=2),
+             "prompt": (3, 14), "response": (1, 7)},
+}
+
+
+class GroupSplitError(RuntimeError):
+    """The DP balancing put rows of one prompt group on two ranks."""
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=sorted(MODES), required=True)
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
+    p.add_argument("--precisions", default=",".join(PRECISIONS), help="fp32,bf16 (default both)")
+    p.add_argument("--size", choices=sorted(SIZES), default=None, help="default: gpu on cuda, tiny on cpu")
+    p.add_argument("--groups-per-rank", type=int, default=4, help="prompt groups per DP rank (even)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mutant", choices=MUTANTS, default="none", help="a known-wrong variant (tests only)")
+    p.add_argument("--out", default=str(REPO / "out" / "parity"))
+    args = p.parse_args(argv)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.size = args.size or ("gpu" if args.device == "cuda" else "tiny")
+    args.precisions = [x for x in args.precisions.split(",") if x]
+    if not args.precisions or set(args.precisions) - set(PRECISIONS):
+        p.error(f"--precisions takes a subset of {','.join(PRECISIONS)}")
+    if "bf16" in args.precisions and "fp32" not in args.precisions:
+        p.error("bf16 is judged against stock fp32: --precisions must include fp32")
+    if args.groups_per_rank < GROUPS_PER_MICRO_BATCH or args.groups_per_rank % GROUPS_PER_MICRO_BATCH:
+        p.error(f"--groups-per-rank must be a positive multiple of {GROUPS_PER_MICRO_BATCH}")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------- setup
+def setup(device: str) -> tuple[int, int]:
+    """Process group (veRL's own init on CUDA: cpu:gloo + cuda:nccl, device = LOCAL_RANK; gloo on a CPU with the
+    CPU platform shim), dualkv's veRL patches, the stock attention. Returns (rank, world size)."""
+    from verl_fixtures import import_stubs
+
+    STUBBED[:] = import_stubs.hide_and_stub()   # Ray, datasets, ...: veRL imports them at module top; absent on the GPU hosts
+    os.environ.setdefault("VERL_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if device == "cpu":
+        import verl_fixtures
+
+        verl_fixtures.setup_cpu_verl()
+        torch.set_num_threads(1)
+        torch.distributed.init_process_group("gloo")
+    else:
+        # The GPU hosts run with NVLink multicast off; keep it off in this process too.
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        from verl.utils.distributed import initialize_global_process_group
+
+        initialize_global_process_group()
+    from dualkv.integration.verl import enable
+    from verl_fixtures.stock_attention import register_stock_attention
+
+    enable()        # what dualkv's verl.plugins entry point does where dualkv is pip-installed
+    register_stock_attention()
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def shared_model_dir(args: argparse.Namespace, rank: int) -> tuple[str, dict]:
+    """Rank 0 saves the random model under a fresh temporary folder; every rank gets its path."""
+    import verl_fixtures
+
+    fields = dict(SIZES[args.size]["model"])
+    box = [None]
+    if rank == 0:
+        folder = Path(tempfile.mkdtemp(prefix="dualkv-parity-"))
+        box[0] = verl_fixtures.build_model_dir(folder / "model", seed=args.seed, **fields)
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0], fields
+
+
+# ---------------------------------------------------------------------------------------------- batches
+def global_groups(args: argparse.Namespace, dp: int) -> list[tuple[int, list[int]]]:
+    """dp x groups-per-rank groups of N responses, random prompt and response lengths (the same on every rank)."""
+    g = torch.Generator().manual_seed(1000 + args.seed)
+    (p_lo, p_hi), (r_lo, r_hi) = SIZES[args.size]["prompt"], SIZES[args.size]["response"]
+    groups = []
+    for _ in range(dp * args.groups_per_rank):
+        p = int(torch.randint(p_lo, p_hi + 1, (1,), generator=g))
+        groups.append((p, [int(x) for x in torch.randint(r_lo, r_hi + 1, (N,), generator=g)]))
+    return groups
+
+
+def dp_partitions(batch, dp: int, mutant: str) -> list[list[int]]:
+    """Row indices of each DP rank: dualkv's group-preserving balancing (what both veRL trainers run with dualkv),
+    or for ``--mutant split-groups`` stock veRL's row balancing (Karmarkar-Karp over P+R per row)."""
+    from dualkv.integration.verl.trainers import dualkv_partitions
+
+    width = batch.batch["prompts"].shape[1]
+    mask = batch.batch["attention_mask"]
+    prompt_lens, response_lens = mask[:, :width].sum(-1).tolist(), mask[:, width:].sum(-1).tolist()
+    uids = list(batch.non_tensor_batch["uid"])
+    if mutant == "split-groups":
+        from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
+
+        seqlens = [p + r for p, r in zip(prompt_lens, response_lens)]
+        return [sorted(part) for part in get_seqlen_balanced_partitions(seqlens, dp, equal_size=True)]
+    return dualkv_partitions(uids, prompt_lens, response_lens, dp)
+
+
+def check_partitions(uids: list, partitions: list[list[int]]) -> dict:
+    """Raise :class:`GroupSplitError` when a group's rows are on two ranks (or the partition is unusable)."""
+    from dualkv.integration.verl.balance import partition_problems, split_groups
+
+    split = split_groups(uids, partitions)
+    problems = partition_problems(uids, partitions)
+    record = {"rows_per_rank": [len(p) for p in partitions], "split_groups": [str(u) for u in split],
+              "problems": problems}
+    if split or problems:
+        raise GroupSplitError(f"DP balancing split prompt groups across ranks: {len(split)} group(s) "
+                              f"{[str(u)[-8:] for u in split]} on several ranks; problems: {problems}")
+    return record
+
+
+def shared_row_owners(groups: list[tuple[int, list[int]]], sp: int) -> list[list[int]]:
+    """For each micro-batch (GROUPS_PER_MICRO_BATCH consecutive groups) the SP rank holding each group's last
+    prompt row: the P+ΣR stream padded to a multiple of SP is cut into SP equal parts (veRL's Ulysses slice)."""
+    owners = []
+    for start in range(0, len(groups), GROUPS_PER_MICRO_BATCH):
+        chunk = groups[start:start + GROUPS_PER_MICRO_BATCH]
+        total = sum(p + sum(rs) for p, rs in chunk)
+        part = -(-total // sp)
+        offset, ranks = 0, []
+        for p, rs in chunk:
+            ranks.append((offset + p - 1) // part)
+            offset += p + sum(rs)
+        owners.append(ranks)
+    return owners
+
+
+def rank_batch(args, groups, partitions, dp_rank: int):
+    """This DP rank's rows of the global rollout batch, as the engine TensorDict (fixed micro-batches of two
+    groups), and its groups in order."""
+    import verl_fixtures
+    from verl_fixtures.synthetic import rollout_batch
+
+    batch = rollout_batch(groups, vocab_size=verl_fixtures.VOCAB, seed=args.seed)
+    rows = partitions[dp_rank]
+    mine = batch.select_idxs(torch.tensor(rows))
+    row_group = [gi for gi, (_, rs) in enumerate(groups) for _ in rs]
+    order = list(dict.fromkeys(row_group[r] for r in rows))
+    td = verl_fixtures.engine_batch_of(mine, micro_batch_size_per_gpu=GROUPS_PER_MICRO_BATCH * N,
+                                       global_batch_size=len(rows))
+    return td, [groups[gi] for gi in order], mine.batch["response_mask"].bool()
+
+
+# ---------------------------------------------------------------------------------------------- runs
+def run_precision(args, model_dir: str, precision: str, sp: int, groups, partitions, mutant: str) -> dict:
+    """Stock and dualkv on one engine of this precision: outputs, loss terms, full gradients."""
+    import verl_fixtures
+    from verl_fixtures import dist_cases
+    from verl_fixtures.stock_attention import STOCK_ATTENTION
+
+    engine = verl_fixtures.build_engine(model_dir, dualkv=False, sp=sp, precision=precision,
+                                        attention=STOCK_ATTENTION, micro_batch_size=GROUPS_PER_MICRO_BATCH * N)
+    dp_rank, dp_size = engine.get_data_parallel_rank(), engine.get_data_parallel_size()
+    td, my_groups, mask = rank_batch(args, groups, partitions, dp_rank)
+    if mutant == "no-sp-allreduce":     # drop only the all-reduce of the shared last-prompt rows ((G, D) buffer)
+        from dualkv.integration.verl import head
+
+        original = getattr(head._sum_over, "__wrapped__", head._sum_over)
+
+        def without_shared_rows(values, group):
+            return values if values.dim() == 2 else original(values, group)
+
+        without_shared_rows.__wrapped__ = original
+        head._sum_over = without_shared_rows
+    infer = dist_cases._run_both(engine, td, N, train=False)
+    train = dist_cases._run_both(engine, td, N, train=True)
+    del engine
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    out = {"dp_rank": dp_rank, "dp_size": dp_size, "groups": my_groups}
+    for system in ("stock", "dualkv"):
+        grads = train[system]["grads"]
+        flat = torch.cat([grads[k].flatten() for k in sorted(grads)]) if grads else torch.zeros(0)
+        out[system] = {"log_probs": infer[system]["log_probs"], "entropy": infer[system]["entropy"],
+                       "train_log_probs": train[system]["log_probs"],
+                       "loss": float(sum(train[system]["loss"])), "terms": loss_terms(train[system]["metrics"]),
+                       "grads": flat, "grad_norm": float(flat.norm()) if flat.numel() else 0.0, "mask": mask}
+    return out
+
+
+#: veRL ppo_loss terms compared (continuous ones; clip fractions are counts that one rounding flips).
+LOSS_TERMS = ("actor/pg_loss", "actor/entropy_loss", "kl_loss", "actor/ppo_kl")
+
+
+def loss_terms(metrics: dict) -> dict[str, list[float]]:
+    """veRL's ppo_loss terms, one value per micro-batch (veRL's ``Metric.values``)."""
+    terms = {}
+    for key in LOSS_TERMS:
+        if key in (metrics or {}):
+            value = metrics[key]
+            terms[key] = [float(v) for v in getattr(value, "values", value)]
+    missing = set(LOSS_TERMS) - set(terms)
+    if missing:
+        raise RuntimeError(f"veRL's ppo_loss did not report {sorted(missing)}; got {sorted(metrics or {})}")
+    return terms
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def _masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The real response tokens of (B, R_max) values."""
+    if x.shape != mask.shape:
+        raise ValueError(f"values {tuple(x.shape)} and response mask {tuple(mask.shape)} differ in shape")
+    return x.double()[mask.to(x.device)]
+
+
+def quantities(result: dict, system: str) -> dict[str, Any]:
+    """Every compared quantity of one system at one precision (tensors flattened over real response tokens)."""
+    r = result[system]
+    mask = r["mask"]
+    q = {"log_probs": _masked(r["log_probs"], mask), "entropy": _masked(r["entropy"], mask),
+         "first_token_log_probs": r["log_probs"][:, 0].double(), "first_token_entropy": r["entropy"][:, 0].double(),
+         "train_log_probs": _masked(r["train_log_probs"], mask), "loss": r["loss"], "grads": r["grads"].double(),
+         "grad_norm": r["grad_norm"]}
+    q.update({f"term:{k}": v for k, v in r["terms"].items()})
+    return q
+
+
+def _rel(a, b) -> float:
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _max_abs(a, b) -> float:
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    return float((a - b).abs().max()) if a.numel() else 0.0
+
+
+def compare_fp32(stock: dict, dualkv: dict) -> dict:
+    from dualkv.testing import REL_BOUNDS
+
+    bound = REL_BOUNDS[torch.float32]
+    rows = {}
+    for name in stock:
+        err = _rel(dualkv[name], stock[name])
+        rows[name] = {"kind": "rel", "error": err, "max_abs": _max_abs(dualkv[name], stock[name]), "bound": bound,
+                      "passed": err <= bound}
+    return rows
+
+
+def compare_bf16(stock: dict, dualkv: dict, stock32: dict) -> dict:
+    """FlashAttention's rule against stock fp32: |dualkv_bf16 - stock_fp32| <= factor x |stock_bf16 - stock_fp32|
+    + atol (max over elements; factor 2, 3 for gradients)."""
+    from dualkv.testing import FA_ATOL, FA_FACTOR_GRAD, FA_FACTOR_OUT
+
+    rows = {}
+    for name in stock:
+        factor = FA_FACTOR_GRAD if name in ("grads", "grad_norm") else FA_FACTOR_OUT
+        spread = _max_abs(stock[name], stock32[name])
+        err = _max_abs(dualkv[name], stock32[name])
+        bound = factor * spread + FA_ATOL[torch.bfloat16]
+        rows[name] = {"kind": "max_abs vs stock fp32", "error": err, "stock_bf16_spread": spread, "factor": factor,
+                      "bound": bound, "rel_vs_stock_bf16": _rel(dualkv[name], stock[name]), "passed": err <= bound}
+    return rows
+
+
+def rank_report(results: dict) -> dict:
+    """Per precision, per quantity: errors and bounds for this rank."""
+    report = {}
+    stock32 = quantities(results["fp32"], "stock") if "fp32" in results else None
+    for precision, result in results.items():
+        stock, dualkv = quantities(result, "stock"), quantities(result, "dualkv")
+        report[precision] = compare_fp32(stock, dualkv) if precision == "fp32" else compare_bf16(stock, dualkv,
+                                                                                                 stock32)
+    return report
+
+
+def sp_consistency(gathered: list[dict], sp: int) -> dict:
+    """The SP ranks of a DP group must hold bitwise the same dualkv outputs (the head's all-reduces)."""
+    out = {"checked": sp > 1, "passed": True, "mismatches": []}
+    if sp == 1:
+        return out
+    for dp_rank in sorted({g["dp_rank"] for g in gathered}):
+        members = [g for g in gathered if g["dp_rank"] == dp_rank]
+        for precision in members[0]["dualkv_log_probs"]:
+            first = members[0]["dualkv_log_probs"][precision]
+            for other in members[1:]:
+                if not torch.equal(first, other["dualkv_log_probs"][precision]):
+                    out["passed"] = False
+                    out["mismatches"].append(f"dp rank {dp_rank} {precision}: SP ranks differ")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- main
+def environment(device: str) -> dict:
+    from importlib import metadata
+
+    from dualkv._provenance import git_commit
+
+    commit, dirty = git_commit()
+    env = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "commit": commit, "dirty": dirty,
+           "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+           "device": device}
+    for package in ("verl", "transformers"):
+        try:
+            env[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            env[package] = None
+    if device == "cuda":
+        import dualkv
+
+        env["dualkv_backend_bf16"] = dualkv.backend_name(torch.zeros(1, dtype=torch.bfloat16, device="cuda"))
+        version = torch.cuda.nccl.version()
+        env["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    rank, world = setup(args.device)
+    want_world, sp = MODES[args.mode]
+    if world != want_world:
+        raise SystemExit(f"--mode {args.mode} needs {want_world} processes (torchrun --nproc-per-node "
+                         f"{want_world}); this run has {world}")
+    dp = world // sp
+    start = time.monotonic()
+    record: dict[str, Any] = {"benchmark": "verl_distributed_parity", "mode": args.mode, "world_size": world,
+                              "dp": dp, "sp": sp, "mutant": args.mutant, "precisions": args.precisions, "N": N,
+                              "groups_per_micro_batch": GROUPS_PER_MICRO_BATCH, "strategy": "fsdp2"}
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
+    names: list = [None] * world
+    torch.distributed.all_gather_object(names, device_name)
+    record["devices"] = names
+    record["environment"] = environment(args.device)
+    record["environment"]["stubbed_packages"] = list(STUBBED)
+    record["tolerance"] = {
+        "fp32": "relative error ||dualkv - stock|| / ||stock|| <= 1e-5 (dualkv.testing.REL_BOUNDS[float32])",
+        "bf16": "stock-vs-stock spread = max |stock bf16 - stock fp32| on the same batches, layout and weights (the "
+                "rounding bf16 puts into veRL's stock run); dualkv passes when max |dualkv bf16 - stock fp32| <= "
+                "factor x spread + 1e-4, factor 2 for outputs and loss terms, 3 for gradients (FlashAttention's "
+                "rule, dualkv.testing.compare)",
+    }
+    out_path = Path(args.out) / f"distributed_parity-{args.mode}{'' if args.mutant == 'none' else '-' + args.mutant}.json"
+    status = 1
+    try:
+        groups = global_groups(args, dp)
+        import verl_fixtures
+        from verl_fixtures.synthetic import rollout_batch
+
+        batch = rollout_batch(groups, vocab_size=verl_fixtures.VOCAB, seed=args.seed)
+        uids = list(batch.non_tensor_batch["uid"])
+        record["global_groups"] = groups
+        partitions = dp_partitions(batch, dp, args.mutant)
+        record["partition"] = check_partitions(uids, partitions)
+        model_dir, fields = shared_model_dir(args, rank)
+        record["model"] = {"arch": "qwen3", "vocab": verl_fixtures.VOCAB, **fields}
+        results = {}
+        for precision in args.precisions:
+            results[precision] = run_precision(args, model_dir, precision, sp, groups, partitions, args.mutant)
+        mine = {"rank": rank, "dp_rank": results[args.precisions[0]]["dp_rank"],
+                "groups": results[args.precisions[0]]["groups"], "report": rank_report(results),
+                "dualkv_log_probs": {p: r["dualkv"]["log_probs"].cpu() for p, r in results.items()}}
+        gathered: list = [None] * world
+        torch.distributed.all_gather_object(gathered, mine)
+        if rank == 0:
+            record["ranks"] = [{k: g[k] for k in ("rank", "dp_rank", "groups", "report")} for g in gathered]
+            record["sp_consistency"] = sp_consistency(gathered, sp)
+            owners = [shared_row_owners(g["groups"], sp) for g in gathered]
+            record["sp_shared_row_owners"] = owners
+            both = sp == 1 or all({o for mb in own for o in mb} == set(range(sp)) for own in owners)
+            record["sp_shared_rows_on_every_sp_rank"] = both
+            failed = sorted({f"{p}:{name}" for g in gathered for p, rows in g["report"].items()
+                             for name, row in rows.items() if not row["passed"]})
+            record["failed"] = failed
+            record["passed"] = not failed and record["sp_consistency"]["passed"] and both
+            status = 0 if record["passed"] else 1
+    except GroupSplitError as err:
+        record["error"] = str(err)
+        record["passed"] = False
+        print(f"FAILED: {err}", file=sys.stderr, flush=True)
+    record["seconds"] = time.monotonic() - start
+    if rank == 0:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(record, indent=1, default=str))
+        summary = "PASSED" if record.get("passed") else f"FAILED {record.get('failed') or record.get('error')}"
+        print(f"[{args.mode}] {summary}; wrote {out_path} ({record['seconds']:.1f} s)", flush=True)
+        for r in record.get("ranks", []):
+            for precision, rows in r["report"].items():
+                worst = max(rows.items(), key=lambda kv: kv[1]["error"] / max(kv[1]["bound"], 1e-30))
+                print(f"  rank {r['rank']} {precision}: worst {worst[0]} error {worst[1]['error']:.2e} "
+                      f"bound {worst[1]['bound']:.2e}", flush=True)
+    flag = [status]
+    torch.distributed.broadcast_object_list(flag, src=0)
+    torch.distributed.destroy_process_group()
+    return int(flag[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Everything for one multi-GPU host, in one command (repo root; carry experiments/verl/wheels, filled on a machine
+# with network by experiments/verl/fetch_wheels.sh):
+#
+#   bash experiments/verl/run_multigpu.sh 2gpu     # parity DP=2 and SP=2, then the policy-update benchmark
+#   bash experiments/verl/run_multigpu.sh 4gpu     # parity DP=2 x SP=2 (then DP=2 and SP=2 again if time is left)
+#
+# Writes JSON under $OUT (default out/multigpu): distributed_parity-<mode>.json, multigpu-*.json,
+# multigpu_summary.json, and a log per step. Whole run bounded by BUDGET_S (default 450 s): each step gets what is
+# left (minus a margin) and a later step is skipped when too little is left. The carried wheels go to a temporary
+# --target folder on PYTHONPATH (pip never resolves dependencies); the kernels are precompiled first.
+set -uo pipefail
+MODE="${1:?usage: run_multigpu.sh 2gpu|4gpu}"
+OUT="${OUT:-out/multigpu}"
+BUDGET_S="${BUDGET_S:-450}"
+PARTS="${PARTS:-parity,bench}"      # 2gpu: PARTS=bench (or parity) runs one half, e.g. in a second call
+WHEELS="${WHEELS:-experiments/verl/wheels}"
+mkdir -p "$OUT"
+START=$SECONDS
+log() { echo "[run_multigpu $MODE +$((SECONDS - START)) s] $*" | tee -a "$OUT/run_multigpu.log"; }
+left() { echo $((BUDGET_S - (SECONDS - START))); }
+
+export PYTHONWARNINGS=ignore VERL_LOGGING_LEVEL=ERROR TOKENIZERS_PARALLELISM=false
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1      # the hosts run with NVLink multicast off
+export DUALKV_COMMIT="${DUALKV_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+SITE="$(mktemp -d /tmp/verl-site.XXXXXX)"
+ls "$WHEELS"/*.whl > /dev/null 2>&1 || { log "no wheels in $WHEELS (run experiments/verl/fetch_wheels.sh and carry it)"; exit 1; }
+python3 -m pip install -q --no-deps --no-index --target "$SITE" "$WHEELS"/*.whl || { log "wheel install failed"; exit 1; }
+export PYTHONPATH="$PWD:$SITE"
+log "wheels installed into $SITE; $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
+
+# step NAME MAX_S CMD...: run CMD under min(MAX_S, what is left - 15 s); skipped when under 30 s are left.
+step() {
+  local name="$1" max_s="$2"; shift 2
+  local limit=$(( $(left) - 15 ))
+  (( limit > max_s )) && limit=$max_s
+  if (( limit < 30 )); then log "SKIP $name (budget: $(left) s left)"; return 0; fi
+  log "start $name (limit $limit s)"
+  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  log "end   $name rc=$rc"
+  grep -E "^\[(dp2|sp2|dp2sp2)\]|^  rank|^\[w[0-9]|^wrote|FAILED|Error" "$OUT/$name.log" | tail -20
+  return 0
+}
+
+TR="python3 -m torch.distributed.run --standalone"
+PARITY=experiments/verl/distributed_parity.py
+BENCH=experiments/verl/multigpu_bench.py
+MODELS=/tmp/dualkv-multigpu-models
+
+log "precompiling kernels"
+step kernels 150 python3 -m dualkv kernels --compile-only --arch sm_90 --jobs 16 --no-progress &
+KERNELS=$!
+want() { [[ ",$PARTS," == *",$1,"* ]]; }
+if [[ "$MODE" == 2gpu ]] && want bench; then
+  # Random-weight models, saved while the kernels compile: Qwen3-1.7B (DP scaling at P=8K) and Qwen3-4B (longest
+  # prompt: 16 bytes/parameter of fp32 weights, gradients and Adam leave ~14 GB for activations on one 80 GB GPU).
+  python3 $BENCH --save-model $MODELS/qwen3-1.7b --model qwen3-1.7b --max-positions 12000 > "$OUT/save_1.7b.log" 2>&1 &
+  SAVE1=$!
+  python3 $BENCH --save-model $MODELS/qwen3-4b --model qwen3-4b --max-positions 140000 > "$OUT/save_4b.log" 2>&1 &
+  SAVE2=$!
+fi
+wait $KERNELS
+
+case "$MODE" in
+  2gpu)
+    if want parity; then
+      step parity_dp2 120 $TR --nproc-per-node 2 $PARITY --mode dp2 --out "$OUT"
+      step parity_sp2 120 $TR --nproc-per-node 2 $PARITY --mode sp2 --out "$OUT"
+    fi
+    want bench || { log "done (parity only); results in $OUT"; exit 0; }
+    wait $SAVE1 $SAVE2; log "models saved: $(du -sh $MODELS | cut -f1)"
+    common=(--R 2048 --N 8 --out "$OUT")
+    step tp_w1 75 $TR --nproc-per-node 1 $BENCH --task throughput --model-dir $MODELS/qwen3-1.7b --systems dualkv \
+      --P 8192 --time-budget-s 50 "${common[@]}"
+    step tp_w2 75 $TR --nproc-per-node 2 $BENCH --task throughput --model-dir $MODELS/qwen3-1.7b --systems dualkv \
+      --P 8192 --time-budget-s 50 "${common[@]}"
+    GRID=8192,16384,24576,32768,49152,65536,98304,131072
+    step maxp_sp1 90 $TR --nproc-per-node 1 $BENCH --task maxp --sp 1 --model-dir $MODELS/qwen3-4b --P $GRID \
+      --reps 1 --time-budget-s 65 "${common[@]}"
+    # SP=2 searches up to twice SP=1's longest dualkv prompt (enough to show >= 1.8x; bounded time).
+    CAP=$(python3 - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+try:
+    rows = json.loads(next(Path(sys.argv[1]).glob("multigpu-maxp-w1-sp1-*.json")).read_text())["rows"]
+    ok = [r["P"] for r in rows if r["system"] == "dualkv" and r["status"] == "ok"]
+    print(2 * max(ok) if ok else 65536)
+except StopIteration:
+    print(65536)
+EOF
+)
+    step maxp_sp2 150 $TR --nproc-per-node 2 $BENCH --task maxp --sp 2 --model-dir $MODELS/qwen3-4b --P $GRID \
+      --max-p "$CAP" --reps 1 --time-budget-s 120 "${common[@]}"
+    python3 $BENCH --summarize "$OUT" > "$OUT/summary.log" 2>&1; log "summary: $OUT/multigpu_summary.json"
+    cat "$OUT/multigpu_summary.json" 2>/dev/null | head -80
+    ;;
+  4gpu)
+    step parity_dp2sp2 150 $TR --nproc-per-node 4 $PARITY --mode dp2sp2 --out "$OUT"
+    step parity_dp2 100 $TR --nproc-per-node 2 $PARITY --mode dp2 --out "$OUT"
+    step parity_sp2 100 $TR --nproc-per-node 2 $PARITY --mode sp2 --out "$OUT"
+    ;;
+  *) log "unknown mode $MODE (2gpu or 4gpu)"; exit 2 ;;
+esac
+log "done; results in $OUT"
+ls -la "$OUT"
