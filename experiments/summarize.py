@@ -398,6 +398,7 @@ def results_markdown(root: Path = RESULTS) -> str:
              "", sweep_section(sorted(root.glob("model-*.json")),
                                "## Whole model with log-prob head (`dualkv bench model`)", "../experiments/results/"),
              "", trl_section(sorted(root.glob("trl_grpo-*.json"))),
+             "", distributed_section(root / "distributed"),
              "", verify_section(sorted(root.glob("verify-*.json"))), "", checks_section(root), ""]
     return "\n".join(parts)
 
@@ -432,6 +433,46 @@ def trl_section(files: Sequence[Path]) -> str:
         if fp32:
             out += ["", f"fp32, first {len(fp32['grad_max_rel_per_step'])} steps: log-probs {fp32['logprob_max_rel']:.1e}"
                         f" and gradients <= {max(fp32['grad_max_rel_per_step']):.1e} relative (stock vs dualkv)."]
+    return "\n".join(out)
+
+
+def _worst(report: dict) -> tuple[str, dict]:
+    """The check of one precision's report closest to (or furthest over) its bound."""
+    name = max(report, key=lambda k: report[k]["error"] / report[k]["bound"] if report[k]["bound"] else 0.0)
+    return name, report[name]
+
+
+def distributed_section(root: Path) -> str:
+    """``experiments/results/distributed/``: veRL engine parity over NCCL (stock vs dualkv) and the multi-GPU
+    policy-update benchmark."""
+    out = ["## Several GPUs: veRL's engine over NCCL (`experiments/verl/run_multigpu.sh`)", ""]
+    parity = sorted(root.glob("verl_parity-*.json"))
+    if not parity:
+        return "\n".join(out + ["No run yet."])
+    rows = []
+    for path in parity:
+        d = _load(path)
+        rank0 = d["ranks"][0]["report"]
+        cells = [d["mode"], f"{len(d.get('devices') or [])}× {str((d.get('devices') or ['?'])[0]).replace('NVIDIA ', '')}",
+                 _commit(d["environment"]), "pass" if d["passed"] else "FAIL"]
+        for precision in ("fp32", "bf16"):
+            name, check = _worst(rank0[precision])
+            cells.append(f"{name} {check['error']:.2e} / {check['bound']:.2e}")
+        rows.append(cells + [f"`{path.name}`"])
+    out += ["Stock veRL 0.9.1 engine (FSDP2) vs dualkv on the same weights and batches; per precision the check "
+            "closest to its bound (error / bound; fp32: relative, <= 1e-5; bf16: max-abs against stock fp32, bound "
+            "a multiple of stock bf16's own distance from stock fp32, see each file's `tolerance`):", "",
+            _table(["mode", "GPUs", "commit", "result", "fp32 worst", "bf16 worst", "file"], rows)]
+    for path in sorted(root.glob("multigpu-*.json")):
+        d = _load(path)
+        for r in d.get("dp_scaling", []):
+            out += ["", f"DP=1 → DP=2 ({r['system']}, {r['phase']}, P={r['P']}): {r['seconds_dp1']:.3f} s → "
+                        f"{r['seconds_dp2']:.3f} s per step at twice the batch, throughput ×{r['throughput_ratio']:.2f} "
+                        f"(`{path.name}`)."]
+        if d.get("task") == "maxp":
+            fits = [f"{r['system']} P={r['P']}: {r['status']}" + (f" ({r['seconds']:.1f} s)" if r.get("seconds") else "")
+                    for r in d["rows"]]
+            out += ["", f"Longest prompt search, {d['model']}, SP={d['sp']} (`{path.name}`): " + "; ".join(fits) + "."]
     return "\n".join(out)
 
 

@@ -6,7 +6,7 @@
 #   bash experiments/verl/run_multigpu.sh 4gpu     # parity DP=2 x SP=2 (then DP=2 and SP=2 again if time is left)
 #
 # Writes JSON under $OUT (default out/multigpu): distributed_parity-<mode>.json, multigpu-*.json,
-# multigpu_summary.json, and a log per step. Whole run bounded by BUDGET_S (default 450 s): each step gets what is
+# multigpu_summary.json, and a log per step (bundled into logs.tgz at the end). Whole run bounded by BUDGET_S (default 450 s): each step gets what is
 # left (minus a margin) and a later step is skipped when too little is left. The carried wheels go to a temporary
 # --target folder on PYTHONPATH (pip never resolves dependencies); the kernels are precompiled first.
 set -uo pipefail
@@ -43,6 +43,13 @@ step() {
   return 0
 }
 
+# The device tool returns at most 8 files per call: keep the JSON results, bundle every log into one archive.
+finish() {
+  log "done; results in $OUT"
+  tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log 2>/dev/null) && (cd "$OUT" && rm -f *.log)
+  ls -la "$OUT"
+}
+
 TR="python3 -m torch.distributed.run --standalone"
 PARITY=experiments/verl/distributed_parity.py
 BENCH=experiments/verl/multigpu_bench.py
@@ -68,7 +75,7 @@ case "$MODE" in
       step parity_dp2 120 $TR --nproc-per-node 2 $PARITY --mode dp2 --out "$OUT"
       step parity_sp2 120 $TR --nproc-per-node 2 $PARITY --mode sp2 --out "$OUT"
     fi
-    want bench || { log "done (parity only); results in $OUT"; exit 0; }
+    want bench || { finish; exit 0; }
     wait $SAVE1 $SAVE2; log "models saved: $(du -sh $MODELS | cut -f1)"
     common=(--R 2048 --N 8 --out "$OUT")
     step tp_w1 75 $TR --nproc-per-node 1 $BENCH --task throughput --model-dir $MODELS/qwen3-1.7b --systems dualkv \
@@ -102,5 +109,4 @@ EOF
     ;;
   *) log "unknown mode $MODE (2gpu or 4gpu)"; exit 2 ;;
 esac
-log "done; results in $OUT"
-ls -la "$OUT"
+finish
