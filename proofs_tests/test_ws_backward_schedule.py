@@ -10,7 +10,8 @@ import torch
 
 from dualkv import GroupLayout
 from dualkv.cuda.schedule import check_block_order, key_tiles, segments_from_cu_seqlens
-from dualkv.cuda.ws_schedule import BLOCK_KEYS, check_dq_order, check_launch_order, launch_order, numeric_backward
+from dualkv.cuda.ws_schedule import (BLOCK_KEYS, check_dq_order, check_launch_order, launch_order, numeric_backward,
+                                     walk, walk_length)
 
 
 def _layouts(seed, count):
@@ -38,6 +39,17 @@ def test_dq_counters_receive_blocks_in_order(seed):
         check_block_order(tiles)
         check_launch_order(tiles, seg)
         check_dq_order(tiles, seg)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_consumers_loop_count_equals_the_walk(seed):
+    """The consumers loop walk_steps() times and take each step's geometry from the producer's stage record: the
+    closed form must count exactly the walk's steps, or the kernel hangs (too many) or drops steps (too few)."""
+    for layout in _layouts(seed, 25):
+        seg = layout.segment_table
+        for group in (1, 4):
+            for tile in key_tiles(seg, BLOCK_KEYS, True).tolist():
+                assert walk_length(tile, seg, group) == len(walk(tile, seg, group)), tile
 
 
 def test_out_of_order_tables_are_caught():

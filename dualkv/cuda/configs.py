@@ -338,11 +338,12 @@ class KernelSpec:
             return (2 * t.block_m + 2 * t.block_n) * row
         if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V; 1 KB alignment slack
             return (2 * t.block_m + 4 * t.block_n) * self.head_dim * 2 + 1024
-        if self.kernel == "bwd_sm90_ws":  # K, V; Q/dO/LSE/D stages; dS tiles; padded fp32 dQ rows; mbarriers
+        if self.kernel == "bwd_sm90_ws":  # K, V; Q/dO/LSE/D/step-record stages; dS; fp32 dQ rows; mbarriers
             return (2 * t.block_keys * self.head_dim * 2 + 2 * t.stages * t.block_m * self.head_dim * 2
                     + (3 - t.dq_buffers) * t.block_m * t.block_keys * 2
                     + t.dq_buffers * t.block_m * self.head_dim * 4
-                    + 2 * t.stages * t.block_m * 4 + 8 * (1 + 2 * t.stages + 2 * t.dq_buffers) + 1024)
+                    + 2 * t.stages * t.block_m * 4 + 16 * t.stages + 8 * (1 + 2 * t.stages + 2 * t.dq_buffers)
+                    + 1024)
         if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + `stages` stages of Q, dO, LSE, D; 1 KB alignment slack
             return ((2 * t.block_keys + 2 * t.stages * t.block_m) * self.head_dim * 2 + 2 * t.stages * t.block_m * 4
                     + 1024)

@@ -50,6 +50,16 @@ def walk(tile: tuple[int, int, int, int], segments: np.ndarray, group: int) -> l
     return steps
 
 
+def walk_length(tile: tuple[int, int, int, int], segments: np.ndarray, group: int) -> int:
+    """The number of steps of :func:`walk` by the closed form the kernel's consumers loop on (``walk_steps``)."""
+    own_seg, blk, dep_begin, dep_end = tile
+    n = sum(max((int(segments[src, 1]) + STEP - 1) // STEP, 1) for src in range(dep_begin, dep_end))
+    if own_seg >= 0:
+        top = (int(segments[own_seg, 1]) + STEP - 1) // STEP - 1
+        n += max(0, top - blk * BLOCK_KEYS // STEP + 1)
+    return n * group
+
+
 def is_own_response(tile: tuple[int, int, int, int], segments: np.ndarray) -> bool:
     """Whether a key tile holds a response's own keys (its segment has a context), which rank first."""
     own_seg = tile[0]

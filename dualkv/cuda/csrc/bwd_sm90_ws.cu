@@ -116,6 +116,15 @@ struct WsWalk {
     }
 };
 
+// Steps of the walk (the cursor's count): the consumers loop this many times and take each step's geometry from the
+// stage record the LSE/D warp writes, so they carry no walk state across the loop (it spilled at 240 registers).
+__device__ __forceinline__ int walk_steps(const WsWalk& w) {
+    int n = 0;
+    for (int src = w.kt.dep_begin; src < w.kt.dep_end; ++src) n += max(w.n_qt(src), 1);  // first() visits qt 0
+    if (w.kt.own_seg >= 0) n += max(0, w.own_top() - w.qt_lo + 1);
+    return n * w.group;
+}
+
 __device__ __forceinline__ WsWalk make_ws_walk(const int* key_tiles, int tile, const int* segments, int group,
                                                int& key_token0) {
     const int4 kt4 = reinterpret_cast<const int4*>(key_tiles)[tile];
@@ -176,7 +185,9 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     const unsigned sdq0 = sds0 + kDsBuffers * kDsBytes;     // dQ_step fp32, padded rows; buffer b at + b * kStep rows
     float* s_lse = reinterpret_cast<float*>(base + (sdq0 - sk) + kDqBuffers * kStep * kDqRowBytes);  // [kStages][kStep]
     float* s_delta = s_lse + kStages * kStep;
-    const unsigned bar0 = smem_addr(s_delta + kStages * kStep);
+    // per stage: (key_base, q_pos0, need_mask, token & 7 of the step's first row) for the consumers
+    int4* s_info = reinterpret_cast<int4*>(s_delta + kStages * kStep);
+    const unsigned bar0 = smem_addr(s_info + kStages);
     const unsigned bar_kv = bar0, bar_full = bar0 + 8, bar_empty = bar0 + 8 + 8 * kStages;
     const unsigned bar_dq_full = bar0 + 8 + 16 * kStages, bar_dq_empty = bar_dq_full + 8 * kDqBuffers;
 
@@ -235,6 +246,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                     s_lse[s * kStep + r] = r < si.n ? lse2[idx] : kInf;
                     s_delta[s * kStep + r] = r < si.n ? delta[idx] : 0.f;
                 }
+                if (lane == 0) s_info[s] = make_int4(si.key_base, si.q_pos0, si.need_mask ? 1 : 0, si.tok0 & 7);
                 __syncwarp();
                 if (lane == 0) mbar_arrive(bar_full + 8 * s);
             }
@@ -317,17 +329,17 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             wgmma_ss(acc_dp[0], kmajor_desc<kBlockKeys>(v_desc, st), kmajor_desc<kStep>(do_desc, st), st > 0);
         wgmma_commit();
     };
-    StepCursor c = w.first();
-    if (kPipeline && c.valid) issue_sdp(0);
-    for (int i = 0; c.valid; ++i) {
-        const StepCursor nxt = w.next(c);
+    const int n_steps = walk_steps(w), count = w.count;
+    if (kPipeline && n_steps > 0) issue_sdp(0);
+    for (int i = 0; i < n_steps; ++i) {
         const int s = i % kStages;
-        const StepInfo si = step_info(w, c, kv_head);
         const unsigned q_addr = sq0 + s * kStepBytes, do_addr = sdo0 + s * kStepBytes;
         const float* lse = s_lse + s * kStep;
         const float* dlt = s_delta + s * kStep;
-        const int tok7 = si.tok0 & 7;  // the dQ rows' chunk permutation key
         if (!kPipeline) issue_sdp(i);
+        const int4 info = s_info[s];  // written before the stage's full barrier completed
+        const int key_base = info.x, q_pos0 = info.y, tok7 = info.w;  // tok7: the dQ rows' chunk permutation key
+        const bool need_mask = info.z != 0;
         wgmma_wait<1>();
         fence_regs(acc_s[0]);
 
@@ -339,7 +351,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                 const int q = nt * 8 + 2 * t4 + (e & 1);
                 const int kl = wkey0 + g + 8 * (e >> 1);
                 float p = fast_exp2(fmaf(acc_s[0][nt][e], scale_log2, -lse[q]));
-                if (si.need_mask && (kl >= w.count || si.key_base + kl > si.q_pos0 + q)) p = 0.f;
+                if (need_mask && (kl >= count || key_base + kl > q_pos0 + q)) p = 0.f;
                 acc_s[0][nt][e] = p;
             }
         to_a_frag<1, kStep>(p_frag, acc_s);
@@ -384,7 +396,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_empty + 8 * s);  // Q, dO, LSE, D of this stage are no longer read
         if (kDsBuffers == 1) named_sync(kBarConsumers, kConsumerThreads);  // both warpgroups done reading dS
-        if (kPipeline && nxt.valid) issue_sdp(i + 1);
+        if (kPipeline && i + 1 < n_steps) issue_sdp(i + 1);
 
         const int b = i % kDqBuffers;
         const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
@@ -404,7 +416,6 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         fence_async_smem();
         __syncwarp();
         if (lane == 0 && !DKV_DBG_NODQ) mbar_arrive(bar_dq_full + 8 * b);
-        c = nxt;
     }
 
     // dK (scaled) and dV: swizzled into the K / V tiles (no longer read once every consumer is here), then coalesced
@@ -421,14 +432,17 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         }
     }
     named_sync(kBarConsumers, kConsumerThreads);
-    const Segment key_seg = load_segment(segments, has_own ? w.kt.own_seg : w.kt.dep_begin);
-    const long long row0 = has_own ? key_seg.q_start + w.key0 : key_seg.ctx_start + w.key0;
-    elem_t* dk_dst = has_own ? dkd + row0 * dkd_st + kv_head * dkd_sh : dkc + row0 * dkc_st + kv_head * dkc_sh;
-    elem_t* dv_dst = has_own ? dvd + row0 * dvd_st + kv_head * dvd_sh : dvc + row0 * dvc_st + kv_head * dvc_sh;
-    const long long dk_st = has_own ? dkd_st : dkc_st, dv_st = has_own ? dvd_st : dvc_st;
+    int token0_again;  // the walk again (cheap): keeping it live across the loop cost registers
+    const WsWalk we = make_ws_walk(key_tiles, blockIdx.x / kv_heads, segments, group_size, token0_again);
+    const bool own_keys = we.kt.own_seg >= 0;
+    const Segment key_seg = load_segment(segments, own_keys ? we.kt.own_seg : we.kt.dep_begin);
+    const long long row0 = own_keys ? key_seg.q_start + we.key0 : key_seg.ctx_start + we.key0;
+    elem_t* dk_dst = own_keys ? dkd + row0 * dkd_st + kv_head * dkd_sh : dkc + row0 * dkc_st + kv_head * dkc_sh;
+    elem_t* dv_dst = own_keys ? dvd + row0 * dvd_st + kv_head * dvd_sh : dvc + row0 * dvc_st + kv_head * dvc_sh;
+    const long long dk_st = own_keys ? dkd_st : dkc_st, dv_st = own_keys ? dvd_st : dvc_st;
     for (int idx = ct; idx < kBlockKeys * kChunksPerRow; idx += kConsumerThreads) {
         const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
-        if (r >= w.count) continue;
+        if (r >= we.count) continue;
         const int off = swizzled_offset<kBlockKeys>(r, c);
         *reinterpret_cast<uint4*>(dk_dst + r * dk_st + c * 8) = *reinterpret_cast<const uint4*>(base + off);
         *reinterpret_cast<uint4*>(dv_dst + r * dv_st + c * 8) = *reinterpret_cast<const uint4*>(base + kKeyBytes + off);
