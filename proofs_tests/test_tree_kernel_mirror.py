@@ -141,6 +141,17 @@ def test_missing_ancestor_is_caught():
         assert errors["out"] > 1e-3 and errors["dq"] > 1e-3
 
 
+def test_context_blocks_masked_as_future_keys_are_caught(monkeypatch):
+    """The bug the first GPU run found: context blocks numbered run after run and masked causally by that number."""
+    from dualkv.cuda import tree_mirror
+
+    layout = PrefixTreeLayout([1, 1, 1, 1, 1, 1, 3, 1], [-1, 0, 1, 1, 0, 4, 5, 6])  # two one-token context runs
+    assert_exact(mirror_errors(layout)[0])
+    monkeypatch.setattr(tree_mirror, "context_key_base", lambda j, block_n: j * block_n)
+    errors, _ = mirror_errors(layout)
+    assert errors["out"] > 1e-3 and errors["lse"] > 1e-3
+
+
 def test_ancestor_gradient_not_summed_is_caught():
     layout = SHAPES["fans of fans"]
     errors, _ = mirror_errors(layout, key_tiles_fn=_first_dependent_only)

@@ -31,6 +31,13 @@ from .tree_schedule import (context_blocks, context_list, parse_segment, tree_bl
 LOG2E = math.log2(math.e)
 
 
+def context_key_base(j: int, block_n: int) -> int:
+    """``block_key_base`` (csrc/qtile.cuh) of a tree's context block j: 0, as every context key precedes every query
+    of the segment. (Its blocks are numbered run after run, so j * block_n is no key position: a kernel that used it
+    masked partial context runs as future keys — the test suite checks that this mirror catches that.)"""
+    return 0
+
+
 def _tile(table: np.ndarray, s: int, m: int, pos_per_tile: int, block_n: int):
     """Tile (s, m) as ``make_qtile`` sees it: (q_start, pos0, n_pos, pos, blocks), blocks in the kernels' visiting
     order as (is_own, first row, count, key_base)."""
@@ -46,7 +53,7 @@ def _tile(table: np.ndarray, s: int, m: int, pos_per_tile: int, block_n: int):
     n_ctx = context_blocks(runs, block_n)
     for j in range(n_ctx - 1, -1, -1):
         row, count = tree_block(runs, j, block_n)
-        out.append((False, row, count, j * block_n))
+        out.append((False, row, count, context_key_base(j, block_n)))
     return q_start, pos0, n_pos, pos, out
 
 
@@ -57,7 +64,7 @@ def _scores(qt: np.ndarray, kt: np.ndarray, is_own: bool, count: int, key_base: 
     i_min, i_max = int(i_rows[valid].min()), int(i_rows[valid].max())
     if needs_mask(is_own, count, key_base, i_min, i_max, block_n, -1, True):
         j = np.arange(block_n)[None, :]
-        vis = (j < count) & (~np.asarray(is_own) | (key_base + j <= i_rows[:, None]))
+        vis = (j < count) & (key_base + j <= i_rows[:, None])  # key_visible: the causal test applies to every block
         sc = np.where(vis, sc, -np.inf)
     return sc
 
