@@ -62,6 +62,38 @@ def test_the_ref_can_opt_out(model_dir):
     assert cfg.actor_rollout_ref.ref._target_ != DUALKV_TARGET
 
 
+def test_trie_packing_is_one_more_override_and_the_ref_follows(model_dir):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = F.compose_grpo(model_dir, 4, dualkv=True)
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert actor.dualkv_packing == "group" and actor.engine.dualkv_packing == "group"      # the default
+    cfg = F.compose_grpo(model_dir, 4, dualkv=True, extra=["+actor_rollout_ref.actor.dualkv_packing=trie"])
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert type(actor) is dv.DualKVActorConfig
+    assert actor.dualkv_packing == "trie" and actor.engine.dualkv_packing == "trie"
+    assert install_dualkv_target(cfg.actor_rollout_ref.ref) and cfg.actor_rollout_ref.ref.dualkv_packing == "trie"
+    cfg = F.compose_grpo(model_dir, 4, dualkv=True, extra=["+actor_rollout_ref.actor.dualkv_packing=trie",
+                                                           "+actor_rollout_ref.ref.dualkv_packing=group"])
+    assert install_dualkv_target(cfg.actor_rollout_ref.ref) and cfg.actor_rollout_ref.ref.dualkv_packing == "group"
+
+
+@pytest.mark.parametrize("dualkv, packing, message", [
+    (True, "tree", "dualkv_packing='tree': expected one of group, trie"),
+    (False, "trie", "dualkv_packing='trie' needs use_dualkv=true"),
+])
+def test_a_bad_packing_is_refused_by_name(model_dir, dualkv, packing, message):
+    from hydra.errors import InstantiationException
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = F.compose_grpo(model_dir, 4, dualkv=dualkv, extra=[f"+actor_rollout_ref.actor.dualkv_packing={packing}"])
+    with pytest.raises((ValueError, InstantiationException), match=message):
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    with pytest.raises(ValueError, match=message):
+        dv.DualKVActorConfig(strategy="fsdp2", rollout_n=2, ppo_micro_batch_size_per_gpu=1, use_dualkv=dualkv,
+                             dualkv_packing=packing)
+
+
 @pytest.mark.parametrize("override, message", [
     ("actor_rollout_ref.actor.shuffle=true", "shuffle=True"),
     ("actor_rollout_ref.actor.strategy=megatron", "strategy='megatron'"),

@@ -61,12 +61,15 @@ def tiny_model_dir(tmp_path_factory, name: str, arch: str = "qwen3", **overrides
 
 # ---------------------------------------------------------------------------------------------- batches
 def engine_batch(groups: Sequence[tuple[int, Sequence[int]]], *, seed: int = 0, temperature: float = 1.0,
-                 calculate_entropy: bool = True, uids: Sequence[str] | None = None, **meta):
+                 calculate_entropy: bool = True, uids: Sequence[str] | None = None, system_prompt: int = 0,
+                 **meta):
     """The no-padding TensorDict veRL's workers hand the engine (``left_right_2_no_padding`` of a synthetic rollout
-    batch), with the non-tensor keys the trainer and worker set."""
+    batch), with the non-tensor keys the trainer and worker set. ``system_prompt``: a prefix of that many tokens
+    shared by every prompt (:func:`.synthetic.rollout_batch`)."""
     from .synthetic import rollout_batch
 
-    batch = rollout_batch(groups, vocab_size=VOCAB, seed=seed, temperature=temperature, uids=uids)
+    batch = rollout_batch(groups, vocab_size=VOCAB, seed=seed, temperature=temperature, uids=uids,
+                          system_prompt=system_prompt)
     return engine_batch_of(batch, calculate_entropy=calculate_entropy, **meta)
 
 

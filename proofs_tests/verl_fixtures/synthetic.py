@@ -58,22 +58,29 @@ def save_random_model(path: str | Path, model: torch.nn.Module, tokenizer_vocab:
 
 
 def rollout_batch(groups: Sequence[tuple[int, Sequence[int]]], *, vocab_size: int, seed: int = 0,
-                  temperature: float = 1.0, loss_fields: bool = True, uids: Sequence[str] | None = None):
+                  temperature: float = 1.0, loss_fields: bool = True, uids: Sequence[str] | None = None,
+                  system_prompt: int = 0):
     """A veRL ``DataProto`` of prompt groups ``(P, [R_1, ..., R_N])`` with random token ids.
 
     Every row of a group carries the group's prompt (left-padded to the widest prompt) and its own response
     (right-padded); ``uid`` is one id per group (``uids`` or deterministic UUIDs). With ``loss_fields``,
     ``old_log_probs``, ``ref_log_prob`` (random, <= 0) and ``advantages`` (random) are added for veRL's PPO loss.
+    ``system_prompt``: the first min(system_prompt, P) tokens of every prompt are one shared (random) sequence, as a
+    system prompt common to every prompt of the batch.
     """
     from verl import DataProto
 
     g = torch.Generator().manual_seed(seed)
     low = len(SPECIAL_TOKENS)
+    # drawn only when asked for, so the other batches keep their tokens
+    system = torch.randint(low, vocab_size, (system_prompt,), generator=g) if system_prompt > 0 else None
     p_width = max(p for p, _ in groups)
     r_width = max(max(rs) for _, rs in groups)
     prompts, responses, p_mask, r_mask, row_uids = [], [], [], [], []
     for gi, (p, rs) in enumerate(groups):
         prompt = torch.randint(low, vocab_size, (p,), generator=g)
+        if system is not None:
+            prompt[:system_prompt] = system[:p]
         uid = uids[gi] if uids is not None else str(uuid.UUID(int=seed * 100_003 + gi))
         for r in rs:
             prompts.append(torch.cat([torch.zeros(p_width - p, dtype=torch.long), prompt]))

@@ -13,6 +13,10 @@ on the actor and the ref; the critic never has it), each micro-batch is
 4. returned as nested tensors in veRL's per-row layout, so ``no_padding_2_padding``, the losses and
    ``restore_dynamic_batch`` run unchanged.
 
+With ``dualkv_packing="trie"`` on the engine config step 1 packs the micro-batch's rows as their radix trie instead
+(:mod:`.trie`: prefixes shared across groups, e.g. a system prompt, stored once; no uid needed) and the head scores
+each packed response token once, read back once per row.
+
 Dynamic batch size uses :mod:`.micro_batches` (groups kept whole, counted as P+ΣR tokens); fixed micro-batch
 sizes keep veRL's contiguous chunks, which never reorder rows. Both of veRL's FSDP strategies run: FSDP2 shards
 the ``transformers`` model in place, FSDP1 (``strategy=fsdp``, veRL's default) wraps it (:func:`hf_model`).
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import weakref
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
@@ -31,14 +36,19 @@ from ..logprobs import DEFAULT_CHUNK, _head_of
 from .head import HeadPlan, RowKernel, dualkv_row_kernel, head_logprobs, verl_fused_row_kernel
 from .micro_batches import plan_micro_batches
 from .rows import (DualKVBatchError, group_ids_of, pack_rows, packed_response_lens, prompt_lengths,
-                   to_nested_rows)
+                   response_values_to_rows, to_nested_rows)
 from .sequence_parallel import ulysses_packed_attention
+from .trie import pack_rows_as_trie
 
-__all__ = ["ENGINE_FLAG", "MICRO_BATCH_FLAG", "hf_model", "dualkv_enabled", "set_dualkv_attention",
+__all__ = ["ENGINE_FLAG", "PACKING_FLAG", "PACKINGS", "MICRO_BATCH_FLAG", "packing_of", "hf_model", "dualkv_enabled", "set_dualkv_attention",
            "run_packed_model", "dualkv_forward_step", "group_prepare_micro_batches"]
 
 #: Attribute of the engine config (``FSDPEngineConfig``) that turns the dualkv path on.
 ENGINE_FLAG = "use_dualkv"
+#: Attribute of the engine config choosing the packing of a micro-batch (``dualkv_packing``; default "group").
+PACKING_FLAG = "dualkv_packing"
+#: "group": each uid group's prompt once (P+ΣR); "trie": the radix trie of the rows (:mod:`.trie`).
+PACKINGS = ("group", "trie")
 #: Non-tensor key the engine puts on a batch so micro-batching keeps prompt groups whole.
 MICRO_BATCH_FLAG = "dualkv_group_micro_batches"
 #: Engine attribute: weak reference to the module currently switched to the "dualkv" attention (None: none).
@@ -56,6 +66,45 @@ def hf_model(module: torch.nn.Module) -> torch.nn.Module:
 def dualkv_enabled(engine: Any) -> bool:
     """True when this engine runs its micro-batches through dualkv."""
     return bool(getattr(getattr(engine, "engine_config", None), ENGINE_FLAG, False))
+
+
+def packing_of(engine: Any) -> str:
+    """The engine's packing, "group" (default) or "trie"; anything else is refused by name."""
+    packing = getattr(getattr(engine, "engine_config", None), PACKING_FLAG, "group")
+    if packing not in PACKINGS:
+        raise ValueError(f"{PACKING_FLAG}={packing!r}: expected one of {', '.join(PACKINGS)}")
+    return packing
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """One micro-batch packed either way: the model's (T,) inputs, the layout, the head plan for an SP slice, and
+    the way from the plan's values back to (Σ_b R'_b,) row-order values and veRL's nested rows."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    layout: Any
+    plan: Callable[[int, int | None], HeadPlan]
+    to_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _pack_micro_batch(engine: Any, micro_batch: Any) -> _Packed:
+    from verl.utils import tensordict_utils as tu
+
+    input_ids = micro_batch["input_ids"]
+    prompt_lens = prompt_lengths(micro_batch["prompts"], micro_batch.get("attention_mask", None))
+    if packing_of(engine) == "trie":
+        trie = pack_rows_as_trie(input_ids, micro_batch["position_ids"], prompt_lens)
+        targets, total = trie.targets, trie.layout.total_tokens
+        return _Packed(trie.index.packed_ids, trie.index.position_ids, trie.layout,
+                       lambda rank, part: HeadPlan.for_predictors(targets.predictor_index, targets.target_ids,
+                                                                  rank=rank, part=part, total=total),
+                       lambda values, offsets: response_values_to_rows(targets.unpack(values), prompt_lens, offsets))
+    packed = pack_rows(input_ids, micro_batch["position_ids"], prompt_lens,
+                       group_ids_of(tu.get(micro_batch, "uid"), input_ids.offsets().numel() - 1))
+    return _Packed(packed.input_ids, packed.position_ids, packed.layout,
+                   lambda rank, part: HeadPlan.build(packed, rank=rank, part=part),
+                   lambda values, offsets: to_nested_rows(values, packed, offsets))
 
 
 def set_dualkv_attention(engine: Any, on: bool) -> None:
@@ -178,18 +227,18 @@ def dualkv_forward_step(engine: Any, micro_batch: Any, loss_function: Callable |
     micro_batch = micro_batch.to(get_device_id())
     _refuse_unsupported(engine, micro_batch)
     input_ids = micro_batch["input_ids"]
-    rows = input_ids.offsets().numel() - 1
-    packed = pack_rows(input_ids, micro_batch["position_ids"],
-                       prompt_lengths(micro_batch["prompts"], micro_batch.get("attention_mask", None)),
-                       group_ids_of(tu.get(micro_batch, "uid"), rows))
+    packed = _pack_micro_batch(engine, micro_batch)
     model_ids, model_pos = packed.input_ids[None], packed.position_ids[None]
     rank, part, group = 0, None, None
     sp = engine.ulysses_sequence_parallel_size
+    if sp > 1 and packing_of(engine) == "trie":
+        raise NotImplementedError("dualkv_packing='trie' with Ulysses sequence parallelism (SP > 1) is not tested "
+                                  "yet; use dualkv_packing='group' with SP")
     if sp > 1:
         model_ids, model_pos, _ = ulysses_pad_and_slice_inputs(model_ids, model_pos, sp_size=sp)
         group = get_ulysses_sequence_parallel_group()
         rank, part = get_ulysses_sequence_parallel_rank(group), model_ids.shape[1]
-    plan = HeadPlan.build(packed, rank=rank, part=part)
+    plan = packed.plan(rank, part)
     set_dualkv_attention(engine, True)
     with_entropy = bool(tu.get_non_tensor_data(data=micro_batch, key="calculate_entropy", default=False))
     kernel = _row_kernel(engine, engine.module,
@@ -206,9 +255,9 @@ def dualkv_forward_step(engine: Any, micro_batch: Any, loss_function: Callable |
     with autocast:
         logp, entropy = run_packed_model(engine.module, model_ids, model_pos, packed.layout, head)
         offsets = input_ids.offsets()
-        model_output = {"log_probs": to_nested_rows(logp, packed, offsets)}
+        model_output = {"log_probs": packed.to_rows(logp, offsets)}
         if with_entropy:
-            model_output["entropy"] = to_nested_rows(entropy, packed, offsets)
+            model_output["entropy"] = packed.to_rows(entropy, offsets)
         if loss_function is not None:
             loss, metrics = loss_function(model_output=model_output, data=micro_batch,
                                           dp_group=engine.get_data_parallel_group())

@@ -92,6 +92,39 @@ class HeadPlan:
                    first_targets=t(targets[first]), num_groups=layout.num_groups)
 
 
+    @classmethod
+    def for_predictors(cls, predictor_index: torch.Tensor, target_ids: torch.Tensor, *, rank: int = 0,
+                       part: int | None = None, total: int | None = None,
+                       device: torch.device | str | None = None) -> "HeadPlan":
+        """Plan for values each scored from one packed row and none shared (e.g. a prefix trie's targets, each
+        packed token scored once: :class:`dualkv.tree.TreeTargets`): every value is a "shifted" entry of the rank
+        holding its predictor row, summed over the SP group.
+
+        Args:
+            predictor_index: (M,) packed row predicting each value; target_ids: (M,) its token.
+            total: packed tokens (T; ``part`` defaults to it at SP 1).
+        """
+        predictor = predictor_index.cpu().numpy().astype(np.int64)
+        targets = target_ids.cpu().numpy().astype(np.int64)
+        if predictor.shape != targets.shape or predictor.ndim != 1 or (predictor < 0).any():
+            raise ValueError(f"predictor_index {tuple(predictor.shape)} and target_ids {tuple(targets.shape)} must be "
+                             "(M,) each, every predictor a packed row >= 0")
+        part = (int(total) if total is not None else int(predictor.max(initial=0)) + 1) if part is None else int(part)
+        if part < 1 or rank < 0:
+            raise ValueError(f"need part >= 1 and rank >= 0; got part={part}, rank={rank}")
+        lo, hi = rank * part, (rank + 1) * part
+        slots = np.nonzero((predictor >= lo) & (predictor < hi))[0]
+        dev = predictor_index.device if device is None else torch.device(device)
+        empty = torch.zeros(0, dtype=torch.int64, device=dev)
+
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev)
+
+        return cls(num_values=int(predictor.shape[0]), shifted_rows=t(predictor[slots] - lo), shifted_slots=t(slots),
+                   shifted_targets=t(targets[slots]), owned_groups=empty, owned_rows=empty, first_groups=empty,
+                   first_slots=empty, first_targets=empty, num_groups=0)
+
+
 def dualkv_row_kernel(chunk_size: int = DEFAULT_CHUNK, logit_softcap: float | None = None) -> RowKernel:
     """dualkv's chunked head (:func:`dualkv.integration.logprobs.token_logprobs`, fused backward)."""
 
@@ -166,6 +199,8 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     entropy = None
     if with_entropy:
         entropy = _sum_over(ent_s.new_zeros(m).index_add(0, plan.shifted_slots, ent_s), sp_group)
+    if plan.num_groups == 0:      # nothing shared (HeadPlan.for_predictors)
+        return logp, entropy
     shared = hidden.new_zeros(plan.num_groups, hidden.shape[1])
     shared = _sum_over(shared.index_copy(0, plan.owned_groups, hidden.index_select(0, plan.owned_rows)), sp_group)
     lp_f, ent_f = kernel(shared, weight, bias, plan.first_groups, plan.first_targets, temperature, with_entropy)

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
-from ..logprobs import to_sequence_layout
 from ..packing import PackedBatch, pack_varlen
 
 __all__ = ["DualKVBatchError", "group_ids_of", "prompt_lengths", "packed_response_lens", "pack_rows",
-           "to_nested_rows"]
+           "rows_with_placeholders", "to_nested_rows", "response_values_to_rows"]
 
 #: What to change in veRL when a batch cannot be packed.
 _HINT = ("dualkv needs each prompt group's rows adjacent inside a micro-batch and sharing one prompt: keep "
@@ -87,6 +87,32 @@ def _with_placeholders(tokens: torch.Tensor, offsets: torch.Tensor, empty: list[
     return torch.cat(pieces), offsets + added
 
 
+def rows_with_placeholders(input_ids: torch.Tensor, position_ids: torch.Tensor,
+                           prompt_lens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[bool]]:
+    """Check a micro-batch's nested rows (no-padding layout, 1-D positions, 1 <= P_b <= L_b) and return its (T',)
+    row-packed tokens and (B + 1,) offsets with each empty row's placeholder token, and which rows are empty.
+
+    Raises:
+        DualKVBatchError: naming the row and what is wrong.
+    """
+    if not (getattr(input_ids, "is_nested", False) and getattr(position_ids, "is_nested", False)):
+        raise DualKVBatchError("dualkv expects veRL's no-padding micro-batch (nested input_ids/position_ids)")
+    if position_ids.dim() != 2:
+        raise DualKVBatchError(f"position_ids have {position_ids.dim()} dims (multimodal rope?); dualkv supports "
+                               "text models with 1-D position ids per row")
+    offsets = input_ids.offsets()
+    lengths = offsets.diff().tolist()
+    if len(prompt_lens) != len(lengths):
+        raise DualKVBatchError(f"{len(prompt_lens)} prompt lengths for {len(lengths)} rows")
+    for row, (length, p) in enumerate(zip(lengths, prompt_lens)):
+        if not 0 < p <= length:
+            raise DualKVBatchError(f"row {row} has {length} tokens of which {p} prompt tokens: dualkv needs a "
+                                   "non-empty prompt in every row (as veRL's no_padding_2_padding does)")
+    empty = [length == p for length, p in zip(lengths, prompt_lens)]
+    tokens, packed_offsets = _with_placeholders(input_ids.values(), offsets, empty)
+    return tokens, packed_offsets, empty
+
+
 def pack_rows(input_ids: torch.Tensor, position_ids: torch.Tensor, prompt_lens: Sequence[int],
               group_ids: Sequence) -> PackedBatch:
     """Pack a micro-batch's nested rows into P+ΣR per group, checking what would make the result wrong.
@@ -103,19 +129,7 @@ def pack_rows(input_ids: torch.Tensor, position_ids: torch.Tensor, prompt_lens: 
     Raises:
         DualKVBatchError: naming the row(s) and what is wrong.
     """
-    if not (input_ids.is_nested and position_ids.is_nested):
-        raise DualKVBatchError("dualkv expects veRL's no-padding micro-batch (nested input_ids/position_ids)")
-    if position_ids.dim() != 2:
-        raise DualKVBatchError(f"position_ids have {position_ids.dim()} dims (multimodal rope?); dualkv supports "
-                               "text models with 1-D position ids per row")
-    offsets = input_ids.offsets()
-    lengths = offsets.diff().tolist()
-    for row, (length, p) in enumerate(zip(lengths, prompt_lens)):
-        if not 0 < p <= length:
-            raise DualKVBatchError(f"row {row} has {length} tokens of which {p} prompt tokens: dualkv needs a "
-                                   "non-empty prompt in every row (as veRL's no_padding_2_padding does)")
-    empty = [length == p for length, p in zip(lengths, prompt_lens)]
-    tokens, packed_offsets = _with_placeholders(input_ids.values(), offsets, empty)
+    tokens, packed_offsets, empty = rows_with_placeholders(input_ids, position_ids, prompt_lens)
     try:
         packed = pack_varlen(tokens, packed_offsets, list(prompt_lens), group_ids)
     except ValueError as err:
@@ -149,18 +163,35 @@ def _real_slots(packed_offsets: torch.Tensor, placeholder: torch.Tensor) -> torc
 
 
 def to_nested_rows(values: torch.Tensor, packed: PackedBatch, offsets: torch.Tensor) -> torch.Tensor:
-    """(ΣR,) row-order per-response-token values -> veRL's nested per-row layout with ``offsets``.
+    """(ΣR,) row-order per-response-token values of a group packing -> veRL's nested per-row layout with
+    ``offsets`` (:func:`response_values_to_rows`, after checking the packing matches the micro-batch)."""
+    _placeholder_rows(packed, offsets)
+    layout = packed.layout
+    return response_values_to_rows(values, [layout.prompt_lens[g] for g in layout.response_group], offsets)
+
+
+def response_values_to_rows(values: torch.Tensor, prompt_lens: Sequence[int], offsets: torch.Tensor) -> torch.Tensor:
+    """(Σ_b R'_b, ...) values, row after row (R'_b = :func:`packed_response_lens`: an empty row has one placeholder
+    value) -> veRL's nested per-row layout with ``offsets`` (any packing: group or trie).
 
     Row b's value for response token k lands at offset P_b - 1 + k of its row (where the stock forward's log-prob
     of that token sits); the other slots hold 0 and no veRL loss reads them. An empty row's placeholder value is
     zeroed (it stays in the autograd graph, with a zero gradient) and its slot dropped.
     """
-    packed_offsets = torch.from_numpy(packed.layout.copy_cu_seqlens)
-    placeholder = _placeholder_rows(packed, offsets)
+    lengths = offsets.diff().tolist()
+    response_lens = packed_response_lens(lengths, prompt_lens)
+    if not isinstance(values, torch.Tensor) or values.dim() < 1 or values.shape[0] != sum(response_lens):
+        raise DualKVBatchError(f"expected {sum(response_lens)} response values (row after row) for the micro-batch; "
+                               f"got {tuple(getattr(values, 'shape', ()))}")
+    placeholder = torch.tensor([n == p for n, p in zip(lengths, prompt_lens)], dtype=torch.bool)
+    packed_offsets = offsets.cpu() + torch.cat([placeholder.new_zeros(1), placeholder]).cumsum(0)
     if bool(placeholder.any()):
-        per_value = torch.repeat_interleave(placeholder, packed.response_cu_seqlens.diff().cpu()).to(values.device)
+        per_value = torch.repeat_interleave(placeholder, torch.tensor(response_lens)).to(values.device)
         values = torch.where(per_value.view(-1, *[1] * (values.dim() - 1)), values.new_zeros(()), values)
-    flat, _ = to_sequence_layout(values, packed)
+    starts = packed_offsets[:-1].numpy() + np.asarray(prompt_lens, dtype=np.int64) - 1
+    index = np.concatenate([np.arange(a, a + r) for a, r in zip(starts, response_lens)]).astype(np.int64)
+    flat = values.new_zeros((int(packed_offsets[-1]), *values.shape[1:]))
+    flat[torch.from_numpy(index).to(values.device)] = values
     if bool(placeholder.any()):
         flat = flat[_real_slots(packed_offsets, placeholder).to(flat.device)]
     return torch.nested.nested_tensor_from_jagged(flat, offsets)

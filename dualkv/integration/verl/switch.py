@@ -8,7 +8,7 @@ conversion, the trainer's group-preserving balancing) sees the same — and is c
 the settings that conflict with the packing.
 
 The ref follows the actor (it computes log-probs of the same rows with the same model) unless it sets its own
-``use_dualkv``. A role on an engine other than veRL's FSDP one (megatron, veomni, torchtitan) is refused by name.
+``use_dualkv``; likewise for ``dualkv_packing`` (``group``, the default, or ``trie``). A role on an engine other than veRL's FSDP one (megatron, veomni, torchtitan) is refused by name.
 A recipe may still name the class itself (``_target_=dualkv.integration.verl.config.DualKVActorConfig`` with
 ``use_dualkv=true``); that works with plugin discovery off (``VERL_USE_EXTERNAL_PLUGINS=none``) too.
 """
@@ -17,38 +17,49 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["FLAG", "DUALKV_TARGET", "FSDP_TARGETS", "role_switch", "install_dualkv_target",
+__all__ = ["FLAG", "PACKING", "DUALKV_TARGET", "FSDP_TARGETS", "role_switch", "install_dualkv_target",
            "wrap_omega_conf_to_dataclass"]
 
 #: The switch, on ``actor_rollout_ref.actor`` (and optionally ``actor_rollout_ref.ref``).
 FLAG = "use_dualkv"
+#: How dualkv packs micro-batches ("group" or "trie"), next to the switch; the ref follows the actor's too.
+PACKING = "dualkv_packing"
 DUALKV_TARGET = "dualkv.integration.verl.config.DualKVActorConfig"
 #: How veRL 0.9's FSDP actor/ref configs name their class.
 FSDP_TARGETS = ("verl.workers.config.FSDPActorConfig", "verl.workers.config.actor.FSDPActorConfig")
 
 
-def role_switch(config: Any) -> bool:
-    """Whether an actor/ref ``DictConfig`` asks for dualkv: its own ``use_dualkv``, else, for the ref (the ``ref``
-    child of ``actor_rollout_ref``), the actor's. Any other config: False."""
+def _role_setting(config: Any, key: str) -> Any:
+    """An actor/ref ``DictConfig``'s own ``key``, else, for the ref (the ``ref`` child of ``actor_rollout_ref``), the
+    actor's; None when neither sets it (or for any other config)."""
     from omegaconf import DictConfig
 
     if not isinstance(config, DictConfig):
-        return False
-    own = config.get(FLAG, None)
+        return None
+    own = config.get(key, None)
     if own is not None:
-        return bool(own)
+        return own
     parent = config._get_parent()
     actor = parent.get("actor", None) if isinstance(parent, DictConfig) and config._key() == "ref" else None
-    return isinstance(actor, DictConfig) and bool(actor.get(FLAG, False))
+    return actor.get(key, None) if isinstance(actor, DictConfig) else None
+
+
+def role_switch(config: Any) -> bool:
+    """Whether an actor/ref ``DictConfig`` asks for dualkv: its own ``use_dualkv``, else, for the ref, the actor's.
+    Any other config: False."""
+    return bool(_role_setting(config, FLAG))
 
 
 def install_dualkv_target(config: Any) -> bool:
     """Point a switched-on actor/ref config at ``DualKVActorConfig`` (in place); return whether it is switched on.
 
     Raises:
-        ValueError: the role runs on an engine dualkv does not patch.
+        ValueError: the role runs on an engine dualkv does not patch, or sets ``dualkv_packing`` without the switch.
     """
     if not role_switch(config):
+        own = config.get(PACKING, None) if hasattr(config, "get") else None
+        if own not in (None, "group"):
+            raise ValueError(f"{PACKING}={own!r} needs {FLAG}=true (it chooses how dualkv packs micro-batches)")
         return False
     from omegaconf import open_dict, read_write
 
@@ -56,9 +67,12 @@ def install_dualkv_target(config: Any) -> bool:
     if target not in FSDP_TARGETS + (DUALKV_TARGET,):
         raise ValueError(f"use_dualkv=true needs veRL's FSDP engine (strategy fsdp or fsdp2); this role's config is "
                          f"{target!r} (strategy={config.get('strategy', None)!r})")
+    packing = _role_setting(config, PACKING)
     with read_write(config), open_dict(config):
         config["_target_"] = DUALKV_TARGET
         config[FLAG] = True
+        if packing is not None:
+            config[PACKING] = packing
     return True
 
 
