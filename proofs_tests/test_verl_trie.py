@@ -35,8 +35,13 @@ CASES = {   # name: (groups, system prompt, engine_batch metadata)
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    return F.build_engine(F.tiny_model_dir(tmp_path_factory, "trie"), dualkv=False)
+def model_dir(tmp_path_factory):
+    return F.tiny_model_dir(tmp_path_factory, "trie")
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    return F.build_engine(model_dir, dualkv=False)
 
 
 def _packing(engine, packing: str) -> None:
@@ -235,3 +240,45 @@ def test_trie_head_plan_scores_every_target_once_on_any_slice(sp):
     torch.testing.assert_close(entropy, want_ent, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="every predictor a packed row >= 0"):
         HeadPlan.for_predictors(torch.tensor([-1, 2]), torch.tensor([3, 4]))
+
+
+@pytest.fixture(scope="module")
+def sp1_stock(engine):
+    """SP = 1 stock veRL on the system-prompt batch (the reference for SP = 2: stock's own SP path needs
+    FlashAttention)."""
+    from verl_fixtures import dist_cases
+
+    return {"infer": dist_cases._run_both(engine, _batch("system"), N, train=False),
+            "train": dist_cases._run_both(engine, _batch("system"), N, train=True)}
+
+
+def test_trie_packing_under_sequence_parallel_2_matches_stock(model_dir, sp1_stock, tmp_path):
+    """Ulysses SP = 2 (two processes, gloo): each rank holds half of the padded trie stream; the attention runs on
+    the whole tree after the all-to-all and each target is scored on the rank holding its predictor row, summed over
+    the SP group. Log-probs, entropy, loss and every gradient equal SP = 1 stock; without the head's all-reduce
+    (known-wrong) they do not."""
+    from verl_fixtures import dist_cases
+
+    ref = sp1_stock
+    ranks = dist_cases.spawn(dist_cases.sequence_parallel_trie, 2, model_dir, GROUPS, N, SYSTEM, False,
+                             str(tmp_path))
+    mask = _mask(_batch("system"))
+    for rank in ranks:
+        got, want = rank["infer"]["dualkv"], ref["infer"]["stock"]
+        d_lp = (got["log_probs"] - want["log_probs"])[mask].abs().max().item()
+        d_ent = (got["entropy"] - want["entropy"])[mask].abs().max().item()
+        train, ref_train = rank["train"]["dualkv"], ref["train"]["stock"]
+        loss_err = abs(train["loss"][0] - ref_train["loss"][0]) / abs(ref_train["loss"][0])
+        grad_err = max(_rel(train["grads"][k], ref_train["grads"][k]) for k in ref_train["grads"])
+        print(f"SP=2 trie vs SP=1 stock: log-prob {d_lp:.2e}, entropy {d_ent:.2e}, loss rel {loss_err:.2e}, "
+              f"worst gradient {grad_err:.2e}")
+        assert d_lp <= TOL and d_ent <= TOL and loss_err <= TOL and grad_err <= TOL
+        assert set(train["grads"]) == set(ref_train["grads"])
+        assert rank["trie_calls"] == 2          # one micro-batch each for inference and training
+    mutant_dir = tmp_path / "mutant"
+    mutant_dir.mkdir()
+    ranks = dist_cases.spawn(dist_cases.sequence_parallel_trie, 2, model_dir, GROUPS, N, SYSTEM, True,
+                             str(mutant_dir))
+    wrong = max((r["infer"]["dualkv"]["log_probs"] - ref["infer"]["stock"]["log_probs"])[mask].abs().max().item()
+                for r in ranks)
+    assert wrong > 1e-3

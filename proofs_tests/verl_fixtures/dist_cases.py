@@ -82,6 +82,30 @@ def sequence_parallel(rank: int, world_size: int, model_dir: str, groups: list, 
     return {"infer": _run_both(engine, td, n, train=False), "train": _run_both(engine, td, n, train=True)}
 
 
+def sequence_parallel_trie(rank: int, world_size: int, model_dir: str, groups: list, n: int, system_prompt: int,
+                           mutant: bool, out_dir: str) -> dict:
+    """:func:`sequence_parallel` with ``dualkv_packing="trie"`` on groups sharing a ``system_prompt``-token prefix
+    (``trie_calls``: how many micro-batches went through the trie packing)."""
+    import dualkv.integration.verl.engine as dk_engine
+
+    from . import build_engine, engine_batch
+
+    calls = []
+    original = dk_engine.pack_rows_as_trie
+    dk_engine.pack_rows_as_trie = lambda *args: calls.append(1) or original(*args)
+    if mutant:
+        from dualkv.integration.verl import head
+
+        head._sum_over = lambda values, group: values
+    engine = build_engine(model_dir, dualkv=False, sp=world_size)
+    engine.engine_config.__dict__["dualkv_packing"] = "trie"
+    td = engine_batch(groups, system_prompt=system_prompt)
+    out = {"infer": _run_both(engine, td, n, train=False)}
+    if not mutant:
+        out["train"] = _run_both(engine, td, n, train=True)
+    return {**out, "trie_calls": len(calls)}
+
+
 def data_parallel(rank: int, world_size: int, model_dir: str, groups_per_rank: list, n: int, dynamic: bool,
                   strategy: str, out_dir: str) -> dict:
     """DP = world_size: rank r runs its own groups; stock and dualkv training, gradients after FSDP's reduce

@@ -231,9 +231,6 @@ def dualkv_forward_step(engine: Any, micro_batch: Any, loss_function: Callable |
     model_ids, model_pos = packed.input_ids[None], packed.position_ids[None]
     rank, part, group = 0, None, None
     sp = engine.ulysses_sequence_parallel_size
-    if sp > 1 and packing_of(engine) == "trie":
-        raise NotImplementedError("dualkv_packing='trie' with Ulysses sequence parallelism (SP > 1) is not tested "
-                                  "yet; use dualkv_packing='group' with SP")
     if sp > 1:
         model_ids, model_pos, _ = ulysses_pad_and_slice_inputs(model_ids, model_pos, sp_size=sp)
         group = get_ulysses_sequence_parallel_group()
