@@ -282,3 +282,24 @@ def test_trie_packing_under_sequence_parallel_2_matches_stock(model_dir, sp1_sto
     wrong = max((r["infer"]["dualkv"]["log_probs"] - ref["infer"]["stock"]["log_probs"])[mask].abs().max().item()
                 for r in ranks)
     assert wrong > 1e-3
+
+
+def test_trie_packing_with_verls_fused_log_prob_kernels(tmp_path):
+    """``use_fused_kernels=True`` (its own process: veRL patches the model class): the trie's predictor rows go
+    through veRL's FusedLinearForPPO; log-probs, entropy and every gradient equal stock's (tied embeddings, as in
+    test_verl_distributed's fused test)."""
+    from verl_fixtures import dist_cases
+
+    F.setup_cpu_verl()
+    model_dir = F.build_model_dir(tmp_path / "tied", tie_word_embeddings=True)
+    (rank,) = dist_cases.spawn(dist_cases.fused_kernels_trie, 1, model_dir, GROUPS, N, SYSTEM, str(tmp_path))
+    assert rank["trie_calls"] == 2
+    for phase in ("infer", "train"):
+        s, d = rank[phase]["stock"], rank[phase]["dualkv"]
+        assert (s["log_probs"] - d["log_probs"]).abs().max() <= TOL
+        assert (s["entropy"] - d["entropy"]).abs().max() <= TOL
+    grads_t, grads_s = rank["train"]["dualkv"]["grads"], rank["train"]["stock"]["grads"]
+    assert set(grads_t) == set(grads_s)
+    err = max(_rel(grads_t[k], grads_s[k]) for k in grads_s)
+    print(f"fused kernels, trie: worst gradient rel {err:.2e}")
+    assert err <= TOL

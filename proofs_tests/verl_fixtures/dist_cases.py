@@ -82,17 +82,23 @@ def sequence_parallel(rank: int, world_size: int, model_dir: str, groups: list, 
     return {"infer": _run_both(engine, td, n, train=False), "train": _run_both(engine, td, n, train=True)}
 
 
+def _count_trie_packings() -> list:
+    """Record (in the returned list) every micro-batch this process packs as a trie."""
+    import dualkv.integration.verl.engine as dk_engine
+
+    calls: list = []
+    original = dk_engine.pack_rows_as_trie
+    dk_engine.pack_rows_as_trie = lambda *args: calls.append(1) or original(*args)
+    return calls
+
+
 def sequence_parallel_trie(rank: int, world_size: int, model_dir: str, groups: list, n: int, system_prompt: int,
                            mutant: bool, out_dir: str) -> dict:
     """:func:`sequence_parallel` with ``dualkv_packing="trie"`` on groups sharing a ``system_prompt``-token prefix
     (``trie_calls``: how many micro-batches went through the trie packing)."""
-    import dualkv.integration.verl.engine as dk_engine
-
     from . import build_engine, engine_batch
 
-    calls = []
-    original = dk_engine.pack_rows_as_trie
-    dk_engine.pack_rows_as_trie = lambda *args: calls.append(1) or original(*args)
+    calls = _count_trie_packings()
     if mutant:
         from dualkv.integration.verl import head
 
@@ -120,9 +126,21 @@ def data_parallel(rank: int, world_size: int, model_dir: str, groups_per_rank: l
 
 def fused_kernels(rank: int, world_size: int, model_dir: str, groups: list, n: int, out_dir: str) -> dict:
     """use_fused_kernels=True (veRL patches the model class's forward, hence its own process)."""
+    return _fused_kernels(model_dir, groups, n)
+
+
+def fused_kernels_trie(rank: int, world_size: int, model_dir: str, groups: list, n: int, system_prompt: int,
+                       out_dir: str) -> dict:
+    """:func:`fused_kernels` with ``dualkv_packing="trie"`` on groups sharing a ``system_prompt``-token prefix."""
+    return _fused_kernels(model_dir, groups, n, packing="trie", system_prompt=system_prompt)
+
+
+def _fused_kernels(model_dir: str, groups: list, n: int, packing: str = "group", system_prompt: int = 0) -> dict:
     from . import build_engine, engine_batch
 
+    calls = _count_trie_packings()
     engine = build_engine(model_dir, dualkv=False, fused=True)
-    td = engine_batch(groups, use_fused_kernels=True)
+    engine.engine_config.__dict__["dualkv_packing"] = packing
+    td = engine_batch(groups, use_fused_kernels=True, system_prompt=system_prompt)
     return {"infer": _run_both(engine, td, n, train=False), "train": _run_both(engine, td, n, train=True),
-            "pid": os.getpid()}
+            "pid": os.getpid(), "trie_calls": len(calls)}
