@@ -303,3 +303,17 @@ def test_trie_packing_with_verls_fused_log_prob_kernels(tmp_path):
     err = max(_rel(grads_t[k], grads_s[k]) for k in grads_s)
     print(f"fused kernels, trie: worst gradient rel {err:.2e}")
     assert err <= TOL
+
+
+@pytest.mark.parametrize("mode", ["dp2", "sp2"])
+def test_distributed_parity_program_with_trie_packing_cpu(mode, tmp_path):
+    """``experiments/verl/distributed_parity.py --packing trie --system-prompt 2`` (torchrun, 2 gloo processes):
+    DP = 2 and Ulysses SP = 2 with trie-packed micro-batches whose groups share a system prompt, fp32 relative
+    error <= 1e-5 for every quantity (the program the lead runs on GPUs with bf16 and the CUDA tree kernels)."""
+    from test_verl_distributed_parity import _assert_passed, run_parity
+
+    proc, record = run_parity(mode, 2, tmp_path, "--packing", "trie", "--system-prompt", "2", "--precisions", "fp32")
+    _assert_passed(proc, record, mode, 2, ["fp32"])
+    assert record["packing"] == "trie" and record["system_prompt"] == 2
+    assert all(r["trie_packings"] > 0 for r in record["ranks"])       # the trie path ran on every rank
+    assert all(row["error"] <= 1e-5 for row in record["ranks"][0]["report"]["fp32"].values())

@@ -34,7 +34,11 @@ What one run does, on every rank:
      is built so that both SP ranks own shared rows (recorded; ``--mutant no-sp-allreduce`` drops the
      all-reduce to show the check fires).
 
-Rank 0 writes ``<out>/distributed_parity-<mode>.json`` (GPU names, torch/CUDA/veRL versions, commit from
+``--packing trie`` runs dualkv with ``dualkv_packing=trie`` (micro-batches packed as radix tries) and
+``--system-prompt K`` gives every prompt the same first K tokens, so the tries share a node across groups; the
+SP shared-row placement record (which assumes the group packing) is then skipped.
+
+Rank 0 writes ``<out>/distributed_parity-<mode>[-trie].json`` (GPU names, torch/CUDA/veRL versions, commit from
 ``$DUALKV_COMMIT`` or git, per-quantity errors and bounds, pass/fail) and the exit status is 0 only when every
 check passed.
 """
@@ -93,6 +97,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--groups-per-rank", type=int, default=4, help="prompt groups per DP rank (even)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mutant", choices=MUTANTS, default="none", help="a known-wrong variant (tests only)")
+    p.add_argument("--packing", choices=("group", "trie"), default="group",
+                   help="dualkv_packing of the dualkv engine (trie: micro-batches as radix tries, docs/trees.md)")
+    p.add_argument("--system-prompt", type=int, default=0,
+                   help="tokens of a prefix shared by every prompt of the batch (a system prompt; 0: none)")
     p.add_argument("--out", default=str(REPO / "out" / "parity"))
     args = p.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -215,7 +223,7 @@ def rank_batch(args, groups, partitions, dp_rank: int):
     import verl_fixtures
     from verl_fixtures.synthetic import rollout_batch
 
-    batch = rollout_batch(groups, vocab_size=verl_fixtures.VOCAB, seed=args.seed)
+    batch = rollout_batch(groups, vocab_size=verl_fixtures.VOCAB, seed=args.seed, system_prompt=args.system_prompt)
     rows = partitions[dp_rank]
     mine = batch.select_idxs(torch.tensor(rows))
     row_group = [gi for gi, (_, rs) in enumerate(groups) for _ in rs]
@@ -234,6 +242,8 @@ def run_precision(args, model_dir: str, precision: str, sp: int, groups, partiti
 
     engine = verl_fixtures.build_engine(model_dir, dualkv=False, sp=sp, precision=precision,
                                         attention=STOCK_ATTENTION, micro_batch_size=GROUPS_PER_MICRO_BATCH * N)
+    engine.engine_config.__dict__["dualkv_packing"] = args.packing
+    trie_packings = dist_cases.count_trie_packings()
     dp_rank, dp_size = engine.get_data_parallel_rank(), engine.get_data_parallel_size()
     td, my_groups, mask = rank_batch(args, groups, partitions, dp_rank)
     if mutant == "no-sp-allreduce":     # drop only the all-reduce of the shared last-prompt rows ((G, D) buffer)
@@ -252,7 +262,7 @@ def run_precision(args, model_dir: str, precision: str, sp: int, groups, partiti
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    out = {"dp_rank": dp_rank, "dp_size": dp_size, "groups": my_groups}
+    out = {"dp_rank": dp_rank, "dp_size": dp_size, "groups": my_groups, "trie_packings": len(trie_packings)}
     for system in ("stock", "dualkv"):
         grads = train[system]["grads"]
         flat = torch.cat([grads[k].flatten() for k in sorted(grads)]) if grads else torch.zeros(0)
@@ -399,7 +409,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     record: dict[str, Any] = {"benchmark": "verl_distributed_parity", "mode": args.mode, "world_size": world,
                               "dp": dp, "sp": sp, "mutant": args.mutant, "precisions": args.precisions, "N": N,
-                              "groups_per_micro_batch": GROUPS_PER_MICRO_BATCH, "strategy": "fsdp2"}
+                              "groups_per_micro_batch": GROUPS_PER_MICRO_BATCH, "strategy": "fsdp2",
+                              "packing": args.packing, "system_prompt": args.system_prompt}
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
     names: list = [None] * world
     torch.distributed.all_gather_object(names, device_name)
@@ -413,14 +424,15 @@ def run(args: argparse.Namespace) -> int:
                 "factor x spread + 1e-4, factor 2 for outputs and loss terms, 3 for gradients (FlashAttention's "
                 "rule, dualkv.testing.compare)",
     }
-    out_path = Path(args.out) / f"distributed_parity-{args.mode}{'' if args.mutant == 'none' else '-' + args.mutant}.json"
+    suffix = "".join(f"-{v}" for v, default in ((args.packing, "group"), (args.mutant, "none")) if v != default)
+    out_path = Path(args.out) / f"distributed_parity-{args.mode}{suffix}.json"
     status = 1
     try:
         groups = global_groups(args, dp)
         import verl_fixtures
         from verl_fixtures.synthetic import rollout_batch
 
-        batch = rollout_batch(groups, vocab_size=verl_fixtures.VOCAB, seed=args.seed)
+        batch = rollout_batch(groups, vocab_size=verl_fixtures.VOCAB, seed=args.seed, system_prompt=args.system_prompt)
         uids = list(batch.non_tensor_batch["uid"])
         record["global_groups"] = groups
         partitions = dp_partitions(batch, dp, args.mutant)
@@ -432,15 +444,19 @@ def run(args: argparse.Namespace) -> int:
             results[precision] = run_precision(args, model_dir, precision, sp, groups, partitions, args.mutant)
         mine = {"rank": rank, "dp_rank": results[args.precisions[0]]["dp_rank"],
                 "groups": results[args.precisions[0]]["groups"], "report": rank_report(results),
+                "trie_packings": sum(r["trie_packings"] for r in results.values()),
                 "dualkv_log_probs": {p: r["dualkv"]["log_probs"].cpu() for p, r in results.items()}}
         gathered: list = [None] * world
         torch.distributed.all_gather_object(gathered, mine)
         if rank == 0:
-            record["ranks"] = [{k: g[k] for k in ("rank", "dp_rank", "groups", "report")} for g in gathered]
+            record["ranks"] = [{k: g[k] for k in ("rank", "dp_rank", "groups", "report", "trie_packings")}
+                               for g in gathered]
             record["sp_consistency"] = sp_consistency(gathered, sp)
-            owners = [shared_row_owners(g["groups"], sp) for g in gathered]
+            # where the group packing puts each shared last-prompt row (a trie packs differently: not recorded)
+            owners = [shared_row_owners(g["groups"], sp) for g in gathered] if args.packing == "group" else None
             record["sp_shared_row_owners"] = owners
-            both = sp == 1 or all({o for mb in own for o in mb} == set(range(sp)) for own in owners)
+            both = sp == 1 or owners is None \
+                or all({o for mb in own for o in mb} == set(range(sp)) for own in owners)
             record["sp_shared_rows_on_every_sp_rank"] = both
             failed = sorted({f"{p}:{name}" for g in gathered for p, rows in g["report"].items()
                              for name, row in rows.items() if not row["passed"]})

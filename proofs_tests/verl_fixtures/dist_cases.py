@@ -82,7 +82,7 @@ def sequence_parallel(rank: int, world_size: int, model_dir: str, groups: list, 
     return {"infer": _run_both(engine, td, n, train=False), "train": _run_both(engine, td, n, train=True)}
 
 
-def _count_trie_packings() -> list:
+def count_trie_packings() -> list:
     """Record (in the returned list) every micro-batch this process packs as a trie."""
     import dualkv.integration.verl.engine as dk_engine
 
@@ -98,7 +98,7 @@ def sequence_parallel_trie(rank: int, world_size: int, model_dir: str, groups: l
     (``trie_calls``: how many micro-batches went through the trie packing)."""
     from . import build_engine, engine_batch
 
-    calls = _count_trie_packings()
+    calls = count_trie_packings()
     if mutant:
         from dualkv.integration.verl import head
 
@@ -138,7 +138,7 @@ def fused_kernels_trie(rank: int, world_size: int, model_dir: str, groups: list,
 def _fused_kernels(model_dir: str, groups: list, n: int, packing: str = "group", system_prompt: int = 0) -> dict:
     from . import build_engine, engine_batch
 
-    calls = _count_trie_packings()
+    calls = count_trie_packings()
     engine = build_engine(model_dir, dualkv=False, fused=True)
     engine.engine_config.__dict__["dualkv_packing"] = packing
     td = engine_batch(groups, use_fused_kernels=True, system_prompt=system_prompt)
