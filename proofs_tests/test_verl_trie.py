@@ -317,3 +317,46 @@ def test_distributed_parity_program_with_trie_packing_cpu(mode, tmp_path):
     assert record["packing"] == "trie" and record["system_prompt"] == 2
     assert all(r["trie_packings"] > 0 for r in record["ranks"])       # the trie path ran on every rank
     assert all(row["error"] <= 1e-5 for row in record["ranks"][0]["report"]["fp32"].values())
+
+
+def test_actor_and_ref_workers_with_the_trie_override_match_stock(model_dir):
+    """veRL's real ``ActorRolloutRefWorker`` (in process, FSDP2) from a Hydra-composed GRPO config plus the two
+    overrides: the ref follows the actor's packing; ``compute_log_prob``, ``compute_ref_log_prob`` and
+    ``update_actor`` give stock's log-probs, entropy, loss, grad norm and updated weights on groups sharing a system
+    prompt."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    from test_verl_worker import _run, _worker
+    from verl_fixtures.synthetic import rollout_batch
+
+    groups = [(9, [3, 5, 2]), (7, [6, 1, 2]), (11, [1, 4, 2]), (8, [2, 2, 7])]
+
+    def td(**meta):
+        out = left_right_2_no_padding(rollout_batch(groups, vocab_size=F.VOCAB, seed=3,
+                                                    system_prompt=SYSTEM).to_tensordict())
+        tu.assign_non_tensor(out, **meta)
+        return out
+
+    td_log = td(calculate_entropy=True, compute_loss=False)
+    rows = td_log.batch_size[0]
+    td_update = td(calculate_entropy=True, global_batch_size=rows // 2, mini_batch_size=rows // 2, epochs=1, seed=1,
+                   dataloader_kwargs={"shuffle": False}, compute_loss=True)
+    extra = ["+actor_rollout_ref.actor.dualkv_packing=trie"]
+    results = {}
+    for dualkv in (False, True):
+        actor = _worker(model_dir, "actor", dualkv=dualkv, strategy="fsdp2", extra=extra if dualkv else ())
+        ref = _worker(model_dir, "ref", dualkv=dualkv, strategy="fsdp2", extra=extra if dualkv else ())
+        if dualkv:
+            assert actor.actor.engine.engine_config.dualkv_packing == "trie"
+            assert ref.ref.engine.engine_config.dualkv_packing == "trie"
+        results[dualkv] = _run(actor, ref, td_log, td_update)
+    s, d = results[False], results[True]
+    mask = _mask(td_log)
+    for key in ("log_probs", "entropy", "ref"):
+        assert (s[key] - d[key])[mask].abs().max().item() <= TOL, key
+    for key in ("actor/pg_loss", "loss", "grad_norm", "actor/entropy_loss"):
+        for a, b in zip(s["metrics"][key], d["metrics"][key]):
+            assert abs(a - b) <= TOL * max(abs(a), 1e-6), key
+    for name, p in s["params"].items():
+        assert float((d["params"][name] - p).abs().max()) <= TOL, name

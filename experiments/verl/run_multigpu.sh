@@ -4,6 +4,7 @@
 #
 #   bash experiments/verl/run_multigpu.sh 2gpu     # parity DP=2 and SP=2, then the policy-update benchmark
 #   bash experiments/verl/run_multigpu.sh 4gpu     # parity DP=2 x SP=2 (then DP=2 and SP=2 again if time is left)
+#   PARTS=trie bash experiments/verl/run_multigpu.sh 2gpu   # parity DP=2 and SP=2 with dualkv_packing=trie
 #
 # Writes JSON under $OUT (default out/multigpu): distributed_parity-<mode>.json, multigpu-*.json,
 # multigpu_summary.json, and a log per step (bundled into logs.tgz at the end). Whole run bounded by BUDGET_S (default 450 s): each step gets what is
@@ -74,6 +75,10 @@ case "$MODE" in
     if want parity; then
       step parity_dp2 120 $TR --nproc-per-node 2 $PARITY --mode dp2 --out "$OUT"
       step parity_sp2 120 $TR --nproc-per-node 2 $PARITY --mode sp2 --out "$OUT"
+    fi
+    if want trie; then     # micro-batches packed as tries; every prompt starts with the same 32-token system prompt
+      step parity_dp2_trie 120 $TR --nproc-per-node 2 $PARITY --mode dp2 --packing trie --system-prompt 32 --out "$OUT"
+      step parity_sp2_trie 120 $TR --nproc-per-node 2 $PARITY --mode sp2 --packing trie --system-prompt 32 --out "$OUT"
     fi
     want bench || { finish; exit 0; }
     wait $SAVE1 $SAVE2; log "models saved: $(du -sh $MODELS | cut -f1)"

@@ -12,6 +12,8 @@ point installs the patches in every process that imports veRL, including the one
 ``use_dualkv`` to :class:`DualKVActorConfig`; :func:`enable` does the same explicitly. Modules:
 
 * :mod:`.rows` — micro-batch rows <-> P+ΣR packing, and the run-time checks (:class:`DualKVBatchError`);
+* :mod:`.trie` — the rows as one radix trie instead (``+actor_rollout_ref.actor.dualkv_packing=trie``: a prefix
+  shared across groups, e.g. a system prompt, stored once; docs/trees.md);
 * :mod:`.head` — response-token log-probs/entropy from hidden states, Ulysses-aware (seed Eq. 9);
 * :mod:`.sequence_parallel` — the all-to-alls around the "dualkv" attention;
 * :mod:`.micro_batches`, :mod:`.balance` — group-preserving dynamic micro-batches and DP balancing;

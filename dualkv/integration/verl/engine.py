@@ -40,8 +40,8 @@ from .rows import (DualKVBatchError, group_ids_of, pack_rows, packed_response_le
 from .sequence_parallel import ulysses_packed_attention
 from .trie import pack_rows_as_trie
 
-__all__ = ["ENGINE_FLAG", "PACKING_FLAG", "PACKINGS", "MICRO_BATCH_FLAG", "packing_of", "hf_model", "dualkv_enabled", "set_dualkv_attention",
-           "run_packed_model", "dualkv_forward_step", "group_prepare_micro_batches"]
+__all__ = ["ENGINE_FLAG", "PACKING_FLAG", "PACKINGS", "MICRO_BATCH_FLAG", "packing_of", "hf_model", "dualkv_enabled",
+           "set_dualkv_attention", "run_packed_model", "dualkv_forward_step", "group_prepare_micro_batches"]
 
 #: Attribute of the engine config (``FSDPEngineConfig``) that turns the dualkv path on.
 ENGINE_FLAG = "use_dualkv"

@@ -5,7 +5,8 @@ The P+ΣR packing happens before veRL's Ulysses slice, so each rank holds a cont
 
 1. all-to-all: gather the sequence, scatter the heads — each rank now has all T tokens and H/SP heads (K/V heads
    repeated first when fewer than SP, as veRL's FlashAttention path does);
-2. :func:`dualkv.shared_prefix_attention` on the full layout, unchanged;
+2. :func:`dualkv.shared_prefix_attention` on the full layout (a ``GroupLayout`` or, with trie packing, a
+   ``PrefixTreeLayout``), unchanged;
 3. all-to-all back: scatter the sequence, gather the heads.
 
 The function is registered as the per-layer attention of the "dualkv" backend
@@ -18,6 +19,7 @@ import torch
 
 from ... import shared_prefix_attention
 from ...layout import GroupLayout
+from ...tree import PrefixTreeLayout
 
 __all__ = ["ulysses_packed_attention", "repeat_kv_heads_for_sp"]
 
@@ -35,7 +37,8 @@ def repeat_kv_heads_for_sp(k: torch.Tensor, v: torch.Tensor, sp: int) -> tuple[t
     return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
 
 
-def ulysses_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: GroupLayout, *,
+def ulysses_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             layout: GroupLayout | PrefixTreeLayout, *,
                              softmax_scale: float, window_size: tuple[int, int]) -> torch.Tensor:
     """Packed attention of this rank's (T_local, H, d) slice under veRL's current Ulysses group (see module doc)."""
     from verl.utils.ulysses import (gather_heads_scatter_seq, gather_seq_scatter_heads,

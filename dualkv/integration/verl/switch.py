@@ -8,7 +8,8 @@ conversion, the trainer's group-preserving balancing) sees the same — and is c
 the settings that conflict with the packing.
 
 The ref follows the actor (it computes log-probs of the same rows with the same model) unless it sets its own
-``use_dualkv``; likewise for ``dualkv_packing`` (``group``, the default, or ``trie``). A role on an engine other than veRL's FSDP one (megatron, veomni, torchtitan) is refused by name.
+``use_dualkv``; likewise for ``dualkv_packing`` (``group``, the default, or ``trie``). A role on an engine other
+than veRL's FSDP one (megatron, veomni, torchtitan) is refused by name.
 A recipe may still name the class itself (``_target_=dualkv.integration.verl.config.DualKVActorConfig`` with
 ``use_dualkv=true``); that works with plugin discovery off (``VERL_USE_EXTERNAL_PLUGINS=none``) too.
 """
