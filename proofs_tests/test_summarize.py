@@ -5,7 +5,6 @@ and the README's Python examples run as written."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -14,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from experiment_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -22,11 +22,7 @@ RESULTS_MD = (ROOT / "docs" / "RESULTS.md").read_text()
 
 @pytest.fixture(scope="module")
 def summarize():
-    spec = importlib.util.spec_from_file_location("dualkv_summarize", ROOT / "experiments" / "summarize.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module          # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("experiments/summarize.py", "dualkv_summarize")
 
 
 def test_results_and_readme_block_are_current():

@@ -2,7 +2,6 @@
 gradients against the tree reference), the FlexAttention tree mask is the tree's visibility, and the script runs
 its argument parsing and refuses to run without a GPU (exit 2) rather than pretending."""
 
-import importlib.util
 import random
 from pathlib import Path
 
@@ -15,15 +14,13 @@ from dualkv.bench.tree_cascade import tree_cascade_attention
 from dualkv.cuda.tree_schedule import preorder_permutation
 from dualkv.reference.tree import tree_attention
 from dualkv.testing import rel_err
+from experiment_scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "tree_bench.py"
 
 
 def _bench_module():
-    spec = importlib.util.spec_from_file_location("tree_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "tree_bench")
 
 
 def _forest(seed):

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("verl")
 
+from experiment_scripts import load_script  # noqa: E402
 from verl_fixtures.import_stubs import DEFAULT_STUBS  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "experiments" / "policy_update_bench.py"
@@ -42,12 +43,7 @@ def test_policy_update_bench_cpu_without_ray(tmp_path):
 
 
 def load_bench():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("policy_update_bench", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_script(BENCH, "policy_update_bench")
 
 
 def test_time_budget_is_shared_and_results_survive_each_system(tmp_path, monkeypatch):

@@ -4,7 +4,6 @@ dualkv vs stock); and the summary's reading of out-of-memory rows."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ import pytest
 
 pytest.importorskip("verl")
 
+from experiment_scripts import load_script  # noqa: E402
 from verl_fixtures.import_stubs import DEFAULT_STUBS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,10 +36,7 @@ def _run(args: list[str], nproc: int | None = None) -> subprocess.CompletedProce
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("multigpu_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "multigpu_bench")
 
 
 def test_multigpu_bench_cpu(tmp_path):
