@@ -6,13 +6,7 @@
 #   bash experiments/gpu/run_bwd_session.sh tests   # the GPU test suite and `dualkv verify`
 # Everything lands in $OUT; each step has its own time limit so one hang does not take the rest.
 set -u
-cd "$(dirname "$0")/../.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export DUALKV_COMMIT=${DUALKV_COMMIT:-$(cat .commit 2>/dev/null || echo unknown)}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-( time timeout 150 python3 -m dualkv kernels --compile-only --arch sm_90 --jobs 16 --no-progress ) \
-    > "$OUT/compile.log" 2>&1
+source "$(dirname "$0")/device_env.sh"
 tail -3 "$OUT/compile.log"
 SHAPE=${SHAPE:-16:32768}
 # Nsight Compute: every kernel of one dualkv backward (full sections) and of one cuDNN cascade backward (speed of
