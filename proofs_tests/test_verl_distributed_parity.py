@@ -61,7 +61,7 @@ def _assert_passed(proc, record, mode, world, precisions):
         assert record["sp_consistency"]["passed"] and record["sp_shared_rows_on_every_sp_rank"]
 
 
-@pytest.mark.parametrize("mode,world", [("dp2", 2), ("sp2", 2), ("dp2sp2", 4)])
+@pytest.mark.parametrize("mode,world", [("dp1", 1), ("dp2", 2), ("sp2", 2), ("dp2sp2", 4)])
 def test_parity_cpu(mode, world, tmp_path):
     precisions = ["fp32", "bf16"] if mode != "dp2sp2" else ["fp32"]
     proc, record = run_parity(mode, world, tmp_path, "--precisions", ",".join(precisions))
@@ -71,6 +71,10 @@ def test_parity_cpu(mode, world, tmp_path):
     if "bf16" in precisions:
         bf16 = record["ranks"][0]["report"]["bf16"]
         assert all(row["stock_bf16_spread"] > 0 for name, row in bf16.items() if name != "loss")
+        assert 0 < bf16["grads"]["stock_bf16_rel_vs_stock_fp32"] < 1
+        by_param = record["ranks"][0]["grads_by_param"]["bf16"]
+        assert by_param and by_param[0]["max_abs"] == max(r["max_abs"] for r in by_param)
+        assert by_param[0]["max_abs"] == pytest.approx(bf16["grads"]["error"])  # the flat max is some parameter's
 
 
 def test_group_splitting_balance_is_caught(tmp_path):

@@ -6,6 +6,9 @@ Launch with torchrun (one process per GPU; veRL's own ``initialize_global_proces
     torchrun --nproc-per-node 2 experiments/verl/distributed_parity.py --mode sp2     --out $OUT
     torchrun --nproc-per-node 4 experiments/verl/distributed_parity.py --mode dp2sp2  --out $OUT
 
+``--mode dp1 --groups-per-rank 8`` is the one-process control: the same global batch as ``dp2`` (4 groups per rank),
+on one GPU, so a bf16 gap seen at DP=2 can be told apart from one the batch itself has.
+
 and on a CPU over gloo, the same code path at a tiny size (what CI runs)::
 
     torchrun --nproc-per-node 2 experiments/verl/distributed_parity.py --mode sp2 --device cpu --out DIR
@@ -65,7 +68,7 @@ for path in (REPO, REPO / "proofs_tests"):
 import torch  # noqa: E402
 
 #: world size and Ulysses SP size of each mode.
-MODES = {"dp2": (2, 1), "sp2": (2, 2), "dp2sp2": (4, 2)}
+MODES = {"dp1": (1, 1), "dp2": (2, 1), "sp2": (2, 2), "dp2sp2": (4, 2)}
 MUTANTS = ("none", "split-groups", "no-sp-allreduce")
 PRECISIONS = ("fp32", "bf16")
 N = 4                       # responses per prompt
@@ -266,10 +269,12 @@ def run_precision(args, model_dir: str, precision: str, sp: int, groups, partiti
     for system in ("stock", "dualkv"):
         grads = train[system]["grads"]
         flat = torch.cat([grads[k].flatten() for k in sorted(grads)]) if grads else torch.zeros(0)
+        sizes = [(k, grads[k].numel()) for k in sorted(grads)]
         out[system] = {"log_probs": infer[system]["log_probs"], "entropy": infer[system]["entropy"],
                        "train_log_probs": train[system]["log_probs"],
                        "loss": float(sum(train[system]["loss"])), "terms": loss_terms(train[system]["metrics"]),
-                       "grads": flat, "grad_norm": float(flat.norm()) if flat.numel() else 0.0, "mask": mask}
+                       "grads": flat, "grad_norm": float(flat.norm()) if flat.numel() else 0.0, "mask": mask,
+                       "grad_sizes": sizes}
     return out
 
 
@@ -344,8 +349,27 @@ def compare_bf16(stock: dict, dualkv: dict, stock32: dict) -> dict:
         err = _max_abs(dualkv[name], stock32[name])
         bound = factor * spread + FA_ATOL[torch.bfloat16]
         rows[name] = {"kind": "max_abs vs stock fp32", "error": err, "stock_bf16_spread": spread, "factor": factor,
-                      "bound": bound, "rel_vs_stock_bf16": _rel(dualkv[name], stock[name]), "passed": err <= bound}
+                      "bound": bound, "rel_vs_stock_bf16": _rel(dualkv[name], stock[name]),
+                      # diagnostics (not the pass rule): norm-relative errors against stock fp32
+                      "rel_vs_stock_fp32": _rel(dualkv[name], stock32[name]),
+                      "stock_bf16_rel_vs_stock_fp32": _rel(stock[name], stock32[name]), "passed": err <= bound}
     return rows
+
+
+def grads_by_param(stock: torch.Tensor, dualkv: torch.Tensor, stock32: torch.Tensor,
+                   sizes: list[tuple[str, int]], top: int = 6) -> list[dict]:
+    """The parameters whose bf16 gradients are furthest from stock fp32 relative to stock bf16's own distance
+    (max |dualkv - fp32| / max |stock - fp32|), worst first: where a flattened-gradient gap comes from."""
+    rows, at = [], 0
+    for name, n in sizes:
+        sl = slice(at, at + n)
+        at += n
+        err, spread = _max_abs(dualkv[sl], stock32[sl]), _max_abs(stock[sl], stock32[sl])
+        rows.append({"param": name, "numel": n, "max_abs": err, "stock_bf16_spread": spread,
+                     "ratio": err / max(spread, 1e-30), "rel_vs_stock_fp32": _rel(dualkv[sl], stock32[sl]),
+                     "stock_bf16_rel_vs_stock_fp32": _rel(stock[sl], stock32[sl]),
+                     "max_abs_stock_fp32": float(stock32[sl].abs().max()) if n else 0.0})
+    return sorted(rows, key=lambda r: -r["max_abs"])[:top]
 
 
 def rank_report(results: dict) -> dict:
@@ -357,6 +381,20 @@ def rank_report(results: dict) -> dict:
         report[precision] = compare_fp32(stock, dualkv) if precision == "fp32" else compare_bf16(stock, dualkv,
                                                                                                  stock32)
     return report
+
+
+def grad_diagnostics(results: dict) -> dict:
+    """Per low precision: :func:`grads_by_param` against stock fp32 (empty without an fp32 run)."""
+    if "fp32" not in results:
+        return {}
+    stock32 = quantities(results["fp32"], "stock")["grads"]
+    out = {}
+    for precision, result in results.items():
+        if precision != "fp32" and stock32.numel():
+            out[precision] = grads_by_param(quantities(result, "stock")["grads"],
+                                            quantities(result, "dualkv")["grads"], stock32,
+                                            result["stock"]["grad_sizes"])
+    return out
 
 
 def sp_consistency(gathered: list[dict], sp: int) -> dict:
@@ -444,12 +482,14 @@ def run(args: argparse.Namespace) -> int:
             results[precision] = run_precision(args, model_dir, precision, sp, groups, partitions, args.mutant)
         mine = {"rank": rank, "dp_rank": results[args.precisions[0]]["dp_rank"],
                 "groups": results[args.precisions[0]]["groups"], "report": rank_report(results),
+                "grads_by_param": grad_diagnostics(results),
                 "trie_packings": sum(r["trie_packings"] for r in results.values()),
                 "dualkv_log_probs": {p: r["dualkv"]["log_probs"].cpu() for p, r in results.items()}}
         gathered: list = [None] * world
         torch.distributed.all_gather_object(gathered, mine)
         if rank == 0:
-            record["ranks"] = [{k: g[k] for k in ("rank", "dp_rank", "groups", "report", "trie_packings")}
+            record["ranks"] = [{k: g[k] for k in ("rank", "dp_rank", "groups", "report", "grads_by_param",
+                                                  "trie_packings")}
                                for g in gathered]
             record["sp_consistency"] = sp_consistency(gathered, sp)
             # where the group packing puts each shared last-prompt row (a trie packs differently: not recorded)

@@ -5,6 +5,7 @@
 #   bash experiments/verl/run_multigpu.sh 2gpu     # parity DP=2 and SP=2, then the policy-update benchmark
 #   bash experiments/verl/run_multigpu.sh 4gpu     # parity DP=2 x SP=2 (then DP=2 and SP=2 again if time is left)
 #   PARTS=trie bash experiments/verl/run_multigpu.sh 2gpu   # parity DP=2 and SP=2 with dualkv_packing=trie
+#   PARTS=control,pytest ...   # the DP=2 batch on one GPU (dp1 control); the pytest multigpu tests
 #
 # Writes JSON under $OUT (default out/multigpu): distributed_parity-<mode>.json, multigpu-*.json,
 # multigpu_summary.json, and a log per step (bundled into logs.tgz at the end). Whole run bounded by BUDGET_S (default 450 s): each step gets what is
@@ -40,7 +41,7 @@ step() {
   timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   log "end   $name rc=$rc"
-  grep -E "^\[(dp2|sp2|dp2sp2)\]|^  rank|^\[w[0-9]|^wrote|FAILED|Error" "$OUT/$name.log" | tail -20
+  grep -E "^\[(dp1|dp2|sp2|dp2sp2)\]|passed|failed|^  rank|^\[w[0-9]|^wrote|FAILED|Error" "$OUT/$name.log" | tail -20
   return 0
 }
 
@@ -74,6 +75,13 @@ case "$MODE" in
     if want parity; then
       step parity_dp2 120 $TR --nproc-per-node 2 $PARITY --mode dp2 --out "$OUT"
       step parity_sp2 120 $TR --nproc-per-node 2 $PARITY --mode sp2 --out "$OUT"
+    fi
+    if want control; then  # the DP=2 global batch on one process: is a bf16 gap the distribution's or the batch's?
+      step parity_dp1 120 $TR --nproc-per-node 1 $PARITY --mode dp1 --groups-per-rank 8 --out "$OUT"
+    fi
+    if want pytest; then   # the multi-GPU tests (2 GPUs; the DP=2 x SP=2 case skips)
+      step pytest_multigpu 300 python3 -m pytest -q -m multigpu -p no:cacheprovider \
+        proofs_tests/test_cuda_multigpu.py proofs_tests/test_verl_distributed_parity.py
     fi
     if want trie; then     # micro-batches packed as tries; every prompt starts with the same 32-token system prompt
       step parity_dp2_trie 120 $TR --nproc-per-node 2 $PARITY --mode dp2 --packing trie --system-prompt 32 --out "$OUT"
