@@ -47,9 +47,11 @@ def test_multigpu_bench_cpu(tmp_path):
     _run(["--task", "throughput", "--systems", "dualkv", "--P", "12", *common], nproc=1)
     _run(["--task", "throughput", "--systems", "dualkv", "--P", "12", *common], nproc=2)
     _run(["--task", "maxp", "--sp", "1", "--P", "8,16", *common], nproc=1)
-    _run(["--task", "maxp", "--sp", "2", "--P", "8,16,32", "--max-p", "16", *common], nproc=2)
+    _run(["--task", "maxp", "--sp", "2", "--P", "8,16,32", "--max-p", "16", "--stock-mb", "1", "--tag", "speed",
+          *common], nproc=2)
     _run(["--summarize", str(out)])
-    launch = json.loads((out / "multigpu-maxp-w2-sp2-tiny.json").read_text())
+    launch = json.loads((out / "multigpu-maxp-w2-sp2-tiny-speed.json").read_text())
+    assert launch["stock_mb"] == 1 and launch["mb"] == 2            # stock one row per micro-batch, dualkv the group
     assert launch["dp"] == 1 and launch["sp"] == 2 and len(launch["environment"]["devices"]) == 2
     assert sorted({r["P"] for r in launch["rows"]}) == [8, 16]            # --max-p stops the grid
     assert all(len(r["peak_mem_gib_per_rank"]) == 2 for r in launch["rows"])
@@ -79,4 +81,25 @@ def test_summary_reads_out_of_memory_rows(tmp_path):
     assert summary["max_prompt"]["dualkv_sp1"] == {"max_p": 16, "first_oom_p": 32, "bounded_by_oom": True}
     assert summary["max_prompt"]["dualkv_sp2"] == {"max_p": 32, "first_oom_p": None, "bounded_by_oom": False}
     assert summary["dualkv_sp2_over_sp1_max_p"] == 2.0
-    assert summary["dualkv_vs_stock_update"] == [{"sp": 2, "P": 8, "stock_s": 9.0, "dualkv_s": 3.0, "speedup": 3.0}]
+    assert summary["dualkv_vs_stock_update"] == [{"sp": 2, "P": 8, "stock_s": 9.0, "dualkv_s": 3.0, "speedup": 3.0,
+                                                  "stock_mb": None, "mb": None}]
+
+
+def test_summary_merges_launches_of_one_sp(tmp_path):
+    """A longest-prompt search and a tagged speed run at the same SP: one max_prompt entry over both."""
+    bench = load_bench()
+
+    def row(system, p, status, seconds=None):
+        return {"system": system, "phase": "update_actor", "P": p, "status": status, "seconds": seconds,
+                "reps": 1, "peak_mem_gib_per_rank": [None, None]}
+
+    launches = {"fit": [row("dualkv", 64, "ok", 5.0), row("dualkv", 96, "OOM")],
+                "speed": [row("stock", 8, "ok", 6.0), row("dualkv", 8, "ok", 2.0)]}
+    for tag, rows in launches.items():
+        (tmp_path / f"multigpu-maxp-w2-sp2-m-{tag}.json").write_text(json.dumps(
+            {"task": "maxp", "sp": 2, "world_size": 2, "mb": 4, "stock_mb": 1, "rows": rows}))
+    summary = bench.summarize(tmp_path)
+    assert summary["max_prompt"]["dualkv_sp2"] == {"max_p": 64, "first_oom_p": 96, "bounded_by_oom": True}
+    assert summary["max_prompt"]["stock_sp2"]["max_p"] == 8
+    assert summary["dualkv_vs_stock_update"] == [{"sp": 2, "P": 8, "stock_s": 6.0, "dualkv_s": 2.0, "speedup": 3.0,
+                                                  "stock_mb": 1, "mb": 4}]

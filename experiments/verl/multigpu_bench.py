@@ -67,12 +67,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--R", type=int, default=2048)
     p.add_argument("--N", type=int, default=8)
     p.add_argument("--mb", type=int, default=None, help="rows per micro-batch (default N: the whole group)")
+    p.add_argument("--stock-mb", type=int, default=None,
+                   help="rows per micro-batch for stock only (default --mb): stock's N-copy rows need not keep a "
+                        "group together, and a smaller micro-batch is how a stock user fits a long prompt")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--max-p", type=int, default=None, help="maxp: test no prompt longer than this")
     p.add_argument("--time-budget-s", type=float, default=None, help="start nothing new after this many seconds")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tag", default="", help="appended to the output file name (several runs of one layout)")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None)
     p.add_argument("--out", default=str(REPO / "out" / "bench"))
     p.add_argument("--summarize", metavar="DIR", help="summarize the launches' JSON files in DIR and exit")
@@ -137,13 +141,14 @@ def setup(device: str) -> tuple[int, int]:
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
-def rank_batch(args: argparse.Namespace, prompt_len: int, dp_rank: int, vocab: int):
+def rank_batch(args: argparse.Namespace, prompt_len: int, dp_rank: int, vocab: int, mb: int | None = None):
+    """This DP rank's group as the engine TensorDict, ``mb`` rows per micro-batch (default ``--mb``)."""
     import verl_fixtures
     from verl_fixtures.synthetic import rollout_batch
 
     data = rollout_batch([(prompt_len, [args.R] * args.N)], vocab_size=vocab, seed=args.seed + dp_rank)
     tokens = args.N * (prompt_len + args.R)
-    return verl_fixtures.engine_batch_of(data, micro_batch_size_per_gpu=args.mb, global_batch_size=args.N,
+    return verl_fixtures.engine_batch_of(data, micro_batch_size_per_gpu=mb or args.mb, global_batch_size=args.N,
                                          max_token_len_per_gpu=tokens)
 
 
@@ -229,10 +234,12 @@ def run(args: argparse.Namespace) -> int:
     dp_rank, dp = engine.get_data_parallel_rank(), engine.get_data_parallel_size()
     loss = verl_fixtures.loss_fn(args.N, entropy_coeff=0.0, kl_loss_coef=0.001)
     name = Path(args.model_dir).name
-    out = Path(args.out) / f"multigpu-{args.task}-w{world}-sp{args.sp}-{name}.json"
+    tag = f"-{args.tag}" if args.tag else ""
+    out = Path(args.out) / f"multigpu-{args.task}-w{world}-sp{args.sp}-{name}{tag}.json"
     record = {"benchmark": "verl_multigpu_policy_update", "task": args.task, "world_size": world, "dp": dp,
               "sp": args.sp, "model": name, "hidden_size": hf.hidden_size, "num_layers": hf.num_hidden_layers,
-              "N": args.N, "R": args.R, "mb": args.mb, "precision": "bf16 compute, fp32 master weights",
+              "N": args.N, "R": args.R, "mb": args.mb, "stock_mb": args.stock_mb or args.mb,
+              "precision": "bf16 compute, fp32 master weights",
               "strategy": "fsdp2", "environment": environment(args.device),
               "build_seconds": time.monotonic() - start, "rows": []}
 
@@ -252,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
         if args.task == "maxp" and args.max_p is not None and prompt_len > args.max_p:
             break
         td = rank_batch(args, prompt_len, dp_rank, vocab)
+        td_stock = rank_batch(args, prompt_len, dp_rank, vocab, args.stock_mb) if args.stock_mb else td
         phases = PHASES if args.task == "throughput" else ("update_actor",)
         both = len(alive) == len(args.systems)
         for system in list(alive):
@@ -261,7 +269,8 @@ def run(args: argparse.Namespace) -> int:
                     save()
                     return finish(record, out, rank)
                 warm, reps = (args.warmup, args.reps) if (args.task == "throughput" or both) else (0, 1)
-                row = {"P": prompt_len, **measure(args, engine, system, phase, td, loss, warm, reps),
+                batch = td_stock if system == "stock" else td
+                row = {"P": prompt_len, **measure(args, engine, system, phase, batch, loss, warm, reps),
                        "warmup": warm, "reps": reps}
                 if row["seconds"]:
                     row["tokens_per_s_per_gpu"] = tokens_per_gpu_s(args, prompt_len, row["seconds"], args.sp)
@@ -321,22 +330,27 @@ def summarize(folder: Path) -> dict:
                                 "efficiency": r1["seconds"] / r2["seconds"]})
         summary["dp_scaling"] = scaling
         summary["devices"] = two["environment"]["devices"]
-    mp = {f["sp"]: f for f in files.values() if f["task"] == "maxp"}
+    mp: dict[int, list[dict]] = {}       # SP -> the maxp launches at that SP (a search, a speed run, ...)
+    for f in files.values():
+        if f["task"] == "maxp":
+            mp.setdefault(f["sp"], []).append(f)
     fits = {}
-    for sp, f in mp.items():
+    for sp, launches in mp.items():
         for system in ("stock", "dualkv"):
-            fits[f"{system}_sp{sp}"] = max_fitting_p(f["rows"], system)
+            fits[f"{system}_sp{sp}"] = max_fitting_p([r for f in launches for r in f["rows"]], system)
     summary["max_prompt"] = fits
     if fits.get("dualkv_sp1", {}).get("max_p") and fits.get("dualkv_sp2", {}).get("max_p"):
         summary["dualkv_sp2_over_sp1_max_p"] = fits["dualkv_sp2"]["max_p"] / fits["dualkv_sp1"]["max_p"]
     speed = []
-    for sp, f in mp.items():
-        for r in f["rows"]:
-            other = next((o for o in f["rows"] if o["P"] == r["P"] and o["system"] == "dualkv"
-                          and o["status"] == "ok" and o["reps"] == r["reps"]), None)
-            if r["system"] == "stock" and r["status"] == "ok" and other:
-                speed.append({"sp": sp, "P": r["P"], "stock_s": r["seconds"], "dualkv_s": other["seconds"],
-                              "speedup": r["seconds"] / other["seconds"]})
+    for sp, launches in mp.items():
+        for f in launches:
+            for r in f["rows"]:
+                other = next((o for o in f["rows"] if o["P"] == r["P"] and o["system"] == "dualkv"
+                              and o["status"] == "ok" and o["reps"] == r["reps"]), None)
+                if r["system"] == "stock" and r["status"] == "ok" and other:
+                    speed.append({"sp": sp, "P": r["P"], "stock_s": r["seconds"], "dualkv_s": other["seconds"],
+                                  "speedup": r["seconds"] / other["seconds"], "stock_mb": f.get("stock_mb"),
+                                  "mb": f.get("mb")})
     summary["dualkv_vs_stock_update"] = speed
     (folder / "multigpu_summary.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -6,6 +6,7 @@
 #   bash experiments/verl/run_multigpu.sh 4gpu     # parity DP=2 x SP=2 (then DP=2 and SP=2 again if time is left)
 #   PARTS=trie bash experiments/verl/run_multigpu.sh 2gpu   # parity DP=2 and SP=2 with dualkv_packing=trie
 #   PARTS=control,pytest ...   # the DP=2 batch on one GPU (dp1 control); the pytest multigpu tests
+#   PARTS=fit1,speed / PARTS=fit2 ...   # longest prompt near SP=1's limit / at SP=2; dualkv vs stock (mb=1) at SP=2
 #
 # Writes JSON under $OUT (default out/multigpu): distributed_parity-<mode>.json, multigpu-*.json,
 # multigpu_summary.json, and a log per step (bundled into logs.tgz at the end). Whole run bounded by BUDGET_S (default 450 s): each step gets what is
@@ -61,11 +62,11 @@ log "precompiling kernels"
 step kernels 150 python3 -m dualkv kernels --compile-only --arch sm_90 --jobs 16 --no-progress &
 KERNELS=$!
 want() { [[ ",$PARTS," == *",$1,"* ]]; }
-if [[ "$MODE" == 2gpu ]] && want bench; then
+if [[ "$MODE" == 2gpu ]] && { want bench || want fit1 || want fit2 || want speed; }; then
   # A random-weight Qwen3-1.7B, saved while the kernels compile: DP scaling at P=8K and the longest-prompt search.
   # (Qwen3-4B was tried first: its fp32 weights, gradients and Adam states left stock no room for P=8K at SP=1 or
   # SP=2 on 80 GB cards, so nothing could be compared there; 2xH100, 1777adb.)
-  python3 $BENCH --save-model $MODELS/qwen3-1.7b --model qwen3-1.7b --max-positions 140000 > "$OUT/save_1.7b.log" 2>&1 &
+  python3 $BENCH --save-model $MODELS/qwen3-1.7b --model qwen3-1.7b --max-positions 470000 > "$OUT/save_1.7b.log" 2>&1 &
   SAVE1=$!
 fi
 wait $KERNELS
@@ -87,9 +88,26 @@ case "$MODE" in
       step parity_dp2_trie 120 $TR --nproc-per-node 2 $PARITY --mode dp2 --packing trie --system-prompt 32 --out "$OUT"
       step parity_sp2_trie 120 $TR --nproc-per-node 2 $PARITY --mode sp2 --packing trie --system-prompt 32 --out "$OUT"
     fi
-    want bench || { finish; exit 0; }
+    { want bench || want fit1 || want fit2 || want speed; } || { finish; exit 0; }
     wait $SAVE1; log "models saved: $(du -sh $MODELS | cut -f1)"
     common=(--R 2048 --N 8 --out "$OUT")
+    # The longest prompt around where the memory model (peak GiB linear in P, fitted on the search below at
+    # 8K-131K: SP=1 ~0.24 GiB, SP=2 ~0.12 GiB per 1K prompt tokens) puts SP=1's limit, and twice the largest SP=1
+    # prompt at SP=2: dualkv only, one timed run each (a search from 8K up would not fit a call).
+    if want fit1; then
+      step fit_sp1 330 $TR --nproc-per-node 1 $BENCH --task maxp --sp 1 --model-dir $MODELS/qwen3-1.7b --systems dualkv \
+        --P 196608,229376,262144 --warmup 0 --reps 1 --tag fit "${common[@]}"
+    fi
+    if want fit2; then
+      step fit_sp2 420 $TR --nproc-per-node 2 $BENCH --task maxp --sp 2 --model-dir $MODELS/qwen3-1.7b --systems dualkv \
+        --P "${FIT2_P:-393216,458752}" --warmup 0 --reps 1 --tag fit "${common[@]}"
+    fi
+    # dualkv (the group in one micro-batch) vs stock at its own best fit (one N-copy row per micro-batch) at SP=2
+    if want speed; then
+      step speed_sp2 240 $TR --nproc-per-node 2 $BENCH --task maxp --sp 2 --model-dir $MODELS/qwen3-1.7b \
+        --P 8192,16384,32768 --stock-mb 1 --reps 1 --tag speed "${common[@]}"
+    fi
+    want bench || { python3 $BENCH --summarize "$OUT" > "$OUT/summary.log" 2>&1; finish; exit 0; }
     step tp_w1 75 $TR --nproc-per-node 1 $BENCH --task throughput --model-dir $MODELS/qwen3-1.7b --systems dualkv \
       --P 8192 --time-budget-s 50 "${common[@]}"
     step tp_w2 75 $TR --nproc-per-node 2 $BENCH --task throughput --model-dir $MODELS/qwen3-1.7b --systems dualkv \
