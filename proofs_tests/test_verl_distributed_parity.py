@@ -5,6 +5,7 @@ NCCL with the CUDA kernels (marked gpu + multigpu; skipped with fewer devices)."
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -23,8 +24,10 @@ PARITY = REPO / "experiments" / "verl" / "distributed_parity.py"
 @pytest.fixture(autouse=True)
 def _needs_verl():
     """Checked per test, not at import: the gpu tests must still be collected where veRL is not installed (the GPU
-    hosts get it from carried wheels, experiments/verl/run_multigpu.sh)."""
-    pytest.importorskip("verl")
+    hosts get it from carried wheels, experiments/verl/run_multigpu.sh). Found, not imported: veRL imports Ray,
+    which those hosts lack; the launched program stubs it (``DUALKV_BENCH_HIDE_PACKAGES``)."""
+    if importlib.util.find_spec("verl") is None:
+        pytest.skip("veRL is not installed")
 
 
 def run_parity(mode: str, nproc: int, out: Path, *extra: str, device: str = "cpu",
@@ -67,7 +70,9 @@ def test_parity_cpu(mode, world, tmp_path):
     proc, record = run_parity(mode, world, tmp_path, "--precisions", ",".join(precisions))
     _assert_passed(proc, record, mode, world, precisions)
     fp32 = record["ranks"][0]["report"]["fp32"]
-    assert all(row["error"] <= 1e-5 for row in fp32.values())
+    assert all(row["error"] <= 1e-5 or (name.startswith("term:") and row["max_abs"] <= 1e-6)
+               for name, row in fp32.items())
+    assert record["tolerance"]["old_log_probs"] == "on-policy"
     if "bf16" in precisions:
         bf16 = record["ranks"][0]["report"]["bf16"]
         assert all(row["stock_bf16_spread"] > 0 for name, row in bf16.items() if name != "loss")
@@ -75,6 +80,13 @@ def test_parity_cpu(mode, world, tmp_path):
         by_param = record["ranks"][0]["grads_by_param"]["bf16"]
         assert by_param and by_param[0]["max_abs"] == max(r["max_abs"] for r in by_param)
         assert by_param[0]["max_abs"] == pytest.approx(bf16["grads"]["error"])  # the flat max is some parameter's
+
+
+def test_parity_cpu_random_old_log_probs(tmp_path):
+    """The off-policy variant (random old log-probs: PPO clipping active) keeps fp32 parity."""
+    proc, record = run_parity("dp2", 2, tmp_path, "--precisions", "fp32", "--old-log-probs", "random")
+    _assert_passed(proc, record, "dp2", 2, ["fp32"])
+    assert record["tolerance"]["old_log_probs"] == "random"
 
 
 def test_group_splitting_balance_is_caught(tmp_path):
