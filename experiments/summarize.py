@@ -438,7 +438,11 @@ def trl_section(files: Sequence[Path]) -> str:
 
 def _worst(report: dict) -> tuple[str, dict]:
     """The check of one precision's report closest to (or furthest over) its bound."""
-    name = max(report, key=lambda k: report[k]["error"] / report[k]["bound"] if report[k]["bound"] else 0.0)
+    def margin(row: dict) -> float:
+        ratio = row["error"] / row["bound"] if row["bound"] else 0.0
+        return min(ratio, row["max_abs"] / row["atol"]) if row.get("atol") else ratio   # a loss term's abs floor
+
+    name = max(report, key=lambda k: margin(report[k]))
     return name, report[name]
 
 
@@ -453,16 +457,41 @@ def distributed_section(root: Path) -> str:
     for path in parity:
         d = _load(path)
         rank0 = d["ranks"][0]["report"]
-        cells = [d["mode"], f"{len(d.get('devices') or [])}× {str((d.get('devices') or ['?'])[0]).replace('NVIDIA ', '')}",
-                 _commit(d["environment"]), "pass" if d["passed"] else "FAIL"]
+        mode = d["mode"] + ("-trie" if d.get("packing") == "trie" else "")
+        cells = [mode, f"{len(d.get('devices') or [])}× {str((d.get('devices') or ['?'])[0]).replace('NVIDIA ', '')}",
+                 _commit(d["environment"]), d["tolerance"].get("old_log_probs", "random"),
+                 "pass" if d["passed"] else "FAIL"]
         for precision in ("fp32", "bf16"):
             name, check = _worst(rank0[precision])
             cells.append(f"{name} {check['error']:.2e} / {check['bound']:.2e}")
+        grads = rank0["bf16"]["grads"]
+        cells.append(f"{grads['rel_vs_stock_fp32']:.4f} / {grads['stock_bf16_rel_vs_stock_fp32']:.4f}"
+                     if "rel_vs_stock_fp32" in grads else "–")
         rows.append(cells + [f"`{path.name}`"])
     out += ["Stock veRL 0.9.1 engine (FSDP2) vs dualkv on the same weights and batches; per precision the check "
             "closest to its bound (error / bound; fp32: relative, <= 1e-5; bf16: max-abs against stock fp32, bound "
             "a multiple of stock bf16's own distance from stock fp32, see each file's `tolerance`):", "",
-            _table(["mode", "GPUs", "commit", "result", "fp32 worst", "bf16 worst", "file"], rows)]
+            _table(["mode", "GPUs", "commit", "old log-probs", "result", "fp32 worst", "bf16 worst",
+                    "bf16 grads rel. to fp32: dualkv / stock", "file"], rows),
+            "", "The last number column: ||bf16 grads - stock fp32 grads|| / ||stock fp32 grads|| for dualkv and for "
+                "stock (veRL's bf16) on the same batch; `dp1` is the DP=2 global batch on one GPU (the control)."]
+    summaries = sorted(root.glob("multigpu-summary-*.json"))
+    if summaries:
+        d = _load(summaries[-1])
+        fits = d.get("max_prompt", {})
+        text = "; ".join(f"{key}: " + (f"{v['max_p']}" if v["max_p"] else "none")
+                         + (f" (out of memory at {v['first_oom_p']})" if v.get("first_oom_p") else "")
+                         for key, v in fits.items())
+        out += ["", f"Longest prompt that fits (Qwen3-1.7B, N=8, R=2048, update step; `_mb1`: stock with one N-copy "
+                    f"row per micro-batch, otherwise the whole group): {text}. dualkv SP=2 / SP=1: "
+                    f"×{d.get('dualkv_sp2_over_sp1_max_p', float('nan')):.2f} (`{summaries[-1].name}`)."]
+        for r in d.get("dualkv_vs_stock_update", []):
+            out += ["", f"Update step at SP={r['sp']}, P={r['P']}: stock (micro-batch {r['stock_mb']} rows) "
+                        f"{r['stock_s']:.2f} s, dualkv (micro-batch {r['mb']} rows) {r['dualkv_s']:.2f} s: "
+                        f"×{r['speedup']:.2f}."]
+        for r in d.get("dp_scaling", []):
+            out += ["", f"DP=1 → DP=2 ({r['system']}, {r['phase']}, P={r['P']}): {r['seconds_dp1']:.3f} s → "
+                        f"{r['seconds_dp2']:.3f} s per step at twice the batch, throughput ×{r['throughput_ratio']:.2f}."]
     for path in sorted(root.glob("multigpu-*.json")):
         d = _load(path)
         for r in d.get("dp_scaling", []):

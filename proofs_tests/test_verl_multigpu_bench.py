@@ -100,6 +100,6 @@ def test_summary_merges_launches_of_one_sp(tmp_path):
             {"task": "maxp", "sp": 2, "world_size": 2, "mb": 4, "stock_mb": 1, "rows": rows}))
     summary = bench.summarize(tmp_path)
     assert summary["max_prompt"]["dualkv_sp2"] == {"max_p": 64, "first_oom_p": 96, "bounded_by_oom": True}
-    assert summary["max_prompt"]["stock_sp2"]["max_p"] == 8
+    assert summary["max_prompt"]["stock_sp2_mb1"]["max_p"] == 8 and "stock_sp2" not in summary["max_prompt"]
     assert summary["dualkv_vs_stock_update"] == [{"sp": 2, "P": 8, "stock_s": 6.0, "dualkv_s": 2.0, "speedup": 3.0,
                                                   "stock_mb": 1, "mb": 4}]

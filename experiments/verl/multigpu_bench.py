@@ -334,10 +334,14 @@ def summarize(folder: Path) -> dict:
     for f in files.values():
         if f["task"] == "maxp":
             mp.setdefault(f["sp"], []).append(f)
-    fits = {}
+    by_key: dict[str, list[dict]] = {}    # stock with its own micro-batch (--stock-mb) is a separate entry
     for sp, launches in mp.items():
-        for system in ("stock", "dualkv"):
-            fits[f"{system}_sp{sp}"] = max_fitting_p([r for f in launches for r in f["rows"]], system)
+        for f in launches:
+            for system in ("stock", "dualkv"):
+                own_mb = system == "stock" and f.get("stock_mb") not in (None, f.get("mb"))
+                key = f"{system}_sp{sp}" + (f"_mb{f['stock_mb']}" if own_mb else "")
+                by_key.setdefault(key, []).extend(r for r in f["rows"] if r["system"] == system)
+    fits = {key: max_fitting_p(rows, key.split("_")[0]) for key, rows in sorted(by_key.items())}
     summary["max_prompt"] = fits
     if fits.get("dualkv_sp1", {}).get("max_p") and fits.get("dualkv_sp2", {}).get("max_p"):
         summary["dualkv_sp2_over_sp1_max_p"] = fits["dualkv_sp2"]["max_p"] / fits["dualkv_sp1"]["max_p"]
