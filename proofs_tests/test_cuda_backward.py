@@ -197,3 +197,27 @@ def test_training_tracks_the_n_copy_reference():
     ref = train(n_copy_attention)
     assert fused[-1] < 0.7 * fused[0]  # it learns
     assert max(abs(a - b) for a, b in zip(fused, ref)) < 0.05 * max(ref)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("tokens,heads", [(1, 1), (63, 3), (129, 32), (4097, 5)])
+def test_prep_kernel(head_dim, tokens, heads):
+    """The preprocessing kernel (lanes share a row; grid-stride): D = rowsum(dO * O) - dLSE and LSE * log2(e) for
+    every (head, token), against fp32 torch; poisoned outputs must all be overwritten. A strided dO (a view of a
+    wider tensor) checks the row strides."""
+    from dualkv.cuda.launch import run_prep
+
+    g = torch.Generator(device="cuda").manual_seed(tokens * 7 + head_dim)
+    wide = torch.randn(tokens, heads, 2 * head_dim, generator=g, device="cuda").to(torch.bfloat16)
+    dout = wide[..., :head_dim]
+    out = torch.randn(tokens, heads, head_dim, generator=g, device="cuda").to(torch.bfloat16)
+    lse = torch.randn(heads, tokens, generator=g, device="cuda")
+    d_lse = torch.randn(heads, tokens, generator=g, device="cuda")
+    for grad_lse in (None, d_lse):
+        lse2, delta = run_prep(dout, out, lse, grad_lse)
+        want = (dout.float() * out.float()).sum(-1).t()
+        if grad_lse is not None:
+            want = want - grad_lse
+        torch.testing.assert_close(delta, want, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(lse2, lse * 1.4426950408889634, rtol=1e-6, atol=1e-6)
+        assert torch.isfinite(delta).all() and torch.isfinite(lse2).all()

@@ -169,7 +169,7 @@ check_tile_tables()
 
 KERNELS = ("fwd", "fwd_sm90", "fwd_sm90_ws", "bwd_prep", "bwd_dq", "bwd_dq_sm90", "bwd_dkdv", "bwd_dkdv_sm90",
            "bwd_sm90_ws", "bwd_dq_cast")
-#: The backward's preprocessing kernel (D = rowsum(dO * O), LSE in log2): one thread per row, no tiles; the
+#: The backward's preprocessing kernel (D = rowsum(dO * O), LSE in log2): up to 8 threads per row, no tiles; the
 #: warp-specialised backward's dQ cast uses the same (one thread per 8 output elements).
 PREP_TILE = TileConfig(block_n=16, warps=8, mslabs=1)
 #: Hopper-only (sm_90a) kernels and the head dims they exist for.

@@ -161,8 +161,8 @@ def run_prep(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_lse: to
     lse2, delta = _new(lse.shape, lse), _new(lse.shape, lse)
     device = device_index(out)
     kern = get_kernel(prep_spec(head_dim, out.dtype, arch_of(device)), device)
-    rows_per_cta = kern.spec.threads
-    kern.launch(((tokens * heads + rows_per_cta - 1) // rows_per_cta, 1, 1),
+    rows_per_cta = max(kern.spec.threads // 8, 1)     # up to 8 lanes share a row; the kernel grid-strides
+    kern.launch((max((tokens * heads + rows_per_cta - 1) // rows_per_cta, 1), 1, 1),
                 [*_strided(dout), *_strided(out), lse.data_ptr(), d_lse.data_ptr() if d_lse is not None else 0,
                  i64(lse.stride(0)), lse2.data_ptr(), delta.data_ptr(), i32(tokens), i32(heads)])
     return lse2, delta
