@@ -82,6 +82,15 @@ def test_parity_cpu(mode, world, tmp_path):
         assert by_param[0]["max_abs"] == pytest.approx(bf16["grads"]["error"])  # the flat max is some parameter's
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_parity_cpu_responses_per_prompt(n, tmp_path):
+    """--responses: one response per prompt (nothing shared) and an odd group size keep parity; the file names N."""
+    proc, record = run_parity("dp1", 1, tmp_path, "--precisions", "fp32", "--responses", str(n))
+    _assert_passed(proc, record, "dp1", 1, ["fp32"])
+    assert record["N"] == n and all(len(rs) == n for _, rs in record["global_groups"])
+    assert (tmp_path / f"distributed_parity-dp1-n{n}.json").exists()
+
+
 def test_parity_cpu_random_old_log_probs(tmp_path):
     """The off-policy variant (random old log-probs: PPO clipping active) keeps fp32 parity."""
     proc, record = run_parity("dp2", 2, tmp_path, "--precisions", "fp32", "--old-log-probs", "random")

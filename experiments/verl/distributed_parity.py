@@ -71,7 +71,7 @@ import torch  # noqa: E402
 MODES = {"dp1": (1, 1), "dp2": (2, 1), "sp2": (2, 2), "dp2sp2": (4, 2)}
 MUTANTS = ("none", "split-groups", "no-sp-allreduce")
 PRECISIONS = ("fp32", "bf16")
-N = 4                       # responses per prompt
+N = 4                       # responses per prompt (default of --n)
 GROUPS_PER_MICRO_BATCH = 2
 #: Packages served by import stubs in this process (set by :func:`setup`).
 STUBBED: list[str] = []
@@ -99,6 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", choices=sorted(SIZES), default=None, help="default: gpu on cuda, tiny on cpu")
     p.add_argument("--groups-per-rank", type=int, default=4, help="prompt groups per DP rank (even)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--responses", dest="n", type=int, default=N, help="responses per prompt (N)")
     p.add_argument("--mutant", choices=MUTANTS, default="none", help="a known-wrong variant (tests only)")
     p.add_argument("--packing", choices=("group", "trie"), default="group",
                    help="dualkv_packing of the dualkv engine (trie: micro-batches as radix tries, docs/trees.md)")
@@ -171,7 +172,7 @@ def global_groups(args: argparse.Namespace, dp: int) -> list[tuple[int, list[int
     groups = []
     for _ in range(dp * args.groups_per_rank):
         p = int(torch.randint(p_lo, p_hi + 1, (1,), generator=g))
-        groups.append((p, [int(x) for x in torch.randint(r_lo, r_hi + 1, (N,), generator=g)]))
+        groups.append((p, [int(x) for x in torch.randint(r_lo, r_hi + 1, (args.n,), generator=g)]))
     return groups
 
 
@@ -237,7 +238,7 @@ def rank_batch(args, groups, partitions, dp_rank: int, old_log_probs: torch.Tens
         mine.batch["old_log_probs"] = old_log_probs.to(mine.batch["old_log_probs"].dtype).cpu() * mask
     row_group = [gi for gi, (_, rs) in enumerate(groups) for _ in rs]
     order = list(dict.fromkeys(row_group[r] for r in rows))
-    td = verl_fixtures.engine_batch_of(mine, micro_batch_size_per_gpu=GROUPS_PER_MICRO_BATCH * N,
+    td = verl_fixtures.engine_batch_of(mine, micro_batch_size_per_gpu=GROUPS_PER_MICRO_BATCH * args.n,
                                        global_batch_size=len(rows))
     return td, [groups[gi] for gi in order], mine.batch["response_mask"].bool()
 
@@ -252,7 +253,7 @@ def run_precision(args, model_dir: str, precision: str, sp: int, groups, partiti
     from verl_fixtures.stock_attention import STOCK_ATTENTION
 
     engine = verl_fixtures.build_engine(model_dir, dualkv=False, sp=sp, precision=precision,
-                                        attention=STOCK_ATTENTION, micro_batch_size=GROUPS_PER_MICRO_BATCH * N)
+                                        attention=STOCK_ATTENTION, micro_batch_size=GROUPS_PER_MICRO_BATCH * args.n)
     engine.engine_config.__dict__["dualkv_packing"] = args.packing
     trie_packings = dist_cases.count_trie_packings()
     dp_rank, dp_size = engine.get_data_parallel_rank(), engine.get_data_parallel_size()
@@ -267,11 +268,11 @@ def run_precision(args, model_dir: str, precision: str, sp: int, groups, partiti
 
         without_shared_rows.__wrapped__ = original
         head._sum_over = without_shared_rows
-    infer = dist_cases._run_both(engine, td, N, train=False)
+    infer = dist_cases._run_both(engine, td, args.n, train=False)
     if args.old_log_probs == "on-policy":   # train on the given (or this run's stock) log-probs: ON_POLICY_NOTE
         old = old_log_probs if old_log_probs is not None else infer["stock"]["log_probs"]
         td = rank_batch(args, groups, partitions, dp_rank, old)[0]
-    train = dist_cases._run_both(engine, td, N, train=True)
+    train = dist_cases._run_both(engine, td, args.n, train=True)
     del engine
     gc.collect()
     if torch.cuda.is_available():
@@ -479,7 +480,7 @@ def run(args: argparse.Namespace) -> int:
     dp = world // sp
     start = time.monotonic()
     record: dict[str, Any] = {"benchmark": "verl_distributed_parity", "mode": args.mode, "world_size": world,
-                              "dp": dp, "sp": sp, "mutant": args.mutant, "precisions": args.precisions, "N": N,
+                              "dp": dp, "sp": sp, "mutant": args.mutant, "precisions": args.precisions, "N": args.n,
                               "groups_per_micro_batch": GROUPS_PER_MICRO_BATCH, "strategy": "fsdp2",
                               "packing": args.packing, "system_prompt": args.system_prompt}
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
@@ -498,6 +499,7 @@ def run(args: argparse.Namespace) -> int:
         "old_log_probs": args.old_log_probs, "old_log_probs_note": ON_POLICY_NOTE,
     }
     suffix = "".join(f"-{v}" for v, default in ((args.packing, "group"), (args.mutant, "none")) if v != default)
+    suffix += f"-n{args.n}" if args.n != N else ""
     out_path = Path(args.out) / f"distributed_parity-{args.mode}{suffix}.json"
     status = 1
     try:
