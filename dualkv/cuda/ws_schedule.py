@@ -123,12 +123,14 @@ def check_launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks 
     """Raise unless every own-response tile comes before every shared-key tile (for a tree: no tile after a
     shallower node's), which the dQ ranks rely on."""
     if tree is not None:
-        depth = tree.depth[np.asarray(tiles).reshape(-1, 4)[:, 0]]
+        rows = np.asarray(tiles).reshape(-1, 4)
+        depth = tree.depth[rows[:, 0]]
         bad = np.flatnonzero(np.diff(depth) > 0)
         if bad.size:
             t = bad[0] + 1
-            raise RuntimeError(f"key tile {t} (a node of depth {depth[t]}) comes after a tile of depth "
-                               f"{depth[t - 1]}: the warp-specialised backward's dQ order would deadlock")
+            raise RuntimeError(f"key tile {rows[t].tolist()} (row {t}, a node of depth {depth[t]}) comes after a "
+                               f"tile of depth {depth[t - 1]}: the warp-specialised backward's dQ order would "
+                               "deadlock")
         return
     seg = np.asarray(segments).reshape(-1, 4)
     seen_shared = False
