@@ -165,9 +165,10 @@ def tree_attention(q, k, v, layout: PrefixTreeLayout, softmax_scale=None, window
 
     A tree that is a :class:`GroupLayout` packing (depth 1, each root followed by its leaf children) runs the
     two-level kernels unchanged; any other tree runs the ``DKV_TREE=1`` query kernels (context = the ancestors' runs)
-    and the dK/dV kernels over descendant ranges (:mod:`dualkv.cuda.tree_schedule`) — on sm_90 the wgmma_v1
-    backward, as the warp-specialised backward has no tree mode. Nodes not in DFS preorder are permuted into it
-    (a gather of q, k, v and of the outputs). Sliding windows on trees run the reference (with a warning).
+    and the dK/dV kernels over descendant ranges (:mod:`dualkv.cuda.tree_schedule`) — on sm_90 at head dim 128 the
+    warp-specialised backward's ``DKV_TREE=1`` build (:mod:`dualkv.cuda.ws_schedule`), as for a GroupLayout. Nodes
+    not in DFS preorder are permuted into it (a gather of q, k, v and of the outputs). Sliding windows on trees run
+    the reference (with a warning).
     """
     from ..reference.tree import check_tree_tensors
     from .tree_schedule import is_preorder, preorder_permutation

@@ -180,9 +180,9 @@ SM90_KERNELS = {"fwd_sm90": tuple(SM90_FWD_TILES), "fwd_sm90_ws": tuple(SM90_WS_
 TMA_KERNELS = ("fwd_sm90_ws", "bwd_sm90_ws")
 #: Kernels with a prefix-tree specialization (``KernelSpec.tree``: a segment's context is its ancestors' runs). The
 #: dK/dV kernels need none: their key tiles list a node's descendants as dependent segments
-#: (dualkv/cuda/tree_schedule.py). The warp-specialised backward has no tree mode: trees run the wgmma_v1 dQ and
-#: dK/dV kernels on sm_90 (:func:`ws_backward_for`).
-TREE_KERNELS = ("fwd", "fwd_sm90", "fwd_sm90_ws", "bwd_dq", "bwd_dq_sm90")
+#: (dualkv/cuda/tree_schedule.py). The warp-specialised backward's tree mode only changes its dQ order (ranks over
+#: the ancestor chain, dualkv/cuda/ws_schedule.py) and its dQ counters (one per query tile's first token).
+TREE_KERNELS = ("fwd", "fwd_sm90", "fwd_sm90_ws", "bwd_dq", "bwd_dq_sm90", "bwd_sm90_ws")
 #: Which kernel family runs where several exist: "auto" (on sm_90 the fastest measured Hopper kernels: the
 #: warp-specialised TMA forward, and the one-kernel warp-specialised backward — five products, deterministic dQ —
 #: where it exists, else the wgmma dQ and dK/dV kernels), "wgmma_v1" (the first wgmma kernels: cp.async loads, no
@@ -259,8 +259,9 @@ def forward_kernel_for(head_dim: int, arch: str) -> str:
 
 def ws_backward_for(head_dim: int, arch: str, window: bool, causal: bool = True, tree: bool = False) -> bool:
     """Whether the fused warp-specialised backward (dK, dV and dQ in one kernel; causal, no window) serves this
-    call. Prefix trees (``tree``) never: they run the wgmma_v1 dQ and dK/dV kernels (sm_90) or the mma ones."""
-    return causal and not window and not tree and _use_sm90("bwd_sm90_ws", head_dim, arch)
+    call: the same rule for prefix trees (``tree``: its DKV_TREE=1 build) as for the two-level layouts. The
+    ``wgmma_v1`` family (:class:`kernel_family`) keeps the two-kernel wgmma dQ + dK/dV backward, for comparison."""
+    return causal and not window and _use_sm90("bwd_sm90_ws", head_dim, arch)
 
 
 def dq_kernel_for(head_dim: int, arch: str) -> str:
@@ -291,7 +292,7 @@ class KernelSpec:
     arch: str
     dq_atomic: bool = False  # bwd_dkdv only: also accumulate dQ with fp32 atomics (non-deterministic mode)
     causal: bool = True      # False: a segment's own keys are all visible (DKV_CAUSAL=0; no window)
-    tree: bool = False       # query kernels only: prefix-tree segments, context = a list of runs (DKV_TREE=1)
+    tree: bool = False       # TREE_KERNELS: prefix-tree segments, context = a list of runs (DKV_TREE=1)
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -305,7 +306,7 @@ class KernelSpec:
         if self.dq_atomic and (self.kernel != "bwd_dkdv" or self.head_dim not in ATOMIC_HEAD_DIMS):
             raise ValueError(f"the atomic dQ mode exists for the dK/dV kernel at head dims {ATOMIC_HEAD_DIMS}")
         if self.tree and (self.kernel not in TREE_KERNELS or self.window or not self.causal):
-            raise ValueError(f"prefix-tree specializations exist for the query kernels {TREE_KERNELS}, causal, "
+            raise ValueError(f"prefix-tree specializations exist for the kernels {TREE_KERNELS}, causal, "
                              f"without a window (got {self.kernel}, window={self.window}, causal={self.causal})")
         if self.kernel in SM90_KERNELS and (self.arch != "sm_90a" or self.head_dim not in SM90_KERNELS[self.kernel]):
             raise ValueError(f"{self.kernel} is built for sm_90a at head dims {SM90_KERNELS[self.kernel]}")
@@ -360,7 +361,9 @@ class KernelSpec:
         if self.kernel in ("bwd_dkdv", "bwd_dkdv_sm90", "bwd_sm90_ws"):
             keys = common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages)),
                              ("DKV_DQ_ATOMIC", "1" if self.dq_atomic else "0")]
-            return keys + ([("DKV_DQ_BUFFERS", str(t.dq_buffers))] if self.kernel == "bwd_sm90_ws" else [])
+            if self.kernel == "bwd_sm90_ws":
+                keys += [("DKV_DQ_BUFFERS", str(t.dq_buffers))] + ([("DKV_TREE", "1")] if self.tree else [])
+            return keys
         query = common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack)),
                           ("DKV_OVERLAP", "1" if getattr(t, "overlap", False) else "0")]
         if self.tree:
@@ -417,9 +420,10 @@ def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, ar
                       "sm_90a" if kernel == "bwd_dq_sm90" else arch, causal=causal, tree=tree)
 
 
-def ws_bwd_spec(head_dim: int, dtype: torch.dtype) -> KernelSpec:
-    """The warp-specialised Hopper backward (sm_90a, no window)."""
-    return KernelSpec("bwd_sm90_ws", head_dim, _check_dtype(dtype), SM90_WS_BWD_TILES[head_dim], 1, False, "sm_90a")
+def ws_bwd_spec(head_dim: int, dtype: torch.dtype, tree: bool = False) -> KernelSpec:
+    """The warp-specialised Hopper backward (sm_90a, no window); ``tree``: its prefix-tree build (DKV_TREE=1)."""
+    return KernelSpec("bwd_sm90_ws", head_dim, _check_dtype(dtype), SM90_WS_BWD_TILES[head_dim], 1, False, "sm_90a",
+                      tree=tree)
 
 
 def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,
@@ -447,9 +451,9 @@ def dq_cast_spec(head_dim: int, dtype: torch.dtype) -> KernelSpec:
 
 def all_specs(arch: str) -> list[KernelSpec]:
     """Every specialization the kernels are built in, for one architecture: causal with and without a window, and
-    non-causal (``DKV_CAUSAL=0``, no window), and the query kernels' prefix-tree mode (``DKV_TREE=1``, causal, no
-    window); the backward's preprocessing kernel once per head dim and dtype, and on sm_90 the warp-specialised
-    backward's dQ cast."""
+    non-causal (``DKV_CAUSAL=0``, no window), and the prefix-tree mode (``DKV_TREE=1``, causal, no window) of the
+    query kernels and, on sm_90, of the warp-specialised backward; the backward's preprocessing kernel once per head
+    dim and dtype, and on sm_90 the warp-specialised backward's dQ cast."""
     specs = [prep_spec(d, dtype, arch) for d in HEAD_DIMS for dtype in DTYPES]
     if arch == "sm_90":
         specs += [dq_cast_spec(d, dtype) for d in SM90_WS_BWD_TILES for dtype in DTYPES]
@@ -469,7 +473,9 @@ def all_specs(arch: str) -> list[KernelSpec]:
                 if tiles[head_dim].block_m // pack >= 8:
                     specs.append(KernelSpec(kernel, head_dim, name, tiles[head_dim], pack, window, kernel_arch,
                                             causal=causal, tree=tree))
-        if tree:  # the key-side kernels have no tree specialization
+        if tree:  # of the key-side kernels only the warp-specialised backward has a tree specialization
+            if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES:
+                specs.append(ws_bwd_spec(head_dim, dtype, tree=True))
             continue
         if arch == "sm_90" and head_dim in SM90_DKDV_TILES:
             specs.append(KernelSpec("bwd_dkdv_sm90", head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a",

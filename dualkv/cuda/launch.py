@@ -92,7 +92,8 @@ def make_tree_plan(layout, *, head_dim: int, group_size: int, device: torch.devi
                    fwd_kernel: str | None = None) -> Plan:
     """The schedule of a preorder :class:`dualkv.PrefixTreeLayout`: the tree table (segment rows + context run
     lists), query tiles of the DKV_TREE=1 forward and dQ kernels, and descendant-range key tiles for the dK/dV
-    kernels (causal, no window)."""
+    kernels and the DKV_TREE=1 warp-specialised backward (causal, no window), in the latter's launch order (deeper
+    nodes first: :func:`dualkv.cuda.ws_schedule.launch_order`)."""
     from .tree_schedule import tree_key_tiles, tree_segments, tree_tile_table
 
     fwd_kernel = fwd_kernel or forward_kernel_for(head_dim, arch_of(device_index(device)))
@@ -100,6 +101,10 @@ def make_tree_plan(layout, *, head_dim: int, group_size: int, device: torch.devi
     fwd_pack = pack_for(group_size, fwd_tile)
     dq_tile, dkdv_tile = DQ_TILES[head_dim], DKDV_TILES[head_dim]
     dq_pack = pack_for(group_size, dq_tile)
+    ranks = ws_schedule.TreeRanks.of(layout)
+    keys = ws_schedule.launch_order(tree_key_tiles(layout, dkdv_tile.block_keys), None, ranks)
+    check_block_order(keys)
+    ws_schedule.check_launch_order(keys, None, ranks)
     return Plan(
         segments=_to_device(tree_segments(layout), device),
         fwd_kernel=fwd_kernel,
@@ -107,7 +112,7 @@ def make_tree_plan(layout, *, head_dim: int, group_size: int, device: torch.devi
         fwd_pack=fwd_pack,
         dq_tiles=_to_device(tree_tile_table(layout, dq_tile.block_m // dq_pack, dq_tile.block_n), device),
         dq_pack=dq_pack,
-        key_tiles=_to_device(tree_key_tiles(layout, dkdv_tile.block_keys), device),
+        key_tiles=_to_device(keys, device),
         ctx_shared=True, causal=True, fwd_tile=fwd_tile, dq_tile=dq_tile, dkdv_tile=dkdv_tile, tree=True,
     )
 
@@ -180,8 +185,9 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     ``deterministic=False`` (head dims <= 128): dQ is added by the dK/dV kernel with fp32 atomics (one kernel, five
     products, run-to-run rounding differences in dQ); otherwise the separate query-tile dQ kernel sums every dQ row
     in a fixed order. ``kernels`` and the tile arguments exist for tuning. ``tree``: the segments are a tree table
-    (:func:`make_tree_plan`): the DKV_TREE=1 dQ kernel, and never the warp-specialised backward (its key tiles
-    assume one context run), so trees run the wgmma_v1 dQ and dK/dV kernels on sm_90.
+    and the key tiles in its launch order (:func:`make_tree_plan`): the DKV_TREE=1 warp-specialised backward where
+    :func:`ws_backward_for` says so (sm_90, head dim 128, the ``auto`` family), else the DKV_TREE=1 dQ kernel and
+    the dK/dV kernel (``kernel_family("wgmma_v1")`` forces that pair on sm_90).
     """
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
@@ -201,7 +207,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     if (ws_backward_for(head_dim, arch, window, causal, tree) and not dq_tile and not dkdv_tile
             and kernels == ("dq", "dkdv")):
         _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
-                         segments, key_tiles_t, group, scale)
+                         segments, key_tiles_t, group, scale, tree)
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
     atomic = not deterministic and head_dim in ATOMIC_HEAD_DIMS
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
@@ -233,22 +239,25 @@ WS_BWD_STEP = 64
 
 
 def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
-                     segments, key_tiles_t, group: int, scale: float) -> None:
+                     segments, key_tiles_t, group: int, scale: float, tree: bool = False) -> None:
     """The warp-specialised Hopper backward: dK, dV (written) and dQ (fp32, fixed-order adds into one accumulator,
     then scaled and cast into ``dq`` by one more kernel) from one kernel. ``key_tiles_t`` must be in
-    :func:`dualkv.cuda.ws_schedule.launch_order` (every own-response tile first)."""
+    :func:`dualkv.cuda.ws_schedule.launch_order` (every own-response tile first; for a tree, deeper nodes first)."""
     from .tma import launch_raw, tensor_map_3d
 
     tokens, heads, head_dim = q.shape
     kv_heads = k_own.shape[1]
-    spec = ws_bwd_spec(head_dim, q.dtype)
+    spec = ws_bwd_spec(head_dim, q.dtype, tree=tree)
     kern = get_kernel(spec, device_index(q))
     step, keys = spec.tile.block_m, spec.tile.block_keys
-    # dQ counters: one per (head, query tile); tile t of segment s is qtile_offset[s] + t. The count is an upper
-    # bound from shapes alone (every segment adds at most one partial tile), so nothing is read back.
-    n_tiles = (segments[:, 1] + step - 1) // step
-    qtile_offset = (torch.cumsum(n_tiles, 0) - n_tiles).to(torch.int32)
-    n_qtiles = tokens // step + segments.shape[0] + 1
+    if tree:  # dQ counters: one per (head, first token of a query tile); the flat tree table has no (S, 4) view
+        qtile_offset, n_qtiles = None, tokens
+    else:
+        # dQ counters: one per (head, query tile); tile t of segment s is qtile_offset[s] + t. The count is an upper
+        # bound from shapes alone (every segment adds at most one partial tile), so nothing is read back.
+        n_tiles = (segments[:, 1] + step - 1) // step
+        qtile_offset = (torch.cumsum(n_tiles, 0) - n_tiles).to(torch.int32)
+        n_qtiles = tokens // step + segments.shape[0] + 1
     sems = torch.zeros((heads, n_qtiles), dtype=torch.int32, device=q.device)
     rows = tokens + step  # a step's tile may reach past the last token
     dq_acc = torch.zeros((heads, rows, head_dim), dtype=torch.float32, device=q.device)
@@ -257,7 +266,7 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
     launch_raw(kern, (key_tiles_t.shape[0] * kv_heads, 1, 1),
                [*maps, lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0)), *dkc_args, *dvc_args,
                 *_strided(dk_own), *_strided(dv_own), dq_acc.data_ptr(), i64(rows * head_dim), sems.data_ptr(),
-                i32(n_qtiles), qtile_offset.data_ptr(), segments.data_ptr(), key_tiles_t.data_ptr(), i32(kv_heads),
+                i32(n_qtiles), qtile_offset.data_ptr() if qtile_offset is not None else 0, segments.data_ptr(), key_tiles_t.data_ptr(), i32(kv_heads),
                 i32(group), f32(scale * LOG2E), f32(scale)])
     cast = get_kernel(dq_cast_spec(head_dim, q.dtype), device_index(q))
     per_cta = cast.spec.threads

@@ -5,7 +5,7 @@ A tree runs on the same kernels as a :class:`dualkv.GroupLayout`, with two gener
 * **Context = the ancestor chain.** The segment of node i is ``(q_start, q_len, runs, pos)``: its own queries,
   ``runs`` the int2 index (from the start of the table) of its context list, and ``pos`` the logical position of
   its first token (the summed length of its ancestors, which plays the role of ``ctx_len`` in the causal masks). The
-  context list is ``(n_runs, 0)`` followed by the ancestors' packed runs ``(k_start, k_len)``, root first, with runs
+  context list is ``(n_runs, A)`` followed by the ancestors' packed runs ``(k_start, k_len)``, root first, with runs
   that touch in the packed stream merged (a chain of first children is one run). The forward and dQ kernels tile each
   run into ``block_n``-key blocks from its own start and visit them after the own (causal) blocks, all under one
   online softmax; :func:`tree_block` is the Python statement of ``tree_block`` in ``csrc/qtile.cuh``.
@@ -13,6 +13,9 @@ A tree runs on the same kernels as a :class:`dualkv.GroupLayout`, with two gener
   that node's queries causally, then every query of segments ``dep_begin .. dep_end - 1`` fully: with nodes in DFS
   preorder those are exactly the node's descendants. So each ancestor key row's dK/dV is summed over every
   descendant and the GQA group in fp32, in a fixed order, by one CTA (the unchanged dK/dV kernels: deterministic).
+* **dQ order of the warp-specialised backward.** The ``A`` of a context list header is the node's
+  :func:`ancestor_key_blocks` (key blocks of :data:`RANK_BLOCK_KEYS` keys of all its proper ancestors): the DKV_TREE=1
+  ``bwd_sm90_ws`` ranks a dQ contribution by it (dualkv/cuda/ws_schedule.py); the query kernels ignore it.
 
 Nodes must be in DFS preorder (what :meth:`PrefixTreeLayout.from_sequences` and ``from_group_layout`` emit);
 :func:`preorder_permutation` reorders any other tree. Trees have no sliding window in the kernels.
@@ -24,8 +27,24 @@ import numpy as np
 
 from ..tree import PrefixTreeLayout
 
-__all__ = ["subtree_ends", "is_preorder", "check_preorder", "preorder_permutation", "tree_runs", "tree_segments",
-           "tree_block", "context_block_counts", "tree_tile_table", "tree_key_tiles"]
+__all__ = ["RANK_BLOCK_KEYS", "ancestor_key_blocks", "subtree_ends", "is_preorder", "check_preorder",
+           "preorder_permutation", "tree_runs", "tree_segments", "rank_base", "tree_rows", "tree_block",
+           "context_block_counts", "tree_tile_table", "tree_key_tiles"]
+
+
+#: Keys per block of the warp-specialised backward (``kBlockKeys`` of csrc/bwd_sm90_ws.cu), the unit of the
+#: ancestor block counts in the tree table.
+RANK_BLOCK_KEYS = 128
+
+
+def ancestor_key_blocks(layout: PrefixTreeLayout, block_keys: int = RANK_BLOCK_KEYS) -> np.ndarray:
+    """int64 (num_nodes,): A[i] = the summed key-block count ceil(len / block_keys) of node i's proper ancestors."""
+    blocks = -(-np.asarray(layout.node_lens, dtype=np.int64) // block_keys)
+    out = np.zeros(layout.num_nodes, dtype=np.int64)
+    for i, p in enumerate(layout.parents):  # parents precede their children
+        if p >= 0:
+            out[i] = out[p] + blocks[p]
+    return out
 
 
 def subtree_ends(layout: PrefixTreeLayout) -> np.ndarray:
@@ -96,16 +115,17 @@ def tree_runs(layout: PrefixTreeLayout, node: int) -> list[tuple[int, int]]:
 
 def tree_segments(layout: PrefixTreeLayout) -> np.ndarray:
     """int32 (4 S + 2 (S + R),) the kernels' table for a preorder tree of S nodes and R context runs: S rows
-    ``(q_start, q_len, runs, pos)`` then, node after node, ``(n_runs, 0)`` and the node's runs ``(k_start, k_len)``
-    (``runs`` is the int2 index of that header from the start of the table)."""
+    ``(q_start, q_len, runs, pos)`` then, node after node, ``(n_runs, A)`` and the node's runs ``(k_start, k_len)``
+    (``runs`` is the int2 index of that header from the start of the table; ``A`` its :func:`ancestor_key_blocks`)."""
     check_preorder(layout)
     n = layout.num_nodes
     rows = np.zeros((n, 4), dtype=np.int64)
     lists: list[tuple[int, int]] = []
+    ancestors = ancestor_key_blocks(layout)
     for i in range(n):
         runs = tree_runs(layout, i)
         rows[i] = (layout.node_starts[i], layout.node_lens[i], 2 * n + len(lists), layout.node_positions[i])
-        lists.append((len(runs), 0))
+        lists.append((len(runs), int(ancestors[i])))
         lists.extend(runs)
     table = np.concatenate([rows.reshape(-1), np.asarray(lists, dtype=np.int64).reshape(-1)])
     if table.max(initial=0) >= 2**31:
@@ -117,6 +137,17 @@ def parse_segment(table: np.ndarray, s: int) -> tuple[int, int, int, int]:
     """Row ``s`` of a :func:`tree_segments` table: (q_start, q_len, runs, pos) — ``load_segment`` in the kernels."""
     q_start, q_len, runs, pos = (int(x) for x in table[4 * s:4 * s + 4])
     return q_start, q_len, runs, pos
+
+
+def rank_base(table: np.ndarray, s: int) -> int:
+    """The ancestor key-block count ``A`` of segment ``s`` in a :func:`tree_segments` table (the header's second
+    int): ``tree_rank_base`` in ``csrc/bwd_sm90_ws.cu``."""
+    return int(table[2 * parse_segment(table, s)[2] + 1])
+
+
+def tree_rows(table: np.ndarray, num_nodes: int) -> np.ndarray:
+    """int64 (num_nodes, 4): the segment rows ``(q_start, q_len, runs, pos)`` of a :func:`tree_segments` table."""
+    return np.asarray(table[:4 * num_nodes], dtype=np.int64).reshape(num_nodes, 4)
 
 
 def context_list(table: np.ndarray, runs: int) -> list[tuple[int, int]]:

@@ -12,6 +12,14 @@
 * the launch order (:func:`launch_order`): every own-response tile before every shared-key tile, blocks in order
   within a run (:func:`dualkv.cuda.schedule.check_block_order`).
 
+Prefix trees (:class:`dualkv.PrefixTreeLayout` in preorder, the DKV_TREE=1 build; pass :class:`TreeRanks`): a key
+tile ``(i, b, i + 1, end)`` owns block b of node i and its dependents are i's descendants. A query tile of node j
+receives its own node's blocks first, then its parent's, its grandparent's, ... (nearest ancestor first): a
+contribution of ancestor i's block b ranks (own blocks reaching the tile) + (A[j] - A[i] - blocks(i)) + b, with
+blocks(x) = ceil(len(x) / 128) and A[x] the blocks of x's proper ancestors (the blocks of the nodes strictly
+between i and j come before i's). A GroupLayout's depth-1 tree has A[response] = blocks(prompt): today's rank. The
+launch order puts deeper nodes' tiles first (depth descending; stable, so blocks stay in order within a node).
+
 :func:`numeric_backward` replays the walk in float64 (masks included) so the CPU tests can compare its dQ, dK, dV
 with the reference backward.
 """
@@ -24,8 +32,25 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .tree_schedule import RANK_BLOCK_KEYS, ancestor_key_blocks
+
 STEP = 64
-BLOCK_KEYS = 128
+BLOCK_KEYS = RANK_BLOCK_KEYS
+
+
+@dataclass(frozen=True)
+class TreeRanks:
+    """What the tree ranks and launch order need per node of a preorder tree (S nodes)."""
+
+    depth: np.ndarray            # int64 (S,): 0 for a root
+    blocks: np.ndarray           # int64 (S,): ceil(len / BLOCK_KEYS), the node's key blocks
+    ancestor_blocks: np.ndarray  # int64 (S,): A, the summed blocks of the node's proper ancestors
+
+    @classmethod
+    def of(cls, layout) -> "TreeRanks":
+        """From a :class:`dualkv.PrefixTreeLayout` (A as the tree table stores it)."""
+        return cls(np.asarray(layout.depths, dtype=np.int64),
+                   -(-np.asarray(layout.node_lens, dtype=np.int64) // BLOCK_KEYS), ancestor_key_blocks(layout))
 
 
 @dataclass(frozen=True)
@@ -66,24 +91,47 @@ def is_own_response(tile: tuple[int, int, int, int], segments: np.ndarray) -> bo
     return own_seg >= 0 and int(segments[own_seg, 3]) > 0
 
 
-def rank(tile: tuple[int, int, int, int], step: Step) -> int:
+def own_reach(qt: int) -> int:
+    """Own (causal) key blocks reaching query tile ``qt`` of a segment: blocks 0 .. (last row of the tile) // 128
+    (the last one exists: its first key, at most the tile's first row, is inside the segment)."""
+    return (qt * STEP + STEP - 1) // BLOCK_KEYS + 1
+
+
+def rank(tile: tuple[int, int, int, int], step: Step, tree: TreeRanks | None = None) -> int:
     """The position of ``tile``'s contribution among those reaching ``step``'s (head, query tile) counter."""
     if step.own:
         return tile[1]
-    return tile[1] + (step.qt * STEP + STEP - 1) // BLOCK_KEYS + 1  # after the dependent's own blocks
+    between = 0  # two-level layouts: the shared keys come right after the dependent's own blocks
+    if tree is not None:  # the blocks of the nodes strictly between the key's node and the dependent
+        between = int(tree.ancestor_blocks[step.seg] - tree.ancestor_blocks[tile[0]] - tree.blocks[tile[0]])
+    return tile[1] + own_reach(step.qt) + between
 
 
-def launch_order(tiles: np.ndarray, segments: np.ndarray) -> np.ndarray:
+def launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks | None = None) -> np.ndarray:
     """``tiles`` (int32 (n, 4), heaviest first) with every own-response tile moved before the shared-key tiles,
-    each part keeping its order."""
+    each part keeping its order; for a tree, the tiles of deeper nodes first (stable)."""
     tiles = np.asarray(tiles).reshape(-1, 4)
+    if tree is not None:
+        order = np.argsort(-tree.depth[tiles[:, 0]], kind="stable")
+        return np.ascontiguousarray(tiles[order].astype(np.int32))
     seg = np.asarray(segments).reshape(-1, 4)
     first = np.array([is_own_response(t, seg) for t in tiles.tolist()], dtype=bool)
     return np.ascontiguousarray(np.concatenate([tiles[first], tiles[~first]]).astype(np.int32))
 
 
-def check_launch_order(tiles: np.ndarray, segments: np.ndarray) -> None:
-    """Raise unless every own-response tile comes before every shared-key tile (the dQ ranks rely on it)."""
+def check_launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks | None = None) -> None:
+    """Raise unless every own-response tile comes before every shared-key tile (for a tree: no tile after a
+    shallower node's), which the dQ ranks rely on."""
+    if tree is not None:
+        rows = np.asarray(tiles).reshape(-1, 4)
+        depth = tree.depth[rows[:, 0]]
+        bad = np.flatnonzero(np.diff(depth) > 0)
+        if bad.size:
+            t = bad[0] + 1
+            raise RuntimeError(f"key tile {rows[t].tolist()} (row {t}, a node of depth {depth[t]}) comes after a "
+                               f"tile of depth {depth[t - 1]}: the warp-specialised backward's dQ order would "
+                               "deadlock")
+        return
     seg = np.asarray(segments).reshape(-1, 4)
     seen_shared = False
     for t in np.asarray(tiles).reshape(-1, 4).tolist():
@@ -94,45 +142,36 @@ def check_launch_order(tiles: np.ndarray, segments: np.ndarray) -> None:
                                "warp-specialised backward's dQ order would deadlock")
 
 
-def dq_contributors(tiles: np.ndarray, segments: np.ndarray, group: int) -> dict[tuple, list[int]]:
+def dq_contributors(tiles: np.ndarray, segments: np.ndarray, group: int,
+                    tree: TreeRanks | None = None) -> dict[tuple, list[int]]:
     """(segment, query tile, head) -> the ranks of the contributions adding into it, in table (= launch) order."""
     out: dict[tuple, list[int]] = defaultdict(list)
     for tile in np.asarray(tiles).reshape(-1, 4).tolist():
         for st in walk(tile, segments, group):
-            out[(st.seg, st.qt, st.head)].append(rank(tile, st))
+            out[(st.seg, st.qt, st.head)].append(rank(tile, st, tree))
     return out
 
 
-def check_dq_order(tiles: np.ndarray, segments: np.ndarray, group: int = 1) -> None:
+def check_dq_order(tiles: np.ndarray, segments: np.ndarray, group: int = 1, tree: TreeRanks | None = None) -> None:
     """Raise unless every dQ counter receives ranks 0, 1, ..., k - 1 in launch order (see the module docstring)."""
-    for key, ranks in dq_contributors(tiles, segments, group).items():
+    for key, ranks in dq_contributors(tiles, segments, group, tree).items():
         if ranks != list(range(len(ranks))):
             raise RuntimeError(f"dQ counter {key} would receive ranks {ranks}: not 0..k-1 in launch order")
 
 
-def numeric_backward(q, k_ctx, v_ctx, k_own, v_own, dout, segments: np.ndarray, tiles: np.ndarray, scale: float):
+def numeric_backward(q, k_ctx, v_ctx, k_own, v_own, dout, segments: np.ndarray, tiles: np.ndarray, scale: float,
+                     tree=None):
     """dQ, dK/dV (context rows and own rows) by replaying the walk in the inputs' dtype (float64 for proofs).
 
     q, dout: (T, H, d); k_own/v_own: (T, H_k, d) aligned with q; k_ctx/v_ctx: the context rows' tensor (the same
-    tensor as k_own when the context is another segment's own rows). Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own).
+    tensor as k_own when the context is another segment's own rows). ``tree``: the preorder
+    :class:`dualkv.PrefixTreeLayout` whose (S, 4) tree-table rows ``segments`` are (the forward statistics then come
+    from the tree reference). Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own).
     """
     heads, kv_heads = q.shape[1], k_own.shape[1]
     group = heads // kv_heads
     seg = np.asarray(segments).reshape(-1, 4)
-    # forward statistics (the kernel reads LSE and D = rowsum(dO * O))
-    lse = torch.full((heads, q.shape[0]), float("-inf"), dtype=q.dtype)
-    out = torch.zeros_like(q)
-    for s in range(seg.shape[0]):
-        q0, ql, c0, cl = (int(x) for x in seg[s])
-        keys = torch.cat([k_ctx[c0:c0 + cl], k_own[q0:q0 + ql]]).repeat_interleave(group, 1)
-        vals = torch.cat([v_ctx[c0:c0 + cl], v_own[q0:q0 + ql]]).repeat_interleave(group, 1)
-        sc = torch.einsum("qhd,khd->hqk", q[q0:q0 + ql], keys) * scale
-        pos_q = cl + torch.arange(ql)
-        pos_k = torch.arange(cl + ql)
-        sc = sc.masked_fill(pos_k[None, None, :] > pos_q[None, :, None], float("-inf"))
-        l_s = torch.logsumexp(sc, -1)
-        lse[:, q0:q0 + ql] = l_s
-        out[q0:q0 + ql] = torch.einsum("hqk,khd->qhd", torch.exp(sc - l_s[..., None]), vals)
+    lse, out = _forward_statistics(q, k_ctx, v_ctx, k_own, v_own, seg, scale, tree)
     delta = (dout * out).sum(-1).t()  # (H, T)
 
     dq = torch.zeros_like(q)
@@ -158,7 +197,7 @@ def numeric_backward(q, k_ctx, v_ctx, k_own, v_own, dout, segments: np.ndarray, 
                 rows = slice(q0 + p0, q0 + p0 + n)
                 s_t = kb @ q[rows, h].t() * scale                          # (count, n)
                 p_t = torch.exp(s_t - lse[h, rows][None, :])
-                if st.own:
+                if st.own:  # a tree row's 4th column is the node's position: the same relative causal mask
                     key_pos = cl + key0 + torch.arange(count)
                     q_pos = cl + p0 + torch.arange(n)
                     p_t = p_t.masked_fill(key_pos[:, None] > q_pos[None, :], 0.0)
@@ -168,3 +207,28 @@ def numeric_backward(q, k_ctx, v_ctx, k_own, v_own, dout, segments: np.ndarray, 
                 dk_dst[row0:row0 + count, kv] += ds_t @ q[rows, h] * scale
                 dq[rows, h] += ds_t.t() @ kb * scale
     return dq, dk_ctx, dv_ctx, dk_own, dv_own
+
+
+def _forward_statistics(q, k_ctx, v_ctx, k_own, v_own, seg: np.ndarray, scale: float, tree):
+    """(LSE (H, T), out (T, H, d)): what the kernel reads (its LSE and D = rowsum(dO * O))."""
+    heads, kv_heads = q.shape[1], k_own.shape[1]
+    group = heads // kv_heads
+    if tree is not None:
+        from ..reference.tree import tree_attention
+
+        out, lse = tree_attention(q, k_own, v_own, tree, softmax_scale=scale, return_lse=True)
+        return lse.to(q.dtype), out
+    lse = torch.full((heads, q.shape[0]), float("-inf"), dtype=q.dtype)
+    out = torch.zeros_like(q)
+    for s in range(seg.shape[0]):
+        q0, ql, c0, cl = (int(x) for x in seg[s])
+        keys = torch.cat([k_ctx[c0:c0 + cl], k_own[q0:q0 + ql]]).repeat_interleave(group, 1)
+        vals = torch.cat([v_ctx[c0:c0 + cl], v_own[q0:q0 + ql]]).repeat_interleave(group, 1)
+        sc = torch.einsum("qhd,khd->hqk", q[q0:q0 + ql], keys) * scale
+        pos_q = cl + torch.arange(ql)
+        pos_k = torch.arange(cl + ql)
+        sc = sc.masked_fill(pos_k[None, None, :] > pos_q[None, :, None], float("-inf"))
+        l_s = torch.logsumexp(sc, -1)
+        lse[:, q0:q0 + ql] = l_s
+        out[q0:q0 + ql] = torch.einsum("hqk,khd->qhd", torch.exp(sc - l_s[..., None]), vals)
+    return lse, out

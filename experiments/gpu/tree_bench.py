@@ -1,7 +1,9 @@
 """Prefix-tree attention, fwd+bwd, on the issue #14 workloads (H=32, H_k=8, d=128, bf16), same process:
 
 * ``dualkv``        — dualkv.shared_prefix_attention on the PrefixTreeLayout (the tree kernels, default family);
-* ``dualkv_v1``     — the same with DUALKV_KERNELS=wgmma_v1 (what the tree backward runs on sm_90 anyway);
+* ``dualkv_v1``     — the same with DUALKV_KERNELS=wgmma_v1 (first wgmma forward, two-kernel wgmma backward);
+* ``dualkv_bwd_v1`` — the default forward, the backward under wgmma_v1: against ``dualkv`` it isolates the
+                      warp-specialised tree backward (DKV_TREE=1 bwd_sm90_ws) vs the wgmma dQ + dK/dV pair;
 * ``flex``          — torch.compile(flex_attention) (static shapes) with a tree BlockMask; the mask build and the
                       compile (first call) are timed separately, not in the step;
 * ``fa2_ncopy``     — every root-to-leaf path as its own sequence, PyTorch's varlen FlashAttention-2 (the N-copy
@@ -46,7 +48,7 @@ from dualkv.analysis.trees import (branching_workload, multi_turn_workload, syst
 WORKLOADS = {"a": ("system prompt 2K x 8 prompts 4K x 8 responses 2K", system_prompt_workload),
              "b": ("4K prompt, 4 responses branching at 512 into 4 x 1.5K", branching_workload),
              "c": ("3 turns of 1K, 8 branches of 1K", multi_turn_workload)}
-SYSTEMS = ("dualkv", "dualkv_v1", "flex", "fa2_ncopy", "cudnn_cascade")
+SYSTEMS = ("dualkv", "dualkv_v1", "dualkv_bwd_v1", "flex", "fa2_ncopy", "cudnn_cascade")
 AGREE = 2e-2
 
 
@@ -86,7 +88,7 @@ class Runner:
         return [t.detach().requires_grad_() for t in ts]
 
     # dualkv --------------------------------------------------------------------------------------------------
-    def _prepare_dualkv(self, family="auto"):
+    def _prepare_dualkv(self, family="auto", bwd_family=None):
         import dualkv
         from dualkv.cuda.configs import kernel_family
 
@@ -94,6 +96,7 @@ class Runner:
             with kernel_family(family):
                 q, k, v = self._leaves(self.q, self.k, self.v)
                 out = dualkv.shared_prefix_attention(q, k, v, self.layout)
+            with kernel_family(bwd_family or family):  # the family is read when the backward launches
                 out.backward(self.dout)
             return out, q.grad, k.grad, v.grad
         t0 = time.perf_counter()
@@ -104,6 +107,9 @@ class Runner:
 
     def _prepare_dualkv_v1(self):
         self._prepare_dualkv("wgmma_v1")
+
+    def _prepare_dualkv_bwd_v1(self):
+        self._prepare_dualkv("auto", "wgmma_v1")
 
     # flex ----------------------------------------------------------------------------------------------------
     def _prepare_flex(self):

@@ -21,6 +21,14 @@
 // LAST tile down, so no CTA waits on one with more work. The grid is 1-D, key tile major and K/V head minor, so the
 // CTAs resident together form short chains. dK, dV: fp32 in registers over the whole walk (all N responses and the
 // GQA group), cast once.
+//
+// DKV_TREE=1 (prefix trees, dualkv/cuda/tree_schedule.py): segment rows are tree nodes (q_start, q_len, runs, pos)
+// and a key tile (i, blk, i + 1, end) owns keys of node i, seen causally by its own queries (pos plays ctx_len's part,
+// so the masks are unchanged) and fully by its descendants [i + 1, end). A query tile of node j receives its own
+// blocks first, then its parent's, grandparent's, ... (nearest ancestor first): ancestor i's block b has rank
+// (own blocks reaching the tile) + (A[j] - A[i] - blocks(i)) + b, with A the ancestors' key-block count stored in
+// the second int of each node's context-list header; the launcher puts deeper nodes' tiles first. The dQ counters
+// are indexed by the query tile's first token (the tree table has no per-segment tile offsets).
 #include "keywalk.cuh"
 #include "sm90.cuh"
 #include "tma.cuh"
@@ -28,6 +36,10 @@
 using namespace dkv;
 
 namespace {
+
+#ifndef DKV_TREE
+#define DKV_TREE 0  // 1: prefix trees (a macro, not a constexpr: the two-level cubin stays byte-identical)
+#endif
 
 constexpr int kStep = DKV_BLOCK_M;  // queries per step
 constexpr int kBlockKeys = 128;
@@ -125,6 +137,12 @@ __device__ __forceinline__ int walk_steps(const WsWalk& w) {
     return n * w.group;
 }
 
+// DKV_TREE: the key blocks of a node's proper ancestors (A; tree_schedule.rank_base), the second int of its
+// context-list header (seg.ctx_start is the header's int2 index in a tree table).
+__device__ __forceinline__ int tree_rank_base(const int* segments, const Segment& seg) {
+    return segments[2 * seg.ctx_start + 1];
+}
+
 __device__ __forceinline__ WsWalk make_ws_walk(const int* key_tiles, int tile, const int* segments, int group,
                                                int& key_token0) {
     const int4 kt4 = reinterpret_cast<const int4*>(key_tiles)[tile];
@@ -140,6 +158,13 @@ __device__ __forceinline__ WsWalk make_ws_walk(const int* key_tiles, int tile, c
     w.own_response = has_own && key_seg.ctx_len > 0;  // a response's own keys (rank first), or keys a group shares
     w.qt_lo = w.key0 / kStep;
     return w;
+}
+
+// DKV_TREE: the blocks of the nodes strictly between a dependent node j and the key's node i (A[j] - A[i] -
+// blocks(i)), added by the dQ warp to a dependent step's rank; tree_rank_skip is A[i] + blocks(i).
+__device__ __forceinline__ int tree_rank_skip(const WsWalk& w) {
+    const Segment key_seg = load_segment(w.segments, w.kt.own_seg);
+    return tree_rank_base(w.segments, key_seg) + (key_seg.q_len + kBlockKeys - 1) / kBlockKeys;
 }
 
 // What every role needs to know about one step.
@@ -255,8 +280,14 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             int pending_rank = 0;
             int i = 0;
             for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
-                const StepInfo si = step_info(w, c, kv_head);
+                StepInfo si = step_info(w, c, kv_head);
+                if (DKV_TREE && !si.own)  // per step: a value live across the loop spills at 24 registers
+                    si.rank += tree_rank_base(segments, load_segment(segments, si.seg)) - tree_rank_skip(w);
+#if DKV_TREE  // one counter per (head, first token of the query tile)
+                int* sem = sems + si.head * (long long)n_qtiles + si.tok0;
+#else
                 int* sem = sems + si.head * (long long)n_qtiles + qtile_offset[si.seg] + c.qt;
+#endif
                 const int b = i % kDqBuffers;
                 const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
                 mbar_wait(bar_dq_full + 8 * b, (i / kDqBuffers) & 1);

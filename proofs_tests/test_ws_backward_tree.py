@@ -1,0 +1,241 @@
+"""The warp-specialised Hopper backward on prefix trees (the DKV_TREE=1 build of csrc/bwd_sm90_ws.cu, stated in
+dualkv/cuda/ws_schedule.py), checked on the CPU for random forests: every dQ counter receives ranks 0..k-1 in launch
+order (or the kernel would deadlock) — k being exactly the key blocks the query tile sees —, replaying the walk in
+float64 reproduces the tree reference's gradients, and known-wrong ranks or launch orders are caught."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from dualkv import GroupLayout, PrefixTreeLayout
+from dualkv.cuda import ws_schedule
+from dualkv.cuda.schedule import check_block_order, key_tiles
+from dualkv.cuda.tree_schedule import (RANK_BLOCK_KEYS, ancestor_key_blocks, is_preorder, preorder_permutation,
+                                       rank_base, tree_key_tiles, tree_rows, tree_segments)
+from dualkv.cuda.ws_schedule import (BLOCK_KEYS, STEP, TreeRanks, check_dq_order, check_launch_order, dq_contributors,
+                                     launch_order, numeric_backward, own_reach, rank, walk, walk_length)
+from dualkv.reference.tree import tree_attention
+
+LENGTHS = (1, 63, 65, 127, 129, 200)
+
+
+def _random_forest(rng: random.Random) -> PrefixTreeLayout:
+    """A preorder forest of one of the shapes the kernels must survive: single-token nodes, a chain, a wide fan,
+    several roots, or a random tree (then put into preorder)."""
+    style = rng.choice(["single tokens", "chain", "fan", "roots", "random"])
+    n = rng.randint(1, 9)
+    if style == "chain":
+        parents = [i - 1 for i in range(n)]
+    elif style == "fan":
+        n = rng.randint(2, 12)
+        parents = [-1] + [0] * (n - 1)
+    else:
+        p_root = 0.4 if style == "roots" else 0.1
+        parents = [-1 if i == 0 or rng.random() < p_root else rng.randrange(i) for i in range(n)]
+    lens = [1] * n if style == "single tokens" else [rng.choice(LENGTHS) for _ in range(n)]
+    layout = PrefixTreeLayout(lens, parents)
+    return layout if is_preorder(layout) else preorder_permutation(layout)[0]
+
+
+def _forests(seed: int, count: int):
+    rng = random.Random(seed)
+    return [_random_forest(rng) for _ in range(count)]
+
+
+def _schedule(layout: PrefixTreeLayout):
+    """(segment rows (S, 4), key tiles in the tree launch order, TreeRanks) of a preorder forest."""
+    ranks = TreeRanks.of(layout)
+    rows = tree_rows(tree_segments(layout), layout.num_nodes)
+    return rows, launch_order(tree_key_tiles(layout, BLOCK_KEYS), rows, ranks), ranks
+
+
+def test_block_size_matches_the_kernels():
+    from dualkv.cuda.configs import DKDV_TILES, SM90_WS_BWD_TILES
+
+    # the tree plan's key tiles (dK/dV tiles) are the WS kernel's tiles, and A counts blocks of that size
+    assert BLOCK_KEYS == RANK_BLOCK_KEYS == SM90_WS_BWD_TILES[128].block_keys == DKDV_TILES[128].block_keys
+    assert STEP == SM90_WS_BWD_TILES[128].block_m
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_table_carries_the_ancestor_blocks(seed):
+    """The kernel reads A from the second int of each node's context-list header: it must be the summed key blocks
+    of the node's proper ancestors."""
+    for layout in _forests(seed, 25):
+        table = tree_segments(layout)
+        expected = [sum(-(-layout.node_lens[a] // BLOCK_KEYS) for a in layout.ancestors(i))
+                    for i in range(layout.num_nodes)]
+        assert [rank_base(table, i) for i in range(layout.num_nodes)] == expected
+        assert ancestor_key_blocks(layout).tolist() == expected
+        assert TreeRanks.of(layout).ancestor_blocks.tolist() == expected
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tree_dq_counters_receive_ranks_in_launch_order(seed):
+    for layout in _forests(seed, 30):
+        rows, tiles, ranks = _schedule(layout)
+        check_block_order(tiles)
+        check_launch_order(tiles, rows, ranks)
+        check_dq_order(tiles, rows, group=2, tree=ranks)
+        # each query tile receives exactly the key blocks it sees: its own blocks up to its last row, then every
+        # block of every ancestor (so no contribution is missing and none is counted twice)
+        got = dq_contributors(tiles, rows, 2, ranks)
+        for j in range(layout.num_nodes):
+            for qt in range(-(-layout.node_lens[j] // STEP)):
+                for h in range(2):
+                    assert len(got[(j, qt, h)]) == own_reach(qt) + ranks.ancestor_blocks[j], (layout, j, qt)
+        assert len(got) == 2 * sum(-(-n // STEP) for n in layout.node_lens)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_consumers_loop_count_equals_the_tree_walk(seed):
+    for layout in _forests(seed, 25):
+        rows, tiles, _ = _schedule(layout)
+        for group in (1, 3):
+            for tile in tiles.tolist():
+                assert walk_length(tile, rows, group) == len(walk(tile, rows, group)), tile
+
+
+def _float64_case(layout, heads=4, kv_heads=2, d=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, dout = (torch.randn(layout.total_tokens, h, d, generator=gen, dtype=torch.float64)
+                     for h in (heads, kv_heads, kv_heads, heads))
+    return q, k, v, dout
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tree_walk_replayed_in_float64_equals_the_reference_backward(seed):
+    rng = random.Random(100 + seed)
+    fixed = [PrefixTreeLayout([129, 63, 65, 1, 127, 129, 64, 1, 65], [-1, 0, 1, 1, 0, 4, 4, -1, 7]),  # 2 roots, depth 3
+             PrefixTreeLayout([1, 1, 1, 1, 1, 1, 3, 1], [-1, 0, 1, 1, 0, 4, 5, 6]),            # single tokens, chain
+             PrefixTreeLayout([200] + [65, 1, 127] * 3, [-1] + [0] * 9)]                        # a wide fan
+    for layout in [fixed[seed]] + [_random_forest(rng) for _ in range(2)]:
+        q, k, v, dout = _float64_case(layout, seed=seed)
+        scale = q.shape[-1] ** -0.5
+        ts = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = tree_attention(*ts, layout, softmax_scale=scale)
+        want = torch.autograd.grad((out * dout).sum(), ts)
+        rows, tiles, _ = _schedule(layout)
+        dq, dk_ctx, dv_ctx, dk, dv = numeric_backward(q, k, v, k, v, dout, rows, tiles, scale, tree=layout)
+        assert not dk_ctx.any() and not dv_ctx.any()  # every tree key is some node's own key
+        for name, got, ref in (("dq", dq, want[0]), ("dk", dk, want[1]), ("dv", dv, want[2])):
+            err = (got - ref).abs().max().item()
+            assert err <= 1e-10, f"{name} off by {err} on {layout!r}"
+
+
+def _deep_tree():
+    # depth 3 with multi-block nodes, so a query tile receives blocks of several ancestors
+    return PrefixTreeLayout([200, 129, 65, 300, 1, 130], [-1, 0, 1, 2, 0, 4])
+
+
+def test_shallow_first_or_heaviest_first_launch_order_is_caught():
+    layout = _deep_tree()
+    rows, tiles, ranks = _schedule(layout)
+    heaviest_first = tree_key_tiles(layout, BLOCK_KEYS)           # the dK/dV kernels' order: the root leads
+    shallow_first = tiles[np.argsort(ranks.depth[tiles[:, 0]], kind="stable")]  # breadth-first: roots first
+    for wrong in (heaviest_first, shallow_first):
+        check_block_order(wrong)  # blocks still in order within each node: only the node order is wrong
+        with pytest.raises(RuntimeError, match="comes after a tile of depth"):
+            check_launch_order(wrong, rows, ranks)
+        with pytest.raises(RuntimeError, match="not 0..k-1"):
+            check_dq_order(wrong, rows, tree=ranks)
+
+
+def test_rank_without_the_ancestor_term_is_caught(monkeypatch):
+    """Dropping A[j] - A[i] - blocks(i) ranks a grandparent's blocks on top of the parent's: a deadlock."""
+    layout = _deep_tree()
+    rows, tiles, ranks = _schedule(layout)
+    check_dq_order(tiles, rows, tree=ranks)
+
+    def no_ancestor_term(tile, step, tree=None):
+        return rank(tile, step)  # the two-level formula: own blocks reaching the tile + b
+
+    monkeypatch.setattr(ws_schedule, "rank", no_ancestor_term)
+    with pytest.raises(RuntimeError, match="not 0..k-1"):
+        check_dq_order(tiles, rows, tree=ranks)
+
+
+def test_a_missing_ancestor_block_is_caught():
+    layout = _deep_tree()
+    rows, tiles, ranks = _schedule(layout)
+    root_tile = int(np.flatnonzero(tiles[:, 0] == 0)[0])
+    with pytest.raises(RuntimeError, match="not 0..k-1"):
+        check_dq_order(np.delete(tiles, root_tile, axis=0), rows, tree=ranks)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_group_layout_ranks_and_launch_order_are_unchanged(seed):
+    """A GroupLayout is the depth-1 tree: the tree rank of every step equals today's two-level rank, the tree launch
+    order of its key tiles equals today's (responses' own tiles first), and its tree plan's dQ counters receive the
+    same contributions as the two-level plan's."""
+    rng = random.Random(seed)
+    for _ in range(20):
+        g = rng.randint(1, 3)
+        group = GroupLayout.from_lengths([rng.choice((1, 63, 65, 127, 129, 300)) for _ in range(g)],
+                                         [[rng.choice((1, 63, 65, 129, 200)) for _ in range(rng.randint(1, 4))]
+                                          for _ in range(g)])
+        seg = group.segment_table
+        tree = PrefixTreeLayout.from_group_layout(group)
+        node_of = {start: i for i, start in enumerate(tree.node_starts)}
+        to_node = np.asarray([node_of[int(s)] for s in seg[:, 0]])
+        full = TreeRanks.of(tree)
+        as_segments = TreeRanks(full.depth[to_node], full.blocks[to_node], full.ancestor_blocks[to_node])
+        group_tiles = key_tiles(seg, BLOCK_KEYS, True)
+        assert np.array_equal(launch_order(group_tiles, seg, as_segments), launch_order(group_tiles, seg))
+        for tile in group_tiles.tolist():
+            for st in walk(tile, seg, 2):
+                assert rank(tile, st, as_segments) == rank(tile, st), (tile, st)
+        # the tree plan's counters, keyed by (first token of the query tile, head), against the two-level plan's
+        rows, tiles, ranks = _schedule(tree)
+        check_dq_order(tiles, rows, group=2, tree=ranks)
+        by_token = lambda contrib, table: {(int(table[s, 0]) + qt * STEP, h): r  # noqa: E731
+                                           for (s, qt, h), r in contrib.items()}
+        assert by_token(dq_contributors(tiles, rows, 2, ranks), rows) == \
+            by_token(dq_contributors(launch_order(group_tiles, seg), seg, 2), seg)
+
+
+def test_tree_plans_carry_the_tree_launch_order():
+    from dualkv.cuda.launch import make_tree_plan
+
+    layout = _deep_tree()
+    plan = make_tree_plan(layout, head_dim=128, group_size=2, device=torch.device("cpu"), fwd_kernel="fwd")
+    rows = tree_rows(plan.segments.numpy(), layout.num_nodes)
+    tiles = plan.key_tiles.numpy()
+    ranks = TreeRanks.of(layout)
+    assert plan.tree
+    check_block_order(tiles)
+    check_launch_order(tiles, rows, ranks)
+    check_dq_order(tiles, rows, group=2, tree=ranks)
+    assert sorted(map(tuple, tiles.tolist())) == sorted(map(tuple, tree_key_tiles(layout, BLOCK_KEYS).tolist()))
+
+
+def test_ws_backward_serves_trees_where_it_serves_group_layouts():
+    from dualkv.cuda.configs import all_specs, kernel_family, ws_backward_for, ws_bwd_spec
+
+    assert ws_backward_for(128, "sm_90", False, True, tree=True)
+    assert not ws_backward_for(64, "sm_90", False, True, tree=True)   # no WS backward at head dim 64
+    assert not ws_backward_for(128, "sm_80", False, True, tree=True)
+    with kernel_family("wgmma_v1"):  # the way to run the two-kernel wgmma backward on a tree, for comparison
+        assert not ws_backward_for(128, "sm_90", False, True, tree=True)
+    tree_spec = ws_bwd_spec(128, torch.bfloat16, tree=True)
+    assert ("DKV_TREE", "1") in tree_spec.defines()
+    assert ("DKV_TREE", "1") not in ws_bwd_spec(128, torch.bfloat16).defines()
+    specs = all_specs("sm_90")
+    assert tree_spec in specs and ws_bwd_spec(128, torch.float16, tree=True) in specs
+    assert not any(s.tree and s.kernel == "bwd_sm90_ws" for s in all_specs("sm_80"))
+
+
+def test_tree_ws_backward_compiles_like_the_two_level_build():
+    """The DKV_TREE=1 build compiles for sm_90a with no serialized wgmma and no more spills than the two-level build
+    (whose producer warps at 24 registers keep a few loop values in local memory)."""
+    from dualkv.cuda.build import compile_spec, resource_usage
+    from dualkv.cuda.configs import ws_bwd_spec
+
+    for dtype in (torch.bfloat16, torch.float16):
+        tree = resource_usage(compile_spec(ws_bwd_spec(128, dtype, tree=True), use_cache=False, verbose=True).log)
+        flat = resource_usage(compile_spec(ws_bwd_spec(128, dtype), use_cache=False, verbose=True).log)
+        assert not tree["wgmma_serialized"], tree
+        assert tree["registers"] <= 255 and tree["spill_stores"] <= flat["spill_stores"], (tree, flat)
+        assert tree["stack"] <= flat["stack"], (tree, flat)
