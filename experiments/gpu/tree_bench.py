@@ -292,12 +292,12 @@ def table(rows) -> str:
             lines.append(f"{r['workload']:<3} {r['system']:<14} FAILED: {r['error'][:90]}")
             continue
         errs = r.get("rel_err_vs_fa2_ncopy")
-        worst = max(errs.values()) if errs else float("nan")
+        worst = f"{max(errs.values()):.2e}" if errs else "–"    # fa2_ncopy not run: nothing to compare with
         speed = flex.get(r["workload"])
         note = "" if r.get("agrees", True) else "FAIL: disagrees with fa2_ncopy"
         lines.append(f"{r['workload']:<3} {r['system']:<14} {r['median_ms']:>10.2f} {r['min_ms']:>8.2f} "
                      f"{r['max_ms']:>8.2f} {r['useful_tflops']:>8.1f} {r['peak_mem_gib']:>9.2f} "
-                     f"{(speed / r['median_ms']) if speed else float('nan'):>7.2f}x {worst:>12.2e}  {note}")
+                     f"{(speed / r['median_ms']) if speed else float('nan'):>7.2f}x {worst:>12}  {note}")
     return "\n".join(lines)
 
 
