@@ -13,21 +13,8 @@ from pathlib import Path
 
 import torch
 
+from dualkv.bench.harness import measure
 from dualkv.cuda.launch import run_prep
-
-
-def median_ms(fn, reps: int = 50, warmup: int = 5) -> tuple[float, float, float]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return min(times), statistics.median(times), max(times)
 
 
 def main() -> None:
@@ -41,9 +28,10 @@ def main() -> None:
     dout = torch.randn(t, h, d, device="cuda", dtype=torch.bfloat16)
     out = torch.randn(t, h, d, device="cuda", dtype=torch.bfloat16)
     lse = torch.randn(h, t, device="cuda")
-    rows = {"dualkv_prep": median_ms(lambda: run_prep(dout, out, lse)),
-            "torch_rowsum": median_ms(lambda: ((dout.float() * out.float()).sum(-1).t().contiguous(),
-                                               lse * 1.4426950408889634))}
+    steps = {"dualkv_prep": lambda: run_prep(dout, out, lse),
+             "torch_rowsum": lambda: ((dout.float() * out.float()).sum(-1).t().contiguous(), lse * 1.4426950408889634)}
+    timings = {name: measure(step, dout.device, warmup=5, reps=50).ms_runs for name, step in steps.items()}
+    rows = {name: (min(runs), statistics.median(runs), max(runs)) for name, runs in timings.items()}
     gbytes = 2 * t * h * d * 2 / 1e9
     record = {"benchmark": "bwd_prep", "tokens": t, "heads": h, "head_dim": d, "gpu": torch.cuda.get_device_name(),
               "rows": {k: {"min_ms": v[0], "median_ms": v[1], "max_ms": v[2], "read_GBps": gbytes / v[1] * 1e3}
