@@ -431,6 +431,14 @@ def _margin(row: dict) -> float:
     return ratio
 
 
+def _describe(row: dict) -> str:
+    """The comparison that decided a row: its relative error and bound, or its absolute floor where that held."""
+    text = f"error {row['error']:.2e} bound {row['bound']:.2e}"
+    if "atol" in row and row["max_abs"] <= row["atol"]:
+        text += f" (passes on the absolute floor: max |diff| {row['max_abs']:.2e} <= {row['atol']:.0e})"
+    return text
+
+
 def sp_consistency(gathered: list[dict], sp: int) -> dict:
     """The SP ranks of a DP group must hold bitwise the same dualkv outputs (the head's all-reduces)."""
     out = {"checked": sp > 1, "passed": True, "mismatches": []}
@@ -554,13 +562,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{args.mode}] {summary}; wrote {out_path} ({record['seconds']:.1f} s)", flush=True)
         for r in record.get("ranks", []):
             for precision, rows in r["report"].items():
-                worst = max(rows.items(), key=lambda kv: _margin(kv[1]))
-                print(f"  rank {r['rank']} {precision}: worst {worst[0]} error {worst[1]['error']:.2e} "
-                      f"bound {worst[1]['bound']:.2e}", flush=True)
+                name, row = max(rows.items(), key=lambda kv: _margin(kv[1]))
+                print(f"  rank {r['rank']} {precision}: worst {name}: {_describe(row)}", flush=True)
     flag = [status]
     torch.distributed.broadcast_object_list(flag, src=0)
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return int(flag[0])
+
+
+def exit_now(code: int) -> None:
+    """Leave a torchrun rank without running C++ static destructors.
+
+    After ``destroy_process_group`` a gloo worker thread can still be joinable when the interpreter finalises; its
+    destructor then calls ``std::terminate`` ("terminate called without an active exception", SIGABRT) and torchrun
+    reports a failed rank although the program's work and result file are complete (seen once in CI). Everything is
+    written and flushed before this point.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -568,4 +589,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

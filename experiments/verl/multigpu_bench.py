@@ -374,4 +374,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from distributed_parity import exit_now  # noqa: E402  (the same gloo/NCCL teardown guard)
+
+    exit_now(main())
