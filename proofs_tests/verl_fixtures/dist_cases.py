@@ -7,6 +7,7 @@ Run with :func:`spawn`; every case is a top-level function so ``torch.multiproce
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -35,6 +36,11 @@ def _entry(rank: int, case: Callable, world_size: int, port: int, args: tuple) -
         torch.save(result, Path(args[-1]) / f"rank{rank}.pt")
     finally:
         torch.distributed.destroy_process_group()
+    # a gloo thread still joinable at interpreter finalisation can abort a finished rank (see
+    # experiments/verl/distributed_parity.py: exit_now); the result file is written and closed
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _run_both(engine, td, n: int, *, train: bool) -> dict:
