@@ -101,6 +101,15 @@ def compare(out: torch.Tensor, ref64: torch.Tensor, *, dtype: torch.dtype, ref_l
     return Comparison(max_abs_err(out, ref64), bound, "max_abs")
 
 
+def bound_margin(row: dict) -> float:
+    """How far a recorded check (a dict with ``error`` and ``bound``; optionally an absolute floor ``atol`` on its
+    ``max_abs``) is into its bound: <= 1 passed, > 1 failed. Reports use it to show each run's closest check."""
+    ratio = row["error"] / row["bound"] if row["bound"] else (math.inf if row["error"] else 0.0)
+    if row.get("atol"):
+        ratio = min(ratio, row["max_abs"] / row["atol"])
+    return ratio
+
+
 def assert_rows_pass(rows, max_error: float | None = None) -> None:
     """Fail (AssertionError naming every failing quantity) unless every verify Row passed (and, if given, every
     error is <= ``max_error``)."""

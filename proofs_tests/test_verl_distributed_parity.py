@@ -91,8 +91,42 @@ def test_parity_cpu_responses_per_prompt(n, tmp_path):
     """--responses: one response per prompt (nothing shared) and an odd group size keep parity; the file names N."""
     proc, record = run_parity("dp1", 1, tmp_path, "--precisions", "fp32", "--responses", str(n))
     _assert_passed(proc, record, "dp1", 1, ["fp32"])
-    assert record["N"] == n and all(len(rs) == n for _, rs in record["global_groups"])
+    assert record["N"] == n and all(len(rs) == n for _, rs in record["global_groups"][0])
     assert (tmp_path / f"distributed_parity-dp1-n{n}.json").exists()
+
+
+def test_parity_cpu_over_several_batches(tmp_path):
+    """--batches 2: two batches (seeds 0 and 1) on the same model; fp32 rows are the worse batch's, a bf16 row's
+    error and spread are the means of its batches' (BF16_RULE)."""
+    proc, record = run_parity("dp1", 1, tmp_path, "--precisions", "fp32,bf16", "--batches", "2")
+    _assert_passed(proc, record, "dp1", 1, ["fp32", "bf16"])
+    assert record["batch_seeds"] == [0, 1] and record["tolerance"]["batches"] == 2
+    assert len(record["global_groups"]) == 2 and record["global_groups"][0] != record["global_groups"][1]
+    assert len(record["ranks"][0]["groups"]) == 2
+    for row in record["ranks"][0]["report"]["bf16"].values():
+        assert len(row["batch_errors"]) == 2 and row["error"] == pytest.approx(sum(row["batch_errors"]) / 2)
+        assert row["passed"] == (row["error"] <= row["bound"])
+
+
+def _bf16_row(error: float, spread: float) -> dict:
+    return {"error": error, "stock_bf16_spread": spread, "factor": 2.0, "fa_atol": 1e-4,
+            "bound": 2.0 * spread + 1e-4, "passed": error <= 2.0 * spread + 1e-4, "rel_vs_stock_bf16": 0.0,
+            "rel_vs_stock_fp32": error, "stock_bf16_rel_vs_stock_fp32": spread}
+
+
+def test_bf16_rule_averages_batches():
+    """One unlucky batch does not decide (the batch over its bound, the mean under), a systematic excess does, and the
+    fp32 rule still needs every batch."""
+    from experiment_scripts import load_script
+
+    parity = load_script("experiments/verl/distributed_parity.py", "distributed_parity")
+    lucky = parity.over_batches([{"q": _bf16_row(3.0e-3, 1.0e-3)}, {"q": _bf16_row(1.0e-3, 1.5e-3)}])["q"]
+    assert lucky["batch_passed"] == [False, True] and lucky["passed"]
+    assert lucky["error"] == pytest.approx(2.0e-3) and lucky["bound"] == pytest.approx(2.0 * 1.25e-3 + 1e-4)
+    worse = parity.over_batches([{"q": _bf16_row(3.0e-3, 1.0e-3)}, {"q": _bf16_row(2.5e-3, 1.0e-3)}])["q"]
+    assert not worse["passed"] and worse["batch_passed"] == [False, False]
+    fp32 = [{"q": {"error": 1e-6, "bound": 1e-5, "passed": True}}, {"q": {"error": 2e-5, "bound": 1e-5, "passed": False}}]
+    assert not parity.worst_over_batches(fp32)["q"]["passed"]
 
 
 def test_parity_cpu_random_old_log_probs(tmp_path):
