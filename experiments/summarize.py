@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from dualkv.bench.plot import latest_kernel_rows  # noqa: E402
+from dualkv.testing import bound_margin  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 RESULTS_MD = ROOT / "docs" / "RESULTS.md"
@@ -438,8 +439,6 @@ def trl_section(files: Sequence[Path]) -> str:
 
 def _worst(report: dict) -> tuple[str, dict]:
     """The check of one precision's report closest to (or furthest over) its bound."""
-    from dualkv.testing import bound_margin
-
     name = max(report, key=lambda k: bound_margin(report[k]))
     return name, report[name]
 
