@@ -14,11 +14,13 @@ import torch
 
 from dualkv import GroupLayout, PrefixTreeLayout
 from dualkv.analysis.trees import multi_turn_workload
+from dualkv.cuda.configs import DKDV_TILES
 from dualkv.cuda.launch import make_plan, make_tree_plan
 from dualkv.cuda.schedule import check_block_order
 from dualkv.cuda.tree_schedule import preorder_permutation, tree_rows
 
 CPU = torch.device("cpu")
+BLOCK_KEYS = DKDV_TILES[128].block_keys
 
 
 def _rows(tiles: torch.Tensor) -> list[tuple[int, ...]]:
@@ -29,7 +31,7 @@ def _tree_work(layout: PrefixTreeLayout, tiles: np.ndarray) -> list[int]:
     """Query rows a key tile's walk visits: its dependents' (descendants') rows plus its own causal rows."""
     lens = np.asarray(layout.node_lens)
     cum = np.concatenate([[0], np.cumsum(lens)])
-    return [int(cum[end] - cum[begin] + lens[node] - blk * 128) for node, blk, begin, end in tiles.tolist()]
+    return [int(cum[end] - cum[begin] + lens[node] - blk * BLOCK_KEYS) for node, blk, begin, end in tiles.tolist()]
 
 
 def _makespan(works: list[int], sms: int = 132) -> float:
@@ -48,7 +50,8 @@ def test_group_plans_carry_both_orders_of_the_same_tiles(lengths):
     assert sorted(ws) == sorted(heavy)
     check_block_order(plan.dkdv_key_tiles.numpy())
     q_len = np.asarray(seg).reshape(-1, 4)[:, 1]
-    work = [int(q_len[own] - blk * 128 + q_len[begin:end].sum()) for own, blk, begin, end in heavy]  # rows visited
+    # rows each tile visits: its own causal rows and its dependents'
+    work = [int(q_len[own] - blk * BLOCK_KEYS + q_len[begin:end].sum()) for own, blk, begin, end in heavy]
     assert work == sorted(work, reverse=True)
 
 

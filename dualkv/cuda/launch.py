@@ -46,15 +46,15 @@ class Plan:
     dq_tiles: torch.Tensor   # int32 (n, 2)
     dq_pack: int
     key_tiles: torch.Tensor  # int32 (n, 4): the warp-specialised backward's launch order (ws_schedule.launch_order)
+    # int32 (n, 4): the same key tiles heaviest first, for the dK/dV kernels whose dQ needs no launch order (the
+    # separate-dQ pair, atomic dQ): on a tree the launch order puts the heaviest tiles (the roots') last
+    dkdv_key_tiles: torch.Tensor
     ctx_shared: bool
     causal: bool             # False: own keys all visible (the DKV_CAUSAL=0 kernels)
     fwd_tile: TileConfig
     dq_tile: TileConfig
     dkdv_tile: KeyTileConfig
     tree: bool = False       # a PrefixTreeLayout's schedule (dualkv/cuda/tree_schedule.py): DKV_TREE=1 query kernels
-    # int32 (n, 4): the same key tiles heaviest first, for the dK/dV kernels whose dQ needs no launch order (the
-    # separate-dQ pair, atomic dQ): on a tree the launch order puts the heaviest tiles (the roots') last
-    dkdv_key_tiles: torch.Tensor | None = None
 
 
 def _to_device(a: np.ndarray, device) -> torch.Tensor:
@@ -196,7 +196,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     :func:`ws_backward_for` says so (sm_90, head dim 128, the ``auto`` family), else the DKV_TREE=1 dQ kernel and
     the dK/dV kernel (``kernel_family("wgmma_v1")`` forces that pair on sm_90). ``key_tiles_t`` is in the
     warp-specialised launch order; the dK/dV kernel runs ``dkdv_key_tiles_t`` (the same tiles heaviest first,
-    :attr:`Plan.dkdv_key_tiles`) where given.
+    :attr:`Plan.dkdv_key_tiles`) where given, else ``key_tiles_t`` (correct in any order, only slower on a tree).
     """
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
