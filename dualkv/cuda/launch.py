@@ -234,11 +234,11 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
                            causal=causal)
     dkdv_kernel = get_kernel(replace(dkdv_kspec, tile=dkdv_tile or dkdv_kspec.tile), device)
     if "dkdv" in kernels:
-        key_tiles_t = key_tiles_t if dkdv_key_tiles_t is None else dkdv_key_tiles_t
-        dkdv_kernel.launch((key_tiles_t.shape[0], k_own.shape[1], 1),
+        dkdv_tiles = key_tiles_t if dkdv_key_tiles_t is None else dkdv_key_tiles_t
+        dkdv_kernel.launch((dkdv_tiles.shape[0], k_own.shape[1], 1),
                            [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own),
                             *(_strided(dq_acc) if atomic else [0, i64(0), i64(0)]), segments.data_ptr(),
-                            key_tiles_t.data_ptr(), i32(group), f32(scale * LOG2E), f32(scale), i32(window_left)])
+                            dkdv_tiles.data_ptr(), i32(group), f32(scale * LOG2E), f32(scale), i32(window_left)])
     if atomic:
         dq = (dq_acc * scale).to(q.dtype)
     return dq, dk_ctx, dv_ctx, dk_own, dv_own
