@@ -150,7 +150,18 @@ def test_precisions_run_fp32_first():
 
     parity = load_script("experiments/verl/distributed_parity.py", "distributed_parity")
     args = parity.parse_args(["--mode", "dp1", "--device", "cpu", "--precisions", "bf16,fp32"])
-    assert args.precisions == ["fp32", "bf16"]
+    assert args.precisions == ["fp32", "bf16"] and args.batches == 1
+
+
+@pytest.mark.parametrize("batches", ["0", "-1"])
+def test_batches_below_one_are_refused(batches, capsys):
+    """--batches 0 is refused, not read as "the default"."""
+    from experiment_scripts import load_script
+
+    parity = load_script("experiments/verl/distributed_parity.py", "distributed_parity")
+    with pytest.raises(SystemExit):
+        parity.parse_args(["--mode", "dp1", "--device", "cpu", "--batches", batches])
+    assert "--batches must be >= 1" in capsys.readouterr().err
 
 
 def test_parity_cpu_random_old_log_probs(tmp_path):

@@ -118,7 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.size = args.size or ("gpu" if args.device == "cuda" else "tiny")
-    args.batches = args.batches or (4 if args.device == "cuda" else 1)
+    if args.batches is None:
+        args.batches = 4 if args.device == "cuda" else 1
     if args.batches < 1:
         p.error("--batches must be >= 1")
     chosen = [x for x in args.precisions.split(",") if x]
