@@ -473,7 +473,7 @@ def distributed_section(root: Path) -> str:
             _table(["mode", "GPUs", "commit", "old log-probs", "batches", "result", "fp32 worst", "bf16 worst",
                     "bf16 grads rel. to fp32: dualkv / stock", "file"], rows),
             "", "The last number column: ||bf16 grads - stock fp32 grads|| / ||stock fp32 grads|| for dualkv and for "
-                "stock (veRL's bf16) on the same batch; `dp1` is the DP=2 global batch on one GPU (the control)."]
+                "stock (veRL's bf16) on the same batch (the mean over batches where a run has several); `dp1` is the DP=2 global batch on one GPU (the control)."]
     summaries = sorted(root.glob("multigpu-summary-*.json"))
     if summaries:
         d = _load(summaries[-1])

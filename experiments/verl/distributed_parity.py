@@ -595,11 +595,12 @@ def run(args: argparse.Namespace) -> int:
                                for g in gathered]
             record["sp_consistency"] = sp_consistency(gathered, sp)
             # where the group packing puts each shared last-prompt row (a trie packs differently: not recorded)
-            owners = [[o for groups in g["groups"] for o in shared_row_owners(groups, sp)] for g in gathered] \
+            # per rank, per batch, per micro-batch: the SP ranks holding a shared last-prompt row
+            owners = [[shared_row_owners(groups, sp) for groups in g["groups"]] for g in gathered] \
                 if args.packing == "group" else None
             record["sp_shared_row_owners"] = owners
             both = sp == 1 or owners is None \
-                or all({o for mb in own for o in mb} == set(range(sp)) for own in owners)
+                or all({o for mb in batch for o in mb} == set(range(sp)) for own in owners for batch in own)
             record["sp_shared_rows_on_every_sp_rank"] = both
             failed = sorted({f"{p}:{name}" for g in gathered for p, rows in g["report"].items()
                              for name, row in rows.items() if not row["passed"]})
