@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One device call for the GPU work that landed without a GPU (CPU-verified only), in parts that each fit a call:
+#   bash experiments/gpu/run_pending.sh tests   # GPU tests of the changed paths: the dK/dV kernels on heaviest-first
+#                                               # key tiles (split and atomic dQ, trees), the custom ops' opcheck;
+#                                               # with branch mmaord merged also the ordered-dQ mma.sync backward
+#                                               # (DUALKV_MMA_BWD=ordered)
+#   bash experiments/gpu/run_pending.sh mma     # Table (branch mmaord): mma.sync split vs ordered backward vs the FA2
+#                                               # cascade (#13)
+#   bash experiments/gpu/run_pending.sh trees   # tree bench with the forward timed alone (#14: where (a)/(c) lose)
+#   bash experiments/gpu/run_pending.sh hd96    # on a checkout with branch hd96 merged: its tests and benchmark
+# Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
+set -u
+source "$(dirname "$0")/device_env.sh"
+tail -2 "$OUT/compile.log"
+step() {  # step NAME SECONDS CMD...: run with a limit, keep the log, print its tail
+    local name=$1 limit=$2; shift 2
+    timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    echo "== $name: exit $? ($(date -u +%H:%M:%S))"; tail -${TAIL:-6} "$OUT/$name.log"
+}
+case "${1:-tests}" in
+tests)
+    # test_cuda_ordered_dq.py exists where branch mmaord is merged (the gpu-pending checkout)
+    files=$(ls proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_backward.py proofs_tests/test_cuda_paper_api.py \
+        proofs_tests/test_tree_cuda.py proofs_tests/test_tree_cuda_ws.py 2>/dev/null)
+    step pytest_changed 420 python3 -m pytest -q -m gpu -p no:cacheprovider $files
+    if [ -f proofs_tests/test_cuda_ordered_dq.py ]; then   # the ordered mode under every mma.sync test
+        DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered step pytest_mma_ordered 300 python3 -m pytest -q -m gpu \
+            -p no:cacheprovider proofs_tests/test_cuda_backward.py proofs_tests/test_cuda_paper_api.py \
+            proofs_tests/test_tree_cuda.py
+    fi
+    ;;
+mma)
+    step table_mma 540 python3 experiments/gpu/hopper_session.py --sections table \
+        --systems dualkv_mma,dualkv_mma_ordered,cascade --shapes "${SHAPES:-16:32768,8:8192,28:4096,16:65536}" \
+        --modes bwd,fwdbwd --out "$OUT" --tag mma-ordered
+    ;;
+trees)
+    step tree_bench 540 python3 experiments/gpu/tree_bench.py --forward --systems dualkv,dualkv_bwd_v1,flex \
+        --reps 10 --out "$OUT"
+    ;;
+hd96)
+    [ -f proofs_tests/test_cuda_hd96.py ] || { echo "hd96: branch hd96 is not in this checkout"; exit 2; }
+    step pytest_hd96 420 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_hd96.py \
+        proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py -k 96
+    step hd96_bench 300 python3 experiments/gpu/hd96_bench.py --out "$OUT"
+    ;;
+*) echo "unknown part $1 (tests, mma, trees, hd96)"; exit 2 ;;
+esac
