@@ -247,10 +247,15 @@ class mma_backward(_Switch):  # noqa: N801 - used like a function: mma_backward(
     _value, _choices, _what = _mma_backward, MMA_BACKWARDS, "mma backward"
 
 
+def current_mma_backward() -> str:
+    """The mma.sync backward in force (see :class:`mma_backward`)."""
+    return _mma_backward[0]
+
+
 def dq_ordered_for(head_dim: int, arch: str, window: bool, tree: bool = False) -> bool:
     """Whether a deterministic backward runs the ordered dQ mode: chosen (:class:`mma_backward`), a head dim of
     :data:`ORDERED_HEAD_DIMS`, no window, a two-level layout, and the mma.sync dK/dV kernel serving the call."""
-    choice = _mma_backward[0]
+    choice = current_mma_backward()
     if choice not in MMA_BACKWARDS:
         raise ValueError(f"DUALKV_MMA_BWD must be one of {MMA_BACKWARDS}, got {choice!r}")
     return (choice == "ordered" and head_dim in ORDERED_HEAD_DIMS and not window and not tree

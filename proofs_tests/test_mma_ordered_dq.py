@@ -1,0 +1,250 @@
+"""The mma.sync dK/dV kernel's ordered dQ mode (csrc/bwd_dkdv.cu, DKV_DQ_ORDERED), checked on the CPU at the
+kernel's own geometry (:func:`dualkv.cuda.ws_schedule.mma_geometry`: its 64-query steps and 128-key blocks, causal
+or not): every dQ counter receives ranks 0..k-1 in launch order on random segment tables (or the kernel would
+deadlock), known-wrong launch orders and ranks are caught, replaying the walk in float64 reproduces the reference
+gradients, the switch is off by default and refuses what the mode does not support."""
+
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from dualkv import GroupLayout
+from dualkv.cuda import ws_schedule
+from dualkv.cuda.call2 import map_call2
+from dualkv.cuda.configs import (DKDV_TILES, ORDERED_HEAD_DIMS, KernelSpec, dkdv_spec, dq_ordered_for, kernel_family,
+                                 mma_backward)
+from dualkv.cuda.schedule import check_block_order, key_tiles, segments_from_cu_seqlens
+from dualkv.cuda.ws_schedule import (Geometry, check_dq_order, check_launch_order, launch_order, mma_geometry,
+                                     numeric_backward)
+
+LENGTHS = (1, 63, 64, 65, 127, 128, 129, 300)
+GEOMETRIES = sorted({mma_geometry(d) for d in ORDERED_HEAD_DIMS}, key=repr)
+
+
+def _group_layouts(rng: random.Random, count: int):
+    """Random two-level layouts: one to three groups, N = 1 included, awkward lengths."""
+    for _ in range(count):
+        g = rng.randint(1, 3)
+        yield GroupLayout.from_lengths([rng.choice(LENGTHS) for _ in range(g)],
+                                       [[rng.choice(LENGTHS[:-1]) for _ in range(rng.randint(1, 4))]
+                                        for _ in range(g)])
+
+
+def _call2_table(rng: random.Random) -> np.ndarray:
+    """The paper's call 2 on a separate context: one shared context, or (query rows != decoded rows) several
+    context lengths and context-free segments (dualkv.cuda.call2)."""
+    lens = [rng.choice(LENGTHS) for _ in range(rng.randint(1, 4))]
+    p = rng.choice((0, 1, 65, 200, 300))
+    if rng.random() < 0.5:
+        return segments_from_cu_seqlens(np.cumsum([0] + lens).tolist(), p)
+    rows = [rng.randint(0, p + r) for r in lens]
+    return map_call2(np.cumsum([0] + rows).tolist(), np.cumsum([0] + lens).tolist(), p).segments
+
+
+def _ordered_tiles(seg: np.ndarray, geo: Geometry, ctx_shared: bool) -> np.ndarray:
+    tiles = launch_order(key_tiles(seg, geo.block_keys, ctx_shared, geo.causal), seg)
+    check_block_order(tiles)
+    check_launch_order(tiles, seg)
+    return tiles
+
+
+def test_geometry_is_the_kernels():
+    """The ranks are stated at the tile the ordered kernel is built with (DKV_BLOCK_M queries per step, warps x 16
+    keys per block)."""
+    for d in ORDERED_HEAD_DIMS:
+        spec = dkdv_spec(d, torch.bfloat16, False, "sm_80", dq_ordered=True)
+        defines = dict(spec.defines())
+        geo = mma_geometry(d)
+        assert (spec.kernel, defines["DKV_DQ_ORDERED"], defines["DKV_DQ_ATOMIC"]) == ("bwd_dkdv", "1", "0")
+        assert int(defines["DKV_BLOCK_M"]) == geo.step == DKDV_TILES[d].block_m
+        assert int(defines["DKV_WARPS"]) // int(defines["DKV_DSPLIT"]) * 16 == geo.block_keys
+        assert mma_geometry(d, causal=False) == replace(geo, causal=False)
+    assert "DKV_DQ_ORDERED" not in dict(dkdv_spec(64, torch.bfloat16, False, "sm_80").defines())
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("geo", GEOMETRIES, ids=repr)
+def test_shared_prefix_counters_receive_ranks_in_order(seed, geo):
+    rng = random.Random(seed)
+    for layout in _group_layouts(rng, 20):
+        seg = layout.segment_table
+        tiles = _ordered_tiles(seg, geo, ctx_shared=True)
+        for group in (1, 2):
+            check_dq_order(tiles, seg, group, geo=geo)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non_causal"])
+@pytest.mark.parametrize("geo", GEOMETRIES, ids=repr)
+def test_paper_api_counters_receive_ranks_in_order(seed, causal, geo):
+    """Call 2 (a separate context tensor; several context lengths; causal or not) and non-causal call 1."""
+    geo = replace(geo, causal=causal)
+    rng = random.Random(100 + seed)
+    for _ in range(20):
+        seg = _call2_table(rng)
+        check_dq_order(_ordered_tiles(seg, geo, ctx_shared=False), seg, 2, geo=geo)
+        prompts = segments_from_cu_seqlens(np.cumsum([0] + [rng.choice(LENGTHS) for _ in range(3)]).tolist(), 0)
+        check_dq_order(_ordered_tiles(prompts, geo, ctx_shared=True), prompts, 1, geo=geo)
+
+
+def test_plans_carry_an_order_the_ordered_kernel_accepts():
+    """The launcher hands the ordered kernel the plan's key tiles as they are."""
+    from dualkv.cuda.launch import make_plan
+
+    for d in ORDERED_HEAD_DIMS:
+        for seg, ctx_shared in ((GroupLayout.from_lengths([200, 70], [[129, 5], [64, 1, 300]]).segment_table, True),
+                                (segments_from_cu_seqlens([0, 65, 66, 300], 257), False)):
+            plan = make_plan(seg, head_dim=d, group_size=2, window_left=-1, device=torch.device("cpu"),
+                             ctx_shared=ctx_shared, fwd_kernel="fwd")
+            check_dq_order(plan.key_tiles.numpy(), seg, 2, geo=mma_geometry(d))
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_other_geometries(seed):
+    """The statements are the kernel's at any step / key block (the WS constants are only the default)."""
+    rng = random.Random(seed)
+    for geo in (Geometry(32, 128), Geometry(64, 64), Geometry(16, 64, causal=False), Geometry(64, 256)):
+        for layout in _group_layouts(rng, 8):
+            if geo.causal:
+                seg = layout.segment_table
+                check_dq_order(_ordered_tiles(seg, geo, True), seg, 2, geo=geo)
+        seg = _call2_table(rng)
+        check_dq_order(_ordered_tiles(seg, geo, False), seg, 1, geo=geo)
+    with pytest.raises(ValueError, match="multiple of step"):
+        Geometry(64, 96)
+
+
+def test_wrong_launch_orders_are_caught():
+    geo = mma_geometry(128)
+    seg = GroupLayout.from_lengths([300, 70], [[129, 5], [64, 1]]).segment_table
+    heaviest_first = key_tiles(seg, geo.block_keys, True)
+    tiles = launch_order(heaviest_first, seg)
+    check_dq_order(tiles, seg, 2, geo=geo)
+    with pytest.raises(RuntimeError, match="after a shared-key tile"):
+        check_launch_order(heaviest_first, seg)
+    for wrong in (heaviest_first, tiles[::-1], np.delete(tiles, 0, axis=0)):
+        with pytest.raises(RuntimeError, match="not 0..k-1"):
+            check_dq_order(wrong, seg, 2, geo=geo)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non_causal"])
+def test_wrong_ranks_are_caught(monkeypatch, causal):
+    """Ranks that leave out the dependent's own blocks, count them at the WS kernel's 128-key blocks when the kernel
+    has 64-key blocks, or count them causally in a non-causal kernel: every one would deadlock, and is caught."""
+    seg = segments_from_cu_seqlens([0, 65, 66, 300, 429], 257)
+    geo = Geometry(64, 64, causal)
+    tiles = _ordered_tiles(seg, geo, ctx_shared=False)
+    check_dq_order(tiles, seg, 1, geo=geo)
+    real = ws_schedule.own_reach
+    wrong_reaches = [lambda qt, g=ws_schedule.WS, q_len=0: 0,
+                     lambda qt, g=ws_schedule.WS, q_len=0: real(qt, replace(g, block_keys=128), q_len)]
+    if not causal:
+        wrong_reaches.append(lambda qt, g=ws_schedule.WS, q_len=0: real(qt, replace(g, causal=True), q_len))
+    for wrong in wrong_reaches:
+        monkeypatch.setattr(ws_schedule, "own_reach", wrong)
+        with pytest.raises(RuntimeError, match="not 0..k-1"):
+            check_dq_order(tiles, seg, 1, geo=geo)
+
+
+def _reference_grads(q, k, v, dout, layout):
+    from dualkv.reference import shared_prefix_attention
+
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out = shared_prefix_attention(q, k, v, layout)
+    return torch.autograd.grad(out, (q, k, v), dout)
+
+
+@pytest.mark.parametrize("layout", [GroupLayout.single(257, [129, 1, 64]), GroupLayout.single(1, [1]),
+                                    GroupLayout.from_lengths([63, 300, 65], [[127], [1, 65, 129], [200, 2]])],
+                         ids=repr)
+def test_replay_equals_reference_backward(layout):
+    """float64 replay of the ordered walk at the kernel's geometry (every step's five products, masks, dQ in table
+    order) against autograd through the reference."""
+    torch.manual_seed(0)
+    t, h, hk, d = layout.total_tokens, 4, 2, 16
+    q = torch.randn(t, h, d, dtype=torch.float64)
+    k, v = (torch.randn(t, hk, d, dtype=torch.float64) for _ in range(2))
+    dout = torch.randn(t, h, d, dtype=torch.float64)
+    seg = layout.segment_table
+    geo = mma_geometry(128)
+    dq, _, _, dk, dv = numeric_backward(q, k, v, k, v, dout, seg, _ordered_tiles(seg, geo, True), d ** -0.5, geo=geo)
+    for got, want in zip((dq, dk, dv), _reference_grads(q, k, v, dout, layout)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non_causal"])
+@pytest.mark.parametrize("geo", [None, Geometry(32, 64)], ids=["mma", "step32_block64"])
+def test_replay_paper_api_equals_reference_backward(causal, geo):
+    """A separate context tensor (context tiles first-class dependents), causal or not; at the kernel's geometry and
+    at another one."""
+    from dualkv.reference import flash_attn_dualkv_varlen_func
+
+    torch.manual_seed(1)
+    p, lens, h, hk, d = 200, [70, 1, 129, 65], 4, 1, 16
+    cu = np.cumsum([0] + lens).tolist()
+    seg = segments_from_cu_seqlens(cu, p)
+    t = cu[-1]
+    q = torch.randn(t, h, d, dtype=torch.float64)
+    kd, vd = (torch.randn(t, hk, d, dtype=torch.float64) for _ in range(2))
+    kc, vc = (torch.randn(p, hk, d, dtype=torch.float64) for _ in range(2))
+    dout = torch.randn(t, h, d, dtype=torch.float64)
+    geo = mma_geometry(64, causal) if geo is None else replace(geo, causal=causal)
+    got = numeric_backward(q, kc, vc, kd, vd, dout, seg, _ordered_tiles(seg, geo, False), d ** -0.5, geo=geo)
+    leaves = [x.clone().requires_grad_() for x in (q, kc, vc, kd, vd)]
+    cu_t = torch.tensor(cu, dtype=torch.int32)
+    out = flash_attn_dualkv_varlen_func(*leaves, cu_t, cu_t, max(lens), p, max(lens), causal=causal)
+    for a, b in zip(got, torch.autograd.grad(out, leaves, dout)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_switch_is_off_by_default_and_picks_the_mma_kernel_only():
+    assert not dq_ordered_for(128, "sm_80", window=False)            # DUALKV_MMA_BWD unset: "split"
+    with mma_backward("ordered"):
+        assert dq_ordered_for(128, "sm_80", window=False)
+        assert dq_ordered_for(32, "sm_90", window=False)             # no wgmma dK/dV kernel at d = 32
+        assert not dq_ordered_for(128, "sm_90", window=False)        # the wgmma kernels serve it
+        with kernel_family("mma"):
+            assert dq_ordered_for(128, "sm_90", window=False)
+        assert not dq_ordered_for(128, "sm_80", window=True)         # windows and trees keep the dQ kernel
+        assert not dq_ordered_for(128, "sm_80", window=False, tree=True)
+        assert not dq_ordered_for(192, "sm_80", window=False)
+    assert not dq_ordered_for(128, "sm_80", window=False)            # restored after the block
+
+
+def test_bad_switch_values_are_refused_by_name(monkeypatch):
+    from dualkv.cuda import configs
+
+    with pytest.raises(ValueError, match="mma backward must be one of"):
+        mma_backward("fast")
+    monkeypatch.setattr(configs, "_mma_backward", ["fast"])           # what DUALKV_MMA_BWD=fast leaves at import
+    with pytest.raises(ValueError, match="DUALKV_MMA_BWD must be one of"):
+        dq_ordered_for(128, "sm_80", window=False)
+
+
+def test_unsupported_ordered_specs_are_refused():
+    base = dkdv_spec(128, torch.bfloat16, False, "sm_80", dq_ordered=True)
+    with pytest.raises(ValueError, match="no sliding window and no prefix trees"):
+        replace(base, window=True)
+    with pytest.raises(ValueError, match="no sliding window and no prefix trees"):
+        replace(base, tree=True)
+    with pytest.raises(ValueError, match="atomic or ordered"):
+        replace(base, dq_atomic=True)
+    with pytest.raises(ValueError, match="ordered dQ mode exists for the dK/dV kernel"):
+        KernelSpec("bwd_dkdv", 192, "bf16", DKDV_TILES[192], 1, False, "sm_80", dq_ordered=True)
+    with pytest.raises(ValueError, match="whole query steps"):
+        replace(base, tile=replace(DKDV_TILES[128], block_m=48))
+
+
+def test_counters_index_every_query_tile_once():
+    """The launcher's counter table: tile t of segment s at qtile_offset[s] + t, all inside n_qtiles."""
+    from dualkv.cuda.launch import _dq_counters
+
+    seg = GroupLayout.from_lengths([1, 300], [[63, 65], [129, 1, 64]]).segment_table
+    sems, offset, n_qtiles = _dq_counters(torch.from_numpy(seg), int(seg[:, 1].sum()), 3, 64)
+    tiles = [(s, t) for s in range(seg.shape[0]) for t in range(-(-int(seg[s, 1]) // 64))]
+    index = [int(offset[s]) + t for s, t in tiles]
+    assert sorted(index) == list(range(len(tiles))) and len(tiles) <= n_qtiles
+    assert sems.shape == (3, n_qtiles) and sems.dtype == torch.int32 and not sems.any()
