@@ -19,6 +19,7 @@ from dualkv.cuda.configs import (DKDV_TILES, ORDERED_HEAD_DIMS, KernelSpec, dkdv
 from dualkv.cuda.schedule import check_block_order, key_tiles, segments_from_cu_seqlens
 from dualkv.cuda.ws_schedule import (Geometry, check_dq_order, check_launch_order, launch_order, mma_geometry,
                                      numeric_backward)
+from test_ws_backward_schedule import _reference_grads
 
 LENGTHS = (1, 63, 64, 65, 127, 128, 129, 300)
 GEOMETRIES = sorted({mma_geometry(d) for d in ORDERED_HEAD_DIMS}, key=repr)
@@ -147,14 +148,6 @@ def test_wrong_ranks_are_caught(monkeypatch, causal):
         monkeypatch.setattr(ws_schedule, "own_reach", wrong)
         with pytest.raises(RuntimeError, match="not 0..k-1"):
             check_dq_order(tiles, seg, 1, geo=geo)
-
-
-def _reference_grads(q, k, v, dout, layout):
-    from dualkv.reference import shared_prefix_attention
-
-    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    out = shared_prefix_attention(q, k, v, layout)
-    return torch.autograd.grad(out, (q, k, v), dout)
 
 
 @pytest.mark.parametrize("layout", [GroupLayout.single(257, [129, 1, 64]), GroupLayout.single(1, [1]),
