@@ -1,7 +1,7 @@
 """GPU: the mma.sync kernels' ordered-dQ backward (``mma_backward("ordered")``, csrc/bwd_dkdv.cu DKV_DQ_ORDERED:
 dQ = dS K inside the dK/dV kernel, added in a fixed order) — all gradients against the float64 oracle by
 FlashAttention's rule (3x for gradients), awkward lengths, N = 1, GQA ratios, every head dim it has, causal and not,
-bitwise determinism, and the calls it does not take (windows, trees) left on the separate dQ kernel. Outputs are
+prefix trees (its DKV_TREE=1 build), bitwise determinism, and windowed calls left on the separate dQ kernel. Outputs are
 NaN-poisoned before every launch and every launch is checked (``cuda_debug``). Under ``kernel_family("mma")`` so
 that a Hopper GPU runs the mma.sync kernels (what sm_80 runs) too."""
 
@@ -120,15 +120,37 @@ def test_bitwise_deterministic(head_dim, ordered):
     assert len(ordered) == 3
 
 
-def test_windows_and_trees_keep_the_dq_kernel(ordered):
-    """The mode has no window and no prefix-tree ranks: those calls run the separate dQ kernel, correctly."""
-    from test_tree_cuda import SHAPES, assert_pass, tree_rows
-
+def test_windows_keep_the_dq_kernel(ordered):
+    """The mode has no sliding window: windowed calls run the separate dQ kernel, correctly."""
     case = AttentionCase((300,), ((65, 127),), 4, 4, 128, window=(50, 0))
     assert_rows_pass(shared_prefix_check(case, dtype=torch.bfloat16, device="cuda"))
-    assert_pass(tree_rows(SHAPES["awkward"], d=128, family="mma"), "tree under the ordered switch")
     assert not ordered
-    assert isinstance(SHAPES["awkward"], PrefixTreeLayout)
+
+
+@pytest.mark.parametrize("d", ORDERED_HEAD_DIMS)
+@pytest.mark.parametrize("shape", ["awkward", "single tokens", "deep", "wide fan"])
+def test_prefix_trees(shape, d, ordered):
+    """Prefix trees run the tree build (ancestor-chain ranks, counters per query tile's first token)."""
+    from test_tree_cuda import SHAPES, assert_pass, tree_rows
+
+    assert isinstance(SHAPES[shape], PrefixTreeLayout)
+    assert_pass(tree_rows(SHAPES[shape], d=d, family="mma"), f"{shape} d={d} under the ordered switch")
+    assert ordered and set(ordered) == {d}
+
+
+def test_prefix_tree_backward_is_bitwise_deterministic(ordered):
+    from test_tree_cuda import SHAPES
+
+    layout = SHAPES["deep"]
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(layout.total_tokens, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(layout.total_tokens, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+            for _ in range(2))
+    dout = torch.randn_like(q)
+    runs = [_grads(layout, q, k, v, dout) for _ in range(3)]
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+    assert len(ordered) == 3
 
 
 def test_matches_the_split_backward():

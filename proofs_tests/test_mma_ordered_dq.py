@@ -1,8 +1,8 @@
 """The mma.sync dK/dV kernel's ordered dQ mode (csrc/bwd_dkdv.cu, DKV_DQ_ORDERED), checked on the CPU at the
 kernel's own geometry (:func:`dualkv.cuda.ws_schedule.mma_geometry`: its 64-query steps and 128-key blocks, causal
-or not): every dQ counter receives ranks 0..k-1 in launch order on random segment tables (or the kernel would
-deadlock), known-wrong launch orders and ranks are caught, replaying the walk in float64 reproduces the reference
-gradients, the switch is off by default and refuses what the mode does not support."""
+or not): every dQ counter receives ranks 0..k-1 in launch order on random segment tables and prefix forests (or the
+kernel would deadlock), known-wrong launch orders and ranks are caught, replaying the walk in float64 reproduces the
+reference gradients, the switch is off by default and refuses what the mode does not support."""
 
 import random
 from dataclasses import replace
@@ -20,6 +20,7 @@ from dualkv.cuda.schedule import check_block_order, key_tiles, segments_from_cu_
 from dualkv.cuda.ws_schedule import (Geometry, check_dq_order, check_launch_order, launch_order, mma_geometry,
                                      numeric_backward)
 from test_ws_backward_schedule import _reference_grads
+from test_ws_backward_tree import _deep_tree, _float64_case, _forests, _schedule
 
 LENGTHS = (1, 63, 64, 65, 127, 128, 129, 300)
 GEOMETRIES = sorted({mma_geometry(d) for d in ORDERED_HEAD_DIMS}, key=repr)
@@ -201,8 +202,7 @@ def test_switch_is_off_by_default_and_picks_the_mma_kernel_only():
         assert not dq_ordered_for(128, "sm_90", window=False)        # the wgmma kernels serve it
         with kernel_family("mma"):
             assert dq_ordered_for(128, "sm_90", window=False)
-        assert not dq_ordered_for(128, "sm_80", window=True)         # windows and trees keep the dQ kernel
-        assert not dq_ordered_for(128, "sm_80", window=False, tree=True)
+        assert not dq_ordered_for(128, "sm_80", window=True)         # windows keep the dQ kernel
         assert not dq_ordered_for(192, "sm_80", window=False)
     assert not dq_ordered_for(128, "sm_80", window=False)            # restored after the block
 
@@ -219,10 +219,13 @@ def test_bad_switch_values_are_refused_by_name(monkeypatch):
 
 def test_unsupported_ordered_specs_are_refused():
     base = dkdv_spec(128, torch.bfloat16, False, "sm_80", dq_ordered=True)
-    with pytest.raises(ValueError, match="no sliding window and no prefix trees"):
+    with pytest.raises(ValueError, match="no sliding window"):
         replace(base, window=True)
-    with pytest.raises(ValueError, match="no sliding window and no prefix trees"):
-        replace(base, tree=True)
+    assert dict(replace(base, tree=True).defines())["DKV_TREE"] == "1"
+    with pytest.raises(ValueError, match="tree build is causal, with key blocks of 128"):
+        replace(base, tree=True, tile=DKDV_TILES[192])
+    with pytest.raises(ValueError, match="prefix-tree specializations exist"):
+        dkdv_spec(128, torch.bfloat16, False, "sm_80", tree=True)  # the split backward's dK/dV kernel has none
     with pytest.raises(ValueError, match="atomic or ordered"):
         replace(base, dq_atomic=True)
     with pytest.raises(ValueError, match="ordered dQ mode exists for the dK/dV kernel"):
@@ -241,3 +244,45 @@ def test_counters_index_every_query_tile_once():
     index = [int(offset[s]) + t for s, t in tiles]
     assert sorted(index) == list(range(len(tiles))) and len(tiles) <= n_qtiles
     assert sems.shape == (3, n_qtiles) and sems.dtype == torch.int32 and not sems.any()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_counters_receive_ranks_in_order(seed):
+    """Prefix forests (the DKV_TREE=1 build): the ancestor-chain ranks at the kernel's geometry, in the tree plan's
+    launch order (deeper nodes first); shallow-first is caught."""
+    for d in (64, 128):
+        geo = mma_geometry(d)
+        for layout in _forests(seed, 15):
+            rows, tiles, ranks = _schedule(layout)
+            check_dq_order(tiles, rows, 2, tree=ranks, geo=geo)
+    rows, tiles, ranks = _schedule(_deep_tree())
+    shallow_first = tiles[np.argsort(ranks.depth[tiles[:, 0]], kind="stable")]
+    with pytest.raises(RuntimeError, match="not 0..k-1"):
+        check_dq_order(shallow_first, rows, tree=ranks, geo=mma_geometry(128))
+    with pytest.raises(ValueError, match="causal kernels only"):
+        check_dq_order(tiles, rows, tree=ranks, geo=mma_geometry(128, causal=False))
+
+
+def test_tree_replay_equals_the_tree_reference():
+    from dualkv import PrefixTreeLayout
+    from dualkv.reference.tree import tree_attention
+
+    geo = mma_geometry(128)
+    two_roots = PrefixTreeLayout([129, 63, 65, 1, 127, 129, 64, 1, 65], [-1, 0, 1, 1, 0, 4, 4, -1, 7])
+    for layout in (_deep_tree(), two_roots):
+        q, k, v, dout = _float64_case(layout)
+        scale = q.shape[-1] ** -0.5
+        ts = [t.clone().requires_grad_() for t in (q, k, v)]
+        want = torch.autograd.grad((tree_attention(*ts, layout, softmax_scale=scale) * dout).sum(), ts)
+        rows, tiles, _ = _schedule(layout)
+        dq, _, _, dk, dv = numeric_backward(q, k, v, k, v, dout, rows, tiles, scale, tree=layout, geo=geo)
+        for got, ref in zip((dq, dk, dv), want):
+            torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_tree_plans_give_the_ordered_kernel_its_counters():
+    """The launcher's tree counters: one per (head, token), no offsets."""
+    from dualkv.cuda.launch import _dq_counters
+
+    sems, offset, n_qtiles = _dq_counters(torch.zeros(40, dtype=torch.int32), 300, 4, 64, tree=True)
+    assert offset is None and n_qtiles == 300 and sems.shape == (4, 300) and not sems.any()

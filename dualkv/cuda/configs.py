@@ -12,13 +12,15 @@ from itertools import product
 
 import torch
 
+from .tree_schedule import RANK_BLOCK_KEYS
+
 HEAD_DIMS = (32, 64, 96, 128, 192, 256, 512)
 #: Head dims whose kernels support a sliding window (the paper's hd512 path is full attention only).
 WINDOW_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 #: Head dims with the atomic (FlashAttention-2-style, non-deterministic) dQ mode.
 ATOMIC_HEAD_DIMS = (32, 64, 96, 128)
-#: Head dims with the ordered dQ mode of the mma.sync dK/dV kernel (deterministic, five products per step; no window,
-#: no prefix trees): the atomic mode's, whose dQ tile layout it shares.
+#: Head dims with the ordered dQ mode of the mma.sync dK/dV kernel (deterministic, five products per step; no window;
+#: two-level layouts and prefix trees): the atomic mode's, whose dQ tile layout it shares.
 ORDERED_HEAD_DIMS = ATOMIC_HEAD_DIMS
 ARCHS = ("sm_80", "sm_90")
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -233,7 +235,7 @@ def current_kernel_family() -> str:
 
 #: The deterministic backward of the mma.sync kernels: "split" (the default: the dQ kernel and the dK/dV kernel,
 #: seven products per query tile x key block) or "ordered" (dQ inside the dK/dV kernel, five products, added in a
-#: fixed order: DKV_DQ_ORDERED; head dims :data:`ORDERED_HEAD_DIMS`, no window, two-level layouts only).
+#: fixed order: DKV_DQ_ORDERED; head dims :data:`ORDERED_HEAD_DIMS`, no window).
 MMA_BACKWARDS = ("split", "ordered")
 _mma_backward = [os.environ.get("DUALKV_MMA_BWD", "split")]
 
@@ -252,13 +254,14 @@ def current_mma_backward() -> str:
     return _mma_backward[0]
 
 
-def dq_ordered_for(head_dim: int, arch: str, window: bool, tree: bool = False) -> bool:
+def dq_ordered_for(head_dim: int, arch: str, window: bool) -> bool:
     """Whether a deterministic backward runs the ordered dQ mode: chosen (:class:`mma_backward`), a head dim of
-    :data:`ORDERED_HEAD_DIMS`, no window, a two-level layout, and the mma.sync dK/dV kernel serving the call."""
+    :data:`ORDERED_HEAD_DIMS`, no window, and the mma.sync dK/dV kernel serving the call (two-level layouts and
+    prefix trees alike)."""
     choice = current_mma_backward()
     if choice not in MMA_BACKWARDS:
         raise ValueError(f"DUALKV_MMA_BWD must be one of {MMA_BACKWARDS}, got {choice!r}")
-    return (choice == "ordered" and head_dim in ORDERED_HEAD_DIMS and not window and not tree
+    return (choice == "ordered" and head_dim in ORDERED_HEAD_DIMS and not window
             and dkdv_kernel_for(head_dim, arch) == "bwd_dkdv")
 
 
@@ -353,7 +356,8 @@ class KernelSpec:
             raise ValueError(f"the atomic dQ mode exists for the dK/dV kernel at head dims {ATOMIC_HEAD_DIMS}")
         if self.dq_ordered:
             self._check_dq_ordered()
-        if self.tree and (self.kernel not in TREE_KERNELS or self.window or not self.causal):
+        if self.tree and (self.kernel not in TREE_KERNELS + (("bwd_dkdv",) if self.dq_ordered else ())
+                          or self.window or not self.causal):
             raise ValueError(f"prefix-tree specializations exist for the kernels {TREE_KERNELS}, causal, "
                              f"without a window (got {self.kernel}, window={self.window}, causal={self.causal})")
         if self.kernel in SM90_KERNELS and (self.arch != "sm_90a" or self.head_dim not in SM90_KERNELS[self.kernel]):
@@ -365,9 +369,12 @@ class KernelSpec:
                              f"not {self.kernel} at {self.head_dim}")
         if self.dq_atomic:
             raise ValueError("a dK/dV specialization has one dQ mode: atomic or ordered, not both")
-        if self.window or self.tree:
-            raise ValueError("the ordered dQ mode has no sliding window and no prefix trees (their ranks differ): "
-                             "those backwards keep the separate dQ kernel")
+        if self.window:
+            raise ValueError("the ordered dQ mode has no sliding window (its ranks would differ): windowed backwards "
+                             "keep the separate dQ kernel")
+        if self.tree and (not self.causal or self.tile.block_keys != RANK_BLOCK_KEYS):
+            raise ValueError(f"the ordered dQ mode's tree build is causal, with key blocks of {RANK_BLOCK_KEYS} (the "
+                             "tree table's ancestor block counts)")
         if self.tile.block_keys % self.tile.block_m:
             raise ValueError(f"the ordered dQ mode needs key blocks of whole query steps: {self.tile.block_keys} "
                              f"keys per CTA, {self.tile.block_m} queries per step")
@@ -423,7 +430,7 @@ class KernelSpec:
             keys = common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages)),
                              ("DKV_DQ_ATOMIC", "1" if self.dq_atomic else "0")]
             if self.dq_ordered:  # absent otherwise: the other cubins stay byte-identical
-                keys += [("DKV_DQ_ORDERED", "1")]
+                keys += [("DKV_DQ_ORDERED", "1")] + ([("DKV_TREE", "1")] if self.tree else [])
             if self.kernel == "bwd_sm90_ws":
                 keys += [("DKV_DQ_BUFFERS", str(t.dq_buffers))] + ([("DKV_TREE", "1")] if self.tree else [])
             return keys
@@ -490,15 +497,16 @@ def ws_bwd_spec(head_dim: int, dtype: torch.dtype, tree: bool = False) -> Kernel
 
 
 def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,
-              kernel: str | None = None, causal: bool = True, dq_ordered: bool = False) -> KernelSpec:
+              kernel: str | None = None, causal: bool = True, dq_ordered: bool = False,
+              tree: bool = False) -> KernelSpec:
     """The dK/dV specialization; ``kernel`` defaults to :func:`dkdv_kernel_for` (``arch`` is the device's);
-    ``dq_ordered``: the mma.sync kernel's ordered dQ mode."""
+    ``dq_ordered``: the mma.sync kernel's ordered dQ mode (``tree``: its prefix-tree build)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
     kernel = kernel or ("bwd_dkdv" if dq_ordered else dkdv_kernel_for(head_dim, arch, dq_atomic))
     if kernel == "bwd_dkdv_sm90":
         return KernelSpec(kernel, head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a", causal=causal)
-    return KernelSpec(kernel, head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic, causal,
+    return KernelSpec(kernel, head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic, causal, tree=tree,
                       dq_ordered=dq_ordered)
 
 
@@ -520,7 +528,7 @@ def all_specs(arch: str) -> list[KernelSpec]:
     non-causal (``DKV_CAUSAL=0``, no window), and the prefix-tree mode (``DKV_TREE=1``, causal, no window) of the
     query kernels and, on sm_90, of the warp-specialised backward; the backward's preprocessing kernel once per head
     dim and dtype, the dQ cast of the ordered dQ mode (and on sm_90 of the warp-specialised backward), and the
-    ordered dQ mode of the dK/dV kernel (causal and not, no window)."""
+    ordered dQ mode of the dK/dV kernel (causal and not, no window; and its tree build)."""
     specs = [prep_spec(d, dtype, arch) for d in HEAD_DIMS for dtype in DTYPES]
     cast_dims = set(ORDERED_HEAD_DIMS) | (set(SM90_WS_BWD_TILES) if arch == "sm_90" else set())
     specs += [dq_cast_spec(d, dtype, arch) for d in sorted(cast_dims) for dtype in DTYPES]
@@ -540,9 +548,11 @@ def all_specs(arch: str) -> list[KernelSpec]:
                 if tiles[head_dim].block_m // pack >= 8:
                     specs.append(KernelSpec(kernel, head_dim, name, tiles[head_dim], pack, window, kernel_arch,
                                             causal=causal, tree=tree))
-        if tree:  # of the key-side kernels only the warp-specialised backward has a tree specialization
+        if tree:  # of the key-side kernels the warp-specialised backward and the ordered dQ mode have tree builds
             if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES:
                 specs.append(ws_bwd_spec(head_dim, dtype, tree=True))
+            if head_dim in ORDERED_HEAD_DIMS:
+                specs.append(dkdv_spec(head_dim, dtype, False, arch, dq_ordered=True, tree=True))
             continue
         if arch == "sm_90" and head_dim in SM90_DKDV_TILES:
             specs.append(KernelSpec("bwd_dkdv_sm90", head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a",

@@ -221,8 +221,8 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
             i32(window_left)]
     grads = [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own)]
     if (deterministic and not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv")
-            and dq_ordered_for(head_dim, arch, window, tree)):
-        _run_dkdv_ordered(grads, tail, q, dq, segments, key_tiles_t, k_own.shape[1], causal, scale)
+            and dq_ordered_for(head_dim, arch, window)):
+        _run_dkdv_ordered(grads, tail, q, dq, segments, key_tiles_t, k_own.shape[1], causal, scale, tree)
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
     atomic = not deterministic and head_dim in ATOMIC_HEAD_DIMS
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
@@ -246,28 +246,32 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
 
 
 def _run_dkdv_ordered(grads: list, tail: list, q: torch.Tensor, dq: torch.Tensor, segments: torch.Tensor,
-                      key_tiles_t: torch.Tensor, kv_heads: int, causal: bool, scale: float) -> None:
+                      key_tiles_t: torch.Tensor, kv_heads: int, causal: bool, scale: float,
+                      tree: bool = False) -> None:
     """The mma.sync dK/dV kernel in its ordered dQ mode (DKV_DQ_ORDERED): dK, dV (written through ``grads``, the
     launch arguments up to the dQ accumulator) and dQ summed in fp32 in a fixed order into one (H, T_q, d)
     accumulator, then scaled and cast into ``dq`` (T_q, H, d). ``key_tiles_t`` must be in
-    :func:`dualkv.cuda.ws_schedule.launch_order` (a two-level plan's order); ``tail``: segments, key tiles and the
-    scalars, as the kernel takes them."""
+    :func:`dualkv.cuda.ws_schedule.launch_order` (a plan's order; ``tree``: a tree plan's, DKV_TREE=1); ``tail``:
+    segments, key tiles and the scalars, as the kernel takes them."""
     tokens, heads, head_dim = q.shape
     device = device_index(q)
-    spec = dkdv_spec(head_dim, q.dtype, False, arch_of(device), causal=causal, dq_ordered=True)
+    spec = dkdv_spec(head_dim, q.dtype, False, arch_of(device), causal=causal, dq_ordered=True, tree=tree)
     kern = get_kernel(spec, device)
-    sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, spec.tile.block_m)
+    sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, spec.tile.block_m, tree)
     dq_acc = torch.zeros((heads, tokens, head_dim), dtype=torch.float32, device=q.device)
     kern.launch((key_tiles_t.shape[0] * kv_heads, 1, 1),
                 [*grads, dq_acc.data_ptr(), i64(head_dim), i64(tokens * head_dim), sems.data_ptr(),
-                 qtile_offset.data_ptr(), i32(n_qtiles), i32(kv_heads), *tail])
+                 qtile_offset.data_ptr() if qtile_offset is not None else 0, i32(n_qtiles), i32(kv_heads), *tail])
     _cast_dq(dq_acc, dq, scale)
 
 
-def _dq_counters(segments: torch.Tensor, tokens: int, heads: int, step: int):
+def _dq_counters(segments: torch.Tensor, tokens: int, heads: int, step: int, tree: bool = False):
     """Zeroed int32 dQ counters (heads, n_qtiles), one per (head, query tile of ``step`` rows), and the int32 (S,)
     index of each segment's first tile: tile t of segment s is qtile_offset[s] + t. n_qtiles is an upper bound from
-    shapes alone (every segment adds at most one partial tile), so nothing is read back."""
+    shapes alone (every segment adds at most one partial tile), so nothing is read back. ``tree``: one counter per
+    (head, first token of a query tile) and no offsets (None): the flat tree table has no (S, 4) view."""
+    if tree:
+        return torch.zeros((heads, tokens), dtype=torch.int32, device=segments.device), None, tokens
     n_tiles = (segments[:, 1] + step - 1) // step
     qtile_offset = (torch.cumsum(n_tiles, 0) - n_tiles).to(torch.int32)
     n_qtiles = tokens // step + segments.shape[0] + 1
@@ -302,11 +306,7 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
     spec = ws_bwd_spec(head_dim, q.dtype, tree=tree)
     kern = get_kernel(spec, device_index(q))
     step, keys = spec.tile.block_m, spec.tile.block_keys
-    if tree:  # dQ counters: one per (head, first token of a query tile); the flat tree table has no (S, 4) view
-        qtile_offset, n_qtiles = None, tokens
-        sems = torch.zeros((heads, n_qtiles), dtype=torch.int32, device=q.device)
-    else:
-        sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, step)
+    sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, step, tree)
     rows = tokens + step  # a step's tile may reach past the last token
     dq_acc = torch.zeros((heads, rows, head_dim), dtype=torch.float32, device=q.device)
     maps = [tensor_map_3d(q, step), tensor_map_3d(dout, step), tensor_map_3d(k_own, keys), tensor_map_3d(v_own, keys),

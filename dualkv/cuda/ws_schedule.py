@@ -247,7 +247,8 @@ def numeric_backward(q, k_ctx, v_ctx, k_own, v_own, dout, segments: np.ndarray, 
                 rows = slice(q0 + p0, q0 + p0 + n)
                 s_t = kb @ q[rows, h].t() * scale                          # (count, n)
                 p_t = torch.exp(s_t - lse[h, rows][None, :])
-                if st.own and geo.causal:  # a tree row's 4th column is the node's position: the same relative causal mask
+                # a tree row's 4th column is the node's position: the same relative causal mask
+                if st.own and geo.causal:
                     key_pos = cl + key0 + torch.arange(count)
                     q_pos = cl + p0 + torch.arange(n)
                     p_t = p_t.masked_fill(key_pos[:, None] > q_pos[None, :], 0.0)

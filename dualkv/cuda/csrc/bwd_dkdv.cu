@@ -25,7 +25,10 @@
 // tiles, then the own tiles from the last down (heads innermost), so the CTAs of a run stay one step apart; the grid
 // is 1-D, key tile major and K/V head minor, and the launcher orders the key tiles so that a CTA only ever waits on
 // CTAs launched before it. A CTA releases a step's counter one step late (after the next step's products, when its
-// adds have long landed), so it never stalls on its own adds.
+// adds have long landed), so it never stalls on its own adds. With DKV_TREE (prefix trees, the ordered mode only:
+// segment rows are tree nodes and a key tile's dependents are the node's descendants, dualkv/cuda/tree_schedule.py)
+// a dependent's rank also counts the blocks of the nodes between it and the key's node (bwd_sm90_ws.cu's tree
+// ranks), and the counters are indexed by the query tile's first token.
 //
 // Tile macros: DKV_BLOCK_M (query positions per step), DKV_DSPLIT (warps sharing 16 keys, each owning
 // HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles), DKV_DQ_ATOMIC,
@@ -36,6 +39,9 @@
 
 #ifndef DKV_DQ_ORDERED
 #define DKV_DQ_ORDERED 0
+#endif
+#ifndef DKV_TREE
+#define DKV_TREE 0
 #endif
 
 using namespace dkv;
@@ -54,6 +60,8 @@ constexpr bool kDqHere = kDqAtomic || kDqOrdered;  // this kernel computes dQ = 
 static_assert(!(kDqAtomic && kDqOrdered), "one dQ mode");
 // a key block holds whole query tiles, so a causal own walk starts at a counter's tile
 static_assert(!kDqOrdered || (!kWindow && kBlockKeys % kBlockM == 0), "ordered dQ: no window, whole query tiles");
+constexpr bool kTree = DKV_TREE != 0;
+static_assert(!kTree || (kDqOrdered && kCausal), "the dK/dV kernel's tree build is the causal ordered dQ mode's");
 static_assert(kBlockM % 16 == 0 && kCols % 16 == 0, "tile sizes");
 static_assert(kStages == 1 || kStages == 2, "1 or 2 stages");
 // dQ partial of a step: kBlockM rows x HEAD_DIM, warps as (kBlockM / 16 row slabs) x (column parts).
@@ -73,13 +81,27 @@ __device__ __forceinline__ float* dq_slot(float* row, int col, long long tok) {
 }
 
 // Ordered dQ: the rank of this step's contribution at its (head, query tile) counter (ws_schedule.rank): block b of
-// the segment's own keys has rank b; for a dependent, the own blocks reaching the tile come first (the segment's
-// length is read again rather than kept live through the dQ product).
+// the segment's own keys has rank b; for a dependent, the own blocks reaching the tile come first, and in a tree
+// then the blocks of the nodes strictly between the dependent j and the key's node i: A[j] - A[i] - blocks(i), A
+// being the second int of a node's context-list header. (Segments are read again rather than kept live through
+// the dQ product.)
 __device__ __forceinline__ int dq_rank(const KeyWalk& w, const Cursor& c) {
     if (w.is_own(c.src)) return w.kt.blk;
-    const int reach = kCausal ? (c.pos + kBlockM - 1) / kBlockKeys + 1
-                              : (load_segment(w.segments, w.seg_of(c.src)).q_len + kBlockKeys - 1) / kBlockKeys;
-    return w.kt.blk + reach;
+    const Segment seg = load_segment(w.segments, w.seg_of(c.src));
+    int rank = w.kt.blk + (kCausal ? (c.pos + kBlockM - 1) / kBlockKeys + 1
+                                   : (seg.q_len + kBlockKeys - 1) / kBlockKeys);
+    if (kTree) {
+        const Segment node = load_segment(w.segments, w.kt.own_seg);
+        rank += w.segments[2 * seg.ctx_start + 1] - w.segments[2 * node.ctx_start + 1] -
+                (node.q_len + kBlockKeys - 1) / kBlockKeys;
+    }
+    return rank;
+}
+
+// Ordered dQ: the index of a step's counter among its head's n_qtiles: tile t of segment s at qtile_offset[s] + t;
+// in a tree, the tile's first token (a tree table has no per-segment tile offsets).
+__device__ __forceinline__ int dq_counter(const KeyWalk& w, const Cursor& c, const int* qtile_offset, int q_start) {
+    return kTree ? q_start + c.pos : qtile_offset[w.seg_of(c.src)] + c.pos / kBlockM;
 }
 
 }  // namespace
@@ -189,8 +211,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             const int head = kv_head * group_size + cur.h;
             if (kDqOrdered) {
                 if (threadIdx.x == 0) {
-                    pending = dq_sems + head * static_cast<long long>(n_qtiles) + qtile_offset[w.seg_of(cur.src)] +
-                              cur.pos / kBlockM;
+                    pending = dq_sems + head * static_cast<long long>(n_qtiles) +
+                              dq_counter(w, cur, qtile_offset, sg.seg.q_start);
                     pending_rank = dq_rank(w, cur);
                     wait_flag(pending, pending_rank);
                 }

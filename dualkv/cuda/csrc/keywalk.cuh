@@ -83,7 +83,8 @@ struct Walk {
         for (; src >= 0; src = next_src(src)) {
             int p_lo, p_hi;
             range(src, p_lo, p_hi);
-            if (p_lo <= p_hi) return Cursor{0, src, is_own(src) ? p_lo + (p_hi - p_lo) / kStep * kStep : p_lo, p_hi, true};
+            if (p_lo <= p_hi)
+                return Cursor{0, src, is_own(src) ? p_lo + (p_hi - p_lo) / kStep * kStep : p_lo, p_hi, true};
         }
         return Cursor{0, 0, 0, 0, false};
     }
