@@ -114,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     elem_t* sdO = sQ + kStages * kBlockM * kRowStride;         // [kStages][kBlockM rows]
     float* sLse = reinterpret_cast<float*>(sdO + kStages * kBlockM * kRowStride);  // [kStages][kBlockM]
     float* sDelta = sLse + kStages * kBlockM;                                     // [kStages][kBlockM]
-    elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);          // [kBlockKeys][kDsStride] (atomic)
+    elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);          // [kBlockKeys][kDsStride] (dQ modes)
 
     const int tile = kDqOrdered ? blockIdx.x / kv_heads : blockIdx.x;
     const int kv_head = kDqOrdered ? blockIdx.x % kv_heads : blockIdx.y;
