@@ -185,7 +185,7 @@ SM90_KERNELS = {"fwd_sm90": tuple(SM90_FWD_TILES), "fwd_sm90_ws": tuple(SM90_WS_
 TMA_KERNELS = ("fwd_sm90_ws", "bwd_sm90_ws")
 #: Kernels with a prefix-tree specialization (``KernelSpec.tree``: a segment's context is its ancestors' runs). The
 #: dK/dV kernels need none: their key tiles list a node's descendants as dependent segments
-#: (dualkv/cuda/tree_schedule.py). The warp-specialised backward's tree mode only changes its dQ order (ranks over
+#: (dualkv/cuda/tree_schedule.py); only the mma.sync one's ordered dQ mode has a tree build (its dQ ranks). The warp-specialised backward's tree mode only changes its dQ order (ranks over
 #: the ancestor chain, dualkv/cuda/ws_schedule.py) and its dQ counters (one per query tile's first token).
 TREE_KERNELS = ("fwd", "fwd_sm90", "fwd_sm90_ws", "bwd_dq", "bwd_dq_sm90", "bwd_sm90_ws")
 #: Which kernel family runs where several exist: "auto" (on sm_90 the fastest measured Hopper kernels: the
