@@ -106,17 +106,22 @@ def _grads(layout, q, k, v, dout):
     return torch.autograd.grad(dualkv.shared_prefix_attention(q, k, v, layout), (q, k, v), dout)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_bitwise_deterministic(head_dim, ordered):
-    layout = GroupLayout.from_lengths([3000, 129, 1], [[700, 65, 1, 300, 2048], [64], [1]])
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    q = torch.randn(layout.total_tokens, 16, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k, v = (torch.randn(layout.total_tokens, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+def _assert_bitwise_repeatable(layout, heads: int, kv_heads: int, head_dim: int, seed: int) -> None:
+    """Three backwards of the same random inputs give bitwise equal dq, dk, dv."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(layout.total_tokens, heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(layout.total_tokens, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
             for _ in range(2))
     dout = torch.randn_like(q)
     runs = [_grads(layout, q, k, v, dout) for _ in range(3)]
     for other in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_bitwise_deterministic(head_dim, ordered):
+    layout = GroupLayout.from_lengths([3000, 129, 1], [[700, 65, 1, 300, 2048], [64], [1]])
+    _assert_bitwise_repeatable(layout, 16, 4, head_dim, seed=1)
     assert len(ordered) == 3
 
 
@@ -141,15 +146,7 @@ def test_prefix_trees(shape, d, ordered):
 def test_prefix_tree_backward_is_bitwise_deterministic(ordered):
     from test_tree_cuda import SHAPES
 
-    layout = SHAPES["deep"]
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    q = torch.randn(layout.total_tokens, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k, v = (torch.randn(layout.total_tokens, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-            for _ in range(2))
-    dout = torch.randn_like(q)
-    runs = [_grads(layout, q, k, v, dout) for _ in range(3)]
-    for other in runs[1:]:
-        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+    _assert_bitwise_repeatable(SHAPES["deep"], 8, 2, 128, seed=3)
     assert len(ordered) == 3
 
 

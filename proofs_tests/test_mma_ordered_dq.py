@@ -286,3 +286,64 @@ def test_tree_plans_give_the_ordered_kernel_its_counters():
 
     sems, offset, n_qtiles = _dq_counters(torch.zeros(40, dtype=torch.int32), 300, 4, 64, tree=True)
     assert offset is None and n_qtiles == 300 and sems.shape == (4, 300) and not sems.any()
+
+
+def _kernel_walk(tile, seg: np.ndarray, group: int, geo: Geometry) -> list[tuple[int, int, int]]:
+    """(segment, query tile, head) of every step of csrc/keywalk.cuh's rank-ordered Walk (first / next / enter /
+    next_src), transcribed statement by statement: source 0 is the own segment when there is one."""
+    own_seg, blk, dep_begin, dep_end = tile
+    n_src = (1 if own_seg >= 0 else 0) + dep_end - dep_begin
+    key0 = blk * geo.block_keys
+    seg_of = lambda src: (own_seg if src == 0 else dep_begin + src - 1) if own_seg >= 0 else dep_begin + src  # noqa
+    is_own = lambda src: own_seg >= 0 and src == 0  # noqa: E731
+
+    def rng(src):
+        q_len = int(seg[seg_of(src), 1])
+        return ((key0 if geo.causal else 0) if is_own(src) else 0), q_len - 1
+
+    def next_src(src):
+        if own_seg >= 0 and src == 0:
+            return -1
+        if src + 1 < n_src:
+            return src + 1
+        return 0 if own_seg >= 0 else -1
+
+    def enter(src):
+        while src >= 0:
+            lo, hi = rng(src)
+            if lo <= hi:
+                return [0, src, lo + (hi - lo) // geo.step * geo.step if is_own(src) else lo, hi, True]
+            src = next_src(src)
+        return [0, 0, 0, 0, False]
+
+    c, steps = enter(1 if own_seg >= 0 and n_src > 1 else 0), []
+    while c[4]:
+        steps.append((seg_of(c[1]), c[2] // geo.step, c[0]))
+        c[0] += 1
+        if c[0] < group:
+            continue
+        c[0] = 0
+        if is_own(c[1]):
+            c[2] -= geo.step
+            c[4] = c[2] >= (key0 if geo.causal else 0)
+        else:
+            c[2] += geo.step
+            if c[2] > c[3]:
+                c = enter(next_src(c[1]))
+    return steps
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non_causal"])
+def test_kernel_walk_is_the_ranked_walk(causal):
+    """The kernel's cursor logic (transcribed) visits exactly ws_schedule.walk's steps in its order, so the ranks
+    checked above are the ones the kernel's steps carry."""
+    rng = random.Random(7)
+    geo = replace(mma_geometry(128), causal=causal)
+    tables = [(_call2_table(rng), False) for _ in range(15)]
+    if causal:
+        tables += [(layout.segment_table, True) for layout in _group_layouts(rng, 15)]
+    for seg, ctx_shared in tables:
+        for tile in key_tiles(seg, geo.block_keys, ctx_shared, causal).tolist():
+            for group in (1, 3):
+                want = [(s.seg, s.qt, s.head) for s in ws_schedule.walk(tile, seg, group, geo)]
+                assert _kernel_walk(tile, seg, group, geo) == want, (tile, seg.tolist())

@@ -121,7 +121,7 @@ struct StridedRows {
     long long stride;
 };
 
-// The CTA's walk (blockIdx.x indexes the key-tile table) and where its key rows live.
+// A CTA's walk (of one row of the key-tile table) and where its key rows live.
 template <int kStep, bool kRankOrder = false>
 struct KeyBlock {
     Walk<kStep, kRankOrder> w;
