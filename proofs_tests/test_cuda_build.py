@@ -155,3 +155,18 @@ def test_ordered_dq_mode_spills_no_more_than_the_atomic_mode():
     for case, (ordered, atomic), (spec, _) in zip(cases, usage, specs):
         assert ordered <= atomic + ORDERED_SPILL_ALLOWANCE.get(case[:4], 0), (spec, ordered, atomic)
         assert spec.smem_bytes <= 164 * 1024, spec
+
+
+def test_ordered_dq_prefetch_switch_compiles(monkeypatch):
+    """DKV_DQ_PREFETCH=1 (a tuning switch through DUALKV_EXTRA_DEFINES: thread 0 reads its counter before the dQ
+    product) builds for sm_80 and sm_90, two-level and tree, and adds no spills at d <= 96."""
+    from dualkv.cuda.build import extra_defines
+    from dualkv.cuda.configs import dkdv_spec
+
+    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_DQ_PREFETCH=1")
+    assert extra_defines() == [("DKV_DQ_PREFETCH", "1")]
+    for arch in ("sm_80", "sm_90"):
+        for tree in (False, True):
+            spec = dkdv_spec(64, torch.bfloat16, False, arch, dq_ordered=True, tree=tree)
+            usage = resource_usage(compile_spec(spec, use_cache=False, verbose=True).log)
+            assert usage["spill_stores"] == 0, (spec, usage)

@@ -43,6 +43,12 @@
 #ifndef DKV_TREE
 #define DKV_TREE 0
 #endif
+// Ordered dQ, a tuning switch (DUALKV_EXTRA_DEFINES=DKV_DQ_PREFETCH=1): thread 0 reads its step's counter before the
+// dQ product, which hides the read's latency when the counter is already there, at the cost of registers (the
+// d = 128 builds then spill).
+#ifndef DKV_DQ_PREFETCH
+#define DKV_DQ_PREFETCH 0
+#endif
 
 using namespace dkv;
 
@@ -61,6 +67,7 @@ static_assert(!(kDqAtomic && kDqOrdered), "one dQ mode");
 // a key block holds whole query tiles, so a causal own walk starts at a counter's tile
 static_assert(!kDqOrdered || (!kWindow && kBlockKeys % kBlockM == 0), "ordered dQ: no window, whole query tiles");
 constexpr bool kTree = DKV_TREE != 0;
+constexpr bool kDqPrefetch = kDqOrdered && DKV_DQ_PREFETCH != 0;
 static_assert(!kTree || (kDqOrdered && kCausal), "the dK/dV kernel's tree build is the causal ordered dQ mode's");
 static_assert(kBlockM % 16 == 0 && kCols % 16 == 0, "tile sizes");
 static_assert(kStages == 1 || kStages == 2, "1 or 2 stages");
@@ -197,7 +204,20 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                             pack2(acc_dp[0][nt][2 * hh], acc_dp[0][nt][2 * hh + 1]);
             }
             __syncthreads();
-            if (kDqOrdered && threadIdx.x == 0 && pending != nullptr) st_release(pending, pending_rank + 1);
+            const int head = kv_head * group_size + cur.h;
+            auto take_counter = [&]() {  // thread 0: this step's counter and rank
+                pending = dq_sems + head * static_cast<long long>(n_qtiles) +
+                          dq_counter(w, cur, qtile_offset, sg.seg.q_start);
+                pending_rank = dq_rank(w, cur);
+            };
+            int seen = -1;  // DKV_DQ_PREFETCH (thread 0): the counter as read before the dQ product
+            if (kDqOrdered && threadIdx.x == 0) {
+                if (pending != nullptr) st_release(pending, pending_rank + 1);
+                if (kDqPrefetch) {
+                    take_counter();
+                    seen = ld_relaxed(pending);
+                }
+            }
             const int dq_slab = warp % kDqRowSlabs, dq_part = warp / kDqRowSlabs;
             float acc_dq[1][kDqCols / 8][4];
             zero_acc(acc_dq[0]);
@@ -208,13 +228,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                                                (lmat % 2) * 8);
                 gemm_frag_rows<1, 16, kDqCols>(acc_dq, a, sK + kk * 16 * kRowStride, dq_part * kDqCols, lrow, lmat);
             }
-            const int head = kv_head * group_size + cur.h;
             if (kDqOrdered) {
                 if (threadIdx.x == 0) {
-                    pending = dq_sems + head * static_cast<long long>(n_qtiles) +
-                              dq_counter(w, cur, qtile_offset, sg.seg.q_start);
-                    pending_rank = dq_rank(w, cur);
-                    wait_flag(pending, pending_rank);
+                    if (kDqPrefetch) {
+                        acquire_flag(pending, pending_rank, seen);
+                    } else {
+                        take_counter();
+                        wait_flag(pending, pending_rank);
+                    }
                 }
                 // Every earlier contribution to this (head, query tile) has landed; this barrier also follows every
                 // read of this step's smem buffers, so the step needs no other one at its end.

@@ -20,6 +20,20 @@ __device__ __forceinline__ void wait_flag(const int* p, int v) {
         if (polls == (unsigned)DKV_WAIT_LIMIT * 4u) __trap();
     }
 }
+// A relaxed read, issued early so that other work hides its latency, and the fence that makes one that read v an
+// acquire of it (PTX's acquire pattern: a strong read followed by fence.acq_rel).
+__device__ __forceinline__ int ld_relaxed(const int* p) {
+    int v;
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// Acquire *p == v given `seen`, an earlier relaxed read of *p: a fence if it already read v, else a spin.
+__device__ __forceinline__ void acquire_flag(const int* p, int v, int seen) {
+    if (seen == v)
+        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+    else
+        wait_flag(p, v);
+}
 __device__ __forceinline__ void st_release(int* p, int v) {
     asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
