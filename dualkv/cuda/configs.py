@@ -429,7 +429,7 @@ class KernelSpec:
         if self.kernel in ("bwd_dkdv", "bwd_dkdv_sm90", "bwd_sm90_ws"):
             keys = common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages)),
                              ("DKV_DQ_ATOMIC", "1" if self.dq_atomic else "0")]
-            if self.dq_ordered:  # absent otherwise: the other cubins stay byte-identical
+            if self.dq_ordered:  # absent otherwise: the other specs keep their compile options
                 keys += [("DKV_DQ_ORDERED", "1")] + ([("DKV_TREE", "1")] if self.tree else [])
             if self.kernel == "bwd_sm90_ws":
                 keys += [("DKV_DQ_BUFFERS", str(t.dq_buffers))] + ([("DKV_TREE", "1")] if self.tree else [])
