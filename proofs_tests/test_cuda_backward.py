@@ -129,8 +129,8 @@ def test_opcheck_custom_ops():
     k = torch.randn(layout.total_tokens, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(layout.total_tokens, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     plan = layout_plan(layout, head_dim=64, group_size=2, window_left=-1, device=q.device)
-    args = (q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles, plan.fwd_kernel,
-            plan.fwd_pack, plan.dq_pack, True, 0.125, -1, True, True, plan.tree)
+    args = (q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles, plan.dkdv_key_tiles,
+            plan.fwd_kernel, plan.fwd_pack, plan.dq_pack, True, 0.125, -1, True, True, plan.tree)
     torch.library.opcheck(torch.ops.dualkv.fwd.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 

@@ -83,3 +83,23 @@ def test_bench_script_refuses_without_a_gpu(monkeypatch):
     assert bench.main(["--reps", "1"]) == 2
     assert set(bench.WORKLOADS) == {"a", "b", "c"}
     assert bench.table([{"workload": "a", "system": "flex", "error": "RuntimeError: x"}]).count("FAILED") == 1
+
+
+@pytest.mark.parametrize("system", ["dualkv", "dualkv_bwd_v1", "cudnn_cascade"])
+def test_runner_step_and_forward_match_the_tree_reference(system):
+    """The benchmark's Runner (what it times): ``forward()`` is the system's output and ``step()`` its gradients, in
+    float64 on the CPU (the dualkv systems on the reference path, the cascade on PyTorch's CPU attention), so a
+    wrong upstream gradient or a dropped leaf in the refactored runner cannot go unseen."""
+    bench = _bench_module()
+    layout = _forest(3)
+    gen = torch.Generator().manual_seed(0)
+    t = layout.total_tokens
+    q, k, v, dout = (torch.randn(t, h, 8, generator=gen, dtype=torch.float64) for h in (4, 2, 2, 4))
+    runner = bench.Runner(system, layout, q, k, v, dout)
+    qr, kr, vr = (x.detach().requires_grad_() for x in (q, k, v))
+    ref = tree_attention(qr, kr, vr, layout)
+    ref.backward(dout)
+    out, dq, dk, dv = runner.result()
+    assert rel_err(runner.forward()[0], ref) <= 1e-10 and rel_err(out, ref) <= 1e-10
+    for got, want in ((dq, qr.grad), (dk, kr.grad), (dv, vr.grad)):
+        assert rel_err(got, want) <= 1e-10

@@ -45,13 +45,16 @@ class Plan:
     fwd_pack: int
     dq_tiles: torch.Tensor   # int32 (n, 2)
     dq_pack: int
-    key_tiles: torch.Tensor  # int32 (n, 4)
+    key_tiles: torch.Tensor  # int32 (n, 4): the warp-specialised backward's launch order (ws_schedule.launch_order)
     ctx_shared: bool
     causal: bool             # False: own keys all visible (the DKV_CAUSAL=0 kernels)
     fwd_tile: TileConfig
     dq_tile: TileConfig
     dkdv_tile: KeyTileConfig
     tree: bool = False       # a PrefixTreeLayout's schedule (dualkv/cuda/tree_schedule.py): DKV_TREE=1 query kernels
+    # int32 (n, 4): the same key tiles heaviest first, for the dK/dV kernels whose dQ needs no launch order (the
+    # separate-dQ pair, atomic dQ): on a tree the launch order puts the heaviest tiles (the roots') last
+    dkdv_key_tiles: torch.Tensor | None = None
 
 
 def _to_device(a: np.ndarray, device) -> torch.Tensor:
@@ -71,7 +74,8 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
         raise ValueError(f"pack {fwd_pack} does not divide the GQA group size {group_size}")
     dq_tile, dkdv_tile = dq_tile or DQ_TILES[head_dim], dkdv_tile or DKDV_TILES[head_dim]
     dq_pack = pack_for(group_size, dq_tile)
-    keys = ws_schedule.launch_order(key_tiles(segments, dkdv_tile.block_keys, ctx_shared, causal), segments)
+    heaviest = key_tiles(segments, dkdv_tile.block_keys, ctx_shared, causal)
+    keys = ws_schedule.launch_order(heaviest, segments)
     check_block_order(keys)
     ws_schedule.check_launch_order(keys, segments)
     return Plan(
@@ -85,6 +89,7 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
         dq_pack=dq_pack,
         key_tiles=_to_device(keys, device),
         ctx_shared=ctx_shared, causal=causal, fwd_tile=fwd_tile, dq_tile=dq_tile, dkdv_tile=dkdv_tile,
+        dkdv_key_tiles=_to_device(heaviest, device),
     )
 
 
@@ -102,7 +107,8 @@ def make_tree_plan(layout, *, head_dim: int, group_size: int, device: torch.devi
     dq_tile, dkdv_tile = DQ_TILES[head_dim], DKDV_TILES[head_dim]
     dq_pack = pack_for(group_size, dq_tile)
     ranks = ws_schedule.TreeRanks.of(layout)
-    keys = ws_schedule.launch_order(tree_key_tiles(layout, dkdv_tile.block_keys), None, ranks)
+    heaviest = tree_key_tiles(layout, dkdv_tile.block_keys)
+    keys = ws_schedule.launch_order(heaviest, None, ranks)
     check_block_order(keys)
     ws_schedule.check_launch_order(keys, None, ranks)
     return Plan(
@@ -114,6 +120,7 @@ def make_tree_plan(layout, *, head_dim: int, group_size: int, device: torch.devi
         dq_pack=dq_pack,
         key_tiles=_to_device(keys, device),
         ctx_shared=True, causal=True, fwd_tile=fwd_tile, dq_tile=dq_tile, dkdv_tile=dkdv_tile, tree=True,
+        dkdv_key_tiles=_to_device(heaviest, device),
     )
 
 
@@ -181,7 +188,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
                  ctx_shared: bool, *, scale: float, window_left: int, d_lse: torch.Tensor | None = None,
                  dq_tile: TileConfig | None = None, dkdv_tile: KeyTileConfig | None = None,
                  kernels: tuple[str, ...] = ("dq", "dkdv"), deterministic: bool = True, causal: bool = True,
-                 tree: bool = False):
+                 tree: bool = False, dkdv_key_tiles_t: torch.Tensor | None = None):
     """dQ and dK/dV kernels. Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own); with ``ctx_shared`` the context rows are
     own rows of the same tensors and dk_ctx/dv_ctx are empty (their gradient is inside dk_own/dv_own).
 
@@ -193,7 +200,9 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     tile arguments exist for tuning. ``tree``: the segments are a tree table and the key tiles in its launch order
     (:func:`make_tree_plan`): the DKV_TREE=1 warp-specialised backward where
     :func:`ws_backward_for` says so (sm_90, head dim 128, the ``auto`` family), else the DKV_TREE=1 dQ kernel and
-    the dK/dV kernel (``kernel_family("wgmma_v1")`` forces that pair on sm_90).
+    the dK/dV kernel (``kernel_family("wgmma_v1")`` forces that pair on sm_90). ``key_tiles_t`` is in the
+    warp-specialised launch order; the dK/dV kernel runs ``dkdv_key_tiles_t`` (the same tiles heaviest first,
+    :attr:`Plan.dkdv_key_tiles`) where given.
     """
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
@@ -238,6 +247,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
                            causal=causal)
     dkdv_kernel = get_kernel(replace(dkdv_kspec, tile=dkdv_tile or dkdv_kspec.tile), device)
     if "dkdv" in kernels:
+        key_tiles_t = key_tiles_t if dkdv_key_tiles_t is None else dkdv_key_tiles_t
         dkdv_kernel.launch((key_tiles_t.shape[0], k_own.shape[1], 1),
                            [*grads, *(_strided(dq_acc) if atomic else [0, i64(0), i64(0)]), *_NO_DQ_ORDER, *tail])
     if atomic:

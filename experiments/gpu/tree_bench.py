@@ -26,10 +26,10 @@ failed or disagreed, so a wrapper cannot miss it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -76,34 +76,44 @@ def flex_tree_mask(layout: PrefixTreeLayout, device):
 
 
 class Runner:
-    """One system on one workload: ``step()`` runs fwd+bwd; ``result()`` returns (out, dq, dk, dv) in packed order."""
+    """One system on one workload: ``forward()`` returns (out, leaves) with the leaves requiring grad; ``step()`` runs
+    forward and backward; ``result()`` returns (out, dq, dk, dv) in packed order."""
 
     def __init__(self, name, layout, q, k, v, dout):
         self.name, self.layout, self.q, self.k, self.v, self.dout = name, layout, q, k, v, dout
         self.scale = q.shape[-1] ** -0.5
         self.extra: dict = {}
+        self.grad_out = dout
+        self.backward_family = None      # dualkv: the kernel family the backward launches under
         getattr(self, f"_prepare_{name}")()
+        t0 = time.perf_counter()
+        self.last = self.step()
+        if q.is_cuda:
+            torch.cuda.synchronize()
+        # Flex's first call compiles; the others' first call loads kernels and builds tables
+        self.extra["compile_and_first_call_s" if name == "flex" else "first_call_s"] = time.perf_counter() - t0
 
     def _leaves(self, *ts):
         return [t.detach().requires_grad_() for t in ts]
+
+    def step(self):
+        from dualkv.cuda.configs import kernel_family
+
+        out, leaves = self.forward()
+        with kernel_family(self.backward_family) if self.backward_family else contextlib.nullcontext():
+            out.backward(self.grad_out)   # the family is read when the backward launches
+        return out, *(t.grad for t in leaves)
 
     # dualkv --------------------------------------------------------------------------------------------------
     def _prepare_dualkv(self, family="auto", bwd_family=None):
         import dualkv
         from dualkv.cuda.configs import kernel_family
 
-        def fn():
+        def forward():
             with kernel_family(family):
-                q, k, v = self._leaves(self.q, self.k, self.v)
-                out = dualkv.shared_prefix_attention(q, k, v, self.layout)
-            with kernel_family(bwd_family or family):  # the family is read when the backward launches
-                out.backward(self.dout)
-            return out, q.grad, k.grad, v.grad
-        t0 = time.perf_counter()
-        self.last = fn()
-        torch.cuda.synchronize()
-        self.extra["first_call_s"] = time.perf_counter() - t0
-        self.fn = fn
+                leaves = self._leaves(self.q, self.k, self.v)
+                return dualkv.shared_prefix_attention(*leaves, self.layout), leaves
+        self.forward, self.backward_family = forward, bwd_family or family
 
     def _prepare_dualkv_v1(self):
         self._prepare_dualkv("wgmma_v1")
@@ -125,17 +135,12 @@ class Runner:
         flex = compiled_flex_attention(False)
         gqa = self.q.shape[1] != self.k.shape[1]
 
-        def fn():
-            q, k, v = self._leaves(self.q, self.k, self.v)
-            out = flex(*(x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)), block_mask=block_mask,
+        def forward():
+            leaves = self._leaves(self.q, self.k, self.v)
+            out = flex(*(x.transpose(0, 1).unsqueeze(0) for x in leaves), block_mask=block_mask,
                        scale=self.scale, enable_gqa=gqa)[0].transpose(0, 1)
-            out.backward(self.dout)
-            return out, q.grad, k.grad, v.grad
-        t0 = time.perf_counter()
-        self.last = fn()
-        torch.cuda.synchronize()
-        self.extra["compile_and_first_call_s"] = time.perf_counter() - t0
-        self.fn = fn
+            return out, leaves
+        self.forward = forward
 
     # N-copy --------------------------------------------------------------------------------------------------
     def _prepare_fa2_ncopy(self):
@@ -150,31 +155,25 @@ class Runner:
         cu = torch.from_numpy(lay.copy_cu_seqlens).to(device=self.q.device, dtype=torch.int32)
         max_len = lay.max_path_len
 
-        def fn():
-            q, k, v = self._leaves(q_std, k_std, v_std)
-            out = varlen_causal(q, k, v, cu, cu, max_len, max_len, self.scale)
-            out.backward(d_std)
-            return out, q.grad, k.grad, v.grad
+        def forward():
+            leaves = self._leaves(q_std, k_std, v_std)
+            return varlen_causal(*leaves, cu, cu, max_len, max_len, self.scale), leaves
 
         def packed(res):
             out, dq, dk, dv = res
             grads = [torch.zeros(t.shape, dtype=torch.float32, device=t.device).index_add_(0, index, g.float())
                      for t, g in zip((self.q, self.k, self.v), (dq, dk, dv))]
             return (out[first], *grads)
-        self.fn, self.to_packed = fn, packed
-        self.last = fn()
+        self.forward, self.grad_out, self.to_packed = forward, d_std, packed
 
     # cascade -------------------------------------------------------------------------------------------------
     def _prepare_cudnn_cascade(self):
         from dualkv.bench.tree_cascade import tree_cascade_attention
 
-        def fn():
-            q, k, v = self._leaves(self.q, self.k, self.v)
-            out = tree_cascade_attention(q, k, v, self.layout, self.scale)
-            out.backward(self.dout)
-            return out, q.grad, k.grad, v.grad
-        self.fn = fn
-        self.last = fn()
+        def forward():
+            leaves = self._leaves(self.q, self.k, self.v)
+            return tree_cascade_attention(*leaves, self.layout, self.scale), leaves
+        self.forward = forward
 
     def result(self):
         res = self.last
@@ -182,25 +181,18 @@ class Runner:
 
 
 # ------------------------------------------------------------------------------------------------------- timing
-def time_steps(fn, warmup: int, reps: int) -> dict:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    torch.cuda.reset_peak_memory_stats()
+def time_steps(fn, warmup: int, reps: int, prefix: str = "") -> dict:
+    """dualkv.bench.harness.measure of ``fn`` (CUDA events, median/min/max over ``reps`` after ``warmup``), with
+    the step's own memory (peak of the timed runs minus what was allocated before them)."""
+    from dualkv.bench.harness import measure
+
+    device = torch.device("cuda")
     base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "reps": reps,
-            "times_ms": times, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
-            "step_mem_gib": (torch.cuda.max_memory_allocated() - base) / 2**30}
+    timing = measure(fn, device, warmup=warmup, reps=reps)
+    row = {"median_ms": timing.ms, "min_ms": min(timing.ms_runs), "max_ms": max(timing.ms_runs), "reps": reps,
+           "times_ms": timing.ms_runs, "peak_mem_gib": timing.peak_mem_gib,
+           "step_mem_gib": timing.peak_mem_gib - base / 2**30}
+    return {prefix + k: v for k, v in row.items()}
 
 
 def rel(a, b) -> float:
@@ -223,7 +215,9 @@ def run_workload(key: str, systems, args) -> list[dict]:
         row = dict(base, system=name)
         try:
             runner = Runner(name, layout, q, k, v, dout)
-            row.update(time_steps(runner.fn, args.warmup, args.reps))
+            row.update(time_steps(runner.step, args.warmup, args.reps))
+            if args.forward:   # the forward alone (its leaves still require grad, so the same kernels run)
+                row.update(time_steps(lambda: runner.forward()[0], args.warmup, args.reps, "fwd_"))
             row.update(runner.extra)
             row["useful_tflops"] = flops / (row["median_ms"] * 1e-3) / 1e12
             results[name] = [x.detach() for x in runner.result()]
@@ -307,6 +301,8 @@ def main(argv=None) -> int:
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--forward", action="store_true",
+                   help="also time each system's forward alone (fwd_* fields; the backward is the difference)")
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)

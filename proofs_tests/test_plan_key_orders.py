@@ -1,0 +1,69 @@
+"""The plans' two key-tile orders: ``key_tiles`` in the warp-specialised backward's launch order (its dQ ranks need
+it) and ``dkdv_key_tiles``, the same tiles heaviest first, for the dK/dV kernels whose dQ needs no order. On a
+prefix tree the launch order puts every root tile last although a root's keys are seen by every descendant, so the
+heaviest CTAs would start last; a greedy model of the GPU's block scheduler (132 SMs, one CTA each) shows what that
+costs and that the heaviest-first table does not pay it."""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import pytest
+import torch
+
+from dualkv import GroupLayout, PrefixTreeLayout
+from dualkv.analysis.trees import multi_turn_workload
+from dualkv.cuda.launch import make_plan, make_tree_plan
+from dualkv.cuda.schedule import check_block_order
+from dualkv.cuda.tree_schedule import preorder_permutation, tree_rows
+
+CPU = torch.device("cpu")
+
+
+def _rows(tiles: torch.Tensor) -> list[tuple[int, ...]]:
+    return [tuple(r) for r in tiles.numpy().tolist()]
+
+
+def _tree_work(layout: PrefixTreeLayout, tiles: np.ndarray) -> list[int]:
+    """Query rows a key tile's walk visits: its dependents' (descendants') rows plus its own causal rows."""
+    lens = np.asarray(layout.node_lens)
+    cum = np.concatenate([[0], np.cumsum(lens)])
+    return [int(cum[end] - cum[begin] + lens[node] - blk * 128) for node, blk, begin, end in tiles.tolist()]
+
+
+def _makespan(works: list[int], sms: int = 132) -> float:
+    """Greedy list scheduling in table order (a CTA starts on the first SM to free up): the last SM's finish."""
+    free = [0.0] * sms
+    for w in works:
+        heapq.heappush(free, heapq.heappop(free) + w)
+    return max(free)
+
+
+@pytest.mark.parametrize("lengths", [([200, 70], [[129, 5], [64, 1, 300]]), ([1000], [[2048] * 4])])
+def test_group_plans_carry_both_orders_of_the_same_tiles(lengths):
+    seg = GroupLayout.from_lengths(*lengths).segment_table
+    plan = make_plan(seg, head_dim=128, group_size=2, window_left=-1, device=CPU, ctx_shared=True, fwd_kernel="fwd")
+    ws, heavy = _rows(plan.key_tiles), _rows(plan.dkdv_key_tiles)
+    assert sorted(ws) == sorted(heavy)
+    check_block_order(plan.dkdv_key_tiles.numpy())
+    q_len = np.asarray(seg).reshape(-1, 4)[:, 1]
+    work = [int(q_len[own] - blk * 128 + q_len[begin:end].sum()) for own, blk, begin, end in heavy]  # rows visited
+    assert work == sorted(work, reverse=True)
+
+
+def test_tree_plans_run_the_root_tiles_first_for_the_dkdv_kernels():
+    layout, _ = preorder_permutation(multi_turn_workload())
+    plan = make_tree_plan(layout, head_dim=128, group_size=4, device=CPU, fwd_kernel="fwd")
+    ws, heavy = plan.key_tiles.numpy(), plan.dkdv_key_tiles.numpy()
+    assert sorted(_rows(plan.key_tiles)) == sorted(_rows(plan.dkdv_key_tiles))
+    check_block_order(heavy)
+    depth = np.asarray(layout.depths)
+    assert depth[ws[-1, 0]] == 0 and depth[heavy[0, 0]] == 0   # the root: last in one, first in the other
+    work_ws, work_heavy = _tree_work(layout, ws), _tree_work(layout, heavy)
+    assert work_heavy == sorted(work_heavy, reverse=True)
+    per_head = lambda w: [x for x in w for _ in range(8)]  # noqa: E731  (grid: key tiles x 8 KV heads)
+    ideal = sum(per_head(work_ws)) / 132
+    late, early = _makespan(per_head(work_ws)) / ideal, _makespan(per_head(work_heavy)) / ideal
+    assert late > 1.25 and early < 1.15 and late / early > 1.15, (late, early)
+    assert tree_rows(plan.segments.numpy(), layout.num_nodes).shape[0] == layout.num_nodes
