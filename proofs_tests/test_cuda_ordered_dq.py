@@ -30,9 +30,9 @@ def ordered(monkeypatch):
     calls = []
     real = launch._run_dkdv_ordered
 
-    def spy(grads, tail, q, *args, **kwargs):
+    def spy(grads, scalars, q, *args, **kwargs):
         calls.append(q.shape[-1])
-        return real(grads, tail, q, *args, **kwargs)
+        return real(grads, scalars, q, *args, **kwargs)
 
     monkeypatch.setattr(launch, "_run_dkdv_ordered", spy)
     with contextlib.ExitStack() as stack:

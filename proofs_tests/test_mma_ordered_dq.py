@@ -347,3 +347,51 @@ def test_kernel_walk_is_the_ranked_walk(causal):
             for group in (1, 3):
                 want = [(s.seg, s.qt, s.head) for s in ws_schedule.walk(tile, seg, group, geo)]
                 assert _kernel_walk(tile, seg, group, geo) == want, (tile, seg.tolist())
+
+
+class _StandInKernel:
+    """A loaded kernel that records its launches instead of running (the CPU has no GPU)."""
+
+    def __init__(self, spec, log):
+        self.spec, self.log = spec, log
+
+    def launch(self, grid, args):
+        self.log.append((self.spec, grid, args))
+
+
+@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "split"])
+def test_backward_routes_each_key_tile_order(monkeypatch, ordered):
+    """run_backward's wiring with stand-in kernels: the ordered dK/dV kernel gets the plan's launch order (its dQ
+    ranks need it), a 1-D grid of tiles x K/V heads, zeroed counters and the dq cast; the split pair keeps the
+    heaviest-first table for its dK/dV kernel. A table in the wrong slot would be seen here."""
+    from dualkv.cuda import launch
+
+    log = []
+    monkeypatch.setattr(launch, "device_index", lambda t: 0)
+    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_80")
+    monkeypatch.setattr(launch, "get_kernel", lambda spec, device: _StandInKernel(spec, log))
+    monkeypatch.setattr(launch, "run_prep", lambda dout, out, lse, d_lse: (lse.clone(), lse.clone()))
+    layout = GroupLayout.from_lengths([200, 70], [[129, 5], [64, 1, 300]])
+    plan = launch.make_plan(layout.segment_table, head_dim=64, group_size=2, window_left=-1,
+                            device=torch.device("cpu"), ctx_shared=True, fwd_kernel="fwd")
+    assert not torch.equal(plan.key_tiles, plan.dkdv_key_tiles)
+    t = layout.total_tokens
+    q, dout, out = (torch.zeros(t, 4, 64, dtype=torch.bfloat16) for _ in range(3))
+    k = torch.zeros(t, 2, 64, dtype=torch.bfloat16)
+    lse = torch.zeros(4, t)
+    with mma_backward("ordered" if ordered else "split"):
+        launch.run_backward(dout, q, k, k, k, k, out, lse, plan.segments, plan.dq_tiles, plan.key_tiles,
+                            plan.dq_pack, True, scale=0.125, window_left=-1, dkdv_key_tiles_t=plan.dkdv_key_tiles)
+    dkdv = [(spec, grid, args) for spec, grid, args in log if spec.kernel == "bwd_dkdv"]
+    assert len(dkdv) == 1
+    spec, grid, args = dkdv[0]
+    n_tiles = plan.key_tiles.shape[0]
+    segments, tiles, kv_heads = args[-6], args[-5], args[-7]  # (..., kv_heads, segments, key tiles, 4 scalars)
+    assert spec.dq_ordered == ordered and segments == plan.segments.data_ptr()
+    if ordered:
+        assert grid == (n_tiles * 2, 1, 1) and kv_heads == 2               # tile-major, K/V-head-minor grid
+        assert tiles == plan.key_tiles.data_ptr()
+        assert [s.kernel for s, _, _ in log] == ["bwd_dkdv", "bwd_dq_cast"]
+    else:
+        assert grid == (n_tiles, 2, 1) and tiles == plan.dkdv_key_tiles.data_ptr()
+        assert [s.kernel for s, _, _ in log] == ["bwd_dq", "bwd_dkdv"]

@@ -226,12 +226,11 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
     keys = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(dout),
             lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0))]
-    tail = [segments.data_ptr(), key_tiles_t.data_ptr(), i32(group), f32(scale * LOG2E), f32(scale),
-            i32(window_left)]
+    scalars = [i32(group), f32(scale * LOG2E), f32(scale), i32(window_left)]
     grads = [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own)]
     if (deterministic and not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv")
-            and dq_ordered_for(head_dim, arch, window)):
-        _run_dkdv_ordered(grads, tail, q, dq, segments, key_tiles_t, k_own.shape[1], causal, scale, tree)
+            and dq_ordered_for(head_dim, arch, window)):  # its dQ ranks need key_tiles_t's launch order
+        _run_dkdv_ordered(grads, scalars, q, dq, segments, key_tiles_t, k_own.shape[1], causal, scale, tree)
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
     atomic = not deterministic and head_dim in ATOMIC_HEAD_DIMS
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
@@ -249,20 +248,21 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     if "dkdv" in kernels:
         key_tiles_t = key_tiles_t if dkdv_key_tiles_t is None else dkdv_key_tiles_t
         dkdv_kernel.launch((key_tiles_t.shape[0], k_own.shape[1], 1),
-                           [*grads, *(_strided(dq_acc) if atomic else [0, i64(0), i64(0)]), *_NO_DQ_ORDER, *tail])
+                           [*grads, *(_strided(dq_acc) if atomic else [0, i64(0), i64(0)]), *_NO_DQ_ORDER,
+                            segments.data_ptr(), key_tiles_t.data_ptr(), *scalars])
     if atomic:
         dq = (dq_acc * scale).to(q.dtype)
     return dq, dk_ctx, dv_ctx, dk_own, dv_own
 
 
-def _run_dkdv_ordered(grads: list, tail: list, q: torch.Tensor, dq: torch.Tensor, segments: torch.Tensor,
+def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Tensor, segments: torch.Tensor,
                       key_tiles_t: torch.Tensor, kv_heads: int, causal: bool, scale: float,
                       tree: bool = False) -> None:
     """The mma.sync dK/dV kernel in its ordered dQ mode (DKV_DQ_ORDERED): dK, dV (written through ``grads``, the
     launch arguments up to the dQ accumulator) and dQ summed in fp32 in a fixed order into one (H, T_q, d)
     accumulator, then scaled and cast into ``dq`` (T_q, H, d). ``key_tiles_t`` must be in
-    :func:`dualkv.cuda.ws_schedule.launch_order` (a plan's order; ``tree``: a tree plan's, DKV_TREE=1); ``tail``:
-    segments, key tiles and the scalars, as the kernel takes them."""
+    :func:`dualkv.cuda.ws_schedule.launch_order` (a plan's ``key_tiles``, not its heaviest-first ``dkdv_key_tiles``;
+    ``tree``: a tree plan's, DKV_TREE=1); ``scalars``: the kernel's last arguments (GQA group, scales, window)."""
     tokens, heads, head_dim = q.shape
     device = device_index(q)
     spec = dkdv_spec(head_dim, q.dtype, False, arch_of(device), causal=causal, dq_ordered=True, tree=tree)
@@ -271,7 +271,8 @@ def _run_dkdv_ordered(grads: list, tail: list, q: torch.Tensor, dq: torch.Tensor
     dq_acc = torch.zeros((heads, tokens, head_dim), dtype=torch.float32, device=q.device)
     kern.launch((key_tiles_t.shape[0] * kv_heads, 1, 1),
                 [*grads, dq_acc.data_ptr(), i64(head_dim), i64(tokens * head_dim), sems.data_ptr(),
-                 qtile_offset.data_ptr() if qtile_offset is not None else 0, i32(n_qtiles), i32(kv_heads), *tail])
+                 qtile_offset.data_ptr() if qtile_offset is not None else 0, i32(n_qtiles), i32(kv_heads),
+                 segments.data_ptr(), key_tiles_t.data_ptr(), *scalars])
     _cast_dq(dq_acc, dq, scale)
 
 
