@@ -103,11 +103,13 @@ def compare(out: torch.Tensor, ref64: torch.Tensor, *, dtype: torch.dtype, ref_l
 
 def bound_margin(row: dict) -> float:
     """How far a recorded check (a dict with ``error`` and ``bound``; optionally an absolute floor ``atol`` on its
-    ``max_abs``) is into its bound: <= 1 passed, > 1 failed. Reports use it to show each run's closest check."""
-    ratio = row["error"] / row["bound"] if row["bound"] else (math.inf if row["error"] else 0.0)
+    ``max_abs``) is into its bound: <= 1 passed, > 1 failed, ``inf`` for a NaN error. Reports use it to show each
+    run's closest check."""
+    ratios = [row["error"] / row["bound"] if row["bound"] else (math.inf if row["error"] else 0.0)]
     if row.get("atol"):
-        ratio = min(ratio, row["max_abs"] / row["atol"])
-    return ratio
+        ratios.append(row["max_abs"] / row["atol"])
+    ratios = [r for r in ratios if not math.isnan(r)]     # NaN compares false both ways: it would never be worst
+    return min(ratios) if ratios else math.inf
 
 
 def assert_rows_pass(rows, max_error: float | None = None) -> None:

@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from dualkv.bench.plot import latest_kernel_rows  # noqa: E402
+from dualkv.testing import bound_margin  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 RESULTS_MD = ROOT / "docs" / "RESULTS.md"
@@ -439,8 +440,6 @@ def trl_section(files: Sequence[Path]) -> str:
 
 def _worst(report: dict) -> tuple[str, dict]:
     """The check of one precision's report closest to (or furthest over) its bound."""
-    from dualkv.testing import bound_margin
-
     name = max(report, key=lambda k: bound_margin(report[k]))
     return name, report[name]
 
@@ -475,7 +474,7 @@ def distributed_section(root: Path) -> str:
             _table(["mode", "GPUs", "commit", "old log-probs", "batches", "result", "fp32 worst", "bf16 worst",
                     "bf16 grads rel. to fp32: dualkv / stock", "file"], rows),
             "", "The last number column: ||bf16 grads - stock fp32 grads|| / ||stock fp32 grads|| for dualkv and for "
-                "stock (veRL's bf16) on the same batch; `dp1` is the DP=2 global batch on one GPU (the control)."]
+                "stock (veRL's bf16) on the same batch (the mean over batches where a run has several); `dp1` is the DP=2 global batch on one GPU (the control)."]
     summaries = sorted(root.glob("multigpu-summary-*.json"))
     if summaries:
         d = _load(summaries[-1])

@@ -5,6 +5,8 @@ GPU), so this checks the plumbing the GPU tests rely on, not the kernels."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -28,10 +30,37 @@ def _cpu_bwd(dout, d_lse, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_
     return dout * scale, ctx_k, ctx_v, torch.full_like(k_own, 5.0), torch.full_like(v_own, 6.0)
 
 
-@pytest.fixture(scope="module", autouse=True)
+@contextlib.contextmanager
+def _cpu_stand_ins():
+    """The stand-ins as CPU kernels of the ops for the duration only (a ``torch.library`` fragment, destroyed on
+    exit: ``CustomOpDef.register_kernel`` could not be undone and would leave them in every later test of the
+    process)."""
+    lib = torch.library.Library("dualkv", "IMPL")
+    try:
+        lib.impl("fwd", _cpu_fwd, "CPU")
+        lib.impl("bwd", _cpu_bwd, "CPU")
+        yield
+    finally:
+        lib._destroy()
+
+
+@pytest.fixture
 def _cpu_kernels():
-    ops.fwd.register_kernel("cpu", _cpu_fwd)
-    ops.bwd.register_kernel("cpu", _cpu_bwd)
+    SEEN.clear()
+    with _cpu_stand_ins():
+        yield
+
+
+def test_stand_ins_leave_no_cpu_kernel_behind():
+    """After the fixture the ops have no CPU kernel again (the real ones exist for CUDA only)."""
+    q = torch.randn(9, 4, 8)
+    t = _tables()
+    with _cpu_stand_ins():
+        pass
+    with pytest.raises(NotImplementedError, match="CPU"):
+        torch.ops.dualkv.fwd(q, q[:, :2], q[:, :2], q[:, :2], q[:, :2], t["segments"], t["fwd_tiles"],
+                             t["dq_tiles"], t["key_tiles"], t["dkdv_key_tiles"], "fwd", 2, 2, True, 0.5, -1, True,
+                             True, False)
 
 
 def _tables():
@@ -40,6 +69,7 @@ def _tables():
                                            ("dkdv_key_tiles", 7)])}
 
 
+@pytest.mark.usefixtures("_cpu_kernels")
 @pytest.mark.parametrize("ctx_shared", [True, False])
 def test_backward_receives_both_key_tile_orders_and_returns_five_gradients(ctx_shared):
     q, k_ctx, v_ctx, k_own, v_own = (torch.randn(9, h, 8, requires_grad=True) for h in (4, 2, 2, 2, 2))
@@ -60,6 +90,7 @@ def test_backward_receives_both_key_tile_orders_and_returns_five_gradients(ctx_s
         assert torch.equal(k_ctx.grad, torch.full_like(k_ctx, 3.0)) and torch.equal(v_ctx.grad, torch.full_like(v_ctx, 4.0))
 
 
+@pytest.mark.usefixtures("_cpu_kernels")
 def test_swapped_key_tile_orders_are_seen():
     """Known-wrong wiring: had the backward received the tables in each other's slot, the check above would fail."""
     q, k, v = (torch.randn(9, h, 8, requires_grad=True) for h in (4, 2, 2))
@@ -67,4 +98,5 @@ def test_swapped_key_tile_orders_are_seen():
     out, _ = ops.fwd(q, k, v, k, v, t["segments"], t["fwd_tiles"], t["dq_tiles"], t["dkdv_key_tiles"], t["key_tiles"],
                      "fwd", 2, 2, True, 0.5, -1, True, True, False)
     out.sum().backward()
-    assert not torch.equal(SEEN["bwd"]["key_tiles"], t["key_tiles"])
+    assert torch.equal(SEEN["bwd"]["key_tiles"], t["dkdv_key_tiles"])
+    assert torch.equal(SEEN["bwd"]["dkdv_key_tiles"], t["key_tiles"])

@@ -105,3 +105,17 @@ def test_readme_is_a_users_document():
     for doc in ("docs/api.md", "docs/trl.md", "docs/trees.md", "docs/RESULTS.md"):
         assert f"]({doc})" in README
     assert "fastest at every shape" not in README and "cuDNN" in README
+
+
+def test_worst_check_is_a_failing_or_nan_one(summarize):
+    """The distributed table's "worst" column (dualkv.testing.bound_margin): a loss term passing on its absolute
+    floor is not worst, a NaN error is (NaN compares false both ways, so a plain ratio would never be the max)."""
+    from dualkv.testing import bound_margin
+
+    floor = {"error": 5e-5, "bound": 1e-5, "atol": 1e-6, "max_abs": 1e-7, "passed": True}
+    close = {"error": 9e-6, "bound": 1e-5, "passed": True}
+    nan = {"error": float("nan"), "bound": 1e-5, "passed": False}
+    assert bound_margin(floor) == pytest.approx(0.1) and bound_margin(nan) == float("inf")
+    assert summarize._worst({"floor": floor, "close": close})[0] == "close"
+    assert summarize._worst({"nan": nan, "close": close})[0] == "nan"
+    assert summarize._worst({"close": close, "nan": nan})[0] == "nan"

@@ -127,6 +127,41 @@ def test_bf16_rule_averages_batches():
     assert not worse["passed"] and worse["batch_passed"] == [False, False]
     fp32 = [{"q": {"error": 1e-6, "bound": 1e-5, "passed": True}}, {"q": {"error": 2e-5, "bound": 1e-5, "passed": False}}]
     assert not parity.worst_over_batches(fp32)["q"]["passed"]
+    assert parity.worst_over_batches(fp32)["q"]["batch_passed"] == [True, False]
+
+
+def test_fp32_rule_sees_a_nan_on_any_batch():
+    """A NaN compares false both ways, so a max over margins kept the finite batch's passing row; the verdict must
+    still be every batch's, and the worst row the NaN one."""
+    from experiment_scripts import load_script
+
+    parity = load_script("experiments/verl/distributed_parity.py", "distributed_parity")
+    nan = float("nan")
+    batches = [{"q": {"error": 1e-6, "bound": 1e-5, "passed": True}},
+               {"q": {"error": nan, "bound": 1e-5, "passed": nan <= 1e-5}}]
+    for order in (batches, batches[::-1]):
+        row = parity.worst_over_batches(order)["q"]
+        assert not row["passed"] and row["error"] != row["error"]
+
+
+def test_precisions_run_fp32_first():
+    """bf16 trains on stock fp32's log-probs (ON_POLICY_NOTE), so fp32 runs first whatever order is given."""
+    from experiment_scripts import load_script
+
+    parity = load_script("experiments/verl/distributed_parity.py", "distributed_parity")
+    args = parity.parse_args(["--mode", "dp1", "--device", "cpu", "--precisions", "bf16,fp32"])
+    assert args.precisions == ["fp32", "bf16"] and args.batches == 1
+
+
+@pytest.mark.parametrize("batches", ["0", "-1"])
+def test_batches_below_one_are_refused(batches, capsys):
+    """--batches 0 is refused, not read as "the default"."""
+    from experiment_scripts import load_script
+
+    parity = load_script("experiments/verl/distributed_parity.py", "distributed_parity")
+    with pytest.raises(SystemExit):
+        parity.parse_args(["--mode", "dp1", "--device", "cpu", "--batches", batches])
+    assert "--batches must be >= 1" in capsys.readouterr().err
 
 
 def test_parity_cpu_random_old_log_probs(tmp_path):

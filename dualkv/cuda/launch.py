@@ -46,15 +46,15 @@ class Plan:
     dq_tiles: torch.Tensor   # int32 (n, 2)
     dq_pack: int
     key_tiles: torch.Tensor  # int32 (n, 4): the warp-specialised backward's launch order (ws_schedule.launch_order)
+    # int32 (n, 4): the same key tiles heaviest first, for the dK/dV kernels whose dQ needs no launch order (the
+    # separate-dQ pair, atomic dQ): on a tree the launch order puts the heaviest tiles (the roots') last
+    dkdv_key_tiles: torch.Tensor
     ctx_shared: bool
     causal: bool             # False: own keys all visible (the DKV_CAUSAL=0 kernels)
     fwd_tile: TileConfig
     dq_tile: TileConfig
     dkdv_tile: KeyTileConfig
     tree: bool = False       # a PrefixTreeLayout's schedule (dualkv/cuda/tree_schedule.py): DKV_TREE=1 query kernels
-    # int32 (n, 4): the same key tiles heaviest first, for the dK/dV kernels whose dQ needs no launch order (the
-    # separate-dQ pair, atomic dQ): on a tree the launch order puts the heaviest tiles (the roots') last
-    dkdv_key_tiles: torch.Tensor | None = None
 
 
 def _to_device(a: np.ndarray, device) -> torch.Tensor:
@@ -202,7 +202,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     :func:`ws_backward_for` says so (sm_90, head dim 128, the ``auto`` family), else the DKV_TREE=1 dQ kernel and
     the dK/dV kernel (``kernel_family("wgmma_v1")`` forces that pair on sm_90). ``key_tiles_t`` is in the
     warp-specialised launch order; the dK/dV kernel runs ``dkdv_key_tiles_t`` (the same tiles heaviest first,
-    :attr:`Plan.dkdv_key_tiles`) where given.
+    :attr:`Plan.dkdv_key_tiles`) where given, else ``key_tiles_t`` (correct in any order, only slower on a tree).
     """
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
@@ -246,10 +246,10 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
                            causal=causal)
     dkdv_kernel = get_kernel(replace(dkdv_kspec, tile=dkdv_tile or dkdv_kspec.tile), device)
     if "dkdv" in kernels:
-        key_tiles_t = key_tiles_t if dkdv_key_tiles_t is None else dkdv_key_tiles_t
-        dkdv_kernel.launch((key_tiles_t.shape[0], k_own.shape[1], 1),
+        dkdv_tiles = key_tiles_t if dkdv_key_tiles_t is None else dkdv_key_tiles_t
+        dkdv_kernel.launch((dkdv_tiles.shape[0], k_own.shape[1], 1),
                            [*grads, *(_strided(dq_acc) if atomic else [0, i64(0), i64(0)]), *_NO_DQ_ORDER,
-                            segments.data_ptr(), key_tiles_t.data_ptr(), *scalars])
+                            segments.data_ptr(), dkdv_tiles.data_ptr(), *scalars])
     if atomic:
         dq = (dq_acc * scale).to(q.dtype)
     return dq, dk_ctx, dv_ctx, dk_own, dv_own

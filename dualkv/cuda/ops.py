@@ -17,8 +17,8 @@ Tensor = torch.Tensor
 @torch.library.custom_op("dualkv::fwd", mutates_args=(), device_types="cuda")
 def fwd(q: Tensor, k_ctx: Tensor, v_ctx: Tensor, k_own: Tensor, v_own: Tensor, segments: Tensor, fwd_tiles: Tensor,
         dq_tiles: Tensor, key_tiles: Tensor, dkdv_key_tiles: Tensor, fwd_kernel: str, fwd_pack: int, dq_pack: int,
-        ctx_shared: bool,
-        scale: float, window_left: int, causal: bool, deterministic: bool, tree: bool) -> tuple[Tensor, Tensor]:
+        ctx_shared: bool, scale: float, window_left: int, causal: bool, deterministic: bool,
+        tree: bool) -> tuple[Tensor, Tensor]:
     return run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, fwd_pack, scale=scale,
                        window_left=window_left, kernel=fwd_kernel, causal=causal, tree=tree)
 
@@ -32,9 +32,8 @@ def _(q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, dq_tiles, key_tiles, d
 @torch.library.custom_op("dualkv::bwd", mutates_args=(), device_types="cuda")
 def bwd(dout: Tensor, d_lse: Tensor | None, q: Tensor, k_ctx: Tensor, v_ctx: Tensor, k_own: Tensor, v_own: Tensor,
         out: Tensor, lse: Tensor, segments: Tensor, dq_tiles: Tensor, key_tiles: Tensor, dkdv_key_tiles: Tensor,
-        dq_pack: int,
-        ctx_shared: bool, scale: float, window_left: int, causal: bool,
-        deterministic: bool, tree: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        dq_pack: int, ctx_shared: bool, scale: float, window_left: int, causal: bool, deterministic: bool,
+        tree: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles, dq_pack,
                         ctx_shared, scale=scale, window_left=window_left, d_lse=d_lse, deterministic=deterministic,
                         causal=causal, tree=tree, dkdv_key_tiles_t=dkdv_key_tiles)
@@ -66,8 +65,7 @@ def _backward(ctx, d_out, d_lse):
         d_out = torch.zeros_like(out)
     dq, dk_ctx, dv_ctx, dk_own, dv_own = bwd(d_out, d_lse, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments,
                                              dq_tiles, key_tiles, dkdv_key_tiles, dq_pack, ctx_shared, scale,
-                                             window_left, causal,
-                                             deterministic, tree)
+                                             window_left, causal, deterministic, tree)
     if ctx_shared:
         dk_ctx = dv_ctx = None
     return (dq, dk_ctx, dv_ctx, dk_own, dv_own) + (None,) * 14

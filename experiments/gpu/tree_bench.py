@@ -11,11 +11,12 @@
 * ``cudnn_cascade`` — dualkv.bench.tree_cascade: own causal parts + one non-causal part per internal node on cuDNN
                       attention, merged by LSE.
 
-Per (workload, system): median/min/max ms of fwd+bwd over --reps runs (CUDA events, after --warmup runs), useful
-TFLOP/s (dualkv.analysis: tree pairs x 4 d H x 3.5), peak memory of a step, and the max relative error of out/dq/dk/dv
-against fa2_ncopy (an independent implementation; "FAIL" above 2e-2 — printed, never hidden). Then a run over trees of
-changing shape: dualkv loads no new kernel and rebuilds only its host tables (timed), while Flex needs a new BlockMask
-per tree (timed; a new total length also means a static recompile, which is not timed here).
+Per (workload, system): median/min/max ms of fwd+bwd over --reps runs (dualkv.bench.harness.measure: CUDA events,
+after --warmup runs; with --forward also of the forward alone, ``fwd_*`` fields), useful TFLOP/s (dualkv.analysis:
+tree pairs x 4 d H x 3.5), peak memory of a step, and the max relative error of out/dq/dk/dv against fa2_ncopy (an
+independent implementation; "FAIL" above 2e-2 — printed, never hidden). Then a run over trees of changing shape:
+dualkv loads no new kernel and rebuilds only its host tables (timed), while Flex needs a new BlockMask per tree
+(timed; a new total length also means a static recompile, which is not timed here).
 
 Writes one JSON under --out (default $OUT, else experiments/results) and prints a table. Exit status 1 if any system
 failed or disagreed, so a wrapper cannot miss it.
@@ -329,7 +330,7 @@ def main(argv=None) -> int:
             speedups[key] = by["flex"]["median_ms"] / by["dualkv"]["median_ms"]
     record = {"benchmark": "tree_bench", "environment": environment(torch.device("cuda")),
               "config": {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
-                         "dtype": "bf16", "reps": args.reps, "warmup": args.warmup},
+                         "dtype": "bf16", "reps": args.reps, "warmup": args.warmup, "forward": args.forward},
               "rows": rows, "changing_trees": changing, "dualkv_speedup_vs_flex": speedups,
               "target_speedup_vs_flex": 1.2}
     out_dir = Path(args.out)

@@ -16,7 +16,8 @@ and on a CPU over gloo, the same code path at a tiny size (what CI runs)::
 What one run does, on every rank:
 
 1. a random Qwen3 (head_dim 128 on CUDA, so the dualkv kernels serve it; 2 layers) is saved by rank 0;
-2. one global GRPO batch of G groups of N responses (random lengths) is balanced over the DP ranks with dualkv's
+2. ``--batches`` global GRPO batches (seeds ``--seed``, ``--seed`` + 1, ...; default 4 on CUDA, 1 on a CPU), each
+   of G groups of N responses (random lengths), on the same model; each is balanced over the DP ranks with dualkv's
    group-preserving partition — the one both veRL trainers' ``_balance_batch`` use with dualkv — and the run
    **stops with an error if any group's rows land on two ranks** (``--mutant split-groups`` balances rows the way
    stock veRL does, to show the check fires); each rank takes its share, as veRL's dispatch would;
@@ -28,10 +29,11 @@ What one run does, on every rank:
    terms, full gradients after FSDP's reduce, gradient norm); micro-batches of two groups;
 4. the comparison (per rank, then gathered):
 
-   * fp32: relative error ``||dualkv - stock|| / ||stock||`` <= 1e-5 for every quantity;
-   * bf16: the stock-vs-stock spread is stock bf16 against stock fp32 on the same batches, layout and weights
-     (the rounding that bf16 itself puts into veRL's stock run); dualkv bf16 passes when its max |error| against
-     stock fp32 is <= 2 x that spread + 1e-4 (3 x for gradients) — FlashAttention's rule, ``dualkv.testing``;
+   * fp32: relative error ``||dualkv - stock|| / ||stock||`` <= 1e-5 for every quantity on every batch;
+   * bf16 (:data:`BF16_RULE`): the stock-vs-stock spread is stock bf16 against stock fp32 on the same batch, layout
+     and weights (the rounding that bf16 itself puts into veRL's stock run); dualkv bf16 passes when the mean over
+     batches of its max |error| against stock fp32 is <= 2 x the mean spread + 1e-4 (3 x for gradients) —
+     FlashAttention's rule, ``dualkv.testing``, on means over batches;
    * with SP: every group's first response token (scored from the shared last-prompt row that the SP all-reduce
      sums) is checked on its own, the SP ranks of a DP group must return bitwise the same values, and the batch
      is built so that both SP ranks own shared rows (recorded; ``--mutant no-sp-allreduce`` drops the
@@ -116,12 +118,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.size = args.size or ("gpu" if args.device == "cuda" else "tiny")
-    args.batches = args.batches or (4 if args.device == "cuda" else 1)
+    if args.batches is None:
+        args.batches = 4 if args.device == "cuda" else 1
     if args.batches < 1:
         p.error("--batches must be >= 1")
-    args.precisions = [x for x in args.precisions.split(",") if x]
-    if not args.precisions or set(args.precisions) - set(PRECISIONS):
+    chosen = [x for x in args.precisions.split(",") if x]
+    if not chosen or set(chosen) - set(PRECISIONS):
         p.error(f"--precisions takes a subset of {','.join(PRECISIONS)}")
+    args.precisions = [x for x in PRECISIONS if x in chosen]   # fp32 first: bf16 trains on its log-probs
     if "bf16" in args.precisions and "fp32" not in args.precisions:
         p.error("bf16 is judged against stock fp32: --precisions must include fp32")
     if args.groups_per_rank < GROUPS_PER_MICRO_BATCH or args.groups_per_rank % GROUPS_PER_MICRO_BATCH:
@@ -422,8 +426,15 @@ def over_batches(per_batch: list[dict]) -> dict:
 
 
 def worst_over_batches(per_batch: list[dict]) -> dict:
-    """fp32: a quantity passes only if it passes on every batch; its row is the batch furthest into its bound."""
-    return {name: max((b[name] for b in per_batch), key=bound_margin) for name in per_batch[0]}
+    """fp32: a quantity passes only if it passes on every batch; its row is the batch furthest into its bound, with
+    every batch's error and verdict (``batch_errors``, ``batch_passed``)."""
+    rows = {}
+    for name in per_batch[0]:
+        batch_rows = [b[name] for b in per_batch]
+        rows[name] = {**max(batch_rows, key=bound_margin), "batch_errors": [r["error"] for r in batch_rows],
+                      "batch_passed": [r["passed"] for r in batch_rows],
+                      "passed": all(r["passed"] for r in batch_rows)}
+    return rows
 
 
 def grads_by_param(stock: torch.Tensor, dualkv: torch.Tensor, stock32: torch.Tensor,
@@ -457,7 +468,8 @@ def rank_report(batches: list[dict]) -> dict:
 
 
 def grad_diagnostics(results: dict) -> dict:
-    """Per low precision: :func:`grads_by_param` against stock fp32 (empty without an fp32 run)."""
+    """Per low precision: :func:`grads_by_param` against stock fp32 (empty without an fp32 run), of one batch
+    (:func:`run` passes the first)."""
     if "fp32" not in results:
         return {}
     stock32 = quantities(results["fp32"], "stock")["grads"]
@@ -583,11 +595,12 @@ def run(args: argparse.Namespace) -> int:
                                for g in gathered]
             record["sp_consistency"] = sp_consistency(gathered, sp)
             # where the group packing puts each shared last-prompt row (a trie packs differently: not recorded)
-            owners = [[o for groups in g["groups"] for o in shared_row_owners(groups, sp)] for g in gathered] \
+            # per rank, per batch, per micro-batch: the SP ranks holding a shared last-prompt row
+            owners = [[shared_row_owners(groups, sp) for groups in g["groups"]] for g in gathered] \
                 if args.packing == "group" else None
             record["sp_shared_row_owners"] = owners
             both = sp == 1 or owners is None \
-                or all({o for mb in own for o in mb} == set(range(sp)) for own in owners)
+                or all({o for mb in batch for o in mb} == set(range(sp)) for own in owners for batch in own)
             record["sp_shared_rows_on_every_sp_rank"] = both
             failed = sorted({f"{p}:{name}" for g in gathered for p, rows in g["report"].items()
                              for name, row in rows.items() if not row["passed"]})

@@ -298,6 +298,7 @@ def finish(record: dict, out: Path, rank: int) -> int:
     if rank == 0:
         out.write_text(json.dumps(record, indent=1))
         print(f"wrote {out}", flush=True)
+    torch.distributed.barrier()    # no rank leaves (exit_now) while another still uses the group
     torch.distributed.destroy_process_group()
     return 0
 

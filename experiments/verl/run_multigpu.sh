@@ -55,6 +55,8 @@ finish() {
 
 TR="python3 -m torch.distributed.run --standalone"
 PARITY=experiments/verl/distributed_parity.py
+# a parity run covers 4 batches on a GPU (--batches): ~4x the one-batch 8-13 s, plus start-up
+PARITY_S=${PARITY_S:-240}
 BENCH=experiments/verl/multigpu_bench.py
 MODELS=/tmp/dualkv-multigpu-models
 
@@ -74,19 +76,19 @@ wait $KERNELS
 case "$MODE" in
   2gpu)
     if want parity; then
-      step parity_dp2 120 $TR --nproc-per-node 2 $PARITY --mode dp2 --out "$OUT"
-      step parity_sp2 120 $TR --nproc-per-node 2 $PARITY --mode sp2 --out "$OUT"
+      step parity_dp2 $PARITY_S $TR --nproc-per-node 2 $PARITY --mode dp2 --out "$OUT"
+      step parity_sp2 $PARITY_S $TR --nproc-per-node 2 $PARITY --mode sp2 --out "$OUT"
     fi
     if want control; then  # the DP=2 global batch on one process: is a bf16 gap the distribution's or the batch's?
-      step parity_dp1 120 $TR --nproc-per-node 1 $PARITY --mode dp1 --groups-per-rank 8 --out "$OUT"
+      step parity_dp1 $PARITY_S $TR --nproc-per-node 1 $PARITY --mode dp1 --groups-per-rank 8 --out "$OUT"
     fi
     if want pytest; then   # the multi-GPU tests (2 GPUs; the DP=2 x SP=2 case skips)
-      step pytest_multigpu 300 python3 -m pytest -q -m multigpu -p no:cacheprovider \
+      step pytest_multigpu ${PYTEST_S:-420} python3 -m pytest -q -m multigpu -p no:cacheprovider \
         proofs_tests/test_cuda_multigpu.py proofs_tests/test_verl_distributed_parity.py
     fi
     if want trie; then     # micro-batches packed as tries; every prompt starts with the same 32-token system prompt
-      step parity_dp2_trie 120 $TR --nproc-per-node 2 $PARITY --mode dp2 --packing trie --system-prompt 32 --out "$OUT"
-      step parity_sp2_trie 120 $TR --nproc-per-node 2 $PARITY --mode sp2 --packing trie --system-prompt 32 --out "$OUT"
+      step parity_dp2_trie $PARITY_S $TR --nproc-per-node 2 $PARITY --mode dp2 --packing trie --system-prompt 32 --out "$OUT"
+      step parity_sp2_trie $PARITY_S $TR --nproc-per-node 2 $PARITY --mode sp2 --packing trie --system-prompt 32 --out "$OUT"
     fi
     { want bench || want fit1 || want fit2 || want speed; } || { finish; exit 0; }
     wait $SAVE1; log "models saved: $(du -sh $MODELS | cut -f1)"
@@ -133,9 +135,9 @@ EOF
     cat "$OUT/multigpu_summary.json" 2>/dev/null | head -80
     ;;
   4gpu)
-    step parity_dp2sp2 150 $TR --nproc-per-node 4 $PARITY --mode dp2sp2 --out "$OUT"
-    step parity_dp2 100 $TR --nproc-per-node 2 $PARITY --mode dp2 --out "$OUT"
-    step parity_sp2 100 $TR --nproc-per-node 2 $PARITY --mode sp2 --out "$OUT"
+    step parity_dp2sp2 $PARITY_S $TR --nproc-per-node 4 $PARITY --mode dp2sp2 --out "$OUT"
+    step parity_dp2 $PARITY_S $TR --nproc-per-node 2 $PARITY --mode dp2 --out "$OUT"
+    step parity_sp2 $PARITY_S $TR --nproc-per-node 2 $PARITY --mode sp2 --out "$OUT"
     ;;
   *) log "unknown mode $MODE (2gpu or 4gpu)"; exit 2 ;;
 esac

@@ -34,6 +34,7 @@ def _entry(rank: int, case: Callable, world_size: int, port: int, args: tuple) -
     try:
         result = case(rank, world_size, *args)
         torch.save(result, Path(args[-1]) / f"rank{rank}.pt")
+        torch.distributed.barrier()   # no rank tears its process group down while another still talks to it
     finally:
         torch.distributed.destroy_process_group()
     # a gloo thread still joinable at interpreter finalisation can abort a finished rank (see

@@ -1,0 +1,66 @@
+"""Which key-tile table each backward launcher gets (CPU, no kernel runs): ``run_backward`` hands the dK/dV
+kernel the heaviest-first table (``dkdv_key_tiles_t``) on the separate-dQ and atomic-dQ paths, and the
+warp-specialised backward the launch order it needs. The launchers are recorded instead of run, so a swap or a
+dropped argument on these GPU-only paths shows up here before the next GPU run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dualkv import GroupLayout
+from dualkv.cuda import launch
+
+PLAN_ARGS = dict(head_dim=128, group_size=2, window_left=-1, device=torch.device("cpu"), ctx_shared=True,
+                 fwd_kernel="fwd")
+
+
+class _Recorder:
+    """Stands in for a loaded kernel: records each launch's grid and the data pointers among its arguments."""
+
+    def __init__(self, spec, log):
+        self.spec, self.log = spec, log
+
+    def launch(self, grid, args):
+        self.log.append((self.spec.kernel, grid, [a for a in args if isinstance(a, int)]))
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    log: list = []
+    monkeypatch.setattr(launch, "device_index", lambda where: 0)
+    monkeypatch.setattr(launch, "arch_of", lambda index: "sm_90")
+    monkeypatch.setattr(launch, "get_kernel", lambda spec, index: _Recorder(spec, log))
+    monkeypatch.setattr(launch, "run_prep", lambda dout, out, lse, d_lse=None: (lse, lse))
+    monkeypatch.setattr(launch, "_run_backward_ws", lambda *a: log.append(("ws", None, [a[14].data_ptr()])))
+    return log
+
+
+def _backward(plan, ws: bool, deterministic: bool, monkeypatch):
+    monkeypatch.setattr(launch, "ws_backward_for", lambda *a, **k: ws)
+    t = int(plan.segments[:, 1].sum())
+    q, dout, out = (torch.randn(t, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    k = torch.randn(t, 2, 128, dtype=torch.bfloat16)
+    lse = torch.zeros(4, t)
+    launch.run_backward(dout, q, k, k, k, k, out, lse, plan.segments, plan.dq_tiles, plan.key_tiles, plan.dq_pack,
+                        True, scale=0.1, window_left=-1, deterministic=deterministic,
+                        dkdv_key_tiles_t=plan.dkdv_key_tiles)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_dkdv_kernel_gets_the_heaviest_first_table(deterministic, launches, monkeypatch):
+    plan = launch.make_plan(GroupLayout.from_lengths([300], [[129, 5, 64]]).segment_table, **PLAN_ARGS)
+    assert not torch.equal(plan.key_tiles, plan.dkdv_key_tiles)   # else the check below could not tell them apart
+    _backward(plan, ws=False, deterministic=deterministic, monkeypatch=monkeypatch)
+    dkdv = [entry for entry in launches if "dkdv" in entry[0]]
+    assert len(dkdv) == 1
+    _, grid, pointers = dkdv[0]
+    assert grid == (plan.dkdv_key_tiles.shape[0], 2, 1)
+    assert plan.dkdv_key_tiles.data_ptr() in pointers and plan.key_tiles.data_ptr() not in pointers
+    assert any("dq" in e[0] for e in launches) == deterministic     # atomic: dQ comes from the dK/dV kernel
+
+
+def test_warp_specialised_backward_gets_the_launch_order(launches, monkeypatch):
+    plan = launch.make_plan(GroupLayout.from_lengths([300], [[129, 5, 64]]).segment_table, **PLAN_ARGS)
+    _backward(plan, ws=True, deterministic=True, monkeypatch=monkeypatch)
+    assert launches == [("ws", None, [plan.key_tiles.data_ptr()])]
