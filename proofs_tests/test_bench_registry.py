@@ -37,3 +37,25 @@ def test_kernel_and_layer_fa2_ncopy_share_one_implementation(monkeypatch):
     grads = system.packed_grads(system.backward(system.upstream(torch.randn_like(q))))
     assert calls == [(layout.tokens_std, 2, 16)] and out.shape[0] == layout.tokens_std
     assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
+def test_switched_systems_hold_their_kernels_through_the_backward(monkeypatch):
+    """The backward picks its kernels when it runs: dualkv_mma / dualkv_mma_ordered / dualkv_v1 keep their switches
+    in force for it too, and restore the process's choice after each call."""
+    from dualkv.cuda.configs import current_kernel_family, current_mma_backward
+
+    seen = []
+    state = lambda what: seen.append((what, current_kernel_family(), current_mma_backward()))  # noqa: E731
+    monkeypatch.setattr(baselines.DualKV, "forward", lambda self, train=False: state("fwd"))
+    monkeypatch.setattr(baselines._Autograd, "backward", lambda self, dout: state("bwd"))
+    before = (current_kernel_family(), current_mma_backward())
+    layout = GroupLayout.from_lengths([9], [[3, 5]])
+    q = torch.randn(layout.total_tokens, 2, 16)
+    for name, expected in (("dualkv_mma_ordered", ("mma", "ordered")), ("dualkv_mma", ("mma", before[1])),
+                           ("dualkv_v1", ("wgmma_v1", before[1]))):
+        seen.clear()
+        system = baselines.SYSTEMS[name](q, q[:, :1], q[:, :1], layout)
+        system.forward(True)
+        system.backward(None)
+        assert seen == [("fwd", *expected), ("bwd", *expected)], name
+        assert (current_kernel_family(), current_mma_backward()) == before

@@ -126,3 +126,47 @@ def test_unsupported_shapes_are_refused_with_names():
     with pytest.raises(TypeError, match="float16 or bfloat16"):
         fwd_spec(64, torch.float32, 1, False, "sm_90")
     assert set(FWD_TILES) == {32, 64, 96, 128, 192, 256, 512}
+
+
+#: Spill bytes the ordered dQ mode may exceed the atomic mode's by, per (arch, head dim, causal, tree): at 255
+#: registers ptxas spills the non-causal d = 128 Hopper build of the ordered kernel by 44 bytes (the atomic one by 8)
+#: and the d = 128 tree builds by 40 (their ranks read the tree table's ancestor block counts); the rank-ordered walk
+#: and the counter of the adds in flight stay live through the step. Every other build: none.
+ORDERED_SPILL_ALLOWANCE = {("sm_90", 128, False, False): 40, ("sm_80", 128, True, True): 40,
+                           ("sm_90", 128, True, True): 40}
+
+
+def test_ordered_dq_mode_spills_no_more_than_the_atomic_mode():
+    """The ordered dQ mode (DKV_DQ_ORDERED: the atomic mode's products plus per-step counter waits) compiles for sm_80
+    and sm_90 at every head dim it has, causal and not, and its tree build, and spills no more than the atomic mode
+    (see ORDERED_SPILL_ALLOWANCE); its shared memory fits an A100's 164 KB."""
+    from dualkv.cuda.configs import ORDERED_HEAD_DIMS, dkdv_spec
+
+    def spills(spec):
+        return resource_usage(compile_spec(spec, use_cache=False, verbose=True).log)["spill_stores"]
+
+    cases = [(arch, d, causal, tree, dtype) for arch in ("sm_80", "sm_90") for d in ORDERED_HEAD_DIMS
+             for causal, tree in ((True, False), (False, False), (True, True))
+             for dtype in (torch.bfloat16, torch.float16) if dtype == torch.bfloat16 or d == 128]
+    specs = [(dkdv_spec(d, dtype, False, arch, causal=causal, dq_ordered=True, tree=tree),
+              dkdv_spec(d, dtype, False, arch, dq_atomic=True, kernel="bwd_dkdv", causal=causal))
+             for arch, d, causal, tree, dtype in cases]
+    usage = [(spills(ordered), spills(atomic)) for ordered, atomic in specs]
+    for case, (ordered, atomic), (spec, _) in zip(cases, usage, specs):
+        assert ordered <= atomic + ORDERED_SPILL_ALLOWANCE.get(case[:4], 0), (spec, ordered, atomic)
+        assert spec.smem_bytes <= 164 * 1024, spec
+
+
+def test_ordered_dq_prefetch_switch_compiles(monkeypatch):
+    """DKV_DQ_PREFETCH=1 (a tuning switch through DUALKV_EXTRA_DEFINES: thread 0 reads its counter before the dQ
+    product) builds for sm_80 and sm_90, two-level and tree, and adds no spills at d <= 96."""
+    from dualkv.cuda.build import extra_defines
+    from dualkv.cuda.configs import dkdv_spec
+
+    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_DQ_PREFETCH=1")
+    assert extra_defines() == [("DKV_DQ_PREFETCH", "1")]
+    for arch in ("sm_80", "sm_90"):
+        for tree in (False, True):
+            spec = dkdv_spec(64, torch.bfloat16, False, arch, dq_ordered=True, tree=tree)
+            usage = resource_usage(compile_spec(spec, use_cache=False, verbose=True).log)
+            assert usage["spill_stores"] == 0, (spec, usage)

@@ -19,6 +19,7 @@ compilation), ``forward(train)`` and ``backward(dout)`` (after a ``forward(train
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -97,28 +98,49 @@ class DualKVAtomic(DualKV):
     deterministic = False
 
 
-class DualKVMma(DualKV):
+class _Switched(DualKV):
+    """dualkv under kernel switches of :mod:`dualkv.cuda.configs` (``(name, choice)`` pairs), in force for the forward
+    AND the backward: the backward picks its kernels when it runs."""
+
+    switches: tuple[tuple[str, str], ...] = ()
+
+    def _in_force(self) -> contextlib.ExitStack:
+        from dualkv.cuda import configs
+
+        stack = contextlib.ExitStack()
+        for name, choice in self.switches:
+            stack.enter_context(getattr(configs, name)(choice))
+        return stack
+
+    def forward(self, train=False):
+        with self._in_force():
+            return super().forward(train)
+
+    def backward(self, dout):
+        with self._in_force():
+            return super().backward(dout)
+
+
+class DualKVMma(_Switched):
     """dualkv with the mma.sync kernels on Hopper too (what sm_80 runs; the wgmma kernels' baseline)."""
 
     name = "dualkv_mma"
-
-    def forward(self, train=False):
-        from dualkv.cuda.configs import kernel_family
-
-        with kernel_family("mma"):
-            return super().forward(train)
+    switches = (("kernel_family", "mma"),)
 
 
-class DualKVV1(DualKV):
+class DualKVMmaOrdered(_Switched):
+    """The mma.sync kernels with the ordered-dQ backward: dQ inside the dK/dV kernel, five products, deterministic
+    (``mma_backward("ordered")``)."""
+
+    name = "dualkv_mma_ordered"
+    switches = (("kernel_family", "mma"), ("mma_backward", "ordered"))
+
+
+class DualKVV1(_Switched):
     """dualkv with the first-generation Hopper wgmma kernels (cp.async loads, no warp specialisation)."""
 
     name = "dualkv_v1"
-
-    def forward(self, train=False):
-        from dualkv.cuda.configs import kernel_family
-
-        with kernel_family("wgmma_v1"):
-            return super().forward(train)
+    switches = (("kernel_family", "wgmma_v1"),)
 
 
 class Reference(_Autograd):
@@ -350,7 +372,7 @@ class FlexDynamic(Flex):
 
 
 #: The kernel-level implementations of the one registry (dualkv.bench.registry).
-SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVAtomic, DualKVMma, DualKVV1, FA2NCopy, Cascade, CudnnCascade,
-                                     CudnnNCopy, Flex, FlexDynamic, Reference)}
+SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVAtomic, DualKVMma, DualKVMmaOrdered, DualKVV1, FA2NCopy, Cascade,
+                                     CudnnCascade, CudnnNCopy, Flex, FlexDynamic, Reference)}
 if set(SYSTEMS) != set(kernel_systems()):
     raise RuntimeError(f"kernel systems {tuple(SYSTEMS)} and the registry's {kernel_systems()} disagree")

@@ -42,7 +42,7 @@ def _run(args: argparse.Namespace) -> int:
                                      disable=args.no_progress, file=sys.stderr):
             row = {"kernel": spec.kernel, "arch": spec.arch, "head_dim": spec.head_dim, "dtype": spec.dtype,
                    "pack": spec.pack, "window": spec.window, "causal": spec.causal, "tile": repr(spec.tile),
-                   "smem_bytes": spec.smem_bytes,
+                   "smem_bytes": spec.smem_bytes, "dq_mode": _dq_mode(spec),
                    "ok": err is None}
             if built is not None and built.log:
                 row.update(resource_usage(built.log))
@@ -52,7 +52,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.resources:
         for r in results:
             print(f"{r['arch']} {r['kernel']} d={r['head_dim']:<3} {r['dtype']} pack={r['pack']} "
-                  f"window={int(r['window'])} causal={int(r['causal'])}: {r.get('registers')} regs, spill "
+                  f"window={int(r['window'])} causal={int(r['causal'])}"
+                  + (f" dq={r['dq_mode']}" if r["dq_mode"] else "") + f": {r.get('registers')} regs, spill "
                   f"{r.get('spill_stores')}/"
                   f"{r.get('spill_loads')} B, smem {r['smem_bytes']} B"
                   + (", wgmma SERIALIZED by ptxas" if r.get("wgmma_serialized") else ""))
@@ -64,6 +65,11 @@ def _run(args: argparse.Namespace) -> int:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)
     return 0 if ok == len(results) else 1
+
+
+def _dq_mode(spec) -> str:
+    """The dK/dV kernel's dQ mode ("atomic", "ordered"), "" for the others."""
+    return "ordered" if spec.dq_ordered else "atomic" if spec.dq_atomic else ""
 
 
 subcommand("kernels", "compile every CUDA kernel specialization with NVRTC (no GPU needed)")((_args, _run))

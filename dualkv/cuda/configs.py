@@ -12,11 +12,16 @@ from itertools import product
 
 import torch
 
+from .tree_schedule import RANK_BLOCK_KEYS
+
 HEAD_DIMS = (32, 64, 96, 128, 192, 256, 512)
 #: Head dims whose kernels support a sliding window (the paper's hd512 path is full attention only).
 WINDOW_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 #: Head dims with the atomic (FlashAttention-2-style, non-deterministic) dQ mode.
 ATOMIC_HEAD_DIMS = (32, 64, 96, 128)
+#: Head dims with the ordered dQ mode of the mma.sync dK/dV kernel (deterministic, five products per step; no window;
+#: two-level layouts and prefix trees): the atomic mode's, whose dQ tile layout it shares.
+ORDERED_HEAD_DIMS = ATOMIC_HEAD_DIMS
 ARCHS = ("sm_80", "sm_90")
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 PACKS = (1, 2, 4, 8)
@@ -180,7 +185,7 @@ SM90_KERNELS = {"fwd_sm90": tuple(SM90_FWD_TILES), "fwd_sm90_ws": tuple(SM90_WS_
 TMA_KERNELS = ("fwd_sm90_ws", "bwd_sm90_ws")
 #: Kernels with a prefix-tree specialization (``KernelSpec.tree``: a segment's context is its ancestors' runs). The
 #: dK/dV kernels need none: their key tiles list a node's descendants as dependent segments
-#: (dualkv/cuda/tree_schedule.py). The warp-specialised backward's tree mode only changes its dQ order (ranks over
+#: (dualkv/cuda/tree_schedule.py); only the mma.sync one's ordered dQ mode has a tree build (its dQ ranks). The warp-specialised backward's tree mode only changes its dQ order (ranks over
 #: the ancestor chain, dualkv/cuda/ws_schedule.py) and its dQ counters (one per query tile's first token).
 TREE_KERNELS = ("fwd", "fwd_sm90", "fwd_sm90_ws", "bwd_dq", "bwd_dq_sm90", "bwd_sm90_ws")
 #: Which kernel family runs where several exist: "auto" (on sm_90 the fastest measured Hopper kernels: the
@@ -191,7 +196,28 @@ KERNEL_FAMILIES = ("auto", "wgmma_v1", "mma")
 _family = [os.environ.get("DUALKV_KERNELS", "auto")]
 
 
-class kernel_family:  # noqa: N801 - used like a function: kernel_family("mma")
+class _Switch:
+    """A process-wide choice: a plain call sets it for the rest of the process; used as a context manager it also
+    restores the previous choice when the block ends. Subclasses name the store, the choices and the setting."""
+
+    _value: list[str]
+    _choices: tuple[str, ...]
+    _what: str
+
+    def __init__(self, choice: str):
+        if choice not in self._choices:
+            raise ValueError(f"{self._what} must be one of {self._choices}, got {choice!r}")
+        self.previous = self._value[0]
+        self._value[0] = choice
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._value[0] = self.previous
+
+
+class kernel_family(_Switch):  # noqa: N801 - used like a function: kernel_family("mma")
     """Choose the kernel family (one of :data:`KERNEL_FAMILIES`; the initial value comes from ``$DUALKV_KERNELS``),
     e.g. to run the mma.sync kernels on a Hopper GPU.
 
@@ -199,22 +225,44 @@ class kernel_family:  # noqa: N801 - used like a function: kernel_family("mma")
     (``with kernel_family("mma"): ...``) it also restores the previous family when the block ends.
     """
 
-    def __init__(self, choice: str):
-        if choice not in KERNEL_FAMILIES:
-            raise ValueError(f"kernel family must be one of {KERNEL_FAMILIES}, got {choice!r}")
-        self.previous = _family[0]
-        _family[0] = choice
-
-    def __enter__(self) -> "kernel_family":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        _family[0] = self.previous
+    _value, _choices, _what = _family, KERNEL_FAMILIES, "kernel family"
 
 
 def current_kernel_family() -> str:
     """The family in force (see :class:`kernel_family`)."""
     return _family[0]
+
+
+#: The deterministic backward of the mma.sync kernels: "split" (the default: the dQ kernel and the dK/dV kernel,
+#: seven products per query tile x key block) or "ordered" (dQ inside the dK/dV kernel, five products, added in a
+#: fixed order: DKV_DQ_ORDERED; head dims :data:`ORDERED_HEAD_DIMS`, no window).
+MMA_BACKWARDS = ("split", "ordered")
+_mma_backward = [os.environ.get("DUALKV_MMA_BWD", "split")]
+
+
+class mma_backward(_Switch):  # noqa: N801 - used like a function: mma_backward("ordered")
+    """Choose the mma.sync kernels' deterministic backward (one of :data:`MMA_BACKWARDS`; the initial value comes
+    from ``$DUALKV_MMA_BWD``). It applies wherever the mma.sync dK/dV kernel runs (sm_80/86/89; on sm_90 the head
+    dims without wgmma kernels, or everything under ``kernel_family("mma")``); ``deterministic=False`` keeps the
+    atomic dQ. A plain call sets it for the process; a ``with`` block restores the previous choice."""
+
+    _value, _choices, _what = _mma_backward, MMA_BACKWARDS, "mma backward"
+
+
+def current_mma_backward() -> str:
+    """The mma.sync backward in force (see :class:`mma_backward`)."""
+    return _mma_backward[0]
+
+
+def dq_ordered_for(head_dim: int, arch: str, window: bool) -> bool:
+    """Whether a deterministic backward runs the ordered dQ mode: chosen (:class:`mma_backward`), a head dim of
+    :data:`ORDERED_HEAD_DIMS`, no window, and the mma.sync dK/dV kernel serving the call (two-level layouts and
+    prefix trees alike)."""
+    choice = current_mma_backward()
+    if choice not in MMA_BACKWARDS:
+        raise ValueError(f"DUALKV_MMA_BWD must be one of {MMA_BACKWARDS}, got {choice!r}")
+    return (choice == "ordered" and head_dim in ORDERED_HEAD_DIMS and not window
+            and dkdv_kernel_for(head_dim, arch) == "bwd_dkdv")
 
 
 def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
@@ -293,6 +341,7 @@ class KernelSpec:
     dq_atomic: bool = False  # bwd_dkdv only: also accumulate dQ with fp32 atomics (non-deterministic mode)
     causal: bool = True      # False: a segment's own keys are all visible (DKV_CAUSAL=0; no window)
     tree: bool = False       # TREE_KERNELS: prefix-tree segments, context = a list of runs (DKV_TREE=1)
+    dq_ordered: bool = False  # bwd_dkdv only: also accumulate dQ, in a fixed order (deterministic; DKV_DQ_ORDERED)
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -305,11 +354,30 @@ class KernelSpec:
             raise ValueError(f"sliding windows are supported for head dims {WINDOW_HEAD_DIMS}, not {self.head_dim}")
         if self.dq_atomic and (self.kernel != "bwd_dkdv" or self.head_dim not in ATOMIC_HEAD_DIMS):
             raise ValueError(f"the atomic dQ mode exists for the dK/dV kernel at head dims {ATOMIC_HEAD_DIMS}")
-        if self.tree and (self.kernel not in TREE_KERNELS or self.window or not self.causal):
+        if self.dq_ordered:
+            self._check_dq_ordered()
+        if self.tree and (self.kernel not in TREE_KERNELS + (("bwd_dkdv",) if self.dq_ordered else ())
+                          or self.window or not self.causal):
             raise ValueError(f"prefix-tree specializations exist for the kernels {TREE_KERNELS}, causal, "
                              f"without a window (got {self.kernel}, window={self.window}, causal={self.causal})")
         if self.kernel in SM90_KERNELS and (self.arch != "sm_90a" or self.head_dim not in SM90_KERNELS[self.kernel]):
             raise ValueError(f"{self.kernel} is built for sm_90a at head dims {SM90_KERNELS[self.kernel]}")
+
+    def _check_dq_ordered(self) -> None:
+        if self.kernel != "bwd_dkdv" or self.head_dim not in ORDERED_HEAD_DIMS:
+            raise ValueError(f"the ordered dQ mode exists for the dK/dV kernel at head dims {ORDERED_HEAD_DIMS}, "
+                             f"not {self.kernel} at {self.head_dim}")
+        if self.dq_atomic:
+            raise ValueError("a dK/dV specialization has one dQ mode: atomic or ordered, not both")
+        if self.window:
+            raise ValueError("the ordered dQ mode has no sliding window (its ranks would differ): windowed backwards "
+                             "keep the separate dQ kernel")
+        if self.tree and (not self.causal or self.tile.block_keys != RANK_BLOCK_KEYS):
+            raise ValueError(f"the ordered dQ mode's tree build is causal, with key blocks of {RANK_BLOCK_KEYS} (the "
+                             "tree table's ancestor block counts)")
+        if self.tile.block_keys % self.tile.block_m:
+            raise ValueError(f"the ordered dQ mode needs key blocks of whole query steps: {self.tile.block_keys} "
+                             f"keys per CTA, {self.tile.block_m} queries per step")
 
     @property
     def source(self) -> str:
@@ -348,7 +416,7 @@ class KernelSpec:
         if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + `stages` stages of Q, dO, LSE, D; 1 KB alignment slack
             return ((2 * t.block_keys + 2 * t.stages * t.block_m) * self.head_dim * 2 + 2 * t.stages * t.block_m * 4
                     + 1024)
-        ds_tile = t.block_keys * (t.block_m + 8) * 2 if self.dq_atomic else 0
+        ds_tile = t.block_keys * (t.block_m + 8) * 2 if self.dq_atomic or self.dq_ordered else 0
         return (2 * t.block_keys + 2 * t.stages * t.block_m) * row + 2 * t.stages * t.block_m * 4 + ds_tile
 
     def defines(self) -> list[tuple[str, str]]:
@@ -361,6 +429,8 @@ class KernelSpec:
         if self.kernel in ("bwd_dkdv", "bwd_dkdv_sm90", "bwd_sm90_ws"):
             keys = common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages)),
                              ("DKV_DQ_ATOMIC", "1" if self.dq_atomic else "0")]
+            if self.dq_ordered:  # absent otherwise: the other specs keep their compile options
+                keys += [("DKV_DQ_ORDERED", "1")] + ([("DKV_TREE", "1")] if self.tree else [])
             if self.kernel == "bwd_sm90_ws":
                 keys += [("DKV_DQ_BUFFERS", str(t.dq_buffers))] + ([("DKV_TREE", "1")] if self.tree else [])
             return keys
@@ -427,14 +497,17 @@ def ws_bwd_spec(head_dim: int, dtype: torch.dtype, tree: bool = False) -> Kernel
 
 
 def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,
-              kernel: str | None = None, causal: bool = True) -> KernelSpec:
-    """The dK/dV specialization; ``kernel`` defaults to :func:`dkdv_kernel_for` (``arch`` is the device's)."""
+              kernel: str | None = None, causal: bool = True, dq_ordered: bool = False,
+              tree: bool = False) -> KernelSpec:
+    """The dK/dV specialization; ``kernel`` defaults to :func:`dkdv_kernel_for` (``arch`` is the device's);
+    ``dq_ordered``: the mma.sync kernel's ordered dQ mode (``tree``: its prefix-tree build)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
-    kernel = kernel or dkdv_kernel_for(head_dim, arch, dq_atomic)
+    kernel = kernel or ("bwd_dkdv" if dq_ordered else dkdv_kernel_for(head_dim, arch, dq_atomic))
     if kernel == "bwd_dkdv_sm90":
         return KernelSpec(kernel, head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a", causal=causal)
-    return KernelSpec(kernel, head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic, causal)
+    return KernelSpec(kernel, head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic, causal, tree=tree,
+                      dq_ordered=dq_ordered)
 
 
 def prep_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
@@ -443,20 +516,22 @@ def prep_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
     return KernelSpec("bwd_prep", head_dim, _check_dtype(dtype), PREP_TILE, 1, False, arch)
 
 
-def dq_cast_spec(head_dim: int, dtype: torch.dtype) -> KernelSpec:
-    """The warp-specialised backward's dQ cast (fp32 accumulator -> scaled 16-bit dQ)."""
+def dq_cast_spec(head_dim: int, dtype: torch.dtype, arch: str = "sm_90") -> KernelSpec:
+    """The dQ cast (fp32 accumulator -> scaled 16-bit dQ) of the warp-specialised backward (sm_90) and of the
+    ordered dQ mode (``arch``: the device's)."""
     _check_head_dim(head_dim)
-    return KernelSpec("bwd_dq_cast", head_dim, _check_dtype(dtype), PREP_TILE, 1, False, "sm_90")
+    return KernelSpec("bwd_dq_cast", head_dim, _check_dtype(dtype), PREP_TILE, 1, False, arch)
 
 
 def all_specs(arch: str) -> list[KernelSpec]:
     """Every specialization the kernels are built in, for one architecture: causal with and without a window, and
     non-causal (``DKV_CAUSAL=0``, no window), and the prefix-tree mode (``DKV_TREE=1``, causal, no window) of the
     query kernels and, on sm_90, of the warp-specialised backward; the backward's preprocessing kernel once per head
-    dim and dtype, and on sm_90 the warp-specialised backward's dQ cast."""
+    dim and dtype, the dQ cast of the ordered dQ mode (and on sm_90 of the warp-specialised backward), and the
+    ordered dQ mode of the dK/dV kernel (causal and not, no window; and its tree build)."""
     specs = [prep_spec(d, dtype, arch) for d in HEAD_DIMS for dtype in DTYPES]
-    if arch == "sm_90":
-        specs += [dq_cast_spec(d, dtype) for d in SM90_WS_BWD_TILES for dtype in DTYPES]
+    cast_dims = set(ORDERED_HEAD_DIMS) | (set(SM90_WS_BWD_TILES) if arch == "sm_90" else set())
+    specs += [dq_cast_spec(d, dtype, arch) for d in sorted(cast_dims) for dtype in DTYPES]
     for head_dim, dtype, (window, causal, tree) in product(HEAD_DIMS, DTYPES, ((False, True, False), (True, True, False),
                                                                              (False, False, False), (False, True, True))):
         if window and head_dim not in WINDOW_HEAD_DIMS:
@@ -473,9 +548,11 @@ def all_specs(arch: str) -> list[KernelSpec]:
                 if tiles[head_dim].block_m // pack >= 8:
                     specs.append(KernelSpec(kernel, head_dim, name, tiles[head_dim], pack, window, kernel_arch,
                                             causal=causal, tree=tree))
-        if tree:  # of the key-side kernels only the warp-specialised backward has a tree specialization
+        if tree:  # of the key-side kernels the warp-specialised backward and the ordered dQ mode have tree builds
             if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES:
                 specs.append(ws_bwd_spec(head_dim, dtype, tree=True))
+            if head_dim in ORDERED_HEAD_DIMS:
+                specs.append(dkdv_spec(head_dim, dtype, False, arch, dq_ordered=True, tree=True))
             continue
         if arch == "sm_90" and head_dim in SM90_DKDV_TILES:
             specs.append(KernelSpec("bwd_dkdv_sm90", head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a",
@@ -485,4 +562,6 @@ def all_specs(arch: str) -> list[KernelSpec]:
         specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, causal=causal))
         if head_dim in ATOMIC_HEAD_DIMS:
             specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, True, causal))
+        if head_dim in ORDERED_HEAD_DIMS and not window:
+            specs.append(dkdv_spec(head_dim, dtype, False, arch, causal=causal, dq_ordered=True))
     return specs

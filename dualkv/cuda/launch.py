@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, TMA_KERNELS, KeyTileConfig, TileConfig, dkdv_spec,
-                      dq_cast_spec, dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for, prep_spec,
-                      ws_backward_for, ws_bwd_spec)
+                      dq_cast_spec, dq_ordered_for, dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for,
+                      prep_spec, ws_backward_for, ws_bwd_spec)
 from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
 from . import ws_schedule
 from .schedule import check_block_order, key_tiles, tile_table
@@ -180,6 +180,10 @@ def run_prep(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_lse: to
     return lse2, delta
 
 
+#: The dK/dV kernels' ordered-dQ arguments when they are unused: counters, tile offsets, tiles, K/V heads.
+_NO_DQ_ORDER = [0, 0, i32(0), i32(0)]
+
+
 def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles_t, dq_pack: int,
                  ctx_shared: bool, *, scale: float, window_left: int, d_lse: torch.Tensor | None = None,
                  dq_tile: TileConfig | None = None, dkdv_tile: KeyTileConfig | None = None,
@@ -191,8 +195,10 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     ``d_lse`` (H, T_q), the gradient reaching the returned LSE, enters as dS = P (dP - D + dLSE): it is folded into D.
     ``deterministic=False`` (head dims <= 128): dQ is added by the dK/dV kernel with fp32 atomics (one kernel, five
     products, run-to-run rounding differences in dQ); otherwise the separate query-tile dQ kernel sums every dQ row
-    in a fixed order. ``kernels`` and the tile arguments exist for tuning. ``tree``: the segments are a tree table
-    and the key tiles in its launch order (:func:`make_tree_plan`): the DKV_TREE=1 warp-specialised backward where
+    in a fixed order, or, where :func:`dualkv.cuda.configs.dq_ordered_for` says so (``mma_backward("ordered")``),
+    the dK/dV kernel adds dQ in a fixed order (:func:`_run_dkdv_ordered`; default tiles only). ``kernels`` and the
+    tile arguments exist for tuning. ``tree``: the segments are a tree table and the key tiles in its launch order
+    (:func:`make_tree_plan`): the DKV_TREE=1 warp-specialised backward where
     :func:`ws_backward_for` says so (sm_90, head dim 128, the ``auto`` family), else the DKV_TREE=1 dQ kernel and
     the dK/dV kernel (``kernel_family("wgmma_v1")`` forces that pair on sm_90). ``key_tiles_t`` is in the
     warp-specialised launch order; the dK/dV kernel runs ``dkdv_key_tiles_t`` (the same tiles heaviest first,
@@ -218,10 +224,16 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
         _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
                          segments, key_tiles_t, group, scale, tree)
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
-    atomic = not deterministic and head_dim in ATOMIC_HEAD_DIMS
-    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
     keys = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(dout),
             lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0))]
+    scalars = [i32(group), f32(scale * LOG2E), f32(scale), i32(window_left)]
+    grads = [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own)]
+    if (deterministic and not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv")
+            and dq_ordered_for(head_dim, arch, window)):  # its dQ ranks need key_tiles_t's launch order
+        _run_dkdv_ordered(grads, scalars, q, dq, segments, key_tiles_t, k_own.shape[1], causal, scale, tree)
+        return dq, dk_ctx, dv_ctx, dk_own, dv_own
+    atomic = not deterministic and head_dim in ATOMIC_HEAD_DIMS
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
     dq_kspec = dq_spec(head_dim, q.dtype, group, window, arch, kernel="bwd_dq" if dq_tile else None, causal=causal,
                        tree=tree)
     dq_kernel = get_kernel(replace(dq_kspec, pack=dq_pack, tile=dq_tile or dq_kspec.tile), device)
@@ -236,12 +248,57 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     if "dkdv" in kernels:
         dkdv_tiles = key_tiles_t if dkdv_key_tiles_t is None else dkdv_key_tiles_t
         dkdv_kernel.launch((dkdv_tiles.shape[0], k_own.shape[1], 1),
-                           [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own),
-                            *(_strided(dq_acc) if atomic else [0, i64(0), i64(0)]), segments.data_ptr(),
-                            dkdv_tiles.data_ptr(), i32(group), f32(scale * LOG2E), f32(scale), i32(window_left)])
+                           [*grads, *(_strided(dq_acc) if atomic else [0, i64(0), i64(0)]), *_NO_DQ_ORDER,
+                            segments.data_ptr(), dkdv_tiles.data_ptr(), *scalars])
     if atomic:
         dq = (dq_acc * scale).to(q.dtype)
     return dq, dk_ctx, dv_ctx, dk_own, dv_own
+
+
+def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Tensor, segments: torch.Tensor,
+                      key_tiles_t: torch.Tensor, kv_heads: int, causal: bool, scale: float,
+                      tree: bool = False) -> None:
+    """The mma.sync dK/dV kernel in its ordered dQ mode (DKV_DQ_ORDERED): dK, dV (written through ``grads``, the
+    launch arguments up to the dQ accumulator) and dQ summed in fp32 in a fixed order into one (H, T_q, d)
+    accumulator, then scaled and cast into ``dq`` (T_q, H, d). ``key_tiles_t`` must be in
+    :func:`dualkv.cuda.ws_schedule.launch_order` (a plan's ``key_tiles``, not its heaviest-first ``dkdv_key_tiles``;
+    ``tree``: a tree plan's, DKV_TREE=1); ``scalars``: the kernel's last arguments (GQA group, scales, window)."""
+    tokens, heads, head_dim = q.shape
+    device = device_index(q)
+    spec = dkdv_spec(head_dim, q.dtype, False, arch_of(device), causal=causal, dq_ordered=True, tree=tree)
+    kern = get_kernel(spec, device)
+    sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, spec.tile.block_m, tree)
+    dq_acc = torch.zeros((heads, tokens, head_dim), dtype=torch.float32, device=q.device)
+    kern.launch((key_tiles_t.shape[0] * kv_heads, 1, 1),
+                [*grads, dq_acc.data_ptr(), i64(head_dim), i64(tokens * head_dim), sems.data_ptr(),
+                 qtile_offset.data_ptr() if qtile_offset is not None else 0, i32(n_qtiles), i32(kv_heads),
+                 segments.data_ptr(), key_tiles_t.data_ptr(), *scalars])
+    _cast_dq(dq_acc, dq, scale)
+
+
+def _dq_counters(segments: torch.Tensor, tokens: int, heads: int, step: int, tree: bool = False):
+    """Zeroed int32 dQ counters (heads, n_qtiles), one per (head, query tile of ``step`` rows), and the int32 (S,)
+    index of each segment's first tile: tile t of segment s is qtile_offset[s] + t. n_qtiles is an upper bound from
+    shapes alone (every segment adds at most one partial tile), so nothing is read back. ``tree``: one counter per
+    (head, first token of a query tile) and no offsets (None): the flat tree table has no (S, 4) view."""
+    if tree:
+        return torch.zeros((heads, tokens), dtype=torch.int32, device=segments.device), None, tokens
+    n_tiles = (segments[:, 1] + step - 1) // step
+    qtile_offset = (torch.cumsum(n_tiles, 0) - n_tiles).to(torch.int32)
+    n_qtiles = tokens // step + segments.shape[0] + 1
+    return torch.zeros((heads, n_qtiles), dtype=torch.int32, device=segments.device), qtile_offset, n_qtiles
+
+
+def _cast_dq(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
+    """dq (T, H, d) = scale * the fp32 accumulator (H, rows >= T, d) in bwd_dq_cast.cu's chunk order, one kernel."""
+    tokens, heads, head_dim = dq.shape
+    device = device_index(dq)
+    cast = get_kernel(dq_cast_spec(head_dim, dq.dtype, arch_of(device)), device)
+    per_cta = cast.spec.threads
+    chunks = tokens * heads * (head_dim // 8)
+    cast.launch(((chunks + per_cta - 1) // per_cta, 1, 1),
+                [dq_acc.data_ptr(), i64(dq_acc.shape[1] * head_dim), *_strided(dq), i32(tokens), i32(heads),
+                 f32(scale)])
 
 
 #: Query rows per step of the warp-specialised backward: the unit of its dQ counters.
@@ -260,15 +317,7 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
     spec = ws_bwd_spec(head_dim, q.dtype, tree=tree)
     kern = get_kernel(spec, device_index(q))
     step, keys = spec.tile.block_m, spec.tile.block_keys
-    if tree:  # dQ counters: one per (head, first token of a query tile); the flat tree table has no (S, 4) view
-        qtile_offset, n_qtiles = None, tokens
-    else:
-        # dQ counters: one per (head, query tile); tile t of segment s is qtile_offset[s] + t. The count is an upper
-        # bound from shapes alone (every segment adds at most one partial tile), so nothing is read back.
-        n_tiles = (segments[:, 1] + step - 1) // step
-        qtile_offset = (torch.cumsum(n_tiles, 0) - n_tiles).to(torch.int32)
-        n_qtiles = tokens // step + segments.shape[0] + 1
-    sems = torch.zeros((heads, n_qtiles), dtype=torch.int32, device=q.device)
+    sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, step, tree)
     rows = tokens + step  # a step's tile may reach past the last token
     dq_acc = torch.zeros((heads, rows, head_dim), dtype=torch.float32, device=q.device)
     maps = [tensor_map_3d(q, step), tensor_map_3d(dout, step), tensor_map_3d(k_own, keys), tensor_map_3d(v_own, keys),
@@ -278,8 +327,4 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
                 *_strided(dk_own), *_strided(dv_own), dq_acc.data_ptr(), i64(rows * head_dim), sems.data_ptr(),
                 i32(n_qtiles), qtile_offset.data_ptr() if qtile_offset is not None else 0, segments.data_ptr(), key_tiles_t.data_ptr(), i32(kv_heads),
                 i32(group), f32(scale * LOG2E), f32(scale)])
-    cast = get_kernel(dq_cast_spec(head_dim, q.dtype), device_index(q))
-    per_cta = cast.spec.threads
-    chunks = tokens * heads * (head_dim // 8)
-    cast.launch(((chunks + per_cta - 1) // per_cta, 1, 1),
-                [dq_acc.data_ptr(), i64(rows * head_dim), *_strided(dq), i32(tokens), i32(heads), f32(scale)])
+    _cast_dq(dq_acc, dq, scale)

@@ -20,6 +20,12 @@ blocks(x) = ceil(len(x) / 128) and A[x] the blocks of x's proper ancestors (the 
 between i and j come before i's). A GroupLayout's depth-1 tree has A[response] = blocks(prompt): today's rank. The
 launch order puts deeper nodes' tiles first (depth descending; stable, so blocks stay in order within a node).
 
+The mma.sync dK/dV kernel's ordered-dQ mode (``csrc/bwd_dkdv.cu``, DKV_DQ_ORDERED) runs the same walk and ranks at
+its own tile sizes (:class:`Geometry`: ``step`` query rows per counter, ``block_keys`` keys per rank; see
+:func:`mma_geometry`) and also without causal masks (``causal=False``: a dependent's tile then receives all of its
+segment's own blocks first, and the own walk goes down to tile 0). Every function below takes the geometry; the
+default, :data:`WS`, is the warp-specialised kernel's.
+
 :func:`numeric_backward` replays the walk in float64 (masks included) so the CPU tests can compare its dQ, dK, dV
 with the reference backward.
 """
@@ -36,6 +42,33 @@ from .tree_schedule import RANK_BLOCK_KEYS, ancestor_key_blocks
 
 STEP = 64
 BLOCK_KEYS = RANK_BLOCK_KEYS
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A kernel's dQ-order geometry: a counter per ``step`` query rows of a segment, a rank per ``block_keys`` keys,
+    and whether a segment's own keys are causal. ``block_keys`` must be a multiple of ``step`` (a causal own walk
+    then starts at a tile boundary, and a tile lies inside one key block)."""
+
+    step: int = STEP
+    block_keys: int = BLOCK_KEYS
+    causal: bool = True
+
+    def __post_init__(self):
+        if self.step <= 0 or self.block_keys <= 0 or self.block_keys % self.step:
+            raise ValueError(f"block_keys ({self.block_keys}) must be a positive multiple of step ({self.step})")
+
+
+#: The warp-specialised Hopper backward's geometry (csrc/bwd_sm90_ws.cu: 64-query steps, 128-key tiles, causal).
+WS = Geometry()
+
+
+def mma_geometry(head_dim: int, causal: bool = True) -> Geometry:
+    """The mma.sync dK/dV kernel's geometry at ``head_dim`` (its tile from :data:`dualkv.cuda.configs.DKDV_TILES`)."""
+    from .configs import DKDV_TILES
+
+    tile = DKDV_TILES[head_dim]
+    return Geometry(tile.block_m, tile.block_keys, causal)
 
 
 @dataclass(frozen=True)
@@ -59,29 +92,38 @@ class Step:
     qt: int       # query tile (STEP rows) of that segment
     head: int     # query head within the GQA group
     own: bool     # causal (the key tile's own segment) or fully visible (a dependent)
+    reach: int = 0  # own key blocks of ``seg`` reaching the tile (:func:`own_reach`): a dependent's rank offset
 
 
-def walk(tile: tuple[int, int, int, int], segments: np.ndarray, group: int) -> list[Step]:
+def _own_first_tile(blk: int, geo: Geometry) -> int:
+    """The lowest query tile of a key block's own walk: the block's first key (causal), else tile 0."""
+    return blk * geo.block_keys // geo.step if geo.causal else 0
+
+
+def walk(tile: tuple[int, int, int, int], segments: np.ndarray, group: int, geo: Geometry = WS) -> list[Step]:
     """The steps of one key tile (own_seg, blk, dep_begin, dep_end), in the kernel's order."""
     own_seg, blk, dep_begin, dep_end = tile
+    step = geo.step
     steps = []
     for src in range(dep_begin, dep_end):
-        for qt in range((int(segments[src, 1]) + STEP - 1) // STEP):
-            steps += [Step(src, qt, h, False) for h in range(group)]
+        q_len = int(segments[src, 1])
+        for qt in range((q_len + step - 1) // step):
+            steps += [Step(src, qt, h, False, own_reach(qt, geo, q_len)) for h in range(group)]
     if own_seg >= 0:
-        top = (int(segments[own_seg, 1]) + STEP - 1) // STEP - 1
-        for qt in range(top, blk * BLOCK_KEYS // STEP - 1, -1):
+        top = (int(segments[own_seg, 1]) + step - 1) // step - 1
+        for qt in range(top, _own_first_tile(blk, geo) - 1, -1):
             steps += [Step(own_seg, qt, h, True) for h in range(group)]
     return steps
 
 
-def walk_length(tile: tuple[int, int, int, int], segments: np.ndarray, group: int) -> int:
+def walk_length(tile: tuple[int, int, int, int], segments: np.ndarray, group: int, geo: Geometry = WS) -> int:
     """The number of steps of :func:`walk` by the closed form the kernel's consumers loop on (``walk_steps``)."""
     own_seg, blk, dep_begin, dep_end = tile
-    n = sum(max((int(segments[src, 1]) + STEP - 1) // STEP, 1) for src in range(dep_begin, dep_end))
+    step = geo.step
+    n = sum(max((int(segments[src, 1]) + step - 1) // step, 1) for src in range(dep_begin, dep_end))
     if own_seg >= 0:
-        top = (int(segments[own_seg, 1]) + STEP - 1) // STEP - 1
-        n += max(0, top - blk * BLOCK_KEYS // STEP + 1)
+        top = (int(segments[own_seg, 1]) + step - 1) // step - 1
+        n += max(0, top - _own_first_tile(blk, geo) + 1)
     return n * group
 
 
@@ -91,10 +133,13 @@ def is_own_response(tile: tuple[int, int, int, int], segments: np.ndarray) -> bo
     return own_seg >= 0 and int(segments[own_seg, 3]) > 0
 
 
-def own_reach(qt: int) -> int:
-    """Own (causal) key blocks reaching query tile ``qt`` of a segment: blocks 0 .. (last row of the tile) // 128
-    (the last one exists: its first key, at most the tile's first row, is inside the segment)."""
-    return (qt * STEP + STEP - 1) // BLOCK_KEYS + 1
+def own_reach(qt: int, geo: Geometry = WS, q_len: int = 0) -> int:
+    """Own key blocks reaching query tile ``qt`` of a segment of ``q_len`` rows. Causal: blocks 0 .. (last row of
+    the tile) // block_keys (the last one exists: its first key, at most the tile's first row, is inside the
+    segment); not causal: all of the segment's blocks."""
+    if not geo.causal:
+        return (q_len + geo.block_keys - 1) // geo.block_keys
+    return (qt * geo.step + geo.step - 1) // geo.block_keys + 1
 
 
 def rank(tile: tuple[int, int, int, int], step: Step, tree: TreeRanks | None = None) -> int:
@@ -104,7 +149,7 @@ def rank(tile: tuple[int, int, int, int], step: Step, tree: TreeRanks | None = N
     between = 0  # two-level layouts: the shared keys come right after the dependent's own blocks
     if tree is not None:  # the blocks of the nodes strictly between the key's node and the dependent
         between = int(tree.ancestor_blocks[step.seg] - tree.ancestor_blocks[tile[0]] - tree.blocks[tile[0]])
-    return tile[1] + own_reach(step.qt) + between
+    return tile[1] + step.reach + between
 
 
 def launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks | None = None) -> np.ndarray:
@@ -142,36 +187,41 @@ def check_launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks 
                                "warp-specialised backward's dQ order would deadlock")
 
 
-def dq_contributors(tiles: np.ndarray, segments: np.ndarray, group: int,
-                    tree: TreeRanks | None = None) -> dict[tuple, list[int]]:
+def dq_contributors(tiles: np.ndarray, segments: np.ndarray, group: int, tree: TreeRanks | None = None,
+                    geo: Geometry = WS) -> dict[tuple, list[int]]:
     """(segment, query tile, head) -> the ranks of the contributions adding into it, in table (= launch) order."""
+    if tree is not None and not geo.causal:
+        raise ValueError("tree ranks are defined for causal kernels only")
     out: dict[tuple, list[int]] = defaultdict(list)
     for tile in np.asarray(tiles).reshape(-1, 4).tolist():
-        for st in walk(tile, segments, group):
+        for st in walk(tile, segments, group, geo):
             out[(st.seg, st.qt, st.head)].append(rank(tile, st, tree))
     return out
 
 
-def check_dq_order(tiles: np.ndarray, segments: np.ndarray, group: int = 1, tree: TreeRanks | None = None) -> None:
+def check_dq_order(tiles: np.ndarray, segments: np.ndarray, group: int = 1, tree: TreeRanks | None = None,
+                   geo: Geometry = WS) -> None:
     """Raise unless every dQ counter receives ranks 0, 1, ..., k - 1 in launch order (see the module docstring)."""
-    for key, ranks in dq_contributors(tiles, segments, group, tree).items():
+    for key, ranks in dq_contributors(tiles, segments, group, tree, geo).items():
         if ranks != list(range(len(ranks))):
             raise RuntimeError(f"dQ counter {key} would receive ranks {ranks}: not 0..k-1 in launch order")
 
 
 def numeric_backward(q, k_ctx, v_ctx, k_own, v_own, dout, segments: np.ndarray, tiles: np.ndarray, scale: float,
-                     tree=None):
+                     tree=None, geo: Geometry = WS):
     """dQ, dK/dV (context rows and own rows) by replaying the walk in the inputs' dtype (float64 for proofs).
 
     q, dout: (T, H, d); k_own/v_own: (T, H_k, d) aligned with q; k_ctx/v_ctx: the context rows' tensor (the same
     tensor as k_own when the context is another segment's own rows). ``tree``: the preorder
     :class:`dualkv.PrefixTreeLayout` whose (S, 4) tree-table rows ``segments`` are (the forward statistics then come
-    from the tree reference). Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own).
+    from the tree reference). ``geo``: the kernel's step, key block and causality (``tiles`` built at its
+    ``block_keys``). Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own).
     """
+    step, block_keys = geo.step, geo.block_keys
     heads, kv_heads = q.shape[1], k_own.shape[1]
     group = heads // kv_heads
     seg = np.asarray(segments).reshape(-1, 4)
-    lse, out = _forward_statistics(q, k_ctx, v_ctx, k_own, v_own, seg, scale, tree)
+    lse, out = _forward_statistics(q, k_ctx, v_ctx, k_own, v_own, seg, scale, tree, geo.causal)
     delta = (dout * out).sum(-1).t()  # (H, T)
 
     dq = torch.zeros_like(q)
@@ -181,23 +231,24 @@ def numeric_backward(q, k_ctx, v_ctx, k_own, v_own, dout, segments: np.ndarray, 
         own_seg, blk, dep_begin, dep_end = tile
         key_seg = own_seg if own_seg >= 0 else dep_begin
         q0k, qlk, c0k, clk = (int(x) for x in seg[key_seg])
-        key0 = blk * BLOCK_KEYS
+        key0 = blk * block_keys
         length = qlk if own_seg >= 0 else clk
-        count = min(BLOCK_KEYS, length - key0)
+        count = min(block_keys, length - key0)
         row0 = (q0k if own_seg >= 0 else c0k) + key0
         k_src, v_src = (k_own, v_own) if own_seg >= 0 else (k_ctx, v_ctx)
         dk_dst, dv_dst = (dk_own, dv_own) if own_seg >= 0 else (dk_ctx, dv_ctx)
         for kv in range(kv_heads):
             kb, vb = k_src[row0:row0 + count, kv], v_src[row0:row0 + count, kv]
-            for st in walk(tile, seg, group):
+            for st in walk(tile, seg, group, geo):
                 q0, ql, c0, cl = (int(x) for x in seg[st.seg])
                 h = kv * group + st.head
-                p0 = st.qt * STEP
-                n = min(STEP, ql - p0)
+                p0 = st.qt * step
+                n = min(step, ql - p0)
                 rows = slice(q0 + p0, q0 + p0 + n)
                 s_t = kb @ q[rows, h].t() * scale                          # (count, n)
                 p_t = torch.exp(s_t - lse[h, rows][None, :])
-                if st.own:  # a tree row's 4th column is the node's position: the same relative causal mask
+                # a tree row's 4th column is the node's position: the same relative causal mask
+                if st.own and geo.causal:
                     key_pos = cl + key0 + torch.arange(count)
                     q_pos = cl + p0 + torch.arange(n)
                     p_t = p_t.masked_fill(key_pos[:, None] > q_pos[None, :], 0.0)
@@ -209,7 +260,7 @@ def numeric_backward(q, k_ctx, v_ctx, k_own, v_own, dout, segments: np.ndarray, 
     return dq, dk_ctx, dv_ctx, dk_own, dv_own
 
 
-def _forward_statistics(q, k_ctx, v_ctx, k_own, v_own, seg: np.ndarray, scale: float, tree):
+def _forward_statistics(q, k_ctx, v_ctx, k_own, v_own, seg: np.ndarray, scale: float, tree, causal: bool = True):
     """(LSE (H, T), out (T, H, d)): what the kernel reads (its LSE and D = rowsum(dO * O))."""
     heads, kv_heads = q.shape[1], k_own.shape[1]
     group = heads // kv_heads
@@ -227,7 +278,8 @@ def _forward_statistics(q, k_ctx, v_ctx, k_own, v_own, seg: np.ndarray, scale: f
         sc = torch.einsum("qhd,khd->hqk", q[q0:q0 + ql], keys) * scale
         pos_q = cl + torch.arange(ql)
         pos_k = torch.arange(cl + ql)
-        sc = sc.masked_fill(pos_k[None, None, :] > pos_q[None, :, None], float("-inf"))
+        if causal:
+            sc = sc.masked_fill(pos_k[None, None, :] > pos_q[None, :, None], float("-inf"))
         l_s = torch.logsumexp(sc, -1)
         lse[:, q0:q0 + ql] = l_s
         out[q0:q0 + ql] = torch.einsum("hqk,khd->qhd", torch.exp(sc - l_s[..., None]), vals)

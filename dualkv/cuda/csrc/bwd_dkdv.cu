@@ -17,10 +17,38 @@
 // dQ = dS K through a transposed dS tile in smem and adds it into an fp32 (T_q, H, d) accumulator with atomics, as
 // FlashAttention-2 does; otherwise dQ comes from the separate, deterministic bwd_dq kernel.
 //
+// DKV_DQ_ORDERED (deterministic, five products per step, no window) computes dQ = dS K the same way but adds it in a
+// FIXED ORDER, as the warp-specialised Hopper backward does (dualkv/cuda/ws_schedule.py states the walk, the ranks
+// and the launch order, with this kernel's step and key block as its Geometry): every (query head, query tile of
+// kBlockM rows) has a counter, and a contribution of rank r waits until it reads r, adds, then sets it to r + 1. The
+// accumulator is (H, T_q, d) in bwd_dq_cast.cu's layout, which scales and casts it. The walk visits the dependents'
+// tiles, then the own tiles from the last down (heads innermost), so the CTAs of a run stay one step apart; the grid
+// is 1-D, key tile major and K/V head minor, and the launcher orders the key tiles so that a CTA only ever waits on
+// CTAs launched before it. A CTA releases a step's counter one step late (after the next step's products, when its
+// adds have long landed), so it never stalls on its own adds. With DKV_TREE (prefix trees, the ordered mode only:
+// segment rows are tree nodes and a key tile's dependents are the node's descendants, dualkv/cuda/tree_schedule.py)
+// a dependent's rank also counts the blocks of the nodes between it and the key's node (bwd_sm90_ws.cu's tree
+// ranks), and the counters are indexed by the query tile's first token.
+//
 // Tile macros: DKV_BLOCK_M (query positions per step), DKV_DSPLIT (warps sharing 16 keys, each owning
-// HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles), DKV_DQ_ATOMIC.
+// HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles), DKV_DQ_ATOMIC,
+// DKV_DQ_ORDERED.
+#include "flags.cuh"
 #include "kernel_params.cuh"
 #include "keywalk.cuh"
+
+#ifndef DKV_DQ_ORDERED
+#define DKV_DQ_ORDERED 0
+#endif
+#ifndef DKV_TREE
+#define DKV_TREE 0
+#endif
+// Ordered dQ, a tuning switch (DUALKV_EXTRA_DEFINES=DKV_DQ_PREFETCH=1): thread 0 reads its step's counter before the
+// dQ product, which hides the read's latency when the counter is already there, at the cost of registers (the
+// d = 128 builds then spill).
+#ifndef DKV_DQ_PREFETCH
+#define DKV_DQ_PREFETCH 0
+#endif
 
 using namespace dkv;
 
@@ -33,6 +61,14 @@ constexpr int kBlockKeys = kKeyWarps * 16;
 constexpr int kCols = kHeadDim / kDSplit;
 constexpr int kStages = DKV_STAGES;
 constexpr bool kDqAtomic = DKV_DQ_ATOMIC != 0;
+constexpr bool kDqOrdered = DKV_DQ_ORDERED != 0;
+constexpr bool kDqHere = kDqAtomic || kDqOrdered;  // this kernel computes dQ = dS K
+static_assert(!(kDqAtomic && kDqOrdered), "one dQ mode");
+// a key block holds whole query tiles, so a causal own walk starts at a counter's tile
+static_assert(!kDqOrdered || (!kWindow && kBlockKeys % kBlockM == 0), "ordered dQ: no window, whole query tiles");
+constexpr bool kTree = DKV_TREE != 0;
+constexpr bool kDqPrefetch = kDqOrdered && DKV_DQ_PREFETCH != 0;
+static_assert(!kTree || (kDqOrdered && kCausal), "the dK/dV kernel's tree build is the causal ordered dQ mode's");
 static_assert(kBlockM % 16 == 0 && kCols % 16 == 0, "tile sizes");
 static_assert(kStages == 1 || kStages == 2, "1 or 2 stages");
 // dQ partial of a step: kBlockM rows x HEAD_DIM, warps as (kBlockM / 16 row slabs) x (column parts).
@@ -40,7 +76,40 @@ constexpr int kDqRowSlabs = kBlockM / 16;
 constexpr int kDqColParts = kWarps / kDqRowSlabs;
 constexpr int kDqCols = kHeadDim / (kDqColParts > 0 ? kDqColParts : 1);
 constexpr int kDsStride = kBlockM + 8;  // padded row stride of the transposed dS tile (elements)
-static_assert(!kDqAtomic || (kDqColParts * kDqRowSlabs == kWarps && kDqCols % 16 == 0), "dQ warp layout");
+static_assert(!kDqHere || (kDqColParts * kDqRowSlabs == kWarps && kDqCols % 16 == 0), "dQ warp layout");
+
+using KeyWalk = Walk<kBlockM, kDqOrdered>;
+
+// The fp32 dQ accumulator's slot of (token tok, column col) from the token's (head's) row: (T, H, d) rows as they
+// are in the atomic mode; in the ordered mode bwd_dq_cast.cu's (H, T, d) rows, whose 4-float chunks are permuted
+// by the token (chunk c at c ^ (tok & 7)). Columns col and col + 1 (col even) stay adjacent.
+__device__ __forceinline__ float* dq_slot(float* row, int col, long long tok) {
+    return kDqOrdered ? row + ((((col >> 2) ^ static_cast<int>(tok & 7)) << 2) | (col & 3)) : row + col;
+}
+
+// Ordered dQ: the rank of this step's contribution at its (head, query tile) counter (ws_schedule.rank): block b of
+// the segment's own keys has rank b; for a dependent, the own blocks reaching the tile come first, and in a tree
+// then the blocks of the nodes strictly between the dependent j and the key's node i: A[j] - A[i] - blocks(i), A
+// being the second int of a node's context-list header. (Segments are read again rather than kept live through
+// the dQ product.)
+__device__ __forceinline__ int dq_rank(const KeyWalk& w, const Cursor& c) {
+    if (w.is_own(c.src)) return w.kt.blk;
+    const Segment seg = load_segment(w.segments, w.seg_of(c.src));
+    int rank = w.kt.blk + (kCausal ? (c.pos + kBlockM - 1) / kBlockKeys + 1
+                                   : (seg.q_len + kBlockKeys - 1) / kBlockKeys);
+    if (kTree) {
+        const Segment node = load_segment(w.segments, w.kt.own_seg);
+        rank += w.segments[2 * seg.ctx_start + 1] - w.segments[2 * node.ctx_start + 1] -
+                (node.q_len + kBlockKeys - 1) / kBlockKeys;
+    }
+    return rank;
+}
+
+// Ordered dQ: the index of a step's counter among its head's n_qtiles: tile t of segment s at qtile_offset[s] + t;
+// in a tree, the tile's first token (a tree table has no per-segment tile offsets).
+__device__ __forceinline__ int dq_counter(const KeyWalk& w, const Cursor& c, const int* qtile_offset, int q_start) {
+    return kTree ? q_start + c.pos : qtile_offset[w.seg_of(c.src)] + c.pos / kBlockM;
+}
 
 }  // namespace
 
@@ -52,11 +121,13 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     elem_t* sdO = sQ + kStages * kBlockM * kRowStride;         // [kStages][kBlockM rows]
     float* sLse = reinterpret_cast<float*>(sdO + kStages * kBlockM * kRowStride);  // [kStages][kBlockM]
     float* sDelta = sLse + kStages * kBlockM;                                     // [kStages][kBlockM]
-    elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);          // [kBlockKeys][kDsStride] (atomic)
+    elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);          // [kBlockKeys][kDsStride] (dQ modes)
 
-    const KeyBlock<kBlockM> kb = make_key_block<kBlockM>(key_tiles, segments, group_size, window_left, kBlockKeys);
-    const Walk<kBlockM>& w = kb.w;
-    const int kv_head = blockIdx.y;
+    const int tile = kDqOrdered ? blockIdx.x / kv_heads : blockIdx.x;
+    const int kv_head = kDqOrdered ? blockIdx.x % kv_heads : blockIdx.y;
+    const KeyBlock<kBlockM, kDqOrdered> kb =
+        make_key_block<kBlockM, kDqOrdered>(key_tiles, tile, segments, group_size, window_left, kBlockKeys);
+    const KeyWalk& w = kb.w;
     {
         const StridedRows<const elem_t> k_rows = kb.rows(kd, kd_st, kd_sh, kc, kc_st, kc_sh, kv_head);
         const StridedRows<const elem_t> v_rows = kb.rows(vd, vd_st, vd_sh, vc, vc_st, vc_sh, kv_head);
@@ -81,6 +152,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     float acc_dk[1][kCols / 8][4], acc_dv[1][kCols / 8][4];
     zero_acc(acc_dk[0]);
     zero_acc(acc_dv[0]);
+
+    int* pending = nullptr;  // ordered dQ (thread 0): the counter of the adds last issued, released one step late
+    int pending_rank = 0;
 
     Cursor cur = w.first();
     if (cur.valid) load_step(cur, 0);
@@ -118,8 +192,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         to_a_frag<1, kBlockM>(ds_frag, acc_dp);
         gemm_frag_rows<1, kBlockM, kCols>(acc_dk, ds_frag, bQ, col0, lrow, lmat);  // dK += dS^T Q
 
-        if (kDqAtomic) {
-            // dS^T (this warp's 16 keys x kBlockM queries) to smem; then dQ_step = dS K, added with fp32 atomics.
+        if (kDqHere) {
+            if (kDqOrdered) __threadfence();  // the previous step's adds land before thread 0 releases them below
+            // dS^T (this warp's 16 keys x kBlockM queries) to smem; then dQ_step = dS K, added in fp32.
             if (dsplit == 0) {
 #pragma unroll
                 for (int nt = 0; nt < kBlockM / 8; ++nt)
@@ -129,6 +204,20 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                             pack2(acc_dp[0][nt][2 * hh], acc_dp[0][nt][2 * hh + 1]);
             }
             __syncthreads();
+            const int head = kv_head * group_size + cur.h;
+            auto take_counter = [&]() {  // thread 0: this step's counter and rank
+                pending = dq_sems + head * static_cast<long long>(n_qtiles) +
+                          dq_counter(w, cur, qtile_offset, sg.seg.q_start);
+                pending_rank = dq_rank(w, cur);
+            };
+            int seen = -1;  // DKV_DQ_PREFETCH (thread 0): the counter as read before the dQ product
+            if (kDqOrdered && threadIdx.x == 0) {
+                if (pending != nullptr) st_release(pending, pending_rank + 1);
+                if (kDqPrefetch) {
+                    take_counter();
+                    seen = ld_relaxed(pending);
+                }
+            }
             const int dq_slab = warp % kDqRowSlabs, dq_part = warp / kDqRowSlabs;
             float acc_dq[1][kDqCols / 8][4];
             zero_acc(acc_dq[0]);
@@ -139,21 +228,35 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                                                (lmat % 2) * 8);
                 gemm_frag_rows<1, 16, kDqCols>(acc_dq, a, sK + kk * 16 * kRowStride, dq_part * kDqCols, lrow, lmat);
             }
-            const int head = kv_head * group_size + cur.h;
+            if (kDqOrdered) {
+                if (threadIdx.x == 0) {
+                    if (kDqPrefetch) {
+                        acquire_flag(pending, pending_rank, seen);
+                    } else {
+                        take_counter();
+                        wait_flag(pending, pending_rank);
+                    }
+                }
+                // Every earlier contribution to this (head, query tile) has landed; this barrier also follows every
+                // read of this step's smem buffers, so the step needs no other one at its end.
+                __syncthreads();
+            }
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 const int r = dq_slab * 16 + g + 8 * hh;
                 if (cur.pos + r > cur.p_hi) continue;
-                float* row = dq_acc + (sg.seg.q_start + cur.pos + r) * dqa_st + head * dqa_sh + dq_part * kDqCols;
+                const long long tok = sg.seg.q_start + cur.pos + r;
+                float* row = dq_acc + tok * dqa_st + head * dqa_sh;
 #pragma unroll
                 for (int nt = 0; nt < kDqCols / 8; ++nt) {
-                    atomicAdd(row + nt * 8 + 2 * t4, acc_dq[0][nt][2 * hh]);
-                    atomicAdd(row + nt * 8 + 2 * t4 + 1, acc_dq[0][nt][2 * hh + 1]);
+                    float* slot = dq_slot(row, dq_part * kDqCols + nt * 8 + 2 * t4, tok);
+                    atomicAdd(slot, acc_dq[0][nt][2 * hh]);
+                    atomicAdd(slot + 1, acc_dq[0][nt][2 * hh + 1]);
                 }
             }
         }
 
-        __syncthreads();  // every warp is done with this buffer
+        if (!kDqOrdered) __syncthreads();  // every warp is done with this buffer
         if (kStages == 1 && nxt.valid) {
             load_step(nxt, 0);
             cp_async_commit();
@@ -162,7 +265,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         if (kStages == 2) buf ^= 1;
     }
     cp_async_wait<0>();
+    if (kDqOrdered) __threadfence();  // the last step's adds land before thread 0 releases them
     __syncthreads();
+    if (kDqOrdered && threadIdx.x == 0 && pending != nullptr) st_release(pending, pending_rank + 1);
 
     // dK (scaled) and dV through smem (the K/V tiles are free now), coalesced 16-byte stores of valid keys.
     stage_acc_rows(sK, acc_dk[0], warp_key0, col0, g, t4, scale);

@@ -45,7 +45,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
     float* sLse = reinterpret_cast<float*>(base + 2 * kKeyBytes + 2 * kStages * kStepBytes);  // [kStages][kBlockM]
     float* sDelta = sLse + kStages * kBlockM;                                                 // [kStages][kBlockM]
 
-    const KeyBlock<kBlockM> kb = make_key_block<kBlockM>(key_tiles, segments, group_size, window_left, kBlockKeys);
+    const KeyBlock<kBlockM> kb = make_key_block<kBlockM>(key_tiles, blockIdx.x, segments, group_size, window_left,
+                                                         kBlockKeys);
     const Walk<kBlockM>& w = kb.w;
     const int kv_head = blockIdx.y;
     {

@@ -30,7 +30,8 @@
     const int* __restrict__ segments, const int* __restrict__ tiles,     \
     int group_size, float scale_log2, float scale, int window_left
 
-// dK/dV of context rows (dkc, dvc) and own rows (dkd, dvd); dq_acc: the atomic mode's fp32 dQ (else unused).
+// dK/dV of context rows (dkc, dvc) and own rows (dkd, dvd); dq_acc: the atomic and ordered modes' fp32 dQ, and
+// dq_sems, qtile_offset, n_qtiles, kv_heads: the ordered mode's counters and grid (else unused).
 #define DKV_DKDV_PARAMS                                                  \
     DKV_BWD_IN_PARAMS,                                                   \
     elem_t* __restrict__ dkc, long long dkc_st, long long dkc_sh,        \
@@ -38,5 +39,7 @@
     elem_t* __restrict__ dkd, long long dkd_st, long long dkd_sh,        \
     elem_t* __restrict__ dvd, long long dvd_st, long long dvd_sh,        \
     float* __restrict__ dq_acc, long long dqa_st, long long dqa_sh,      \
+    int* __restrict__ dq_sems, const int* __restrict__ qtile_offset,     \
+    int n_qtiles, int kv_heads,                                          \
     const int* __restrict__ segments, const int* __restrict__ key_tiles, \
     int group_size, float scale_log2, float scale, int window_left

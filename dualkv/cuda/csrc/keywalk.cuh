@@ -2,6 +2,11 @@
 // bwd_dkdv_sm90.cu (wgmma): a CTA owns kBlockKeys keys of one K/V head, either own keys of a segment (its queries
 // see them causally) or context keys (every segment of the group sees them fully), and visits, for each query head
 // of the GQA group, each source segment's query positions that can see the block, kStep positions at a time.
+//
+// kRankOrder (bwd_dkdv.cu's ordered dQ, no window): the walk of dualkv/cuda/ws_schedule.py instead — every dependent
+// segment's query tiles ascending, then the own segment's from the last tile down to the block's first (causal) or
+// to tile 0, query heads innermost — so the CTAs of a run of key blocks reach each (head, query tile) in step and a
+// block's dQ contribution rarely waits long for the block before it.
 #pragma once
 
 #include "common.cuh"
@@ -20,11 +25,12 @@ struct Cursor {
     bool valid;
 };
 
-template <int kStep>
+template <int kStep, bool kRankOrder = false>
 struct Walk {
     KeyTile kt;
     int n_src, key0, count, group, window_left;
     const int* segments;
+    static_assert(!kRankOrder || !kWindow, "the rank-ordered walk has no window");
 
     __device__ __forceinline__ int seg_of(int src) const {
         return kt.own_seg >= 0 ? (src == 0 ? kt.own_seg : kt.dep_begin + src - 1) : kt.dep_begin + src;
@@ -65,12 +71,42 @@ struct Walk {
         }
         return false;
     }
+
+    // kRankOrder: the source after src (dependents first, the own segment, src 0, last); -1 past the end.
+    __device__ __forceinline__ int next_src(int src) const {
+        if (kt.own_seg >= 0 && src == 0) return -1;
+        if (src + 1 < n_src) return src + 1;
+        return kt.own_seg >= 0 ? 0 : -1;
+    }
+    // kRankOrder: the first tile (head 0) of the first non-empty source from src on; the own segment's is its last.
+    __device__ __forceinline__ Cursor enter(int src) const {
+        for (; src >= 0; src = next_src(src)) {
+            int p_lo, p_hi;
+            range(src, p_lo, p_hi);
+            if (p_lo <= p_hi)
+                return Cursor{0, src, is_own(src) ? p_lo + (p_hi - p_lo) / kStep * kStep : p_lo, p_hi, true};
+        }
+        return Cursor{0, 0, 0, 0, false};
+    }
+
     __device__ __forceinline__ Cursor first() const {
+        if constexpr (kRankOrder) return enter(kt.own_seg >= 0 && n_src > 1 ? 1 : 0);
         Cursor c{0, 0, -1, 0, false};
         c.valid = settle(c);
         return c;
     }
     __device__ __forceinline__ Cursor next(Cursor c) const {
+        if constexpr (kRankOrder) {
+            if (++c.h < group) return c;
+            c.h = 0;
+            if (is_own(c.src)) {  // downwards to the block's first query tile (range's p_lo)
+                c.pos -= kStep;
+                c.valid = c.pos >= (kCausal ? key0 : 0);
+                return c;
+            }
+            c.pos += kStep;
+            return c.pos <= c.p_hi ? c : enter(next_src(c.src));
+        }
         c.pos += kStep;
         c.valid = settle(c);
         return c;
@@ -85,10 +121,10 @@ struct StridedRows {
     long long stride;
 };
 
-// The CTA's walk (blockIdx.x indexes the key-tile table) and where its key rows live.
-template <int kStep>
+// A CTA's walk (of one row of the key-tile table) and where its key rows live.
+template <int kStep, bool kRankOrder = false>
 struct KeyBlock {
-    Walk<kStep> w;
+    Walk<kStep, kRankOrder> w;
     bool has_own;
     int key_token0;  // first key row in the own (has_own) or context tensor
 
@@ -109,8 +145,9 @@ struct StepGeometry {
     bool need_mask;  // some (key, query) pair of the step is causal-diagonal or at a window boundary
 };
 
-template <int kStep>
-__device__ __forceinline__ StepGeometry step_geometry(const Walk<kStep>& w, const Cursor& c, int block_keys) {
+template <int kStep, bool kRankOrder>
+__device__ __forceinline__ StepGeometry step_geometry(const Walk<kStep, kRankOrder>& w, const Cursor& c,
+                                                      int block_keys) {
     StepGeometry sg;
     sg.seg = load_segment(w.segments, w.seg_of(c.src));
     const bool own = w.is_own(c.src);
@@ -124,8 +161,8 @@ __device__ __forceinline__ StepGeometry step_geometry(const Walk<kStep>& w, cons
 
 // Stage one step's Q and dO rows (kStep positions of one query head; smem tiles padded, or swizzled for wgmma) and
 // their LSE / D (rows beyond the segment: LSE = +inf so P = 0, D = 0) into the buffers given.
-template <int kStep, bool kSwizzle>
-__device__ __forceinline__ void load_walk_step(const Walk<kStep>& w, const Cursor& c, int kv_head,
+template <int kStep, bool kSwizzle, bool kRankOrder>
+__device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w, const Cursor& c, int kv_head,
                                                const elem_t* __restrict__ q, long long q_st, long long q_sh,
                                                const elem_t* __restrict__ dout, long long do_st, long long do_sh,
                                                const float* __restrict__ lse2, const float* __restrict__ delta,
@@ -144,12 +181,14 @@ __device__ __forceinline__ void load_walk_step(const Walk<kStep>& w, const Curso
     }
 }
 
-template <int kStep>
-__device__ __forceinline__ KeyBlock<kStep> make_key_block(const int* key_tiles, const int* segments, int group_size,
-                                                           int window_left, int block_keys) {
-    const int4 kt4 = reinterpret_cast<const int4*>(key_tiles)[blockIdx.x];
-    KeyBlock<kStep> b;
-    Walk<kStep>& w = b.w;
+// The walk of key tile `tile` (a row of the key-tile table).
+template <int kStep, bool kRankOrder = false>
+__device__ __forceinline__ KeyBlock<kStep, kRankOrder> make_key_block(const int* key_tiles, int tile,
+                                                                       const int* segments, int group_size,
+                                                                       int window_left, int block_keys) {
+    const int4 kt4 = reinterpret_cast<const int4*>(key_tiles)[tile];
+    KeyBlock<kStep, kRankOrder> b;
+    Walk<kStep, kRankOrder>& w = b.w;
     w.kt = KeyTile{kt4.x, kt4.y, kt4.z, kt4.w};
     w.segments = segments;
     w.group = group_size;

@@ -3,10 +3,8 @@
 #pragma once
 
 #include "common.cuh"
+#include "flags.cuh"  // DKV_WAIT_LIMIT, and the GPU-scope flags the warp-specialised backward orders dQ with
 
-#ifndef DKV_WAIT_LIMIT
-#define DKV_WAIT_LIMIT 4194304  // failed mbarrier tries before a trap (debug: raise it to tell a hang from a slow wait)
-#endif
 #define DKV_STR2(x) #x
 #define DKV_STR(x) DKV_STR2(x)
 
@@ -84,23 +82,6 @@ __device__ __forceinline__ void bulk_wait_read() {
 }
 // Orders this thread's async-proxy global writes (bulk copies) before its later generic-proxy accesses.
 __device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
-
-// ---- GPU-scope flags (deterministic ordering between CTAs).
-__device__ __forceinline__ int ld_acquire(const int* p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-// Spin until *p == v (acquire); traps after ~2^24 polls (seconds) rather than hang on an ordering bug.
-__device__ __forceinline__ void wait_flag(const int* p, int v) {
-    for (unsigned polls = 0; ld_acquire(p) != v;) {
-        if (++polls > 256) __nanosleep(64);
-        if (polls == (unsigned)DKV_WAIT_LIMIT * 4u) __trap();
-    }
-}
-__device__ __forceinline__ void st_release(int* p, int v) {
-    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
 
 // ---- stmatrix: four 8x8 16-bit matrices from mma C-fragment registers (thread l: row l / 4, columns 2 (l % 4), +1
 // of each) to shared memory, transposed; lanes 8j .. 8j + 7 give the addresses of matrix j's 8 (transposed) rows.

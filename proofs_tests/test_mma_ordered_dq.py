@@ -1,0 +1,397 @@
+"""The mma.sync dK/dV kernel's ordered dQ mode (csrc/bwd_dkdv.cu, DKV_DQ_ORDERED), checked on the CPU at the
+kernel's own geometry (:func:`dualkv.cuda.ws_schedule.mma_geometry`: its 64-query steps and 128-key blocks, causal
+or not): every dQ counter receives ranks 0..k-1 in launch order on random segment tables and prefix forests (or the
+kernel would deadlock), known-wrong launch orders and ranks are caught, replaying the walk in float64 reproduces the
+reference gradients, the switch is off by default and refuses what the mode does not support."""
+
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from dualkv import GroupLayout
+from dualkv.cuda import ws_schedule
+from dualkv.cuda.call2 import map_call2
+from dualkv.cuda.configs import (DKDV_TILES, ORDERED_HEAD_DIMS, KernelSpec, dkdv_spec, dq_ordered_for, kernel_family,
+                                 mma_backward)
+from dualkv.cuda.schedule import check_block_order, key_tiles, segments_from_cu_seqlens
+from dualkv.cuda.ws_schedule import (Geometry, check_dq_order, check_launch_order, launch_order, mma_geometry,
+                                     numeric_backward)
+from test_ws_backward_schedule import _reference_grads
+from test_ws_backward_tree import _deep_tree, _float64_case, _forests, _schedule
+
+LENGTHS = (1, 63, 64, 65, 127, 128, 129, 300)
+GEOMETRIES = sorted({mma_geometry(d) for d in ORDERED_HEAD_DIMS}, key=repr)
+
+
+def _group_layouts(rng: random.Random, count: int):
+    """Random two-level layouts: one to three groups, N = 1 included, awkward lengths."""
+    for _ in range(count):
+        g = rng.randint(1, 3)
+        yield GroupLayout.from_lengths([rng.choice(LENGTHS) for _ in range(g)],
+                                       [[rng.choice(LENGTHS[:-1]) for _ in range(rng.randint(1, 4))]
+                                        for _ in range(g)])
+
+
+def _call2_table(rng: random.Random) -> np.ndarray:
+    """The paper's call 2 on a separate context: one shared context, or (query rows != decoded rows) several
+    context lengths and context-free segments (dualkv.cuda.call2)."""
+    lens = [rng.choice(LENGTHS) for _ in range(rng.randint(1, 4))]
+    p = rng.choice((0, 1, 65, 200, 300))
+    if rng.random() < 0.5:
+        return segments_from_cu_seqlens(np.cumsum([0] + lens).tolist(), p)
+    rows = [rng.randint(0, p + r) for r in lens]
+    return map_call2(np.cumsum([0] + rows).tolist(), np.cumsum([0] + lens).tolist(), p).segments
+
+
+def _ordered_tiles(seg: np.ndarray, geo: Geometry, ctx_shared: bool) -> np.ndarray:
+    tiles = launch_order(key_tiles(seg, geo.block_keys, ctx_shared, geo.causal), seg)
+    check_block_order(tiles)
+    check_launch_order(tiles, seg)
+    return tiles
+
+
+def test_geometry_is_the_kernels():
+    """The ranks are stated at the tile the ordered kernel is built with (DKV_BLOCK_M queries per step, warps x 16
+    keys per block)."""
+    for d in ORDERED_HEAD_DIMS:
+        spec = dkdv_spec(d, torch.bfloat16, False, "sm_80", dq_ordered=True)
+        defines = dict(spec.defines())
+        geo = mma_geometry(d)
+        assert (spec.kernel, defines["DKV_DQ_ORDERED"], defines["DKV_DQ_ATOMIC"]) == ("bwd_dkdv", "1", "0")
+        assert int(defines["DKV_BLOCK_M"]) == geo.step == DKDV_TILES[d].block_m
+        assert int(defines["DKV_WARPS"]) // int(defines["DKV_DSPLIT"]) * 16 == geo.block_keys
+        assert mma_geometry(d, causal=False) == replace(geo, causal=False)
+    assert "DKV_DQ_ORDERED" not in dict(dkdv_spec(64, torch.bfloat16, False, "sm_80").defines())
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("geo", GEOMETRIES, ids=repr)
+def test_shared_prefix_counters_receive_ranks_in_order(seed, geo):
+    rng = random.Random(seed)
+    for layout in _group_layouts(rng, 20):
+        seg = layout.segment_table
+        tiles = _ordered_tiles(seg, geo, ctx_shared=True)
+        for group in (1, 2):
+            check_dq_order(tiles, seg, group, geo=geo)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non_causal"])
+@pytest.mark.parametrize("geo", GEOMETRIES, ids=repr)
+def test_paper_api_counters_receive_ranks_in_order(seed, causal, geo):
+    """Call 2 (a separate context tensor; several context lengths; causal or not) and non-causal call 1."""
+    geo = replace(geo, causal=causal)
+    rng = random.Random(100 + seed)
+    for _ in range(20):
+        seg = _call2_table(rng)
+        check_dq_order(_ordered_tiles(seg, geo, ctx_shared=False), seg, 2, geo=geo)
+        prompts = segments_from_cu_seqlens(np.cumsum([0] + [rng.choice(LENGTHS) for _ in range(3)]).tolist(), 0)
+        check_dq_order(_ordered_tiles(prompts, geo, ctx_shared=True), prompts, 1, geo=geo)
+
+
+def test_plans_carry_an_order_the_ordered_kernel_accepts():
+    """The launcher hands the ordered kernel the plan's key tiles as they are."""
+    from dualkv.cuda.launch import make_plan
+
+    for d in ORDERED_HEAD_DIMS:
+        for seg, ctx_shared in ((GroupLayout.from_lengths([200, 70], [[129, 5], [64, 1, 300]]).segment_table, True),
+                                (segments_from_cu_seqlens([0, 65, 66, 300], 257), False)):
+            plan = make_plan(seg, head_dim=d, group_size=2, window_left=-1, device=torch.device("cpu"),
+                             ctx_shared=ctx_shared, fwd_kernel="fwd")
+            check_dq_order(plan.key_tiles.numpy(), seg, 2, geo=mma_geometry(d))
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_other_geometries(seed):
+    """The statements are the kernel's at any step / key block (the WS constants are only the default)."""
+    rng = random.Random(seed)
+    for geo in (Geometry(32, 128), Geometry(64, 64), Geometry(16, 64, causal=False), Geometry(64, 256)):
+        for layout in _group_layouts(rng, 8):
+            if geo.causal:
+                seg = layout.segment_table
+                check_dq_order(_ordered_tiles(seg, geo, True), seg, 2, geo=geo)
+        seg = _call2_table(rng)
+        check_dq_order(_ordered_tiles(seg, geo, False), seg, 1, geo=geo)
+    with pytest.raises(ValueError, match="multiple of step"):
+        Geometry(64, 96)
+
+
+def test_wrong_launch_orders_are_caught():
+    geo = mma_geometry(128)
+    seg = GroupLayout.from_lengths([300, 70], [[129, 5], [64, 1]]).segment_table
+    heaviest_first = key_tiles(seg, geo.block_keys, True)
+    tiles = launch_order(heaviest_first, seg)
+    check_dq_order(tiles, seg, 2, geo=geo)
+    with pytest.raises(RuntimeError, match="after a shared-key tile"):
+        check_launch_order(heaviest_first, seg)
+    for wrong in (heaviest_first, tiles[::-1], np.delete(tiles, 0, axis=0)):
+        with pytest.raises(RuntimeError, match="not 0..k-1"):
+            check_dq_order(wrong, seg, 2, geo=geo)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non_causal"])
+def test_wrong_ranks_are_caught(monkeypatch, causal):
+    """Ranks that leave out the dependent's own blocks, count them at the WS kernel's 128-key blocks when the kernel
+    has 64-key blocks, or count them causally in a non-causal kernel: every one would deadlock, and is caught."""
+    seg = segments_from_cu_seqlens([0, 65, 66, 300, 429], 257)
+    geo = Geometry(64, 64, causal)
+    tiles = _ordered_tiles(seg, geo, ctx_shared=False)
+    check_dq_order(tiles, seg, 1, geo=geo)
+    real = ws_schedule.own_reach
+    wrong_reaches = [lambda qt, g=ws_schedule.WS, q_len=0: 0,
+                     lambda qt, g=ws_schedule.WS, q_len=0: real(qt, replace(g, block_keys=128), q_len)]
+    if not causal:
+        wrong_reaches.append(lambda qt, g=ws_schedule.WS, q_len=0: real(qt, replace(g, causal=True), q_len))
+    for wrong in wrong_reaches:
+        monkeypatch.setattr(ws_schedule, "own_reach", wrong)
+        with pytest.raises(RuntimeError, match="not 0..k-1"):
+            check_dq_order(tiles, seg, 1, geo=geo)
+
+
+@pytest.mark.parametrize("layout", [GroupLayout.single(257, [129, 1, 64]), GroupLayout.single(1, [1]),
+                                    GroupLayout.from_lengths([63, 300, 65], [[127], [1, 65, 129], [200, 2]])],
+                         ids=repr)
+def test_replay_equals_reference_backward(layout):
+    """float64 replay of the ordered walk at the kernel's geometry (every step's five products, masks, dQ in table
+    order) against autograd through the reference."""
+    torch.manual_seed(0)
+    t, h, hk, d = layout.total_tokens, 4, 2, 16
+    q = torch.randn(t, h, d, dtype=torch.float64)
+    k, v = (torch.randn(t, hk, d, dtype=torch.float64) for _ in range(2))
+    dout = torch.randn(t, h, d, dtype=torch.float64)
+    seg = layout.segment_table
+    geo = mma_geometry(128)
+    dq, _, _, dk, dv = numeric_backward(q, k, v, k, v, dout, seg, _ordered_tiles(seg, geo, True), d ** -0.5, geo=geo)
+    for got, want in zip((dq, dk, dv), _reference_grads(q, k, v, dout, layout)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non_causal"])
+@pytest.mark.parametrize("geo", [None, Geometry(32, 64)], ids=["mma", "step32_block64"])
+def test_replay_paper_api_equals_reference_backward(causal, geo):
+    """A separate context tensor (context tiles first-class dependents), causal or not; at the kernel's geometry and
+    at another one."""
+    from dualkv.reference import flash_attn_dualkv_varlen_func
+
+    torch.manual_seed(1)
+    p, lens, h, hk, d = 200, [70, 1, 129, 65], 4, 1, 16
+    cu = np.cumsum([0] + lens).tolist()
+    seg = segments_from_cu_seqlens(cu, p)
+    t = cu[-1]
+    q = torch.randn(t, h, d, dtype=torch.float64)
+    kd, vd = (torch.randn(t, hk, d, dtype=torch.float64) for _ in range(2))
+    kc, vc = (torch.randn(p, hk, d, dtype=torch.float64) for _ in range(2))
+    dout = torch.randn(t, h, d, dtype=torch.float64)
+    geo = mma_geometry(64, causal) if geo is None else replace(geo, causal=causal)
+    got = numeric_backward(q, kc, vc, kd, vd, dout, seg, _ordered_tiles(seg, geo, False), d ** -0.5, geo=geo)
+    leaves = [x.clone().requires_grad_() for x in (q, kc, vc, kd, vd)]
+    cu_t = torch.tensor(cu, dtype=torch.int32)
+    out = flash_attn_dualkv_varlen_func(*leaves, cu_t, cu_t, max(lens), p, max(lens), causal=causal)
+    for a, b in zip(got, torch.autograd.grad(out, leaves, dout)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_switch_is_off_by_default_and_picks_the_mma_kernel_only():
+    assert not dq_ordered_for(128, "sm_80", window=False)            # DUALKV_MMA_BWD unset: "split"
+    with mma_backward("ordered"):
+        assert dq_ordered_for(128, "sm_80", window=False)
+        assert dq_ordered_for(32, "sm_90", window=False)             # no wgmma dK/dV kernel at d = 32
+        assert not dq_ordered_for(128, "sm_90", window=False)        # the wgmma kernels serve it
+        with kernel_family("mma"):
+            assert dq_ordered_for(128, "sm_90", window=False)
+        assert not dq_ordered_for(128, "sm_80", window=True)         # windows keep the dQ kernel
+        assert not dq_ordered_for(192, "sm_80", window=False)
+    assert not dq_ordered_for(128, "sm_80", window=False)            # restored after the block
+
+
+def test_bad_switch_values_are_refused_by_name(monkeypatch):
+    from dualkv.cuda import configs
+
+    with pytest.raises(ValueError, match="mma backward must be one of"):
+        mma_backward("fast")
+    monkeypatch.setattr(configs, "_mma_backward", ["fast"])           # what DUALKV_MMA_BWD=fast leaves at import
+    with pytest.raises(ValueError, match="DUALKV_MMA_BWD must be one of"):
+        dq_ordered_for(128, "sm_80", window=False)
+
+
+def test_unsupported_ordered_specs_are_refused():
+    base = dkdv_spec(128, torch.bfloat16, False, "sm_80", dq_ordered=True)
+    with pytest.raises(ValueError, match="no sliding window"):
+        replace(base, window=True)
+    assert dict(replace(base, tree=True).defines())["DKV_TREE"] == "1"
+    with pytest.raises(ValueError, match="tree build is causal, with key blocks of 128"):
+        replace(base, tree=True, tile=DKDV_TILES[192])
+    with pytest.raises(ValueError, match="prefix-tree specializations exist"):
+        dkdv_spec(128, torch.bfloat16, False, "sm_80", tree=True)  # the split backward's dK/dV kernel has none
+    with pytest.raises(ValueError, match="atomic or ordered"):
+        replace(base, dq_atomic=True)
+    with pytest.raises(ValueError, match="ordered dQ mode exists for the dK/dV kernel"):
+        KernelSpec("bwd_dkdv", 192, "bf16", DKDV_TILES[192], 1, False, "sm_80", dq_ordered=True)
+    with pytest.raises(ValueError, match="whole query steps"):
+        replace(base, tile=replace(DKDV_TILES[128], block_m=48))
+
+
+def test_counters_index_every_query_tile_once():
+    """The launcher's counter table: tile t of segment s at qtile_offset[s] + t, all inside n_qtiles."""
+    from dualkv.cuda.launch import _dq_counters
+
+    seg = GroupLayout.from_lengths([1, 300], [[63, 65], [129, 1, 64]]).segment_table
+    sems, offset, n_qtiles = _dq_counters(torch.from_numpy(seg), int(seg[:, 1].sum()), 3, 64)
+    tiles = [(s, t) for s in range(seg.shape[0]) for t in range(-(-int(seg[s, 1]) // 64))]
+    index = [int(offset[s]) + t for s, t in tiles]
+    assert sorted(index) == list(range(len(tiles))) and len(tiles) <= n_qtiles
+    assert sems.shape == (3, n_qtiles) and sems.dtype == torch.int32 and not sems.any()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_counters_receive_ranks_in_order(seed):
+    """Prefix forests (the DKV_TREE=1 build): the ancestor-chain ranks at the kernel's geometry, in the tree plan's
+    launch order (deeper nodes first); shallow-first is caught."""
+    for d in (64, 128):
+        geo = mma_geometry(d)
+        for layout in _forests(seed, 15):
+            rows, tiles, ranks = _schedule(layout)
+            check_dq_order(tiles, rows, 2, tree=ranks, geo=geo)
+    rows, tiles, ranks = _schedule(_deep_tree())
+    shallow_first = tiles[np.argsort(ranks.depth[tiles[:, 0]], kind="stable")]
+    with pytest.raises(RuntimeError, match="not 0..k-1"):
+        check_dq_order(shallow_first, rows, tree=ranks, geo=mma_geometry(128))
+    with pytest.raises(ValueError, match="causal kernels only"):
+        check_dq_order(tiles, rows, tree=ranks, geo=mma_geometry(128, causal=False))
+
+
+def test_tree_replay_equals_the_tree_reference():
+    from dualkv import PrefixTreeLayout
+    from dualkv.reference.tree import tree_attention
+
+    geo = mma_geometry(128)
+    two_roots = PrefixTreeLayout([129, 63, 65, 1, 127, 129, 64, 1, 65], [-1, 0, 1, 1, 0, 4, 4, -1, 7])
+    for layout in (_deep_tree(), two_roots):
+        q, k, v, dout = _float64_case(layout)
+        scale = q.shape[-1] ** -0.5
+        ts = [t.clone().requires_grad_() for t in (q, k, v)]
+        want = torch.autograd.grad((tree_attention(*ts, layout, softmax_scale=scale) * dout).sum(), ts)
+        rows, tiles, _ = _schedule(layout)
+        dq, _, _, dk, dv = numeric_backward(q, k, v, k, v, dout, rows, tiles, scale, tree=layout, geo=geo)
+        for got, ref in zip((dq, dk, dv), want):
+            torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
+
+
+def test_tree_plans_give_the_ordered_kernel_its_counters():
+    """The launcher's tree counters: one per (head, token), no offsets."""
+    from dualkv.cuda.launch import _dq_counters
+
+    sems, offset, n_qtiles = _dq_counters(torch.zeros(40, dtype=torch.int32), 300, 4, 64, tree=True)
+    assert offset is None and n_qtiles == 300 and sems.shape == (4, 300) and not sems.any()
+
+
+def _kernel_walk(tile, seg: np.ndarray, group: int, geo: Geometry) -> list[tuple[int, int, int]]:
+    """(segment, query tile, head) of every step of csrc/keywalk.cuh's rank-ordered Walk (first / next / enter /
+    next_src), transcribed statement by statement: source 0 is the own segment when there is one."""
+    own_seg, blk, dep_begin, dep_end = tile
+    n_src = (1 if own_seg >= 0 else 0) + dep_end - dep_begin
+    key0 = blk * geo.block_keys
+    seg_of = lambda src: (own_seg if src == 0 else dep_begin + src - 1) if own_seg >= 0 else dep_begin + src  # noqa
+    is_own = lambda src: own_seg >= 0 and src == 0  # noqa: E731
+
+    def rng(src):
+        q_len = int(seg[seg_of(src), 1])
+        return ((key0 if geo.causal else 0) if is_own(src) else 0), q_len - 1
+
+    def next_src(src):
+        if own_seg >= 0 and src == 0:
+            return -1
+        if src + 1 < n_src:
+            return src + 1
+        return 0 if own_seg >= 0 else -1
+
+    def enter(src):
+        while src >= 0:
+            lo, hi = rng(src)
+            if lo <= hi:
+                return [0, src, lo + (hi - lo) // geo.step * geo.step if is_own(src) else lo, hi, True]
+            src = next_src(src)
+        return [0, 0, 0, 0, False]
+
+    c, steps = enter(1 if own_seg >= 0 and n_src > 1 else 0), []
+    while c[4]:
+        steps.append((seg_of(c[1]), c[2] // geo.step, c[0]))
+        c[0] += 1
+        if c[0] < group:
+            continue
+        c[0] = 0
+        if is_own(c[1]):
+            c[2] -= geo.step
+            c[4] = c[2] >= (key0 if geo.causal else 0)
+        else:
+            c[2] += geo.step
+            if c[2] > c[3]:
+                c = enter(next_src(c[1]))
+    return steps
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non_causal"])
+def test_kernel_walk_is_the_ranked_walk(causal):
+    """The kernel's cursor logic (transcribed) visits exactly ws_schedule.walk's steps in its order, so the ranks
+    checked above are the ones the kernel's steps carry."""
+    rng = random.Random(7)
+    geo = replace(mma_geometry(128), causal=causal)
+    tables = [(_call2_table(rng), False) for _ in range(15)]
+    if causal:
+        tables += [(layout.segment_table, True) for layout in _group_layouts(rng, 15)]
+    for seg, ctx_shared in tables:
+        for tile in key_tiles(seg, geo.block_keys, ctx_shared, causal).tolist():
+            for group in (1, 3):
+                want = [(s.seg, s.qt, s.head) for s in ws_schedule.walk(tile, seg, group, geo)]
+                assert _kernel_walk(tile, seg, group, geo) == want, (tile, seg.tolist())
+
+
+class _StandInKernel:
+    """A loaded kernel that records its launches instead of running (the CPU has no GPU)."""
+
+    def __init__(self, spec, log):
+        self.spec, self.log = spec, log
+
+    def launch(self, grid, args):
+        self.log.append((self.spec, grid, args))
+
+
+@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "split"])
+def test_backward_routes_each_key_tile_order(monkeypatch, ordered):
+    """run_backward's wiring with stand-in kernels: the ordered dK/dV kernel gets the plan's launch order (its dQ
+    ranks need it), a 1-D grid of tiles x K/V heads, zeroed counters and the dq cast; the split pair keeps the
+    heaviest-first table for its dK/dV kernel. A table in the wrong slot would be seen here."""
+    from dualkv.cuda import launch
+
+    log = []
+    monkeypatch.setattr(launch, "device_index", lambda t: 0)
+    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_80")
+    monkeypatch.setattr(launch, "get_kernel", lambda spec, device: _StandInKernel(spec, log))
+    monkeypatch.setattr(launch, "run_prep", lambda dout, out, lse, d_lse: (lse.clone(), lse.clone()))
+    layout = GroupLayout.from_lengths([200, 70], [[129, 5], [64, 1, 300]])
+    plan = launch.make_plan(layout.segment_table, head_dim=64, group_size=2, window_left=-1,
+                            device=torch.device("cpu"), ctx_shared=True, fwd_kernel="fwd")
+    assert not torch.equal(plan.key_tiles, plan.dkdv_key_tiles)
+    t = layout.total_tokens
+    q, dout, out = (torch.zeros(t, 4, 64, dtype=torch.bfloat16) for _ in range(3))
+    k = torch.zeros(t, 2, 64, dtype=torch.bfloat16)
+    lse = torch.zeros(4, t)
+    with mma_backward("ordered" if ordered else "split"):
+        launch.run_backward(dout, q, k, k, k, k, out, lse, plan.segments, plan.dq_tiles, plan.key_tiles,
+                            plan.dq_pack, True, scale=0.125, window_left=-1, dkdv_key_tiles_t=plan.dkdv_key_tiles)
+    dkdv = [(spec, grid, args) for spec, grid, args in log if spec.kernel == "bwd_dkdv"]
+    assert len(dkdv) == 1
+    spec, grid, args = dkdv[0]
+    n_tiles = plan.key_tiles.shape[0]
+    segments, tiles, kv_heads = args[-6], args[-5], args[-7]  # (..., kv_heads, segments, key tiles, 4 scalars)
+    assert spec.dq_ordered == ordered and segments == plan.segments.data_ptr()
+    if ordered:
+        assert grid == (n_tiles * 2, 1, 1) and kv_heads == 2               # tile-major, K/V-head-minor grid
+        assert tiles == plan.key_tiles.data_ptr()
+        assert [s.kernel for s, _, _ in log] == ["bwd_dkdv", "bwd_dq_cast"]
+    else:
+        assert grid == (n_tiles, 2, 1) and tiles == plan.dkdv_key_tiles.data_ptr()
+        assert [s.kernel for s, _, _ in log] == ["bwd_dq", "bwd_dkdv"]
