@@ -71,6 +71,22 @@ def test_descriptors_read_what_the_loads_wrote(kernel, d):
             assert len(extra) == (cols - d) * rows
 
 
+@pytest.mark.parametrize("d", (64, 96, 128))
+def test_strided_loads_cover_the_tile_once(d):
+    """The unrolled cp.async loop (each thread one chunk column, its destination stepped by a constant) puts every
+    (row, chunk < d / 8) exactly where swizzled_offset says, once, for the key-side tiles of the wgmma_v1 kernels
+    (256 threads; 64- and 128-row tiles)."""
+    cols = tile_head_dim(d)
+    for rows in (64, 128):
+        writes = sw.strided_load_writes(rows, d, cols, 256)
+        assert writes, (rows, d)  # the fast path applies (the kernel would take the generic loop otherwise)
+        assert sorted((r, c) for r, c, _ in writes) == [(r, c) for r in range(rows) for c in range(d // 8)]
+        assert all(off == sw.swizzled_offset(rows, r, c) for r, c, off in writes)
+    # tiled by its own 12 chunk columns, a 96 head dim does not divide 256 threads: the kernel would fall back to the
+    # generic loop, which made the dK/dV kernel spill (72-132 bytes a thread, measured with ptxas -v)
+    assert sw.strided_load_writes(128, 96, 96, 256) == []
+
+
 def test_specs_of_head_dim_96_route_to_wgmma_v1_with_padded_tiles():
     for dtype in (torch.bfloat16, torch.float16):
         with kernel_family("wgmma_v1"):
@@ -133,6 +149,11 @@ def test_the_model_transcribes_the_cuda_source():
                  "return tile_desc + ((s * 16 * 128) >> 4);",
                  "((unsigned long long)((stride >> 4) & 0x3FFF) << 32) | (1ull << 62);"):
         assert line in sm90, line
+    for line in ("constexpr int kSlots = kSwizzle ? kHeadDimAcc / 8 : kChunksPerRow;",
+                 "const int r0 = threadIdx.x / kSlots, c = threadIdx.x % kSlots;",
+                 "if (c >= kChunksPerRow) return;",
+                 "constexpr int kDstStep = kSwizzle ? kRowsPerPass * 128"):
+        assert line in common, line
     for name in ("fwd_sm90.cu", "bwd_dq_sm90.cu", "bwd_dkdv_sm90.cu"):
         src = (CSRC / name).read_text()
         assert "kHeadDimAcc / 16" not in src and re.search(r"s < kHeadDim / 16;", src), name

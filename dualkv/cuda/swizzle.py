@@ -75,6 +75,25 @@ def loaded_elements(rows: int, head_dim: int, tile: int = 0) -> dict[tuple[int, 
             for r in range(rows) for c in range(head_dim // 8) for e in range(8)}
 
 
+def strided_load_writes(rows: int, head_dim: int, tile_cols: int, threads: int) -> list[tuple[int, int, int]]:
+    """common.cuh ``load_strided_rows<kRows, true>``'s fast path, thread by thread: each thread takes chunk column
+    ``tid % slots`` (slots = tile_cols / 8), rows ``tid / slots + i * rows_per_pass``, destination stepping by
+    ``rows_per_pass * 128`` bytes from ``swizzled_offset`` of its first row; threads of chunk columns past the head
+    dim load nothing. Returns (row, chunk, byte offset) per copy; [] where the kernel takes the generic path."""
+    slots = tile_cols // 8
+    per_pass = threads // slots
+    if threads % slots or rows % per_pass or per_pass % 8:
+        return []
+    out = []
+    for tid in range(threads):
+        r0, c = tid // slots, tid % slots
+        if c >= head_dim // 8:
+            continue
+        out += [(r0 + i * per_pass, c, swizzled_offset(rows, r0, c) + i * per_pass * 128)
+                for i in range(rows // per_pass)]
+    return out
+
+
 # ---- the hardware's reading of a descriptor (independent of the above) ----
 
 def read_kmajor(desc: Descriptor, m: int = 64) -> dict[tuple[int, int], int]:
