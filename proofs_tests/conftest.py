@@ -27,3 +27,19 @@ def cuda_debug():
     assert dualkv.backend_name(torch.empty(0, device="cuda", dtype=torch.bfloat16)) == "cuda"
     with debug(poison=True, sync=True):
         yield
+
+
+@pytest.fixture
+def launched_specs(monkeypatch):
+    """The KernelSpecs of every kernel the CUDA launchers load (dualkv.cuda.launch.get_kernel), in call order."""
+    from dualkv.cuda import launch
+
+    specs = []
+    real = launch.get_kernel
+
+    def record(spec, device):
+        specs.append(spec)
+        return real(spec, device)
+
+    monkeypatch.setattr(launch, "get_kernel", record)
+    return specs

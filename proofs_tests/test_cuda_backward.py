@@ -26,10 +26,10 @@ def test_shared_prefix_gradients(case, dtype):
     assert_rows_pass(shared_prefix_check(case, dtype=dtype, device="cuda"))
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("case", _sweep()[::3], ids=lambda c: c.name)
 def test_mma_backward_on_hopper_too(case, head_dim):
-    """On sm_90 the public functions run the wgmma kernels for d = 64 / 128; the mma.sync kernels (what sm_80 runs
+    """On sm_90 the public functions run the wgmma kernels for d = 64 / 96 / 128; the mma.sync kernels (what sm_80 runs
     and `kernel_family("mma")` selects) stay correct there too."""
     from dataclasses import replace
 

@@ -35,10 +35,10 @@ def test_paper_api_every_head_dim(head_dim, dtype):
     assert_rows_pass(two_call_check(case, dtype=dtype, device="cuda", with_grad=False))
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("case", _sweep()[::3], ids=lambda c: c.name)
 def test_mma_forward_on_hopper_too(case, head_dim):
-    """On sm_90 the public functions run the wgmma forward for d = 64 / 128; the mma.sync forward stays correct
+    """On sm_90 the public functions run the wgmma forward for d = 64 / 96 / 128; the mma.sync forward stays correct
     there too (it is what sm_80 runs and what `kernel_family("mma")` selects)."""
     from dataclasses import replace
 

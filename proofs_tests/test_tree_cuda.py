@@ -69,7 +69,7 @@ def assert_pass(rows, what):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_tree_kernels_meet_the_rule(shape, d, dtype, family):
     layout = SHAPES[shape]

@@ -121,6 +121,7 @@ DKDV_TILES: dict[int, KeyTileConfig] = {
 #: Hopper forward (wgmma, sm_90a): two warpgroups of 64 query rows, 128-key blocks, double-buffered K/V.
 SM90_FWD_TILES: dict[int, TileConfig] = {
     64: TileConfig(block_n=128, warps=8, mslabs=1),
+    96: TileConfig(block_n=128, warps=8, mslabs=1),  # tiles of 128 columns (WGMMA_V1_PADDED_HEAD_DIMS)
     128: TileConfig(block_n=128, warps=8, mslabs=1),
 }
 
@@ -138,6 +139,7 @@ SM90_WS_FWD_TILES: dict[int, TileConfig] = {
 #: deterministic (no atomic dQ).
 SM90_DKDV_TILES: dict[int, KeyTileConfig] = {
     64: KeyTileConfig(block_m=64, warps=8, stages=3),
+    96: KeyTileConfig(block_m=64, warps=8, stages=3),
     128: KeyTileConfig(block_m=64, warps=8, stages=3),
 }
 
@@ -152,8 +154,21 @@ SM90_WS_BWD_TILES: dict[int, KeyTileConfig] = {
 #: Hopper dQ kernel (wgmma, sm_90a): two warpgroups of 64 query rows, 64-key blocks, double-buffered K/V.
 SM90_DQ_TILES: dict[int, TileConfig] = {
     64: TileConfig(block_n=64, warps=8, mslabs=1),
+    96: TileConfig(block_n=64, warps=8, mslabs=1),
     128: TileConfig(block_n=64, warps=8, mslabs=1),
 }
+
+#: The first wgmma kernels (fwd_sm90, bwd_dq_sm90, bwd_dkdv_sm90) keep their tiles in 64-column 128-byte-swizzle
+#: atoms, so a head dim that is not a multiple of 64 gets whole atoms in shared memory: its tiles and output
+#: accumulators have :func:`tile_head_dim` columns, the loads fill the first ``head_dim`` of them, the products over
+#: the head dim take ``head_dim / 16`` k-steps, and the products whose N is the head dim run at the padded N (the
+#: extra output columns are dropped). ``csrc/sm90.cuh`` states the argument; dualkv/cuda/swizzle.py models it.
+WGMMA_V1_KERNELS = ("fwd_sm90", "bwd_dq_sm90", "bwd_dkdv_sm90")
+
+
+def tile_head_dim(head_dim: int) -> int:
+    """Columns of a wgmma_v1 shared-memory tile for ``head_dim``: whole 64-column swizzle atoms (96 -> 128)."""
+    return -(-head_dim // 64) * 64
 
 
 
@@ -399,14 +414,14 @@ class KernelSpec:
             return 0
         if self.kernel == "fwd":
             return (t.block_m + 2 * t.block_n) * row
-        if self.kernel == "fwd_sm90":  # swizzled (unpadded) Q + two stages of K and V, 1 KB alignment slack
-            return (t.block_m + 4 * t.block_n) * self.head_dim * 2 + 1024
+        if self.kernel == "fwd_sm90":  # swizzled Q + two stages of K and V (whole atoms), 1 KB alignment slack
+            return (t.block_m + 4 * t.block_n) * self.tile_head_dim * 2 + 1024
         if self.kernel == "fwd_sm90_ws":  # swizzled Q + `stages` stages of K and V, mbarriers, 1 KB alignment slack
             return (t.block_m + 2 * t.stages * t.block_n) * self.head_dim * 2 + 8 * (1 + 3 * t.stages) + 1024
         if self.kernel == "bwd_dq":
             return (2 * t.block_m + 2 * t.block_n) * row
-        if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V; 1 KB alignment slack
-            return (2 * t.block_m + 4 * t.block_n) * self.head_dim * 2 + 1024
+        if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V (whole atoms); 1 KB slack
+            return (2 * t.block_m + 4 * t.block_n) * self.tile_head_dim * 2 + 1024
         if self.kernel == "bwd_sm90_ws":  # K, V; Q/dO/LSE/D/step-record stages; dS; fp32 dQ rows; mbarriers
             return (2 * t.block_keys * self.head_dim * 2 + 2 * t.stages * t.block_m * self.head_dim * 2
                     + (3 - t.dq_buffers) * t.block_m * t.block_keys * 2
@@ -414,16 +429,24 @@ class KernelSpec:
                     + 2 * t.stages * t.block_m * 4 + 16 * t.stages + 8 * (1 + 2 * t.stages + 2 * t.dq_buffers)
                     + 1024)
         if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + `stages` stages of Q, dO, LSE, D; 1 KB alignment slack
-            return ((2 * t.block_keys + 2 * t.stages * t.block_m) * self.head_dim * 2 + 2 * t.stages * t.block_m * 4
-                    + 1024)
+            return ((2 * t.block_keys + 2 * t.stages * t.block_m) * self.tile_head_dim * 2
+                    + 2 * t.stages * t.block_m * 4 + 1024)
         ds_tile = t.block_keys * (t.block_m + 8) * 2 if self.dq_atomic or self.dq_ordered else 0
         return (2 * t.block_keys + 2 * t.stages * t.block_m) * row + 2 * t.stages * t.block_m * 4 + ds_tile
+
+    @property
+    def tile_head_dim(self) -> int:
+        """Columns of the kernel's shared-memory tiles and output accumulators (``DKV_HEAD_DIM_ACC``): the head dim,
+        or for the wgmma_v1 kernels whole 64-column swizzle atoms (:data:`WGMMA_V1_KERNELS`)."""
+        return tile_head_dim(self.head_dim) if self.kernel in WGMMA_V1_KERNELS else self.head_dim
 
     def defines(self) -> list[tuple[str, str]]:
         t = self.tile
         common = [("DKV_HEAD_DIM", str(self.head_dim)), ("DKV_WARPS", str(t.warps)), ("DKV_DSPLIT", str(t.dsplit)),
                   ("DKV_BF16", "1" if self.dtype == "bf16" else "0"), ("DKV_WINDOW", "1" if self.window else "0"),
                   ("DKV_CAUSAL", "1" if self.causal else "0")]
+        if self.tile_head_dim != self.head_dim:
+            common += [("DKV_HEAD_DIM_ACC", str(self.tile_head_dim))]
         if self.kernel in ("bwd_prep", "bwd_dq_cast"):
             return common
         if self.kernel in ("bwd_dkdv", "bwd_dkdv_sm90", "bwd_sm90_ws"):

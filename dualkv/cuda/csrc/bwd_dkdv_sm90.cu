@@ -29,9 +29,9 @@ constexpr int kBlockKeys = 128;
 constexpr int kStages = 3;
 static_assert(kWarps == 8 && DKV_DSPLIT == 1 && DKV_STAGES == kStages && DKV_DQ_ATOMIC == 0,
               "the wgmma dK/dV kernel runs two warpgroups of 64 keys, three stages, deterministic dQ elsewhere");
-static_assert(kHeadDim % 64 == 0 && kBlockM % 64 == 0, "swizzle atoms are 64 elements wide");
-constexpr int kKeyBytes = kBlockKeys * kHeadDim * 2;
-constexpr int kStepBytes = kBlockM * kHeadDim * 2;
+static_assert(kHeadDimAcc % 64 == 0 && kBlockM % 64 == 0, "swizzle atoms are 64 elements wide");
+constexpr int kKeyBytes = kBlockKeys * kHeadDimAcc * 2;  // tiles of kHeadDimAcc columns (sm90.cuh: head dim 96)
+constexpr int kStepBytes = kBlockM * kHeadDimAcc * 2;
 
 }  // namespace
 
@@ -68,7 +68,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dkdv_sm90(D
     const int wg_key0 = __shfl_sync(0xffffffff, (warp / 4) * 64, 0);  // warp-uniform: descriptors in uniform registers
     const unsigned long long k_desc = kmajor_tile(smem_addr(sK), wg_key0), v_desc = kmajor_tile(smem_addr(sV), wg_key0);
 
-    float acc_dk[1][kHeadDim / 8][4], acc_dv[1][kHeadDim / 8][4];
+    float acc_dk[1][kHeadDimAcc / 8][4], acc_dv[1][kHeadDimAcc / 8][4];
     zero_acc(acc_dk[0]);
     zero_acc(acc_dv[0]);
 

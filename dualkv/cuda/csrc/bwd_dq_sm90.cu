@@ -5,7 +5,8 @@
 // K and V blocks are double-buffered with cp.async (128-byte-swizzle tiles). Per key block and warpgroup:
 //   S = Q K^T  and  dP = dO V^T      wgmma m64 n{kBlockN}, K-major operands, issued together;
 //   P = exp2(S * scale_log2 - LSE)   (masked) while dP runs;  dS = P * (dP - D);
-//   dQ += dS K                       wgmma m64 n{HEAD_DIM}, A (dS) from registers, B (K) N-major.
+//   dQ += dS K                       wgmma m64 n{kHeadDimAcc}, A (dS) from registers, B (K) N-major.
+// (At head dim 96 the tiles have 128 columns: sm90.cuh, the 96 head dim.)
 // Finally dQ *= softmax_scale, cast once, stored through a padded smem tile.
 #include "kernel_params.cuh"
 #include "qtile_sm90.cuh"
@@ -32,7 +33,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_bwd_dq_sm90(DKV
 
     float row_lse[1][2], row_delta[1][2];
     load_row_stats(row_lse, row_delta, lse2, delta, lse_sh, t, qw.row0, qw.g);
-    float acc_dq[1][kHeadDim / 8][4];
+    float acc_dq[1][kHeadDimAcc / 8][4];
     zero_rows(acc_dq);
     const unsigned long long q_desc = kmajor_tile(smem_addr(sQ), warpgroup * 64);
     const unsigned long long do_desc = kmajor_tile(smem_addr(sdO), warpgroup * 64);

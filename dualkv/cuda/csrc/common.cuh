@@ -27,11 +27,19 @@ constexpr int kThreads = kWarps * 32;
 constexpr bool kWindow = DKV_WINDOW != 0;
 constexpr bool kCausal = DKV_CAUSAL != 0;  // the mask/range helpers of qtile.cuh and keywalk.cuh read it
 static_assert(kCausal || !kWindow, "sliding windows are built for causal kernels only");
+#ifndef DKV_HEAD_DIM_ACC
+#define DKV_HEAD_DIM_ACC DKV_HEAD_DIM
+#endif
+// Columns of the shared-memory tiles and of the output accumulators: kHeadDim, except in the wgmma kernels at head
+// dim 96, which round it up to two 64-column swizzle atoms (128; sm90.cuh says why columns 96..127 never reach an
+// output). Global rows always have kHeadDim columns.
+constexpr int kHeadDimAcc = DKV_HEAD_DIM_ACC;
 // Shared-memory rows are padded by 16 bytes so that ldmatrix's 8 row addresses hit 8 different bank groups.
-constexpr int kRowStride = kHeadDim + 8;                 // elements
-constexpr int kChunksPerRow = kHeadDim / 8;              // 16-byte chunks per row
+constexpr int kRowStride = kHeadDimAcc + 8;              // elements
+constexpr int kChunksPerRow = kHeadDim / 8;              // 16-byte chunks per global row
 
 static_assert(kHeadDim % 32 == 0, "head dim must be a multiple of 32");
+static_assert(kHeadDimAcc >= kHeadDim && kHeadDimAcc % 32 == 0, "tile columns: the head dim, rounded up");
 
 #if DKV_BF16
 typedef __nv_bfloat16 elem_t;
@@ -125,13 +133,19 @@ __device__ __forceinline__ void load_rows_async(elem_t* smem, const elem_t* any_
 
 // The same for rows first + r * row_stride, r < count (the rest zero-filled). Where the threads tile the rows
 // evenly, each thread keeps one chunk column and, rows advancing by a multiple of 8, one swizzle phase: a fully
-// unrolled loop with one 64-bit add per row (this runs every key block, so its instruction count matters).
+// unrolled loop with one 64-bit add per row (this runs every key block, so its instruction count matters). Swizzled
+// tiles wider than the head dim (kHeadDimAcc = 128 at head dim 96) are tiled by their kHeadDimAcc / 8 chunk columns,
+// and the threads of the columns past the head dim load nothing.
 template <int kRows, bool kSwizzle = false>
 __device__ __forceinline__ void load_strided_rows(elem_t* smem, const elem_t* first, long long row_stride, int count,
                                                   const elem_t* any_valid) {
-    constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-    if constexpr (kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0) {
-        const int r0 = threadIdx.x / kChunksPerRow, c = threadIdx.x % kChunksPerRow;
+    constexpr int kSlots = kSwizzle ? kHeadDimAcc / 8 : kChunksPerRow;  // chunk columns the threads tile
+    constexpr int kRowsPerPass = kThreads / kSlots;
+    if constexpr (kThreads % kSlots == 0 && kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0) {
+        const int r0 = threadIdx.x / kSlots, c = threadIdx.x % kSlots;
+        if constexpr (kSlots != kChunksPerRow) {
+            if (c >= kChunksPerRow) return;
+        }
         unsigned char* dst = reinterpret_cast<unsigned char*>(smem) +
                              (kSwizzle ? swizzled_offset<kRows>(r0, c) : (r0 * kRowStride + c * 8) * 2);
         constexpr int kDstStep = kSwizzle ? kRowsPerPass * 128 : kRowsPerPass * kRowStride * 2;

@@ -7,7 +7,9 @@
 // Per block and warpgroup:
 //   S = Q K^T      wgmma m64 n{kBlockN} k16, A (Q) and B (K) K-major descriptors, HEAD_DIM / 16 steps;
 //   P = softmax    online, in registers (softmax.cuh), then packed into A fragments;
-//   O += P V       wgmma m64 n{HEAD_DIM} k16, A (P) from registers, B (V) N-major (transposed) descriptor.
+//   O += P V       wgmma m64 n{kHeadDimAcc} k16, A (P) from registers, B (V) N-major (transposed) descriptor.
+// At head dim 96 the tiles have 128 columns (sm90.cuh: the 96 head dim), S takes 6 k-steps and O's columns
+// 96..127 are dropped at the store.
 // DKV_OVERLAP = 0: load block it + 1 while block it runs S, softmax, PV in turn. DKV_OVERLAP = 1 (FlashAttention-3's
 // intra-warpgroup overlap): S of block it + 1 is issued before the softmax of block it, so the tensor cores work
 // while the softmax runs; K[it + 2] and V[it + 1] load meanwhile.
@@ -30,7 +32,7 @@ __device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 8][4], unsigne
 }
 
 // O += P V for one V tile (kBlockN / 16 wgmma steps, P from registers), issued and committed.
-__device__ __forceinline__ void issue_pv(float (&acc_o)[kHeadDim / 8][4], const unsigned (&p_frag)[kBlockN / 16][4],
+__device__ __forceinline__ void issue_pv(float (&acc_o)[kHeadDimAcc / 8][4], const unsigned (&p_frag)[kBlockN / 16][4],
                                          unsigned v_addr) {
     const unsigned long long v_desc = nmajor_tile<kBlockN>(v_addr);
     wgmma_fence();
@@ -55,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) dualkv_fwd_sm90(DKV_FW
     auto load_k = [&](int it) { load_key_block<true>(kv.k(it), t, it, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q); };
     auto load_v = [&](int it) { load_key_block<true>(kv.v(it), t, it, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q); };
 
-    float acc_o[1][kHeadDim / 8][4];
+    float acc_o[1][kHeadDimAcc / 8][4];
     float row_max[1][2], row_sum[1][2];  // row_max in the scaled log2 domain
     init_rows(acc_o, row_max, row_sum);
 

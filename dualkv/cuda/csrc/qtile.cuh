@@ -26,7 +26,7 @@ constexpr int kPosPerTile = kBlockM / kPack;             // query positions per 
 #endif
 constexpr bool kTree = DKV_TREE != 0;
 static_assert(!kTree || (kCausal && !kWindow), "tree segments are built causal, without a sliding window");
-constexpr int kOutCols = kHeadDim / kDSplit;             // output columns per warp
+constexpr int kOutCols = kHeadDimAcc / kDSplit;          // output (accumulator) columns per warp
 
 static_assert(kBlockN % 16 == 0, "block_n must be a multiple of 16");
 static_assert(kWarps % kDSplit == 0, "warps must divide into d-split groups");

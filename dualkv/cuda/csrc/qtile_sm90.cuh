@@ -8,10 +8,10 @@
 namespace dkv {
 
 static_assert(kMSlabs == 1 && kDSplit == 1 && kWarps == 8, "the query-tile wgmma kernels run two warpgroups of 64 rows");
-static_assert(kHeadDim % 64 == 0 && kBlockN % 64 == 0, "swizzle atoms are 64 elements wide");
+static_assert(kHeadDimAcc % 64 == 0 && kBlockN % 64 == 0, "swizzle atoms are 64 elements wide");
 
-constexpr int kTileBytesQ = kBlockM * kHeadDim * 2;   // one query-side tile (Q, dO)
-constexpr int kTileBytesKV = kBlockN * kHeadDim * 2;  // one K or V block
+constexpr int kTileBytesQ = kBlockM * kHeadDimAcc * 2;   // one query-side tile (Q, dO)
+constexpr int kTileBytesKV = kBlockN * kHeadDimAcc * 2;  // one K or V block
 
 // K and V blocks of the visiting order, double-buffered from `first` on: K stage 0, K stage 1, V stage 0, V stage 1;
 // block `it` lives in stage it & 1.

@@ -18,6 +18,16 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned 
            ((unsigned long long)((stride >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
 
+// Head dim 96 (DKV_HEAD_DIM_ACC = 128): every tile has two 64-column atoms, laid out exactly as at head dim 128;
+// the loads write global columns 0..95 (chunks c < 12 of swizzled_offset) and never columns 96..127. The products
+// that contract over the head dim (S = Q K^T, dP = dO V^T) take kHeadDim / 16 = 6 k-steps, whose descriptors are
+// head dim 128's first six, so they read written columns only. The products whose N is the head dim (O += P V,
+// dQ += dS K, dV += P^T dO, dK += dS^T Q) run at N = 128, head dim 128's instruction and descriptors: output column
+// n < 96 reads only B's column n (written), and columns 96..127 (whatever the unwritten smem holds, NaN included)
+// land only in accumulator columns 96..127, which no later step reads across columns and the stores drop
+// (kChunksPerRow = 12). Costs: smem and accumulator registers as at head dim 128, and 4/3 of the N-side MMA work.
+// dualkv/cuda/swizzle.py models these addresses on the CPU (proofs_tests/test_cuda_swizzle.py).
+
 // Descriptors are built once per tile (kmajor_tile / nmajor_tile) and stepped by adding the k-step's byte offset
 // >> 4 to the start-address field (bits 0-13, no carry: shared addresses are < 256 KB), so each wgmma costs one add.
 
