@@ -42,7 +42,7 @@ hd96)
     [ -f proofs_tests/test_cuda_hd96.py ] || { echo "hd96: branch hd96 is not in this checkout"; exit 2; }
     step pytest_hd96 420 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_hd96.py \
         proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py -k 96
-    step hd96_bench 300 python3 experiments/gpu/hd96_bench.py --out "$OUT"
+    step hd96_bench 300 python3 experiments/gpu/hd96_bench.py --out "$OUT/hd96_bench.json"
     ;;
 *) echo "unknown part $1 (tests, mma, trees, hd96)"; exit 2 ;;
 esac
