@@ -8,6 +8,9 @@
 #                                               # cascade (#13)
 #   bash experiments/gpu/run_pending.sh trees   # tree bench with the forward timed alone (#14: where (a)/(c) lose)
 #   bash experiments/gpu/run_pending.sh hd96    # on a checkout with branch hd96 merged: its tests and benchmark
+#   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
+#                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
+#                                               # of the warp-specialised backward on workload a, default vs NOSEM)
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -44,5 +47,19 @@ hd96)
         proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py -k 96
     step hd96_bench 300 python3 experiments/gpu/hd96_bench.py --out "$OUT/hd96_bench.json"
     ;;
-*) echo "unknown part $1 (tests, mma, trees, hd96)"; exit 2 ;;
+treedq)
+    for v in ${VARIANTS:-none DKV_DBG_NOSEM=1 DKV_DBG_NODQ=1 DKV_DQ_INFLIGHT=0}; do
+        name=tree_${v%%=*}; mkdir -p "$OUT/$name"
+        DUALKV_EXTRA_DEFINES=$([ "$v" = none ] || echo "$v") TAIL=3 step "$name" 120 python3 experiments/gpu/tree_bench.py \
+            --forward --systems dualkv --workloads "${WORKLOADS:-a,c}" --reps 5 --no-changing-trees --out "$OUT/$name"
+    done
+    metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_red.sum
+    for v in none DKV_DBG_NOSEM=1; do
+        name=ncu_${v%%=*}
+        DUALKV_EXTRA_DEFINES=$([ "$v" = none ] || echo "$v") step "$name" 120 ncu --clock-control none \
+            --profile-from-start off -k regex:bwd_sm90_ws --metrics $metrics --section SpeedOfLight \
+            --section MemoryWorkloadAnalysis python3 experiments/gpu/profile_tree_dq.py --workload a
+    done
+    ;;
+*) echo "unknown part $1 (tests, mma, trees, hd96, treedq)"; exit 2 ;;
 esac

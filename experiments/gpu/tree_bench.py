@@ -238,9 +238,10 @@ def run_workload(key: str, systems, args) -> list[dict]:
     return rows
 
 
-def changing_trees(args) -> dict:
+def changing_trees(args, with_flex: bool = True) -> dict:
     """dualkv on trees of changing shape: kernels loaded (must stay constant after the first tree) and host table
-    build time per tree; Flex: BlockMask build time per tree (a new total length would also recompile)."""
+    build time per tree; with ``with_flex``, Flex's BlockMask build time per tree (a new total length would also
+    recompile; its first build compiles, tens of seconds)."""
     import dualkv
     from dualkv.cuda import runtime
 
@@ -264,6 +265,9 @@ def changing_trees(args) -> dict:
         again = time.perf_counter() - t0
         row = {"tokens": t, "nodes": layout.num_nodes, "dualkv_new_kernels_loaded": len(runtime._loaded) - loaded_before,
                "dualkv_first_step_s": first, "dualkv_repeat_step_s": again}
+        if not with_flex:
+            out["trees"].append(row)
+            continue
         try:
             build = flex_tree_mask(layout, "cuda")
             torch.cuda.synchronize()
@@ -307,6 +311,8 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--no-changing-trees", action="store_true",
+                   help="skip the changing-trees section (kernels loaded and Flex mask builds per new tree)")
     p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "experiments" / "results"))
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -318,25 +324,32 @@ def main(argv=None) -> int:
         p.error(f"unknown systems {sorted(unknown)} (choose from {SYSTEMS}) or --reps < 1")
     from dualkv.bench.harness import environment
 
-    rows = []
-    for key in args.workloads.split(","):
-        rows.extend(run_workload(key, systems, args))
-        print(table([r for r in rows if r["workload"] == key]), flush=True)
-    changing = changing_trees(args) if "dualkv" in systems else None
-    speedups = {}
-    for key in args.workloads.split(","):
-        by = {r["system"]: r for r in rows if r["workload"] == key and "error" not in r}
-        if "dualkv" in by and "flex" in by:
-            speedups[key] = by["flex"]["median_ms"] / by["dualkv"]["median_ms"]
-    record = {"benchmark": "tree_bench", "environment": environment(torch.device("cuda")),
-              "config": {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim,
-                         "dtype": "bf16", "reps": args.reps, "warmup": args.warmup, "forward": args.forward},
-              "rows": rows, "changing_trees": changing, "dualkv_speedup_vs_flex": speedups,
-              "target_speedup_vs_flex": 1.2}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"tree_bench-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    path.write_text(json.dumps(record, indent=1, default=str))
+    config = {"heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "dtype": "bf16",
+              "reps": args.reps, "warmup": args.warmup, "forward": args.forward}
+    rows, changing = [], None
+
+    def write() -> dict[str, float]:  # after every section, so a run cut off by a time limit still leaves its rows
+        speedups = {}
+        for key in args.workloads.split(","):
+            by = {r["system"]: r for r in rows if r["workload"] == key and "error" not in r}
+            if "dualkv" in by and "flex" in by:
+                speedups[key] = by["flex"]["median_ms"] / by["dualkv"]["median_ms"]
+        record = {"benchmark": "tree_bench", "environment": environment(torch.device("cuda")), "config": config,
+                  "rows": rows, "changing_trees": changing, "dualkv_speedup_vs_flex": speedups,
+                  "target_speedup_vs_flex": 1.2}
+        path.write_text(json.dumps(record, indent=1, default=str))
+        return speedups
+
+    for key in args.workloads.split(","):
+        rows.extend(run_workload(key, systems, args))
+        print(table([r for r in rows if r["workload"] == key]), flush=True)
+        write()
+    if "dualkv" in systems and not args.no_changing_trees:
+        changing = changing_trees(args, with_flex="flex" in systems)
+    speedups = write()
     print("\n" + table(rows))
     print("\ndualkv speed-up over flex (target >= 1.2x):",
           ", ".join(f"{k}: {v:.2f}x" for k, v in speedups.items()) or "n/a")
