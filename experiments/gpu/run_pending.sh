@@ -53,13 +53,22 @@ treedq)
         DUALKV_EXTRA_DEFINES=$([ "$v" = none ] || echo "$v") TAIL=3 step "$name" 120 python3 experiments/gpu/tree_bench.py \
             --forward --systems dualkv --workloads "${WORKLOADS:-a,c}" --reps 5 --no-changing-trees --out "$OUT/$name"
     done
+    # where the warps of the warp-specialised backward wait (stall sampling per instruction), and its DRAM / L2
+    # reduction traffic, default vs unordered adds; the text pages come back, the reports stay in the archive
     metrics=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_op_red.sum
-    for v in none DKV_DBG_NOSEM=1; do
-        name=ncu_${v%%=*}
-        DUALKV_EXTRA_DEFINES=$([ "$v" = none ] || echo "$v") step "$name" 120 ncu --clock-control none \
-            --profile-from-start off -k regex:bwd_sm90_ws --metrics $metrics --section SpeedOfLight \
-            --section MemoryWorkloadAnalysis python3 experiments/gpu/profile_tree_dq.py --workload a
+    step ncu_default 150 ncu --clock-control none --profile-from-start off -k regex:bwd_sm90_ws --metrics $metrics \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SourceCounters \
+        -f -o "$OUT/ncu_default" python3 experiments/gpu/profile_tree_dq.py --workload a
+    DUALKV_EXTRA_DEFINES=DKV_DBG_NOSEM=1 step ncu_nosem 120 ncu --clock-control none --profile-from-start off \
+        -k regex:bwd_sm90_ws --metrics $metrics -f -o "$OUT/ncu_nosem" \
+        python3 experiments/gpu/profile_tree_dq.py --workload a
+    for r in ncu_default ncu_nosem; do
+        [ -f "$OUT/$r.ncu-rep" ] && ncu --import "$OUT/$r.ncu-rep" --page details > "$OUT/$r.txt" 2>&1
+        grep -E "Duration|dram__bytes|lts__t_sectors_op_red|Memory Throughput|L2 Cache Throughput|Warp Cycles Per|Stall" \
+            "$OUT/$r.txt" 2>/dev/null | head -30
     done
+    # the device returns at most 8 files: one archive of everything, plus the two text pages
+    (cd "$OUT" && tar czf treedq.tgz tree_* ncu_*.ncu-rep ./*.log 2>/dev/null && rm -rf tree_* ncu_*.ncu-rep ncu_*.log)
     ;;
 *) echo "unknown part $1 (tests, mma, trees, hd96, treedq)"; exit 2 ;;
 esac
