@@ -405,6 +405,12 @@ def compare_bf16(stock: dict, dualkv: dict, stock32: dict) -> dict:
     return rows
 
 
+def _batch_lists(batch_rows: list[dict]) -> dict:
+    """Every batch's own error, bound and verdict for one quantity (kept beside a combined row)."""
+    return {"batch_errors": [r["error"] for r in batch_rows], "batch_bounds": [r["bound"] for r in batch_rows],
+            "batch_passed": [r["passed"] for r in batch_rows]}
+
+
 def over_batches(per_batch: list[dict]) -> dict:
     """BF16_RULE: per quantity, the batches' one-batch rows (:func:`compare_bf16`) combined into one row whose
     error and spread are means over batches; ``batch_passed`` keeps each batch's own verdict."""
@@ -419,20 +425,17 @@ def over_batches(per_batch: list[dict]) -> dict:
                 for key in ("rel_vs_stock_bf16", "rel_vs_stock_fp32", "stock_bf16_rel_vs_stock_fp32")}
         rows[name] = {"kind": f"mean over {len(batch_rows)} batches of max_abs vs stock fp32", "error": err,
                       "stock_bf16_spread": spread, "factor": first["factor"], "fa_atol": first["fa_atol"], "bound": bound,
-                      **mean, "batch_errors": [r["error"] for r in batch_rows],
-                      "batch_bounds": [r["bound"] for r in batch_rows],
-                      "batch_passed": [r["passed"] for r in batch_rows], "passed": err <= bound}
+                      **mean, **_batch_lists(batch_rows), "passed": err <= bound}
     return rows
 
 
 def worst_over_batches(per_batch: list[dict]) -> dict:
     """fp32: a quantity passes only if it passes on every batch; its row is the batch furthest into its bound, with
-    every batch's error and verdict (``batch_errors``, ``batch_passed``)."""
+    every batch's error, bound and verdict (:func:`_batch_lists`)."""
     rows = {}
     for name in per_batch[0]:
         batch_rows = [b[name] for b in per_batch]
-        rows[name] = {**max(batch_rows, key=bound_margin), "batch_errors": [r["error"] for r in batch_rows],
-                      "batch_passed": [r["passed"] for r in batch_rows],
+        rows[name] = {**max(batch_rows, key=bound_margin), **_batch_lists(batch_rows),
                       "passed": all(r["passed"] for r in batch_rows)}
     return rows
 
@@ -629,16 +632,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def exit_now(code: int) -> None:
-    """Leave a torchrun rank without running C++ static destructors.
+    """Leave a torchrun rank without finalisers (:func:`dualkv._process.exit_without_finalizers`: a gloo thread
+    joinable at interpreter exit aborts a finished rank); every result is written and flushed before this point."""
+    from dualkv._process import exit_without_finalizers
 
-    After ``destroy_process_group`` a gloo worker thread can still be joinable when the interpreter finalises; its
-    destructor then calls ``std::terminate`` ("terminate called without an active exception", SIGABRT) and torchrun
-    reports a failed rank although the program's work and result file are complete (seen once in CI). Everything is
-    written and flushed before this point.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_without_finalizers(code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,11 +7,12 @@ Run with :func:`spawn`; every case is a top-level function so ``torch.multiproce
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from dualkv._process import exit_without_finalizers
 
 
 def spawn(case: Callable, world_size: int, *args) -> list[dict]:
@@ -37,11 +38,7 @@ def _entry(rank: int, case: Callable, world_size: int, port: int, args: tuple) -
         torch.distributed.barrier()   # no rank tears its process group down while another still talks to it
     finally:
         torch.distributed.destroy_process_group()
-    # a gloo thread still joinable at interpreter finalisation can abort a finished rank (see
-    # experiments/verl/distributed_parity.py: exit_now); the result file is written and closed
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_finalizers(0)  # a joinable gloo thread could abort this finished rank; its result file is closed
 
 
 def _run_both(engine, td, n: int, *, train: bool) -> dict:
