@@ -130,6 +130,13 @@ def _depth_one_through_tree_kernels(group, q, k, v, g, family):
     return via_tree, via_group
 
 
+def _root_first_ordered_dq() -> bool:
+    """The mma.sync ordered dQ mode in the root-first tree order: a depth-1 tree adds its prompt's dQ first."""
+    from dualkv.cuda.configs import TREE_DQ_ROOT_FIRST, current_mma_backward
+
+    return TREE_DQ_ROOT_FIRST and current_mma_backward() == "ordered"
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_depth_one_tree_kernels_equal_group_layout(family):
     """Same blocks in the same order, so the forward and dQ should agree to the bit; the dK/dV sums too unless the
@@ -143,7 +150,7 @@ def test_depth_one_tree_kernels_equal_group_layout(family):
     for name, a, b in zip(("dq", "dk", "dv"), via_tree[2], via_group[2]):
         err = (a.float() - b.float()).abs().max().item()
         scale = b.float().abs().max().item()
-        if family == "auto":
+        if family == "auto" or (name == "dq" and _root_first_ordered_dq()):
             assert err <= 2e-2 * scale, f"{family}: {name} differs by {err} (max |{name}| {scale})"
         else:
             assert torch.equal(a, b), f"{family}: {name} differs by {err}"

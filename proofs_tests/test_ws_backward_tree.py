@@ -44,9 +44,10 @@ def _forests(seed: int, count: int):
     return [_random_forest(rng) for _ in range(count)]
 
 
-def _schedule(layout: PrefixTreeLayout):
-    """(segment rows (S, 4), key tiles in the tree launch order, TreeRanks) of a preorder forest."""
-    ranks = TreeRanks.of(layout)
+def _schedule(layout: PrefixTreeLayout, root_first: bool = False):
+    """(segment rows (S, 4), key tiles in the tree launch order, TreeRanks) of a preorder forest, in the default
+    (nearest ancestor first) or the root-first dQ order."""
+    ranks = TreeRanks.of(layout, root_first)
     rows = tree_rows(tree_segments(layout), layout.num_nodes)
     return rows, launch_order(tree_key_tiles(layout, BLOCK_KEYS), rows, ranks), ranks
 
@@ -72,10 +73,11 @@ def test_tree_table_carries_the_ancestor_blocks(seed):
         assert TreeRanks.of(layout).ancestor_blocks.tolist() == expected
 
 
+@pytest.mark.parametrize("root_first", [False, True], ids=["nearest", "root-first"])
 @pytest.mark.parametrize("seed", range(6))
-def test_tree_dq_counters_receive_ranks_in_launch_order(seed):
+def test_tree_dq_counters_receive_ranks_in_launch_order(seed, root_first):
     for layout in _forests(seed, 30):
-        rows, tiles, ranks = _schedule(layout)
+        rows, tiles, ranks = _schedule(layout, root_first)
         check_block_order(tiles)
         check_launch_order(tiles, rows, ranks)
         check_dq_order(tiles, rows, group=2, tree=ranks)
@@ -141,6 +143,37 @@ def test_shallow_first_or_heaviest_first_launch_order_is_caught():
             check_launch_order(wrong, rows, ranks)
         with pytest.raises(RuntimeError, match="not 0..k-1"):
             check_dq_order(wrong, rows, tree=ranks)
+
+
+def test_root_first_order_with_the_other_launch_order_or_ranks_is_caught():
+    """Root-first ranks need shallower nodes launched first; the default (deepest-first) launch deadlocks them, and
+    the root-first launch deadlocks the default ranks."""
+    layout = _deep_tree()
+    rows, deepest_first, nearest = _schedule(layout)
+    _, root_launch, root_ranks = _schedule(layout, root_first=True)
+    check_launch_order(root_launch, rows, root_ranks)
+    check_dq_order(root_launch, rows, tree=root_ranks)
+    with pytest.raises(RuntimeError, match="comes after a tile of depth"):
+        check_launch_order(deepest_first, rows, root_ranks)
+    with pytest.raises(RuntimeError, match="not 0..k-1"):
+        check_dq_order(deepest_first, rows, tree=root_ranks)
+    with pytest.raises(RuntimeError, match="not 0..k-1"):
+        check_dq_order(root_launch, rows, tree=nearest)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_root_first_launch_keeps_each_nodes_tiles_together(seed):
+    """The point of the root-first order: one node's CTAs start together (its tiles adjacent, blocks in order),
+    shallower nodes first, and a node's rank is one constant per key tile (A[node] + block)."""
+    for layout in _forests(seed, 25):
+        rows, tiles, ranks = _schedule(layout, root_first=True)
+        nodes = tiles[:, 0].tolist()
+        runs = [n for i, n in enumerate(nodes) if i == 0 or nodes[i - 1] != n]
+        assert len(runs) == len(set(runs)), nodes            # adjacent
+        assert np.all(np.diff(ranks.depth[tiles[:, 0]]) >= 0)  # shallower first
+        for tile in tiles.tolist()[:20]:
+            assert {rank(tile, st, ranks) for st in walk(tile, rows, 2)} == \
+                {int(ranks.ancestor_blocks[tile[0]]) + tile[1]}
 
 
 def test_rank_without_the_ancestor_term_is_caught(monkeypatch):
@@ -211,6 +244,38 @@ def test_tree_plans_carry_the_tree_launch_order():
     assert sorted(map(tuple, tiles.tolist())) == sorted(map(tuple, tree_key_tiles(layout, BLOCK_KEYS).tolist()))
 
 
+def test_tree_plans_take_the_root_first_launch_order_when_chosen(monkeypatch):
+    from dualkv.cuda import launch
+
+    monkeypatch.setattr(launch, "TREE_DQ_ROOT_FIRST", True)
+    layout = _deep_tree()
+    plan = launch.make_tree_plan(layout, head_dim=128, group_size=2, device=torch.device("cpu"), fwd_kernel="fwd")
+    rows = tree_rows(plan.segments.numpy(), layout.num_nodes)
+    tiles = plan.key_tiles.numpy()
+    check_dq_order(tiles, rows, group=2, tree=TreeRanks.of(layout, root_first=True))
+    with pytest.raises(RuntimeError, match="not 0..k-1"):  # not the default order's
+        check_dq_order(tiles, rows, group=2, tree=TreeRanks.of(layout))
+
+
+def test_tree_dq_order_setting(monkeypatch):
+    from dualkv.cuda import configs
+
+    for value, want in (("", "nearest"), ("nearest", "nearest"), ("root", "root")):
+        monkeypatch.setenv("DUALKV_TREE_DQ_ORDER", value)
+        assert configs._tree_dq_order_from_env() == want
+    monkeypatch.setenv("DUALKV_TREE_DQ_ORDER", "leaves")
+    with pytest.raises(ValueError, match="DUALKV_TREE_DQ_ORDER must be one of"):
+        configs._tree_dq_order_from_env()
+    root = configs.ws_bwd_spec(128, torch.bfloat16, tree=True, root_first=True)
+    assert ("DKV_TREE_ROOT_FIRST", "1") in root.defines()
+    assert not any(name == "DKV_TREE_ROOT_FIRST" for name, _ in configs.ws_bwd_spec(128, torch.bfloat16,
+                                                                                    tree=True).defines())
+    with pytest.raises(ValueError, match="root-first dQ order"):
+        configs.ws_bwd_spec(128, torch.bfloat16, root_first=True)  # not a tree build
+    with pytest.raises(ValueError, match="root-first dQ order"):
+        configs.dkdv_spec(64, torch.bfloat16, False, "sm_80", tree=False, root_first=True)
+
+
 def test_ws_backward_serves_trees_where_it_serves_group_layouts():
     from dualkv.cuda.configs import all_specs, kernel_family, ws_backward_for, ws_bwd_spec
 
@@ -239,3 +304,21 @@ def test_tree_ws_backward_compiles_like_the_two_level_build():
         assert not tree["wgmma_serialized"], tree
         assert tree["registers"] <= 255 and tree["spill_stores"] <= flat["spill_stores"], (tree, flat)
         assert tree["stack"] <= flat["stack"], (tree, flat)
+
+
+def test_root_first_tree_builds_compile_without_more_spills():
+    """The DKV_TREE_ROOT_FIRST=1 builds (warp-specialised backward; mma.sync ordered dQ on sm_80 and sm_90) compile
+    with no serialized wgmma and no more spills or stack than the default tree builds."""
+    from dualkv.cuda.build import compile_spec, resource_usage
+    from dualkv.cuda.configs import dkdv_spec, ws_bwd_spec
+
+    pairs = [(ws_bwd_spec(128, torch.bfloat16, tree=True, root_first=True), ws_bwd_spec(128, torch.bfloat16, tree=True))]
+    for arch in ("sm_80", "sm_90"):
+        for d in (64, 128):
+            pairs.append((dkdv_spec(d, torch.bfloat16, False, arch, dq_ordered=True, tree=True, root_first=True),
+                          dkdv_spec(d, torch.bfloat16, False, arch, dq_ordered=True, tree=True)))
+    for root, nearest in pairs:
+        got = resource_usage(compile_spec(root, use_cache=False, verbose=True).log)
+        base = resource_usage(compile_spec(nearest, use_cache=False, verbose=True).log)
+        assert not got["wgmma_serialized"], (root, got)
+        assert got["spill_stores"] <= base["spill_stores"] and got["stack"] <= base["stack"], (root, got, base)

@@ -264,6 +264,26 @@ class mma_backward(_Switch):  # noqa: N801 - used like a function: mma_backward(
     _value, _choices, _what = _mma_backward, MMA_BACKWARDS, "mma backward"
 
 
+#: Prefix trees' dQ order in the deterministic backwards that add dQ in a fixed order (the warp-specialised Hopper
+#: backward and the mma.sync ordered dQ mode): "nearest" (the default: a query tile's own blocks, then its nearest
+#: ancestor's, ... the root's last; deeper nodes launched first) or "root" (root first, own blocks last; shallower
+#: nodes launched first, each node's tiles together: dualkv/cuda/ws_schedule.py). Read ONCE, at import, from
+#: ``$DUALKV_TREE_DQ_ORDER``: a tree plan's launch order and the kernels' ranks must agree, and plans are cached.
+TREE_DQ_ORDERS = ("nearest", "root")
+
+
+def _tree_dq_order_from_env() -> str:
+    choice = os.environ.get("DUALKV_TREE_DQ_ORDER", "") or "nearest"
+    if choice not in TREE_DQ_ORDERS:
+        raise ValueError(f"DUALKV_TREE_DQ_ORDER must be one of {TREE_DQ_ORDERS}, got {choice!r}")
+    return choice
+
+
+TREE_DQ_ORDER = _tree_dq_order_from_env()
+#: Whether this process runs the root-first tree dQ order (``TREE_DQ_ORDER == "root"``).
+TREE_DQ_ROOT_FIRST = TREE_DQ_ORDER == "root"
+
+
 def current_mma_backward() -> str:
     """The mma.sync backward in force (see :class:`mma_backward`)."""
     return _mma_backward[0]
@@ -357,6 +377,7 @@ class KernelSpec:
     causal: bool = True      # False: a segment's own keys are all visible (DKV_CAUSAL=0; no window)
     tree: bool = False       # TREE_KERNELS: prefix-tree segments, context = a list of runs (DKV_TREE=1)
     dq_ordered: bool = False  # bwd_dkdv only: also accumulate dQ, in a fixed order (deterministic; DKV_DQ_ORDERED)
+    root_first: bool = False  # tree builds of the ordered-dQ backwards: the root-first dQ order (TREE_DQ_ORDERS)
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -377,6 +398,9 @@ class KernelSpec:
                              f"without a window (got {self.kernel}, window={self.window}, causal={self.causal})")
         if self.kernel in SM90_KERNELS and (self.arch != "sm_90a" or self.head_dim not in SM90_KERNELS[self.kernel]):
             raise ValueError(f"{self.kernel} is built for sm_90a at head dims {SM90_KERNELS[self.kernel]}")
+        if self.root_first and not (self.tree and (self.kernel == "bwd_sm90_ws" or self.dq_ordered)):
+            raise ValueError("the root-first dQ order is built for the prefix-tree builds of the warp-specialised "
+                             "backward and of the ordered dQ mode only")
 
     def _check_dq_ordered(self) -> None:
         if self.kernel != "bwd_dkdv" or self.head_dim not in ORDERED_HEAD_DIMS:
@@ -456,6 +480,8 @@ class KernelSpec:
                 keys += [("DKV_DQ_ORDERED", "1")] + ([("DKV_TREE", "1")] if self.tree else [])
             if self.kernel == "bwd_sm90_ws":
                 keys += [("DKV_DQ_BUFFERS", str(t.dq_buffers))] + ([("DKV_TREE", "1")] if self.tree else [])
+            if self.root_first:
+                keys += [("DKV_TREE_ROOT_FIRST", "1")]
             return keys
         query = common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack)),
                           ("DKV_OVERLAP", "1" if getattr(t, "overlap", False) else "0")]
@@ -513,24 +539,26 @@ def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, ar
                       "sm_90a" if kernel == "bwd_dq_sm90" else arch, causal=causal, tree=tree)
 
 
-def ws_bwd_spec(head_dim: int, dtype: torch.dtype, tree: bool = False) -> KernelSpec:
-    """The warp-specialised Hopper backward (sm_90a, no window); ``tree``: its prefix-tree build (DKV_TREE=1)."""
+def ws_bwd_spec(head_dim: int, dtype: torch.dtype, tree: bool = False, root_first: bool = False) -> KernelSpec:
+    """The warp-specialised Hopper backward (sm_90a, no window); ``tree``: its prefix-tree build (DKV_TREE=1),
+    ``root_first``: that build's root-first dQ order (DKV_TREE_ROOT_FIRST=1)."""
     return KernelSpec("bwd_sm90_ws", head_dim, _check_dtype(dtype), SM90_WS_BWD_TILES[head_dim], 1, False, "sm_90a",
-                      tree=tree)
+                      tree=tree, root_first=root_first)
 
 
 def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,
               kernel: str | None = None, causal: bool = True, dq_ordered: bool = False,
-              tree: bool = False) -> KernelSpec:
+              tree: bool = False, root_first: bool = False) -> KernelSpec:
     """The dK/dV specialization; ``kernel`` defaults to :func:`dkdv_kernel_for` (``arch`` is the device's);
-    ``dq_ordered``: the mma.sync kernel's ordered dQ mode (``tree``: its prefix-tree build)."""
+    ``dq_ordered``: the mma.sync kernel's ordered dQ mode (``tree``: its prefix-tree build, ``root_first``: with the
+    root-first dQ order)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
     kernel = kernel or ("bwd_dkdv" if dq_ordered else dkdv_kernel_for(head_dim, arch, dq_atomic))
     if kernel == "bwd_dkdv_sm90":
         return KernelSpec(kernel, head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a", causal=causal)
     return KernelSpec(kernel, head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic, causal, tree=tree,
-                      dq_ordered=dq_ordered)
+                      dq_ordered=dq_ordered, root_first=root_first)
 
 
 def prep_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
@@ -572,10 +600,12 @@ def all_specs(arch: str) -> list[KernelSpec]:
                     specs.append(KernelSpec(kernel, head_dim, name, tiles[head_dim], pack, window, kernel_arch,
                                             causal=causal, tree=tree))
         if tree:  # of the key-side kernels the warp-specialised backward and the ordered dQ mode have tree builds
+            # (in this process's tree dQ order, TREE_DQ_ORDER)
             if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES:
-                specs.append(ws_bwd_spec(head_dim, dtype, tree=True))
+                specs.append(ws_bwd_spec(head_dim, dtype, tree=True, root_first=TREE_DQ_ROOT_FIRST))
             if head_dim in ORDERED_HEAD_DIMS:
-                specs.append(dkdv_spec(head_dim, dtype, False, arch, dq_ordered=True, tree=True))
+                specs.append(dkdv_spec(head_dim, dtype, False, arch, dq_ordered=True, tree=True,
+                                       root_first=TREE_DQ_ROOT_FIRST))
             continue
         if arch == "sm_90" and head_dim in SM90_DKDV_TILES:
             specs.append(KernelSpec("bwd_dkdv_sm90", head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a",

@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, TMA_KERNELS, KeyTileConfig, TileConfig, dkdv_spec,
-                      dq_cast_spec, dq_ordered_for, dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for,
-                      prep_spec, ws_backward_for, ws_bwd_spec)
+from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, TMA_KERNELS, TREE_DQ_ROOT_FIRST, KeyTileConfig,
+                      TileConfig, dkdv_spec, dq_cast_spec, dq_ordered_for, dq_spec, forward_kernel_for, forward_tile,
+                      fwd_spec, pack_for, prep_spec, ws_backward_for, ws_bwd_spec)
 from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
 from . import ws_schedule
 from .schedule import check_block_order, key_tiles, tile_table
@@ -98,7 +98,7 @@ def make_tree_plan(layout, *, head_dim: int, group_size: int, device: torch.devi
     """The schedule of a preorder :class:`dualkv.PrefixTreeLayout`: the tree table (segment rows + context run
     lists), query tiles of the DKV_TREE=1 forward and dQ kernels, and descendant-range key tiles for the dK/dV
     kernels and the DKV_TREE=1 warp-specialised backward (causal, no window), in the latter's launch order (deeper
-    nodes first: :func:`dualkv.cuda.ws_schedule.launch_order`)."""
+    nodes first, or shallower first under ``DUALKV_TREE_DQ_ORDER=root``: :func:`dualkv.cuda.ws_schedule.launch_order`)."""
     from .tree_schedule import tree_key_tiles, tree_segments, tree_tile_table
 
     fwd_kernel = fwd_kernel or forward_kernel_for(head_dim, arch_of(device_index(device)))
@@ -106,7 +106,7 @@ def make_tree_plan(layout, *, head_dim: int, group_size: int, device: torch.devi
     fwd_pack = pack_for(group_size, fwd_tile)
     dq_tile, dkdv_tile = DQ_TILES[head_dim], DKDV_TILES[head_dim]
     dq_pack = pack_for(group_size, dq_tile)
-    ranks = ws_schedule.TreeRanks.of(layout)
+    ranks = ws_schedule.TreeRanks.of(layout, root_first=TREE_DQ_ROOT_FIRST)
     heaviest = tree_key_tiles(layout, dkdv_tile.block_keys)
     keys = ws_schedule.launch_order(heaviest, None, ranks)
     check_block_order(keys)
@@ -265,7 +265,8 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
     ``tree``: a tree plan's, DKV_TREE=1); ``scalars``: the kernel's last arguments (GQA group, scales, window)."""
     tokens, heads, head_dim = q.shape
     device = device_index(q)
-    spec = dkdv_spec(head_dim, q.dtype, False, arch_of(device), causal=causal, dq_ordered=True, tree=tree)
+    spec = dkdv_spec(head_dim, q.dtype, False, arch_of(device), causal=causal, dq_ordered=True, tree=tree,
+                     root_first=tree and TREE_DQ_ROOT_FIRST)
     kern = get_kernel(spec, device)
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, spec.tile.block_m, tree)
     dq_acc = torch.zeros((heads, tokens, head_dim), dtype=torch.float32, device=q.device)
@@ -314,7 +315,7 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
 
     tokens, heads, head_dim = q.shape
     kv_heads = k_own.shape[1]
-    spec = ws_bwd_spec(head_dim, q.dtype, tree=tree)
+    spec = ws_bwd_spec(head_dim, q.dtype, tree=tree, root_first=tree and TREE_DQ_ROOT_FIRST)
     kern = get_kernel(spec, device_index(q))
     step, keys = spec.tile.block_m, spec.tile.block_keys
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, step, tree)

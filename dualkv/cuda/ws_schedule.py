@@ -78,12 +78,14 @@ class TreeRanks:
     depth: np.ndarray            # int64 (S,): 0 for a root
     blocks: np.ndarray           # int64 (S,): ceil(len / BLOCK_KEYS), the node's key blocks
     ancestor_blocks: np.ndarray  # int64 (S,): A, the summed blocks of the node's proper ancestors
+    root_first: bool = False     # the root-first dQ order (module docstring); default: nearest ancestor first
 
     @classmethod
-    def of(cls, layout) -> "TreeRanks":
+    def of(cls, layout, root_first: bool = False) -> "TreeRanks":
         """From a :class:`dualkv.PrefixTreeLayout` (A as the tree table stores it)."""
         return cls(np.asarray(layout.depths, dtype=np.int64),
-                   -(-np.asarray(layout.node_lens, dtype=np.int64) // BLOCK_KEYS), ancestor_key_blocks(layout))
+                   -(-np.asarray(layout.node_lens, dtype=np.int64) // BLOCK_KEYS), ancestor_key_blocks(layout),
+                   root_first)
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,8 @@ def own_reach(qt: int, geo: Geometry = WS, q_len: int = 0) -> int:
 
 def rank(tile: tuple[int, int, int, int], step: Step, tree: TreeRanks | None = None) -> int:
     """The position of ``tile``'s contribution among those reaching ``step``'s (head, query tile) counter."""
+    if tree is not None and tree.root_first:  # own or a descendant's tile: A[key node] + block
+        return int(tree.ancestor_blocks[tile[0]]) + tile[1]
     if step.own:
         return tile[1]
     between = 0  # two-level layouts: the shared keys come right after the dependent's own blocks
@@ -154,8 +158,13 @@ def rank(tile: tuple[int, int, int, int], step: Step, tree: TreeRanks | None = N
 
 def launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks | None = None) -> np.ndarray:
     """``tiles`` (int32 (n, 4), heaviest first) with every own-response tile moved before the shared-key tiles,
-    each part keeping its order; for a tree, the tiles of deeper nodes first (stable)."""
+    each part keeping its order; for a tree, the tiles of deeper nodes first (stable), or with ``tree.root_first``
+    shallower nodes first, each node's tiles adjacent (:func:`node_major`)."""
     tiles = np.asarray(tiles).reshape(-1, 4)
+    if tree is not None and tree.root_first:
+        tiles = node_major(tiles)
+        order = np.argsort(tree.depth[tiles[:, 0]], kind="stable")
+        return np.ascontiguousarray(tiles[order].astype(np.int32))
     if tree is not None:
         order = np.argsort(-tree.depth[tiles[:, 0]], kind="stable")
         return np.ascontiguousarray(tiles[order].astype(np.int32))
@@ -164,18 +173,30 @@ def launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks | None
     return np.ascontiguousarray(np.concatenate([tiles[first], tiles[~first]]).astype(np.int32))
 
 
+def node_major(tiles: np.ndarray) -> np.ndarray:
+    """Tree key tiles (int32 (n, 4)) regrouped so each node's tiles are adjacent, blocks in order; nodes in the order
+    of their first tile in ``tiles`` (heaviest first for :func:`dualkv.cuda.tree_schedule.tree_key_tiles`)."""
+    tiles = np.asarray(tiles).reshape(-1, 4)
+    first: dict[int, int] = {}
+    for i, node in enumerate(tiles[:, 0].tolist()):
+        first.setdefault(node, i)
+    order = sorted(range(len(tiles)), key=lambda i: (first[int(tiles[i, 0])], int(tiles[i, 1])))
+    return np.ascontiguousarray(tiles[order])
+
+
 def check_launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks | None = None) -> None:
     """Raise unless every own-response tile comes before every shared-key tile (for a tree: no tile after a
-    shallower node's), which the dQ ranks rely on."""
+    shallower node's; root-first: no tile after a deeper node's), which the dQ ranks rely on."""
     if tree is not None:
         rows = np.asarray(tiles).reshape(-1, 4)
         depth = tree.depth[rows[:, 0]]
-        bad = np.flatnonzero(np.diff(depth) > 0)
+        step = np.diff(depth)
+        bad = np.flatnonzero(step < 0 if tree.root_first else step > 0)
         if bad.size:
             t = bad[0] + 1
             raise RuntimeError(f"key tile {rows[t].tolist()} (row {t}, a node of depth {depth[t]}) comes after a "
-                               f"tile of depth {depth[t - 1]}: the warp-specialised backward's dQ order would "
-                               "deadlock")
+                               f"tile of depth {depth[t - 1]}: the {'root-first ' if tree.root_first else ''}"
+                               "warp-specialised backward's dQ order would deadlock")
         return
     seg = np.asarray(segments).reshape(-1, 4)
     seen_shared = False

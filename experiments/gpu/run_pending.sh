@@ -8,6 +8,9 @@
 #                                               # cascade (#13)
 #   bash experiments/gpu/run_pending.sh trees   # tree bench with the forward timed alone (#14: where (a)/(c) lose)
 #   bash experiments/gpu/run_pending.sh hd96    # on a checkout with branch hd96 merged: its tests and benchmark
+#   bash experiments/gpu/run_pending.sh treeroot  # branch treeroot: the root-first tree dQ order
+#                                               # (DUALKV_TREE_DQ_ORDER=root): the tree GPU tests under it (WS and
+#                                               # mma.sync ordered dQ), then tree_bench in both orders, same call
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
 #                                               # of the warp-specialised backward on workload a, default vs NOSEM)
@@ -70,5 +73,17 @@ treedq)
     # the device returns at most 8 files: one archive of everything, plus the two text pages
     (cd "$OUT" && tar czf treedq.tgz tree_* ncu_*.ncu-rep ./*.log 2>/dev/null && rm -rf tree_* ncu_*.ncu-rep ncu_*.log)
     ;;
-*) echo "unknown part $1 (tests, mma, trees, hd96, treedq)"; exit 2 ;;
+treeroot)
+    export DUALKV_TREE_DQ_ORDER=root
+    TAIL=4 step pytest_root 300 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda_ws.py \
+        proofs_tests/test_tree_cuda.py
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=4 step pytest_root_mma 200 python3 -m pytest -q -m gpu \
+        -p no:cacheprovider proofs_tests/test_tree_cuda.py
+    for order in root nearest; do
+        mkdir -p "$OUT/bench_$order"
+        DUALKV_TREE_DQ_ORDER=$order TAIL=16 step "bench_$order" 240 python3 experiments/gpu/tree_bench.py --forward \
+            --systems dualkv,dualkv_bwd_v1,flex --reps 10 --no-changing-trees --out "$OUT/bench_$order"
+    done
+    ;;
+*) echo "unknown part $1 (tests, mma, trees, hd96, treedq, treeroot)"; exit 2 ;;
 esac

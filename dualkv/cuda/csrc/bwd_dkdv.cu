@@ -28,7 +28,8 @@
 // adds have long landed), so it never stalls on its own adds. With DKV_TREE (prefix trees, the ordered mode only:
 // segment rows are tree nodes and a key tile's dependents are the node's descendants, dualkv/cuda/tree_schedule.py)
 // a dependent's rank also counts the blocks of the nodes between it and the key's node (bwd_sm90_ws.cu's tree
-// ranks), and the counters are indexed by the query tile's first token.
+// ranks), and the counters are indexed by the query tile's first token; DKV_TREE_ROOT_FIRST=1 takes the root-first
+// order (bwd_sm90_ws.cu).
 //
 // Tile macros: DKV_BLOCK_M (query positions per step), DKV_DSPLIT (warps sharing 16 keys, each owning
 // HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles), DKV_DQ_ATOMIC,
@@ -42,6 +43,9 @@
 #endif
 #ifndef DKV_TREE
 #define DKV_TREE 0
+#endif
+#ifndef DKV_TREE_ROOT_FIRST
+#define DKV_TREE_ROOT_FIRST 0  // 1 (trees only): the root-first dQ order, as bwd_sm90_ws.cu's
 #endif
 // Ordered dQ, a tuning switch (DUALKV_EXTRA_DEFINES=DKV_DQ_PREFETCH=1): thread 0 reads its step's counter before the
 // dQ product, which hides the read's latency when the counter is already there, at the cost of registers (the
@@ -67,6 +71,8 @@ static_assert(!(kDqAtomic && kDqOrdered), "one dQ mode");
 // a key block holds whole query tiles, so a causal own walk starts at a counter's tile
 static_assert(!kDqOrdered || (!kWindow && kBlockKeys % kBlockM == 0), "ordered dQ: no window, whole query tiles");
 constexpr bool kTree = DKV_TREE != 0;
+// (a macro, not a constexpr: a new namespace-scope constant would change every other build's cubin bytes)
+static_assert(!DKV_TREE_ROOT_FIRST || DKV_TREE, "the root-first dQ order is a prefix-tree build's");
 constexpr bool kDqPrefetch = kDqOrdered && DKV_DQ_PREFETCH != 0;
 static_assert(!kTree || (kDqOrdered && kCausal), "the dK/dV kernel's tree build is the causal ordered dQ mode's");
 static_assert(kBlockM % 16 == 0 && kCols % 16 == 0, "tile sizes");
@@ -93,6 +99,10 @@ __device__ __forceinline__ float* dq_slot(float* row, int col, long long tok) {
 // being the second int of a node's context-list header. (Segments are read again rather than kept live through
 // the dQ product.)
 __device__ __forceinline__ int dq_rank(const KeyWalk& w, const Cursor& c) {
+    if (DKV_TREE_ROOT_FIRST) {  // root-first: A[key node] + block at every tile the key block reaches
+        const Segment node = load_segment(w.segments, w.kt.own_seg);
+        return w.segments[2 * node.ctx_start + 1] + w.kt.blk;
+    }
     if (w.is_own(c.src)) return w.kt.blk;
     const Segment seg = load_segment(w.segments, w.seg_of(c.src));
     int rank = w.kt.blk + (kCausal ? (c.pos + kBlockM - 1) / kBlockKeys + 1

@@ -28,7 +28,9 @@
 // blocks first, then its parent's, grandparent's, ... (nearest ancestor first): ancestor i's block b has rank
 // (own blocks reaching the tile) + (A[j] - A[i] - blocks(i)) + b, with A the ancestors' key-block count stored in
 // the second int of each node's context-list header; the launcher puts deeper nodes' tiles first. The dQ counters
-// are indexed by the query tile's first token (the tree table has no per-segment tile offsets).
+// are indexed by the query tile's first token (the tree table has no per-segment tile offsets). With
+// DKV_TREE_ROOT_FIRST=1 the order is reversed along the chain: the root's blocks first, the own blocks last, so block
+// b of node i has rank A[i] + b at every tile it reaches, and the launcher puts shallower nodes' tiles first.
 #include "keywalk.cuh"
 #include "sm90.cuh"
 #include "tma.cuh"
@@ -40,6 +42,10 @@ namespace {
 #ifndef DKV_TREE
 #define DKV_TREE 0  // 1: prefix trees (a macro, not a constexpr: the two-level cubin stays byte-identical)
 #endif
+#ifndef DKV_TREE_ROOT_FIRST
+#define DKV_TREE_ROOT_FIRST 0  // 1 (trees only): the root-first dQ order (dualkv/cuda/ws_schedule.py)
+#endif
+static_assert(!DKV_TREE_ROOT_FIRST || DKV_TREE, "the root-first dQ order is a prefix-tree build's");
 
 constexpr int kStep = DKV_BLOCK_M;  // queries per step
 constexpr int kBlockKeys = 128;
@@ -281,8 +287,12 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             int i = 0;
             for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
                 StepInfo si = step_info(w, c, kv_head);
+#if DKV_TREE_ROOT_FIRST  // A[key node] + block, re-read per step: a value live across the loop spills at 24 registers
+                si.rank = tree_rank_base(segments, load_segment(segments, w.kt.own_seg)) + w.kt.blk;
+#else
                 if (DKV_TREE && !si.own)  // per step: a value live across the loop spills at 24 registers
                     si.rank += tree_rank_base(segments, load_segment(segments, si.seg)) - tree_rank_skip(w);
+#endif
 #if DKV_TREE  // one counter per (head, first token of the query tile)
                 int* sem = sems + si.head * (long long)n_qtiles + si.tok0;
 #else

@@ -1,0 +1,170 @@
+"""A CPU model of the warp-specialised backward's schedule (csrc/bwd_sm90_ws.cu, stated in
+dualkv/cuda/ws_schedule.py), for choosing a tree launch order and dQ order before spending GPU time on it.
+
+Two questions, one model each (both count time in steps: one CTA step = one 64-query x 128-key tile of one query
+head; one CTA per SM; CTAs start in launch order, kv head innermost, as the kernel's 1-D grid):
+
+* **L2 reuse** (:func:`l2_misses`): CTAs run without waiting; every step touches its (query head, query tile)'s dQ
+  accumulator tile and Q/dO tiles (64 KB together); an LRU cache of ``l2_tiles`` such objects (40 MB / 32 KB by
+  default) stands in for the L2. Misses per step ~ DRAM traffic per step. A node's CTAs sweep the same query tiles:
+  they reuse them only if they run together, in near lockstep.
+* **dQ waits** (:func:`with_dq_waits`): a step's dQ add happens when its counter reads the step's rank (an instant
+  add); a CTA waits otherwise, holding its SM. Makespan against the ideal (total steps / SMs) measures the time SMs
+  sit waiting or idle (a long CTA launched last leaves a tail). ``deadlock`` is reported, never hidden.
+
+It is a model (no latencies, no bandwidth limits): it ranks orders, it does not predict milliseconds. Measured on an
+H100 (experiments/results/checks/tree-ws-dq-variants-h100-20261126T2335Z.json): removing the dQ hand-off saves
+~39% of workload a's backward; adds without ordering are slower still (contention), so traffic, not waiting, is
+the cost there; on workload c the waits are the whole cost.
+
+    python experiments/ws_order_model.py --workloads a,c,two-level --out experiments/results/models/ws-order-model.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import sys
+import time
+from collections import OrderedDict, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dualkv import GroupLayout, PrefixTreeLayout  # noqa: E402
+from dualkv.analysis.trees import branching_workload, multi_turn_workload, system_prompt_workload  # noqa: E402
+from dualkv.cuda import ws_schedule  # noqa: E402
+from dualkv.cuda.schedule import key_tiles  # noqa: E402
+from dualkv.cuda.tree_schedule import tree_key_tiles, tree_rows, tree_segments  # noqa: E402
+
+WORKLOADS = {"a": system_prompt_workload, "b": branching_workload, "c": multi_turn_workload,
+             "two-level": lambda: GroupLayout.single(32768, [2048] * 16)}
+SMS, KV_HEADS, GROUP = 132, 8, 4
+L2_TILES = int(40e6 // 32768)
+
+
+def schedules(layout) -> dict:
+    """order name -> (segment rows (S, 4), key tiles in launch order, TreeRanks or None): a tree's default
+    (nearest-first) and root-first orders; a GroupLayout's two-level order."""
+    if isinstance(layout, PrefixTreeLayout):
+        rows = tree_rows(tree_segments(layout), layout.num_nodes)
+        heaviest = tree_key_tiles(layout, ws_schedule.BLOCK_KEYS)
+        out = {}
+        for name, root_first in (("nearest", False), ("root", True)):
+            ranks = ws_schedule.TreeRanks.of(layout, root_first)
+            out[name] = (rows, ws_schedule.launch_order(heaviest, None, ranks), ranks)
+        return out
+    rows = np.asarray(layout.segment_table, dtype=np.int64).reshape(-1, 4)
+    tiles = key_tiles(rows, ws_schedule.BLOCK_KEYS, True, True)
+    return {"two-level": (rows, ws_schedule.launch_order(tiles, rows), None)}
+
+
+def _ctas(tiles: np.ndarray, kv_heads: int) -> list[tuple[int, int]]:
+    return [(t, h) for t in range(len(tiles)) for h in range(kv_heads)]
+
+
+def l2_misses(rows, tiles, *, sms: int = SMS, kv_heads: int = KV_HEADS, group: int = GROUP,
+              l2_tiles: int = L2_TILES) -> dict:
+    """The L2 model (module docstring): steps, makespan, ideal, misses and misses per step."""
+    walks = [ws_schedule.walk(tuple(t), rows, group) for t in tiles.tolist()]
+    free = [(0, s) for s in range(sms)]
+    touches = []
+    for t, h in _ctas(tiles, kv_heads):
+        start, sm = heapq.heappop(free)
+        touches += [(start + i, h * group + st.head, st.seg, st.qt) for i, st in enumerate(walks[t])]
+        heapq.heappush(free, (start + len(walks[t]), sm))
+    touches.sort()
+    cache: OrderedDict = OrderedDict()
+    misses = 0
+    for _, head, seg, qt in touches:
+        key = (head, seg, qt)
+        if key in cache:
+            cache.move_to_end(key)
+            continue
+        misses += 1
+        cache[key] = None
+        if len(cache) > l2_tiles:
+            cache.popitem(last=False)
+    steps = len(touches)
+    return {"steps": steps, "makespan": max(f for f, _ in free), "ideal": steps / sms, "misses": misses,
+            "misses_per_step": misses / max(steps, 1)}
+
+
+def with_dq_waits(rows, tiles, ranks, *, sms: int = SMS, kv_heads: int = KV_HEADS, group: int = GROUP) -> dict:
+    """The dQ-wait model (module docstring): makespan, ideal, summed waiting steps, and whether it deadlocks."""
+    walks = [ws_schedule.walk(tuple(t), rows, group) for t in tiles.tolist()]
+    step_ranks = [[ws_schedule.rank(tuple(t), st, ranks) for st in w] for t, w in zip(tiles.tolist(), walks)]
+    ctas = _ctas(tiles, kv_heads)
+    counter: dict = defaultdict(int)
+    parked: dict = defaultdict(list)
+    events: list = []
+    seq = free = 0
+    launched, done_at, waited = 0, 0, 0
+
+    def launch(now: int) -> None:
+        nonlocal launched, free, seq
+        while free and launched < len(ctas):
+            free -= 1
+            heapq.heappush(events, (now + 1, seq, launched, 0))
+            seq += 1
+            launched += 1
+
+    free = sms
+    launch(0)
+    while events:
+        now, _, c, i = heapq.heappop(events)
+        tile, kv = ctas[c]
+        st, r = walks[tile][i], step_ranks[tile][i]
+        key = (kv * group + st.head, st.seg, st.qt)
+        if counter[key] != r:
+            parked[(key, r)].append((c, i, now))
+            continue
+        counter[key] += 1
+        for c2, i2, since in parked.pop((key, r + 1), []):
+            waited += now - since
+            heapq.heappush(events, (now, seq, c2, i2))
+            seq += 1
+        if i + 1 < len(walks[tile]):
+            heapq.heappush(events, (now + 1, seq, c, i + 1))
+            seq += 1
+        else:
+            free += 1
+            done_at = max(done_at, now)
+            launch(now)
+    steps = sum(len(walks[t]) for t, _ in ctas)
+    deadlock = bool(parked) or launched < len(ctas)
+    return {"makespan": done_at, "ideal": steps / sms, "waiting_steps": waited, "deadlock": deadlock}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", default="a,c,two-level")
+    p.add_argument("--out", default=None, help="JSON file (default: print only)")
+    args = p.parse_args(argv)
+    rows_out = []
+    for name in args.workloads.split(","):
+        layout = WORKLOADS[name]()
+        for order, (rows, tiles, ranks) in schedules(layout).items():
+            t0 = time.perf_counter()
+            row = {"workload": name, "order": order, **{f"l2_{k}": v for k, v in l2_misses(rows, tiles).items()},
+                   **{f"waits_{k}": v for k, v in with_dq_waits(rows, tiles, ranks).items()}}
+            row["model_seconds"] = time.perf_counter() - t0
+            rows_out.append(row)
+            print(f"{name:<10} {order:<9} misses/step {row['l2_misses_per_step']:.3f}  makespan with waits "
+                  f"{row['waits_makespan']} vs ideal {row['waits_ideal']:.0f}  deadlock {row['waits_deadlock']}",
+                  flush=True)
+    if args.out:
+        record = {"benchmark": "ws_order_model (a CPU model, not a measurement)",
+                  "config": {"sms": SMS, "kv_heads": KV_HEADS, "group": GROUP, "l2_tiles": L2_TILES},
+                  "rows": rows_out}
+        Path(args.out).write_text(json.dumps(record, indent=1))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
