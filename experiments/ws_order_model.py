@@ -17,7 +17,7 @@ H100 (experiments/results/checks/tree-ws-dq-variants-h100-20261126T2335Z.json): 
 ~39% of workload a's backward; adds without ordering are slower still (contention), so traffic, not waiting, is
 the cost there; on workload c the waits are the whole cost.
 
-    python experiments/ws_order_model.py --workloads a,c,two-level --out experiments/results/models/ws-order-model.json
+    python experiments/ws_order_model.py --workloads a,c,two-level,4x8K --out experiments/results/models/ws-order-model.json
 """
 
 from __future__ import annotations
@@ -42,25 +42,29 @@ from dualkv.cuda.schedule import key_tiles  # noqa: E402
 from dualkv.cuda.tree_schedule import tree_key_tiles, tree_rows, tree_segments  # noqa: E402
 
 WORKLOADS = {"a": system_prompt_workload, "b": branching_workload, "c": multi_turn_workload,
-             "two-level": lambda: GroupLayout.single(32768, [2048] * 16)}
+             "two-level": lambda: GroupLayout.single(32768, [2048] * 16),
+             "4x8K": lambda: GroupLayout.from_lengths([8192] * 4, [[2048] * 8] * 4)}
 SMS, KV_HEADS, GROUP = 132, 8, 4
 L2_TILES = int(40e6 // 32768)
 
 
 def schedules(layout) -> dict:
     """order name -> (segment rows (S, 4), key tiles in launch order, TreeRanks or None): a tree's default
-    (nearest-first) and root-first orders; a GroupLayout's two-level order."""
+    (nearest-first), nearest-first node-major and root-first orders; a GroupLayout's heaviest-first and node-major
+    two-level orders."""
     if isinstance(layout, PrefixTreeLayout):
         rows = tree_rows(tree_segments(layout), layout.num_nodes)
         heaviest = tree_key_tiles(layout, ws_schedule.BLOCK_KEYS)
         out = {}
-        for name, root_first in (("nearest", False), ("root", True)):
+        for name, root_first, node_major in (("nearest", False, False), ("nearest-node", False, True),
+                                             ("root", True, True)):
             ranks = ws_schedule.TreeRanks.of(layout, root_first)
-            out[name] = (rows, ws_schedule.launch_order(heaviest, None, ranks), ranks)
+            out[name] = (rows, ws_schedule.launch_order(heaviest, None, ranks, node_major), ranks)
         return out
     rows = np.asarray(layout.segment_table, dtype=np.int64).reshape(-1, 4)
     tiles = key_tiles(rows, ws_schedule.BLOCK_KEYS, True, True)
-    return {"two-level": (rows, ws_schedule.launch_order(tiles, rows), None)}
+    return {name: (rows, ws_schedule.launch_order(tiles, rows, node_major_tiles=node), None)
+            for name, node in (("heaviest", False), ("node", True))}
 
 
 def _ctas(tiles: np.ndarray, kv_heads: int) -> list[tuple[int, int]]:
@@ -142,7 +146,7 @@ def with_dq_waits(rows, tiles, ranks, *, sms: int = SMS, kv_heads: int = KV_HEAD
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", default="a,c,two-level")
+    p.add_argument("--workloads", default="a,c,two-level,4x8K")
     p.add_argument("--out", default=None, help="JSON file (default: print only)")
     args = p.parse_args(argv)
     rows_out = []

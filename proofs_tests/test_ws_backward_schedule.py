@@ -23,11 +23,12 @@ def _layouts(seed, count):
                                         for _ in range(g)])
 
 
+@pytest.mark.parametrize("node_major", [False, True], ids=["heaviest", "node-major"])
 @pytest.mark.parametrize("seed", range(4))
-def test_dq_counters_receive_blocks_in_order(seed):
+def test_dq_counters_receive_blocks_in_order(seed, node_major):
     for layout in _layouts(seed, 25):
         seg = layout.segment_table
-        tiles = launch_order(key_tiles(seg, BLOCK_KEYS, True), seg)
+        tiles = launch_order(key_tiles(seg, BLOCK_KEYS, True), seg, node_major_tiles=node_major)
         check_block_order(tiles)
         check_launch_order(tiles, seg)
         check_dq_order(tiles, seg, group=2)
@@ -35,10 +36,65 @@ def test_dq_counters_receive_blocks_in_order(seed):
     for _ in range(25):  # the paper's call 2: a separate context tensor
         cu = np.cumsum([0] + [rng.randint(1, 300) for _ in range(rng.randint(1, 4))]).tolist()
         seg = segments_from_cu_seqlens(cu, rng.randint(1, 400))
-        tiles = launch_order(key_tiles(seg, BLOCK_KEYS, False), seg)
+        tiles = launch_order(key_tiles(seg, BLOCK_KEYS, False), seg, node_major_tiles=node_major)
         check_block_order(tiles)
         check_launch_order(tiles, seg)
         check_dq_order(tiles, seg)
+
+
+def test_node_major_order_keeps_each_segments_tiles_together_and_the_same_tiles():
+    """Several groups: the heaviest-first table interleaves the groups' prompt blocks (block 0 of every prompt, then
+    block 1, ...); node-major puts each prompt's blocks together, in order, and each response's, and changes nothing
+    else (same tiles, own-response tiles still first)."""
+    from dualkv.cuda.ws_schedule import is_own_response, node_major
+
+    layout = GroupLayout.from_lengths([300, 300, 300], [[129, 200], [65, 1], [300]])
+    seg = layout.segment_table
+    heaviest = key_tiles(seg, BLOCK_KEYS, True)
+    assert [t[0] for t in heaviest.tolist()[:3]] != [heaviest[0, 0]] * 3  # interleaved to begin with
+    tiles = launch_order(heaviest, seg, node_major_tiles=True)
+    assert sorted(map(tuple, tiles.tolist())) == sorted(map(tuple, heaviest.tolist()))
+    runs = [t[0] for t in tiles.tolist()]
+    starts = [r for i, r in enumerate(runs) if i == 0 or runs[i - 1] != r]
+    assert len(starts) == len(set(starts)), runs
+    own = [is_own_response(t, np.asarray(seg).reshape(-1, 4)) for t in tiles.tolist()]
+    assert own == sorted(own, reverse=True)
+    # separate contexts (own_seg -1) are grouped by their dependents, not merged into one run
+    ctx_seg = segments_from_cu_seqlens([0, 5, 9], 300)
+    ctx_tiles = node_major(key_tiles(ctx_seg, BLOCK_KEYS, False))
+    assert [t[1] for t in ctx_tiles.tolist() if t[0] < 0] == sorted(t[1] for t in ctx_tiles.tolist() if t[0] < 0)
+
+
+@pytest.mark.parametrize("name,reader,choices", [
+    ("DUALKV_KEY_TILE_ORDER", "_key_tile_order_from_env", ("heaviest", "node")),
+    ("DUALKV_TREE_DQ_ORDER", "_tree_dq_order_from_env", ("nearest", "root"))])
+def test_order_settings(monkeypatch, name, reader, choices):
+    """Unset or empty: the default (first) choice; every choice is taken; anything else raises, naming the setting."""
+    from dualkv.cuda import configs
+
+    read = getattr(configs, reader)
+    for value, want in (("", choices[0]), *((c, c) for c in choices)):
+        monkeypatch.setenv(name, value)
+        assert read() == want
+    monkeypatch.setenv(name, "random")
+    with pytest.raises(ValueError, match=f"{name} must be one of"):
+        read()
+
+
+def test_plans_take_the_node_major_order_when_chosen(monkeypatch):
+    from dualkv.cuda import launch
+
+    layout = GroupLayout.from_lengths([300, 300], [[129, 200], [65, 1]])
+    default = launch.make_plan(layout.segment_table, head_dim=128, group_size=2, window_left=-1,
+                               device=torch.device("cpu"), ctx_shared=True, fwd_kernel="fwd")
+    monkeypatch.setattr(launch, "KEY_TILES_NODE_MAJOR", True)
+    plan = launch.make_plan(layout.segment_table, head_dim=128, group_size=2, window_left=-1,
+                            device=torch.device("cpu"), ctx_shared=True, fwd_kernel="fwd")
+    seg = layout.segment_table
+    assert not np.array_equal(plan.key_tiles.numpy(), default.key_tiles.numpy())
+    assert np.array_equal(plan.key_tiles.numpy(), launch_order(key_tiles(seg, BLOCK_KEYS, True), seg,
+                                                               node_major_tiles=True))
+    check_dq_order(plan.key_tiles.numpy(), seg, group=2)
 
 
 @pytest.mark.parametrize("seed", range(2))

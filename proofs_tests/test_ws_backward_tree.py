@@ -44,12 +44,12 @@ def _forests(seed: int, count: int):
     return [_random_forest(rng) for _ in range(count)]
 
 
-def _schedule(layout: PrefixTreeLayout, root_first: bool = False):
+def _schedule(layout: PrefixTreeLayout, root_first: bool = False, node_major: bool = False):
     """(segment rows (S, 4), key tiles in the tree launch order, TreeRanks) of a preorder forest, in the default
-    (nearest ancestor first) or the root-first dQ order."""
+    (nearest ancestor first) or the root-first dQ order; ``node_major``: each node's tiles adjacent."""
     ranks = TreeRanks.of(layout, root_first)
     rows = tree_rows(tree_segments(layout), layout.num_nodes)
-    return rows, launch_order(tree_key_tiles(layout, BLOCK_KEYS), rows, ranks), ranks
+    return rows, launch_order(tree_key_tiles(layout, BLOCK_KEYS), rows, ranks, node_major), ranks
 
 
 def test_block_size_matches_the_kernels():
@@ -73,11 +73,12 @@ def test_tree_table_carries_the_ancestor_blocks(seed):
         assert TreeRanks.of(layout).ancestor_blocks.tolist() == expected
 
 
-@pytest.mark.parametrize("root_first", [False, True], ids=["nearest", "root-first"])
+@pytest.mark.parametrize("root_first,node_major", [(False, False), (False, True), (True, False)],
+                         ids=["nearest", "nearest-node-major", "root-first"])
 @pytest.mark.parametrize("seed", range(6))
-def test_tree_dq_counters_receive_ranks_in_launch_order(seed, root_first):
+def test_tree_dq_counters_receive_ranks_in_launch_order(seed, root_first, node_major):
     for layout in _forests(seed, 30):
-        rows, tiles, ranks = _schedule(layout, root_first)
+        rows, tiles, ranks = _schedule(layout, root_first, node_major)
         check_block_order(tiles)
         check_launch_order(tiles, rows, ranks)
         check_dq_order(tiles, rows, group=2, tree=ranks)
@@ -257,15 +258,10 @@ def test_tree_plans_take_the_root_first_launch_order_when_chosen(monkeypatch):
         check_dq_order(tiles, rows, group=2, tree=TreeRanks.of(layout))
 
 
-def test_tree_dq_order_setting(monkeypatch):
+def test_root_first_specs():
+    """The setting itself: test_ws_backward_schedule.test_order_settings."""
     from dualkv.cuda import configs
 
-    for value, want in (("", "nearest"), ("nearest", "nearest"), ("root", "root")):
-        monkeypatch.setenv("DUALKV_TREE_DQ_ORDER", value)
-        assert configs._tree_dq_order_from_env() == want
-    monkeypatch.setenv("DUALKV_TREE_DQ_ORDER", "leaves")
-    with pytest.raises(ValueError, match="DUALKV_TREE_DQ_ORDER must be one of"):
-        configs._tree_dq_order_from_env()
     root = configs.ws_bwd_spec(128, torch.bfloat16, tree=True, root_first=True)
     assert ("DKV_TREE_ROOT_FIRST", "1") in root.defines()
     assert not any(name == "DKV_TREE_ROOT_FIRST" for name, _ in configs.ws_bwd_spec(128, torch.bfloat16,

@@ -19,7 +19,7 @@ TURNS = PrefixTreeLayout([512, 512, 512] + [512] * 8, [-1, 0, 1] + [2] * 8)
 
 def test_both_orders_finish_and_root_first_wins_on_a_multi_turn_tree():
     orders = schedules(TURNS)
-    assert set(orders) == {"nearest", "root"}
+    assert set(orders) == {"nearest", "nearest-node", "root"}
     got = {name: with_dq_waits(rows, tiles, ranks, sms=16, kv_heads=2) for name, (rows, tiles, ranks) in orders.items()}
     assert not got["nearest"]["deadlock"] and not got["root"]["deadlock"]
     assert got["root"]["makespan"] < got["nearest"]["makespan"], got

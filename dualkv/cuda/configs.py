@@ -272,16 +272,36 @@ class mma_backward(_Switch):  # noqa: N801 - used like a function: mma_backward(
 TREE_DQ_ORDERS = ("nearest", "root")
 
 
-def _tree_dq_order_from_env() -> str:
-    choice = os.environ.get("DUALKV_TREE_DQ_ORDER", "") or "nearest"
-    if choice not in TREE_DQ_ORDERS:
-        raise ValueError(f"DUALKV_TREE_DQ_ORDER must be one of {TREE_DQ_ORDERS}, got {choice!r}")
+def _choice_from_env(name: str, choices: tuple[str, ...]) -> str:
+    """``$name``, the first of ``choices`` when unset or empty; any other value raises, naming the variable."""
+    choice = os.environ.get(name, "") or choices[0]
+    if choice not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {choice!r}")
     return choice
+
+
+def _tree_dq_order_from_env() -> str:
+    return _choice_from_env("DUALKV_TREE_DQ_ORDER", TREE_DQ_ORDERS)
 
 
 TREE_DQ_ORDER = _tree_dq_order_from_env()
 #: Whether this process runs the root-first tree dQ order (``TREE_DQ_ORDER == "root"``).
 TREE_DQ_ROOT_FIRST = TREE_DQ_ORDER == "root"
+
+#: The launch order of the key tiles of the backwards that add dQ in a fixed order (warp-specialised; mma.sync
+#: ordered dQ): "heaviest" (the default: the heaviest-first table, whose equal-weight tiles of different segments
+#: interleave — block 0 of every response, then block 1, ...) or "node" (each segment's, node's or separate
+#: context's tiles adjacent, blocks in order, so the CTAs running together sweep the same query tiles and reuse
+#: them from L2). Only the launch order changes: the dQ ranks, hence the bits, do not. Read ONCE, at import, from
+#: ``$DUALKV_KEY_TILE_ORDER`` (plans are cached). The root-first tree order is always node-major.
+KEY_TILE_ORDERS = ("heaviest", "node")
+
+
+def _key_tile_order_from_env() -> str:
+    return _choice_from_env("DUALKV_KEY_TILE_ORDER", KEY_TILE_ORDERS)
+
+
+KEY_TILES_NODE_MAJOR = _key_tile_order_from_env() == "node"
 
 
 def current_mma_backward() -> str:

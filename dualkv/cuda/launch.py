@@ -13,9 +13,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, TMA_KERNELS, TREE_DQ_ROOT_FIRST, KeyTileConfig,
-                      TileConfig, dkdv_spec, dq_cast_spec, dq_ordered_for, dq_spec, forward_kernel_for, forward_tile,
-                      fwd_spec, pack_for, prep_spec, ws_backward_for, ws_bwd_spec)
+from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, KEY_TILES_NODE_MAJOR, TMA_KERNELS,
+                      TREE_DQ_ROOT_FIRST, KeyTileConfig, TileConfig, dkdv_spec, dq_cast_spec, dq_ordered_for,
+                      dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for, prep_spec, ws_backward_for,
+                      ws_bwd_spec)
 from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
 from . import ws_schedule
 from .schedule import check_block_order, key_tiles, tile_table
@@ -75,7 +76,7 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
     dq_tile, dkdv_tile = dq_tile or DQ_TILES[head_dim], dkdv_tile or DKDV_TILES[head_dim]
     dq_pack = pack_for(group_size, dq_tile)
     heaviest = key_tiles(segments, dkdv_tile.block_keys, ctx_shared, causal)
-    keys = ws_schedule.launch_order(heaviest, segments)
+    keys = ws_schedule.launch_order(heaviest, segments, node_major_tiles=KEY_TILES_NODE_MAJOR)
     check_block_order(keys)
     ws_schedule.check_launch_order(keys, segments)
     return Plan(
@@ -108,7 +109,7 @@ def make_tree_plan(layout, *, head_dim: int, group_size: int, device: torch.devi
     dq_pack = pack_for(group_size, dq_tile)
     ranks = ws_schedule.TreeRanks.of(layout, root_first=TREE_DQ_ROOT_FIRST)
     heaviest = tree_key_tiles(layout, dkdv_tile.block_keys)
-    keys = ws_schedule.launch_order(heaviest, None, ranks)
+    keys = ws_schedule.launch_order(heaviest, None, ranks, node_major_tiles=KEY_TILES_NODE_MAJOR)
     check_block_order(keys)
     ws_schedule.check_launch_order(keys, None, ranks)
     return Plan(

@@ -156,13 +156,16 @@ def rank(tile: tuple[int, int, int, int], step: Step, tree: TreeRanks | None = N
     return tile[1] + step.reach + between
 
 
-def launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks | None = None) -> np.ndarray:
+def launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks | None = None,
+                 node_major_tiles: bool = False) -> np.ndarray:
     """``tiles`` (int32 (n, 4), heaviest first) with every own-response tile moved before the shared-key tiles,
     each part keeping its order; for a tree, the tiles of deeper nodes first (stable), or with ``tree.root_first``
-    shallower nodes first, each node's tiles adjacent (:func:`node_major`)."""
+    shallower nodes first. With ``node_major_tiles`` (always under ``root_first``) each segment's (node's) tiles are
+    adjacent first (:func:`node_major`), so the CTAs of one key run start together and share their query tiles."""
     tiles = np.asarray(tiles).reshape(-1, 4)
-    if tree is not None and tree.root_first:
+    if node_major_tiles or (tree is not None and tree.root_first):
         tiles = node_major(tiles)
+    if tree is not None and tree.root_first:
         order = np.argsort(tree.depth[tiles[:, 0]], kind="stable")
         return np.ascontiguousarray(tiles[order].astype(np.int32))
     if tree is not None:
@@ -173,14 +176,22 @@ def launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks | None
     return np.ascontiguousarray(np.concatenate([tiles[first], tiles[~first]]).astype(np.int32))
 
 
+def _key_run(tile) -> tuple[int, int]:
+    """The key run a tile belongs to: its own segment (node), or for a separate context (own_seg -1, the paper's
+    call 2) the context's first dependent."""
+    return (int(tile[0]), -1) if tile[0] >= 0 else (-1, int(tile[2]))
+
+
 def node_major(tiles: np.ndarray) -> np.ndarray:
-    """Tree key tiles (int32 (n, 4)) regrouped so each node's tiles are adjacent, blocks in order; nodes in the order
-    of their first tile in ``tiles`` (heaviest first for :func:`dualkv.cuda.tree_schedule.tree_key_tiles`)."""
+    """Key tiles (int32 (n, 4)) regrouped so each key run's (segment's, node's, separate context's) tiles are
+    adjacent, blocks in order; runs in the order of their first tile in ``tiles`` (heaviest first for
+    :func:`dualkv.cuda.schedule.key_tiles` and :func:`dualkv.cuda.tree_schedule.tree_key_tiles`)."""
     tiles = np.asarray(tiles).reshape(-1, 4)
-    first: dict[int, int] = {}
-    for i, node in enumerate(tiles[:, 0].tolist()):
-        first.setdefault(node, i)
-    order = sorted(range(len(tiles)), key=lambda i: (first[int(tiles[i, 0])], int(tiles[i, 1])))
+    rows = tiles.tolist()
+    first: dict[tuple[int, int], int] = {}
+    for i, tile in enumerate(rows):
+        first.setdefault(_key_run(tile), i)
+    order = sorted(range(len(rows)), key=lambda i: (first[_key_run(rows[i])], rows[i][1]))
     return np.ascontiguousarray(tiles[order])
 
 

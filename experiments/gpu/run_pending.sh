@@ -8,9 +8,10 @@
 #                                               # cascade (#13)
 #   bash experiments/gpu/run_pending.sh trees   # tree bench with the forward timed alone (#14: where (a)/(c) lose)
 #   bash experiments/gpu/run_pending.sh hd96    # on a checkout with branch hd96 merged: its tests and benchmark
-#   bash experiments/gpu/run_pending.sh treeroot  # branch treeroot: the root-first tree dQ order
-#                                               # (DUALKV_TREE_DQ_ORDER=root): the tree GPU tests under it (WS and
-#                                               # mma.sync ordered dQ), then tree_bench in both orders, same call
+#   bash experiments/gpu/run_pending.sh orders  # the opt-in orders (DUALKV_TREE_DQ_ORDER=root,
+#                                               # DUALKV_KEY_TILE_ORDER=node): GPU tests under each, then
+#                                               # order_bench.py (multi-group micro-batches, trees a and c)
+#   bash experiments/gpu/run_pending.sh treebench  # tree_bench vs Flex under the orders set in the environment
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
 #                                               # of the warp-specialised backward on workload a, default vs NOSEM)
@@ -73,17 +74,22 @@ treedq)
     # the device returns at most 8 files: one archive of everything, plus the two text pages
     (cd "$OUT" && tar czf treedq.tgz tree_* ncu_*.ncu-rep ./*.log 2>/dev/null && rm -rf tree_* ncu_*.ncu-rep ncu_*.log)
     ;;
-treeroot)
-    export DUALKV_TREE_DQ_ORDER=root
-    TAIL=4 step pytest_root 300 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda_ws.py \
-        proofs_tests/test_tree_cuda.py
-    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=4 step pytest_root_mma 200 python3 -m pytest -q -m gpu \
-        -p no:cacheprovider proofs_tests/test_tree_cuda.py
-    for order in root nearest; do
-        mkdir -p "$OUT/bench_$order"
-        DUALKV_TREE_DQ_ORDER=$order TAIL=16 step "bench_$order" 240 python3 experiments/gpu/tree_bench.py --forward \
-            --systems dualkv,dualkv_bwd_v1,flex --reps 10 --no-changing-trees --out "$OUT/bench_$order"
-    done
+orders)
+    # the opt-in launch/dQ orders: GPU tests under each (a wrong order would hang, then trap: DKV_WAIT_LIMIT), then
+    # order_bench (every setting in its own process, same layouts; gradients compared bitwise across settings)
+    DUALKV_TREE_DQ_ORDER=root TAIL=4 step pytest_root 300 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        proofs_tests/test_tree_cuda_ws.py proofs_tests/test_tree_cuda.py
+    DUALKV_TREE_DQ_ORDER=root DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=4 step pytest_root_mma 200 \
+        python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py
+    DUALKV_KEY_TILE_ORDER=node TAIL=4 step pytest_node 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda_ws.py
+    TAIL=12 step order_bench 300 python3 experiments/gpu/order_bench.py --reps 10 --out "$OUT"
     ;;
-*) echo "unknown part $1 (tests, mma, trees, hd96, treedq, treeroot)"; exit 2 ;;
+treebench)
+    # tree_bench (with Flex) under the orders in the environment, e.g.
+    #   DUALKV_KEY_TILE_ORDER=node DUALKV_TREE_DQ_ORDER=root bash experiments/gpu/run_pending.sh treebench
+    TAIL=16 step tree_bench 500 python3 experiments/gpu/tree_bench.py --forward --systems dualkv,dualkv_bwd_v1,flex \
+        --reps 10 --no-changing-trees --out "$OUT"
+    ;;
+*) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, treebench)"; exit 2 ;;
 esac

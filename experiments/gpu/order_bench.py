@@ -1,0 +1,140 @@
+"""The backward's key-tile launch order on a GPU: dualkv fwd+bwd (and fwd alone) under each
+``DUALKV_KEY_TILE_ORDER`` / ``DUALKV_TREE_DQ_ORDER`` setting, one child process per setting (both are read at
+import), same layouts and inputs, in one run.
+
+Layouts (H=32, H_k=8, d=128, bf16): micro-batches of several groups, where the default heaviest-first table
+interleaves the groups' prompt blocks (``4x8K``: 4 groups of P=8K, N=8, R=2K; ``8x4K``: 8 groups of P=4K), one
+group as the control (``1x32K``: P=32K, N=16), and the issue #14 trees (``tree-a``, ``tree-c``) for the tree orders.
+The key-tile order changes no result bit (the dQ ranks fix the adds' order): every setting's gradients are compared
+bitwise with the first setting's ("=" in the table) and checked finite; the root-first tree order adds a tree's dQ
+in another order, so its tree rows differ in rounding ("≠" expected there, and only there).
+
+    python experiments/gpu/order_bench.py --settings heaviest,node,node+root --reps 10 --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+#: setting name -> environment (the key-tile order, and for trees the dQ order)
+SETTINGS = {"heaviest": {"DUALKV_KEY_TILE_ORDER": "heaviest", "DUALKV_TREE_DQ_ORDER": "nearest"},
+            "node": {"DUALKV_KEY_TILE_ORDER": "node", "DUALKV_TREE_DQ_ORDER": "nearest"},
+            "node+root": {"DUALKV_KEY_TILE_ORDER": "node", "DUALKV_TREE_DQ_ORDER": "root"}}
+
+
+def layouts() -> dict:
+    from dualkv import GroupLayout
+    from dualkv.analysis.trees import multi_turn_workload, system_prompt_workload
+
+    return {"4x8K": GroupLayout.from_lengths([8192] * 4, [[2048] * 8] * 4),
+            "8x4K": GroupLayout.from_lengths([4096] * 8, [[2048] * 8] * 8),
+            "1x32K": GroupLayout.single(32768, [2048] * 16),
+            "tree-a": system_prompt_workload(), "tree-c": multi_turn_workload()}
+
+
+def child(args) -> int:
+    """One setting (the environment is already set): time every layout, save gradients' checksums."""
+    import dualkv
+    from dualkv.bench.harness import environment, measure
+    from dualkv.cuda import configs
+
+    rows = []
+    for name in args.layouts.split(","):
+        layout = layouts()[name]
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(layout.total_tokens, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+                   .requires_grad_() for h in (32, 8, 8))
+        dout = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+        def fwd():
+            return dualkv.shared_prefix_attention(q, k, v, layout)
+
+        def step():
+            torch.autograd.grad(fwd(), (q, k, v), dout)
+
+        grads = torch.autograd.grad(fwd(), (q, k, v), dout)
+        device = torch.device("cuda")
+        t_step = measure(step, device, warmup=args.warmup, reps=args.reps)
+        t_fwd = measure(fwd, device, warmup=args.warmup, reps=args.reps)
+        rows.append({"layout": name, "tokens": layout.total_tokens, "median_ms": t_step.ms,
+                     "min_ms": min(t_step.ms_runs), "max_ms": max(t_step.ms_runs), "fwd_median_ms": t_fwd.ms,
+                     "bwd_median_ms": t_step.ms - t_fwd.ms, "peak_mem_gib": t_step.peak_mem_gib,
+                     "finite": all(bool(torch.isfinite(g).all()) for g in grads),
+                     "grad_sums": [float(g.double().sum()) for g in grads],
+                     "grad_sha256": [hashlib.sha256(g.view(torch.int16).cpu().numpy().tobytes()).hexdigest()[:16]
+                                     for g in grads]})
+        print(f"  {name:<7} fwd+bwd {t_step.ms:8.2f} ms  fwd {t_fwd.ms:7.2f} ms", flush=True)
+    record = {"setting": args.child, "key_tile_order": "node" if configs.KEY_TILES_NODE_MAJOR else "heaviest",
+              "tree_dq_order": configs.TREE_DQ_ORDER, "environment": environment(torch.device("cuda")), "rows": rows}
+    Path(args.child_out).write_text(json.dumps(record, default=str))
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--settings", default="heaviest,node,node+root")
+    p.add_argument("--layouts", default="4x8K,8x4K,1x32K,tree-a,tree-c")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "experiments" / "results"))
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("order_bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if args.child:
+        return child(args)
+    settings = [s for s in args.settings.split(",") if s]
+    unknown = set(settings) - set(SETTINGS)
+    if unknown:
+        p.error(f"unknown settings {sorted(unknown)} (choose from {list(SETTINGS)})")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in settings:
+        print(f"{name}:", flush=True)
+        part = out_dir / f"order_bench-{name}.part.json"
+        cmd = [sys.executable, __file__, "--child", name, "--child-out", str(part), "--layouts", args.layouts,
+               "--reps", str(args.reps), "--warmup", str(args.warmup)]
+        proc = subprocess.run(cmd, env={**os.environ, **SETTINGS[name]})
+        if proc.returncode or not part.exists():
+            results.append({"setting": name, "error": f"exit status {proc.returncode}"})
+            continue
+        results.append(json.loads(part.read_text()))
+        part.unlink()
+    base = next((r for r in results if "rows" in r), None)
+    lines = [f"{'layout':<8}" + "".join(f"{s:>16}" for s in settings) + "   (fwd+bwd median ms; bits = first's)"]
+    for i, name in enumerate(args.layouts.split(",")):
+        cells = []
+        for r in results:
+            if "rows" not in r:
+                cells.append(f"{'FAILED':>16}")
+                continue
+            row = r["rows"][i]
+            same = base is not None and row["grad_sha256"] == base["rows"][i]["grad_sha256"]
+            row["bits_equal_first_setting"] = same
+            cells.append(f"{row['median_ms']:>11.2f} {'=' if same else '≠'}{'' if row['finite'] else ' NaN':>3}")
+        lines.append(f"{name:<8}" + "".join(cells))
+    path = out_dir / f"order_bench-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    path.write_text(json.dumps({"benchmark": "order_bench", "settings": SETTINGS, "results": results}, indent=1,
+                               default=str))
+    print("\n".join(lines))
+    print(f"wrote {path}")
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
