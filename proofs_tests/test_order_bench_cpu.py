@@ -30,10 +30,29 @@ def test_layouts_build_and_interleave_under_the_default_order():
     got = order_bench.layouts()
     assert got["4x8K"].total_tokens == 4 * (8192 + 8 * 2048) and got["tree-a"].num_nodes == 73
     seg = got["4x8K"].segment_table
-    shared = [t for t in launch_order(key_tiles(seg, BLOCK_KEYS, True), seg).tolist() if t[1] == 0][-4:]
-    assert len({t[0] for t in shared}) == 4          # block 0 of the four prompts, one after another
+    prompts = {int(g) for g in np.flatnonzero(np.asarray(seg).reshape(-1, 4)[:, 3] == 0)}  # segments without context
+
+    def block0_positions(tiles):
+        return [i for i, t in enumerate(tiles.tolist()) if t[0] in prompts and t[1] == 0]
+
+    heaviest = launch_order(key_tiles(seg, BLOCK_KEYS, True), seg)
     node = launch_order(key_tiles(seg, BLOCK_KEYS, True), seg, node_major_tiles=True)
-    assert np.array_equal(np.sort(node, axis=0), np.sort(launch_order(key_tiles(seg, BLOCK_KEYS, True), seg), axis=0))
+    first = block0_positions(heaviest)
+    assert len(first) == 4 and np.all(np.diff(first) == 1)    # block 0 of the four prompts, one after another
+    assert np.all(np.diff(block0_positions(node)) == 64)     # node-major: each prompt's 64 blocks in a row
+    assert np.array_equal(np.sort(node, axis=0), np.sort(heaviest, axis=0))
+
+
+def test_bit_comparison_flags_what_no_order_may_change():
+    def row(layout, sums):
+        return {"layout": layout, "grad_sha256": list(sums), "finite": True, "median_ms": 1.0}
+
+    base = {"setting": "heaviest", "tree_dq_order": "nearest", "rows": [row("4x8K", "abc"), row("tree-a", "def")]}
+    root = {"setting": "node+root", "tree_dq_order": "root", "rows": [row("4x8K", "abc"), row("tree-a", "Xef")]}
+    assert order_bench.compare_bits([base, root]) == []     # a tree's dQ may differ under another tree dQ order
+    wrong = {"setting": "node", "tree_dq_order": "nearest", "rows": [row("4x8K", "aYc"), row("tree-a", "Xef")]}
+    assert order_bench.compare_bits([base, wrong]) == ["node 4x8K: dk differs from heaviest's",
+                                                       "node tree-a: dq differs from heaviest's"]
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU refusal")

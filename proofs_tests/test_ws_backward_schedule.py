@@ -59,10 +59,16 @@ def test_node_major_order_keeps_each_segments_tiles_together_and_the_same_tiles(
     assert len(starts) == len(set(starts)), runs
     own = [is_own_response(t, np.asarray(seg).reshape(-1, 4)) for t in tiles.tolist()]
     assert own == sorted(own, reverse=True)
-    # separate contexts (own_seg -1) are grouped by their dependents, not merged into one run
-    ctx_seg = segments_from_cu_seqlens([0, 5, 9], 300)
-    ctx_tiles = node_major(key_tiles(ctx_seg, BLOCK_KEYS, False))
-    assert [t[1] for t in ctx_tiles.tolist() if t[0] < 0] == sorted(t[1] for t in ctx_tiles.tolist() if t[0] < 0)
+    # two separate contexts (own_seg -1; segments 0-1 read keys 0..299, segment 2 keys 300..499): grouped by their
+    # dependents, not merged into one run of interleaved blocks
+    two_ctx = np.array([[0, 5, 0, 300], [5, 4, 0, 300], [9, 7, 300, 200]], dtype=np.int64)
+    ctx_tiles = node_major(key_tiles(two_ctx, BLOCK_KEYS, False))
+    runs = [(t[2], t[1]) for t in ctx_tiles.tolist() if t[0] < 0]
+    assert runs == [(0, 0), (0, 1), (0, 2), (2, 0), (2, 1)], runs
+    tiles = launch_order(key_tiles(two_ctx, BLOCK_KEYS, False), two_ctx, node_major_tiles=True)
+    check_block_order(tiles)
+    check_launch_order(tiles, two_ctx)
+    check_dq_order(tiles, two_ctx, group=2)
 
 
 @pytest.mark.parametrize("name,reader,choices", [
@@ -79,6 +85,25 @@ def test_order_settings(monkeypatch, name, reader, choices):
     monkeypatch.setenv(name, "random")
     with pytest.raises(ValueError, match=f"{name} must be one of"):
         read()
+
+
+def test_schedule_macros_cannot_be_set_through_extra_defines(monkeypatch):
+    """DKV_TREE_ROOT_FIRST and the other dQ-order macros must match the launcher's schedule: a debug override of one
+    is refused by name before anything compiles (a mismatch would hang the kernel until its wait limit)."""
+    from dualkv.cuda import build
+    from dualkv.cuda.configs import ws_bwd_spec
+
+    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_DBG_NOSEM=1,DKV_TREE_ROOT_FIRST=1")
+    with pytest.raises(ValueError, match="DKV_TREE_ROOT_FIRST"):
+        build.compile_spec(ws_bwd_spec(128, torch.bfloat16, tree=True), use_cache=False)
+
+
+def test_benchmark_records_carry_the_order_settings():
+    from dualkv.bench.harness import environment
+
+    env = environment(torch.device("cpu"))
+    assert env["tree_dq_order"] in ("nearest", "root") and env["key_tile_order"] in ("heaviest", "node")
+    assert "extra_defines" in env
 
 
 def test_plans_take_the_node_major_order_when_chosen(monkeypatch):

@@ -165,7 +165,8 @@ def test_root_first_order_with_the_other_launch_order_or_ranks_is_caught():
 @pytest.mark.parametrize("seed", range(3))
 def test_root_first_launch_keeps_each_nodes_tiles_together(seed):
     """The point of the root-first order: one node's CTAs start together (its tiles adjacent, blocks in order),
-    shallower nodes first, and a node's rank is one constant per key tile (A[node] + block)."""
+    shallower nodes first, and a node's rank is one constant per key tile (A[node] + block). (This checks the Python
+    statement; the kernels' transcription of it runs on a GPU only: run_pending.sh orders.)"""
     for layout in _forests(seed, 25):
         rows, tiles, ranks = _schedule(layout, root_first=True)
         nodes = tiles[:, 0].tolist()

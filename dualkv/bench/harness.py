@@ -184,7 +184,17 @@ def environment(device: torch.device) -> dict:
         "python": platform.python_version(),
         "device": str(device),
         "dualkv_backend_bf16": backend_name(probe),
+        **kernel_settings(),
     }
+
+
+def kernel_settings() -> dict:
+    """The process-wide kernel settings (read once, at import) a timing depends on: the tree dQ order, the key-tile
+    launch order, and any debug macros. (The kernel family and mma.sync backward are per benchmark system.)"""
+    from ..cuda.configs import KEY_TILES_NODE_MAJOR, TREE_DQ_ORDER
+
+    return {"tree_dq_order": TREE_DQ_ORDER, "key_tile_order": "node" if KEY_TILES_NODE_MAJOR else "heaviest",
+            "extra_defines": os.environ.get("DUALKV_EXTRA_DEFINES") or None}
 
 
 @dataclass

@@ -26,6 +26,7 @@ from ..layout import GroupLayout
 from ..tree import PrefixTreeLayout
 from .call2 import gather_inputs, map_call2, scatter_outputs
 from .configs import ATOMIC_HEAD_DIMS, DTYPES, WINDOW_HEAD_DIMS, attention_path, forward_kernel_for, kernel_head_dim
+from . import launch
 from .launch import Plan, make_plan, make_tree_plan
 from .ops import fwd as _fwd_op
 from .runtime import arch_of, device_index
@@ -119,11 +120,17 @@ def context_attention(q, k, v, cu_seqlens=None, max_seqlen=None, softmax_scale=N
     return _finish_padded(out, lse, d, return_lse)
 
 
+def _order_key() -> tuple[bool, bool]:
+    """The launch/dQ orders a cached plan was built for (the settings the launcher reads: a plan must never meet
+    kernels built for another dQ order)."""
+    return launch.KEY_TILES_NODE_MAJOR, launch.TREE_DQ_ROOT_FIRST
+
+
 def layout_plan(layout: GroupLayout, *, head_dim: int, group_size: int, window_left: int,
                 device: torch.device) -> Plan:
     """The kernels' schedule of a layout, built once per (shape, device) and cached on the layout."""
     fwd_kernel = forward_kernel_for(head_dim, arch_of(device_index(device)))
-    key = ("plan", head_dim, group_size, window_left, str(device), fwd_kernel)
+    key = ("plan", head_dim, group_size, window_left, str(device), fwd_kernel, _order_key())
     plan = layout._device_cache.get(key)
     if plan is None:
         plan = make_plan(layout.segment_table, head_dim=head_dim, group_size=group_size, window_left=window_left,
@@ -135,7 +142,7 @@ def layout_plan(layout: GroupLayout, *, head_dim: int, group_size: int, window_l
 def tree_plan(layout: PrefixTreeLayout, *, head_dim: int, group_size: int, device: torch.device) -> Plan:
     """The tree kernels' schedule of a preorder tree, built once per (shape, device) and cached on the layout."""
     fwd_kernel = forward_kernel_for(head_dim, arch_of(device_index(device)))
-    key = ("tree_plan", head_dim, group_size, str(device), fwd_kernel)
+    key = ("tree_plan", head_dim, group_size, str(device), fwd_kernel, _order_key())
     plan = layout._device_cache.get(key)
     if plan is None:
         plan = make_tree_plan(layout, head_dim=head_dim, group_size=group_size, device=device, fwd_kernel=fwd_kernel)

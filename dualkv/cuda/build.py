@@ -87,11 +87,21 @@ def extra_defines() -> list[tuple[str, str]]:
     return [tuple(item.split("=", 1)) if "=" in item else (item, "1") for item in text.split(",") if item]
 
 
+#: Macros that fix a kernel's dQ order (and so must match the launcher's schedule): only the spec may set them.
+SCHEDULE_MACROS = ("DKV_TREE", "DKV_TREE_ROOT_FIRST", "DKV_DQ_ORDERED", "DKV_DQ_ATOMIC")
+
+
 def _options(spec: KernelSpec, verbose: bool):
     from cuda.core import ProgramOptions
 
+    extra = extra_defines()
+    overridden = sorted({name for name, _ in extra} & set(SCHEDULE_MACROS))
+    if overridden:
+        raise ValueError(f"DUALKV_EXTRA_DEFINES sets {overridden}: these fix the kernels' dQ order, which must match "
+                         "the launcher's schedule, so only the kernel specification sets them (for the tree dQ order "
+                         "use DUALKV_TREE_DQ_ORDER)")
     return ProgramOptions(name=f"dualkv_{spec.kernel}", arch=spec.arch, std="c++17",
-                          include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines() + extra_defines(),
+                          include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines() + extra,
                           ptxas_options=["-v"] if verbose else None, use_fast_math=False)
 
 

@@ -20,6 +20,19 @@ blocks(x) = ceil(len(x) / 128) and A[x] the blocks of x's proper ancestors (the 
 between i and j come before i's). A GroupLayout's depth-1 tree has A[response] = blocks(prompt): today's rank. The
 launch order puts deeper nodes' tiles first (depth descending; stable, so blocks stay in order within a node).
 
+Root-first tree order (``TreeRanks(root_first=True)``, the kernels' DKV_TREE_ROOT_FIRST=1 builds, chosen by
+``DUALKV_TREE_DQ_ORDER=root``): a query tile of node j receives its root's blocks first, then each ancestor's down
+the chain, then its own causal blocks — ancestor (or own node) i's block b has rank A[i] + b, one constant per key
+tile. The launch order is then depth ascending with each node's tiles adjacent (nodes in heaviest-first order,
+blocks in order): the CTAs of one node start together and sweep the same query tiles in lockstep, so the dQ
+accumulator and Q/dO tiles they share can be reused from L2, and the longest walks (the roots') start first.
+
+Node-major launch (``launch_order(..., node_major_tiles=True)``, ``DUALKV_KEY_TILE_ORDER=node``; always part of the
+root-first order): before the orders above are applied, each key run's tiles (a segment's or node's own keys, or a
+separate context's) are made adjacent, blocks in order (:func:`node_major`), instead of the heaviest-first table's
+interleaving of equal-weight runs (block 0 of every prompt of a micro-batch, then block 1, ...). Ranks are untouched,
+so every counter receives its contributions in the same order as before: the same bits.
+
 The mma.sync dK/dV kernel's ordered-dQ mode (``csrc/bwd_dkdv.cu``, DKV_DQ_ORDERED) runs the same walk and ranks at
 its own tile sizes (:class:`Geometry`: ``step`` query rows per counter, ``block_keys`` keys per rank; see
 :func:`mma_geometry`) and also without causal masks (``causal=False``: a dependent's tile then receives all of its

@@ -70,7 +70,7 @@ def child(args) -> int:
         t_fwd = measure(fwd, device, warmup=args.warmup, reps=args.reps)
         rows.append({"layout": name, "tokens": layout.total_tokens, "median_ms": t_step.ms,
                      "min_ms": min(t_step.ms_runs), "max_ms": max(t_step.ms_runs), "fwd_median_ms": t_fwd.ms,
-                     "bwd_median_ms": t_step.ms - t_fwd.ms, "peak_mem_gib": t_step.peak_mem_gib,
+                     "bwd_ms_median_difference": t_step.ms - t_fwd.ms, "peak_mem_gib": t_step.peak_mem_gib,
                      "finite": all(bool(torch.isfinite(g).all()) for g in grads),
                      "grad_sums": [float(g.double().sum()) for g in grads],
                      "grad_sha256": [hashlib.sha256(g.view(torch.int16).cpu().numpy().tobytes()).hexdigest()[:16]
@@ -103,6 +103,7 @@ def main(argv=None) -> int:
         p.error(f"unknown settings {sorted(unknown)} (choose from {list(SETTINGS)})")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"order_bench-{time.strftime('%Y%m%dT%H%M%S')}.json"
     results = []
     for name in settings:
         print(f"{name}:", flush=True)
@@ -112,28 +113,57 @@ def main(argv=None) -> int:
         proc = subprocess.run(cmd, env={**os.environ, **SETTINGS[name]})
         if proc.returncode or not part.exists():
             results.append({"setting": name, "error": f"exit status {proc.returncode}"})
-            continue
-        results.append(json.loads(part.read_text()))
-        part.unlink()
+        else:
+            results.append(json.loads(part.read_text()))
+            part.unlink()
+        unexpected = compare_bits(results)
+        # rewritten after every setting: a run cut off by a time limit keeps what it measured
+        path.write_text(json.dumps({"benchmark": "order_bench", "settings": SETTINGS, "results": results,
+                                    "unexpected_bit_differences": unexpected}, indent=1, default=str))
+    print(table(results, args.layouts.split(",")))
+    for line in unexpected:
+        print(f"UNEXPECTED: {line}", file=sys.stderr)
+    print(f"wrote {path}")
+    return 1 if unexpected or any("error" in r for r in results) else 0
+
+
+def compare_bits(results: list[dict]) -> list[str]:
+    """Mark each row's dq/dk/dv as bitwise equal to the first setting's or not (``bits_equal_first_setting``), and
+    list the differences no order may cause: dK/dV anywhere, dQ anywhere except a tree under another tree dQ
+    order (the root-first order adds a tree's dQ in another order: other rounding)."""
     base = next((r for r in results if "rows" in r), None)
-    lines = [f"{'layout':<8}" + "".join(f"{s:>16}" for s in settings) + "   (fwd+bwd median ms; bits = first's)"]
-    for i, name in enumerate(args.layouts.split(",")):
+    unexpected = []
+    for r in results:
+        if "rows" not in r or base is None:
+            continue
+        for row, ref in zip(r["rows"], base["rows"]):
+            same = [a == b for a, b in zip(row["grad_sha256"], ref["grad_sha256"])]
+            row["bits_equal_first_setting"] = dict(zip(("dq", "dk", "dv"), same))
+            dq_may_differ = row["layout"].startswith("tree") and r["tree_dq_order"] != base["tree_dq_order"]
+            for name, ok in zip(("dq", "dk", "dv"), same):
+                if not ok and not (name == "dq" and dq_may_differ):
+                    unexpected.append(f"{r['setting']} {row['layout']}: {name} differs from {base['setting']}'s")
+            if not row["finite"]:
+                unexpected.append(f"{r['setting']} {row['layout']}: non-finite gradients")
+    return unexpected
+
+
+def table(results: list[dict], layout_names: list[str]) -> str:
+    """fwd+bwd median ms per layout and setting; "=" all three gradients bitwise equal to the first setting's."""
+    lines = [f"{'layout':<8}" + "".join(f"{r['setting']:>16}" for r in results)
+             + "   (fwd+bwd median ms; = bits of the first setting, dq≠ where only dQ differs)"]
+    for i, name in enumerate(layout_names):
         cells = []
         for r in results:
             if "rows" not in r:
                 cells.append(f"{'FAILED':>16}")
                 continue
             row = r["rows"][i]
-            same = base is not None and row["grad_sha256"] == base["rows"][i]["grad_sha256"]
-            row["bits_equal_first_setting"] = same
-            cells.append(f"{row['median_ms']:>11.2f} {'=' if same else '≠'}{'' if row['finite'] else ' NaN':>3}")
+            bits = row.get("bits_equal_first_setting", {})
+            mark = "=" if all(bits.values()) else ("dq≠" if bits.get("dk") and bits.get("dv") else "≠")
+            cells.append(f"{row['median_ms']:>12.2f} {mark:<3}")
         lines.append(f"{name:<8}" + "".join(cells))
-    path = out_dir / f"order_bench-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    path.write_text(json.dumps({"benchmark": "order_bench", "settings": SETTINGS, "results": results}, indent=1,
-                               default=str))
-    print("\n".join(lines))
-    print(f"wrote {path}")
-    return 1 if any("error" in r for r in results) else 0
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@
 #                                               # cascade (#13)
 #   bash experiments/gpu/run_pending.sh trees   # tree bench with the forward timed alone (#14: where (a)/(c) lose)
 #   bash experiments/gpu/run_pending.sh hd96    # on a checkout with branch hd96 merged: its tests and benchmark
-#   bash experiments/gpu/run_pending.sh orders  # the opt-in orders (DUALKV_TREE_DQ_ORDER=root,
-#                                               # DUALKV_KEY_TILE_ORDER=node): GPU tests under each, then
-#                                               # order_bench.py (multi-group micro-batches, trees a and c)
+#   bash experiments/gpu/run_pending.sh orders  # the GPU tests under the opt-in orders (DUALKV_TREE_DQ_ORDER=root,
+#                                               # DUALKV_KEY_TILE_ORDER=node), default and mma.sync ordered dQ
+#   bash experiments/gpu/run_pending.sh orderbench  # order_bench.py: every setting on multi-group micro-batches
+#                                               # and trees a, c (own processes, gradients compared bitwise)
 #   bash experiments/gpu/run_pending.sh treebench  # tree_bench vs Flex under the orders set in the environment
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
@@ -75,15 +76,21 @@ treedq)
     (cd "$OUT" && tar czf treedq.tgz tree_* ncu_*.ncu-rep ./*.log 2>/dev/null && rm -rf tree_* ncu_*.ncu-rep ncu_*.log)
     ;;
 orders)
-    # the opt-in launch/dQ orders: GPU tests under each (a wrong order would hang, then trap: DKV_WAIT_LIMIT), then
-    # order_bench (every setting in its own process, same layouts; gradients compared bitwise across settings)
-    DUALKV_TREE_DQ_ORDER=root TAIL=4 step pytest_root 300 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    # the opt-in orders under the GPU tests (a wrong order would hang, then trap on DKV_WAIT_LIMIT): root-first tree
+    # dQ (WS and mma.sync ordered dQ), node-major key tiles (default family and mma.sync ordered dQ)
+    DUALKV_TREE_DQ_ORDER=root TAIL=4 step pytest_root 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
         proofs_tests/test_tree_cuda_ws.py proofs_tests/test_tree_cuda.py
-    DUALKV_TREE_DQ_ORDER=root DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=4 step pytest_root_mma 200 \
+    DUALKV_TREE_DQ_ORDER=root DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=4 step pytest_root_mma 120 \
         python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py
-    DUALKV_KEY_TILE_ORDER=node TAIL=4 step pytest_node 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    DUALKV_KEY_TILE_ORDER=node TAIL=4 step pytest_node 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
         proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda_ws.py
-    TAIL=12 step order_bench 300 python3 experiments/gpu/order_bench.py --reps 10 --out "$OUT"
+    DUALKV_KEY_TILE_ORDER=node DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=4 step pytest_node_mma 120 \
+        python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+        proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_tree_cuda.py
+    ;;
+orderbench)
+    # every order setting in its own process, same layouts; gradients compared bitwise across settings
+    TAIL=12 step order_bench 420 python3 experiments/gpu/order_bench.py --reps 10 --out "$OUT"
     ;;
 treebench)
     # tree_bench (with Flex) under the orders in the environment, e.g.
@@ -91,5 +98,5 @@ treebench)
     TAIL=16 step tree_bench 500 python3 experiments/gpu/tree_bench.py --forward --systems dualkv,dualkv_bwd_v1,flex \
         --reps 10 --no-changing-trees --out "$OUT"
     ;;
-*) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, treebench)"; exit 2 ;;
+*) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench)"; exit 2 ;;
 esac
