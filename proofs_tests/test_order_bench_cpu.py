@@ -55,6 +55,13 @@ def test_bit_comparison_flags_what_no_order_may_change():
                                                        "node tree-a: dq differs from heaviest's"]
 
 
+def test_empty_settings_are_refused(monkeypatch, capsys):
+    monkeypatch.setattr(order_bench.torch.cuda, "is_available", lambda: True)  # reach the argument check
+    with pytest.raises(SystemExit):
+        order_bench.main(["--settings", ","])
+    assert "no settings" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU refusal")
 def test_refuses_without_cuda(capsys):
     assert order_bench.main(["--settings", "heaviest"]) == 2

@@ -26,21 +26,11 @@ WS_SHAPES = {
 
 
 @pytest.fixture
-def launched(monkeypatch):
-    """The specs of every kernel the launchers load (dualkv.cuda.launch.get_kernel), in call order."""
-    from dualkv.cuda import launch
-
+def launched(launched_specs):
+    """conftest's launched_specs (every kernel spec the launchers load, in call order), on sm_90 only."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the warp-specialised backward is built for sm_90 (H100/H200)")
-    specs = []
-    real = launch.get_kernel
-
-    def record(spec, device):
-        specs.append(spec)
-        return real(spec, device)
-
-    monkeypatch.setattr(launch, "get_kernel", record)
-    return specs
+    return launched_specs
 
 
 def assert_ws_tree_backward_ran(specs):

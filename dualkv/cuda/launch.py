@@ -99,7 +99,8 @@ def make_tree_plan(layout, *, head_dim: int, group_size: int, device: torch.devi
     """The schedule of a preorder :class:`dualkv.PrefixTreeLayout`: the tree table (segment rows + context run
     lists), query tiles of the DKV_TREE=1 forward and dQ kernels, and descendant-range key tiles for the dK/dV
     kernels and the DKV_TREE=1 warp-specialised backward (causal, no window), in the latter's launch order (deeper
-    nodes first, or shallower first under ``DUALKV_TREE_DQ_ORDER=root``: :func:`dualkv.cuda.ws_schedule.launch_order`)."""
+    nodes first, or shallower first under ``DUALKV_TREE_DQ_ORDER=root``:
+    :func:`dualkv.cuda.ws_schedule.launch_order`)."""
     from .tree_schedule import tree_key_tiles, tree_segments, tree_tile_table
 
     fwd_kernel = fwd_kernel or forward_kernel_for(head_dim, arch_of(device_index(device)))

@@ -51,8 +51,9 @@ def child(args) -> int:
     from dualkv.cuda import configs
 
     rows = []
+    built = layouts()
     for name in args.layouts.split(","):
-        layout = layouts()[name]
+        layout = built[name]
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(layout.total_tokens, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
                    .requires_grad_() for h in (32, 8, 8))
@@ -99,8 +100,8 @@ def main(argv=None) -> int:
         return child(args)
     settings = [s for s in args.settings.split(",") if s]
     unknown = set(settings) - set(SETTINGS)
-    if unknown:
-        p.error(f"unknown settings {sorted(unknown)} (choose from {list(SETTINGS)})")
+    if unknown or not settings:
+        p.error(f"no settings, or unknown settings {sorted(unknown)} (choose from {list(SETTINGS)})")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"order_bench-{time.strftime('%Y%m%dT%H%M%S')}.json"

@@ -5,7 +5,8 @@ where the dQ hand-off's time goes (DRAM and L2 reduction traffic, the dQ warp's 
         python3 experiments/gpu/profile_tree_dq.py --workload a
 
 A forward and one warm-up backward run first (compiles and loads every kernel); only the second backward runs
-between cudaProfilerStart and cudaProfilerStop. DUALKV_EXTRA_DEFINES picks a bisection variant (DKV_DBG_NOSEM=1, DKV_DBG_NODQ=1, DKV_DQ_INFLIGHT=0).
+between cudaProfilerStart and cudaProfilerStop. DUALKV_EXTRA_DEFINES picks a bisection variant (DKV_DBG_NOSEM=1,
+DKV_DBG_NODQ=1, DKV_DQ_INFLIGHT=0).
 """
 
 from __future__ import annotations
