@@ -47,3 +47,32 @@ def test_cudnn_systems_compose_exactly_on_cpu():
     res = kb.check_systems_agree(["reference", "cudnn_cascade", "cudnn_ncopy"], heads=4, kv_heads=2, head_dim=16,
                                  dtype=torch.float64, device="cpu", layout=layout, reference="reference")
     assert all(err < 1e-10 for name in ("cudnn_cascade", "cudnn_ncopy") for err in res[name]), res
+
+
+def test_bench_shape_builds_multi_group_micro_batches(tmp_path):
+    """``groups`` packs that many (P, N x R) groups into one micro-batch; its rows say so, and the single-group
+    readers (plots, RESULTS tables) leave them out."""
+    from dualkv.bench.plot import latest_kernel_rows
+
+    rows = kb.bench_shape(2, 48, 16, ["reference"], heads=2, kv_heads=1, head_dim=32, dtype=torch.float32,
+                          modes=("fwd",), reps=2, device="cpu", groups=3)
+    assert [(r.groups, r.status) for r in rows] == [(3, "ok")]
+    assert " 3 " in kb.format_rows(rows).splitlines()[1]
+    single = kb.bench_shape(2, 48, 16, ["reference"], heads=2, kv_heads=1, head_dim=32, dtype=torch.float32,
+                            modes=("fwd",), reps=2, device="cpu")
+    paths = [kb.write_results(single, tmp_path / "a.json"), kb.write_results(rows, tmp_path / "b.json")]
+    got, _ = latest_kernel_rows(paths)
+    assert [r["groups"] for r in got] == [1]
+    assert [r["groups"] for r in latest_kernel_rows(paths, groups=3)[0]] == [3]
+
+
+def test_bench_kernel_refuses_fewer_than_one_group(monkeypatch):
+    import argparse
+
+    import pytest
+
+    parser = argparse.ArgumentParser()
+    kb.add_arguments(parser)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SystemExit, match="--groups must be at least 1"):
+        kb.run(parser.parse_args(["--groups", "0", "--systems", "reference"]))

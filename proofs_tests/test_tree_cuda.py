@@ -112,17 +112,16 @@ def test_tree_backward_is_bitwise_deterministic(family):
 
 
 def _depth_one_through_tree_kernels(group, q, k, v, g, family):
-    """A GroupLayout's depth-1 tree forced through the tree kernels (the public API would route it to the two-level
-    kernels), and the GroupLayout through the two-level kernels."""
-    from dualkv.cuda import api
+    """A GroupLayout's depth-1 tree forced through the tree kernels (``tree_kernels=True``: by default the API routes
+    it to the two-level kernels), and the GroupLayout through the two-level kernels."""
+    from dualkv.cuda.api import tree_attention
     from dualkv.cuda.configs import kernel_family
-    from dualkv.cuda.launch import make_tree_plan
 
     tree = PrefixTreeLayout.from_group_layout(group)
 
     def tree_fn(q, k, v, layout, return_lse=True):
-        plan = make_tree_plan(tree, head_dim=q.shape[-1], group_size=q.shape[1] // k.shape[1], device=q.device)
-        return api._run(q, k, v, k, v, plan, q.shape[-1] ** -0.5, -1, None)
+        assert layout is tree
+        return tree_attention(q, k, v, tree, return_lse=return_lse, tree_kernels=True)
 
     with kernel_family(family):
         via_tree = _run(tree, q, k, v, g, device="cuda", dtype=torch.bfloat16, fn=tree_fn)

@@ -72,8 +72,8 @@ def test_node_major_order_keeps_each_segments_tiles_together_and_the_same_tiles(
 
 
 @pytest.mark.parametrize("name,reader,choices", [
-    ("DUALKV_KEY_TILE_ORDER", "_key_tile_order_from_env", ("heaviest", "node")),
-    ("DUALKV_TREE_DQ_ORDER", "_tree_dq_order_from_env", ("nearest", "root"))])
+    ("DUALKV_KEY_TILE_ORDER", "_key_tile_order_from_env", ("node", "heaviest")),
+    ("DUALKV_TREE_DQ_ORDER", "_tree_dq_order_from_env", ("root", "nearest"))])
 def test_order_settings(monkeypatch, name, reader, choices):
     """Unset or empty: the default (first) choice; every choice is taken; anything else raises, naming the setting."""
     from dualkv.cuda import configs
@@ -106,17 +106,18 @@ def test_benchmark_records_carry_the_order_settings():
     assert "extra_defines" in env
 
 
-def test_plans_take_the_node_major_order_when_chosen(monkeypatch):
+def test_plans_take_the_key_tile_order_chosen(monkeypatch):
     from dualkv.cuda import launch
 
     layout = GroupLayout.from_lengths([300, 300], [[129, 200], [65, 1]])
-    default = launch.make_plan(layout.segment_table, head_dim=128, group_size=2, window_left=-1,
+    monkeypatch.setattr(launch, "KEY_TILES_NODE_MAJOR", False)
+    heaviest = launch.make_plan(layout.segment_table, head_dim=128, group_size=2, window_left=-1,
                                device=torch.device("cpu"), ctx_shared=True, fwd_kernel="fwd")
     monkeypatch.setattr(launch, "KEY_TILES_NODE_MAJOR", True)
     plan = launch.make_plan(layout.segment_table, head_dim=128, group_size=2, window_left=-1,
                             device=torch.device("cpu"), ctx_shared=True, fwd_kernel="fwd")
     seg = layout.segment_table
-    assert not np.array_equal(plan.key_tiles.numpy(), default.key_tiles.numpy())
+    assert not np.array_equal(plan.key_tiles.numpy(), heaviest.key_tiles.numpy())
     assert np.array_equal(plan.key_tiles.numpy(), launch_order(key_tiles(seg, BLOCK_KEYS, True), seg,
                                                                node_major_tiles=True))
     check_dq_order(plan.key_tiles.numpy(), seg, group=2)

@@ -231,14 +231,16 @@ def test_group_layout_ranks_and_launch_order_are_unchanged(seed):
             by_token(dq_contributors(launch_order(group_tiles, seg), seg, 2), seg)
 
 
-def test_tree_plans_carry_the_tree_launch_order():
-    from dualkv.cuda.launch import make_tree_plan
+@pytest.mark.parametrize("root_first", [True, False], ids=["root", "nearest"])
+def test_tree_plans_carry_the_tree_launch_order(monkeypatch, root_first):
+    from dualkv.cuda import launch
 
+    monkeypatch.setattr(launch, "TREE_DQ_ROOT_FIRST", root_first)
     layout = _deep_tree()
-    plan = make_tree_plan(layout, head_dim=128, group_size=2, device=torch.device("cpu"), fwd_kernel="fwd")
+    plan = launch.make_tree_plan(layout, head_dim=128, group_size=2, device=torch.device("cpu"), fwd_kernel="fwd")
     rows = tree_rows(plan.segments.numpy(), layout.num_nodes)
     tiles = plan.key_tiles.numpy()
-    ranks = TreeRanks.of(layout)
+    ranks = TreeRanks.of(layout, root_first=root_first)
     assert plan.tree
     check_block_order(tiles)
     check_launch_order(tiles, rows, ranks)
@@ -246,7 +248,7 @@ def test_tree_plans_carry_the_tree_launch_order():
     assert sorted(map(tuple, tiles.tolist())) == sorted(map(tuple, tree_key_tiles(layout, BLOCK_KEYS).tolist()))
 
 
-def test_tree_plans_take_the_root_first_launch_order_when_chosen(monkeypatch):
+def test_tree_plans_take_the_root_first_launch_order_when_chosen(monkeypatch):  # the default order
     from dualkv.cuda import launch
 
     monkeypatch.setattr(launch, "TREE_DQ_ROOT_FIRST", True)
@@ -255,7 +257,7 @@ def test_tree_plans_take_the_root_first_launch_order_when_chosen(monkeypatch):
     rows = tree_rows(plan.segments.numpy(), layout.num_nodes)
     tiles = plan.key_tiles.numpy()
     check_dq_order(tiles, rows, group=2, tree=TreeRanks.of(layout, root_first=True))
-    with pytest.raises(RuntimeError, match="not 0..k-1"):  # not the default order's
+    with pytest.raises(RuntimeError, match="not 0..k-1"):  # not the nearest-first order's
         check_dq_order(tiles, rows, group=2, tree=TreeRanks.of(layout))
 
 
@@ -274,7 +276,7 @@ def test_root_first_specs():
 
 
 def test_ws_backward_serves_trees_where_it_serves_group_layouts():
-    from dualkv.cuda.configs import all_specs, kernel_family, ws_backward_for, ws_bwd_spec
+    from dualkv.cuda.configs import TREE_DQ_ROOT_FIRST, all_specs, kernel_family, ws_backward_for, ws_bwd_spec
 
     assert ws_backward_for(128, "sm_90", False, True, tree=True)
     assert not ws_backward_for(64, "sm_90", False, True, tree=True)   # no WS backward at head dim 64
@@ -284,8 +286,9 @@ def test_ws_backward_serves_trees_where_it_serves_group_layouts():
     tree_spec = ws_bwd_spec(128, torch.bfloat16, tree=True)
     assert ("DKV_TREE", "1") in tree_spec.defines()
     assert ("DKV_TREE", "1") not in ws_bwd_spec(128, torch.bfloat16).defines()
-    specs = all_specs("sm_90")
-    assert tree_spec in specs and ws_bwd_spec(128, torch.float16, tree=True) in specs
+    specs = all_specs("sm_90")  # the precompiled set holds this process's tree dQ order's builds
+    for dtype in (torch.bfloat16, torch.float16):
+        assert ws_bwd_spec(128, dtype, tree=True, root_first=TREE_DQ_ROOT_FIRST) in specs
     assert not any(s.tree and s.kernel == "bwd_sm90_ws" for s in all_specs("sm_80"))
 
 

@@ -1,6 +1,7 @@
 """The attention systems the kernel benchmark compares, each run from the same packed (T, heads, d) activations.
 
 * ``dualkv``      — :func:`dualkv.shared_prefix_attention` (one fused launch; CUDA kernels on a GPU).
+* ``dualkv_tree`` — the same work through the prefix-tree kernels (the layout as a depth-1 forest).
 * ``fa2_ncopy``   — PyTorch's vendored FlashAttention-2 (``aten._flash_attention_forward/_backward``) on the
                     N-copy layout: every prompt copied N times, causal varlen attention over [P; R_i] rows.
 * ``cascade``     — three stock FA2 calls (prompt causal; all response queries x prompt keys; responses causal per
@@ -87,6 +88,27 @@ class DualKV(_Autograd):
         q, k, v = self._leaves(train)
         with torch.set_grad_enabled(train):
             self.out = dualkv.shared_prefix_attention(q, k, v, self.layout, deterministic=self.deterministic)
+        return self.out
+
+
+class DualKVTree(DualKV):
+    """dualkv's prefix-tree kernels on the layout as a depth-1 forest (``PrefixTreeLayout.from_group_layout``): the
+    public API would route that packing to the two-level kernels, so this measures what the tree kernels cost on
+    the same work (the issue's "within 5% of the two-level kernel")."""
+
+    name = "dualkv_tree"
+
+    def prepare(self):
+        from ..tree import PrefixTreeLayout
+
+        self.tree = PrefixTreeLayout.from_group_layout(self.layout)
+
+    def forward(self, train=False):
+        from ..cuda.api import tree_attention
+
+        q, k, v = self._leaves(train)
+        with torch.set_grad_enabled(train):
+            self.out = tree_attention(q, k, v, self.tree, deterministic=self.deterministic, tree_kernels=True)
         return self.out
 
 
@@ -372,7 +394,7 @@ class FlexDynamic(Flex):
 
 
 #: The kernel-level implementations of the one registry (dualkv.bench.registry).
-SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVAtomic, DualKVMma, DualKVMmaOrdered, DualKVV1, FA2NCopy, Cascade,
-                                     CudnnCascade, CudnnNCopy, Flex, FlexDynamic, Reference)}
+SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVTree, DualKVAtomic, DualKVMma, DualKVMmaOrdered, DualKVV1, FA2NCopy,
+                                     Cascade, CudnnCascade, CudnnNCopy, Flex, FlexDynamic, Reference)}
 if set(SYSTEMS) != set(kernel_systems()):
     raise RuntimeError(f"kernel systems {tuple(SYSTEMS)} and the registry's {kernel_systems()} disagree")

@@ -48,6 +48,7 @@ class BenchRow:
     ms_min: float | None = None
     ms_max: float | None = None
     reps: int | None = None
+    groups: int = 1  # groups of (P, N x R) in the micro-batch
 
 
 def random_inputs(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int,
@@ -82,8 +83,10 @@ def _timed_call(system, mode: str, dout):
 
 def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 32, kv_heads: int = 8,
                 head_dim: int = 128, dtype: torch.dtype = torch.bfloat16, modes: Sequence[str] = ("fwd",),
-                reps: int = 10, seed: int = 0, device: str = "cuda") -> list[BenchRow]:
-    layout = GroupLayout.single(P, [R] * N)
+                reps: int = 10, seed: int = 0, device: str = "cuda", groups: int = 1) -> list[BenchRow]:
+    """Every system on one micro-batch of ``groups`` groups, each a P-token prompt with N responses of R tokens
+    (packed P + NR per group, groups one after another); a row per (system, mode)."""
+    layout = GroupLayout.from_lengths([P] * groups, [[R] * N] * groups)
     try:
         from ..analysis import attention_flops, useful_pairs
         pairs = useful_pairs(layout)
@@ -99,7 +102,7 @@ def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 
             system.prepare()
             dout = torch.randn(system.output_rows(), heads, head_dim, device=device, dtype=dtype)
         except torch.OutOfMemoryError:
-            rows += [BenchRow(name, N, P, R, m, None, None, None, None, "OOM") for m in modes]
+            rows += [BenchRow(name, N, P, R, m, None, None, None, None, "OOM", groups=groups) for m in modes]
             continue
         for mode in modes:
             try:
@@ -107,9 +110,9 @@ def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 
                 ms = timing.ms
                 tflops = attention_flops(pairs, heads, head_dim, mode) / (ms * 1e-3) / 1e12 if pairs else None
                 rows.append(BenchRow(name, N, P, R, mode, ms, tflops, None, timing.peak_mem_gib, "ok",
-                                     min(timing.ms_runs), max(timing.ms_runs), len(timing.ms_runs)))
+                                     min(timing.ms_runs), max(timing.ms_runs), len(timing.ms_runs), groups))
             except torch.OutOfMemoryError:
-                rows.append(BenchRow(name, N, P, R, mode, None, None, None, None, "OOM"))
+                rows.append(BenchRow(name, N, P, R, mode, None, None, None, None, "OOM", groups=groups))
     for mode in modes:
         fa2 = next((r for r in rows if r.system == "fa2_ncopy" and r.mode == mode and r.ms), None)
         for r in rows:
@@ -189,15 +192,15 @@ def write_results(rows: Sequence[BenchRow], path: str | Path, extra: dict | None
 
 
 def format_rows(rows: Sequence[BenchRow]) -> str:
-    lines = [f"{'system':<14} {'N':>3} {'P':>7} {'mode':<6} {'ms':>9} {'min-max':>17} {'TFLOP/s':>8} {'x FA2':>6} "
-             f"{'GiB':>6}"]
+    lines = [f"{'system':<14} {'G':>2} {'N':>3} {'P':>7} {'mode':<6} {'ms':>9} {'min-max':>17} {'TFLOP/s':>8} "
+             f"{'x FA2':>6} {'GiB':>6}"]
     for r in rows:
         ms = f"{r.ms:9.2f}" if r.ms else f"{r.status:>9}"
         spread = f"{r.ms_min:8.2f}-{r.ms_max:<8.2f}" if r.ms_min is not None else f"{'-':>17}"
         tf = f"{r.tflops:8.1f}" if r.tflops else f"{'-':>8}"
         sp = f"{r.speedup_vs_fa2:6.2f}" if r.speedup_vs_fa2 else f"{'-':>6}"
         mem = f"{r.peak_mem_gib:6.1f}" if r.peak_mem_gib else f"{'-':>6}"
-        lines.append(f"{r.system:<14} {r.N:>3} {r.P:>7} {r.mode:<6} {ms} {spread} {tf} {sp} {mem}")
+        lines.append(f"{r.system:<14} {r.groups:>2} {r.N:>3} {r.P:>7} {r.mode:<6} {ms} {spread} {tf} {sp} {mem}")
     return "\n".join(lines)
 
 
@@ -207,6 +210,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list of " + ",".join(SYSTEMS))
     p.add_argument("--shapes", default=None, help="comma list of N:P (default: the seed's Table 1)")
     p.add_argument("--R", type=int, default=2048)
+    p.add_argument("--groups", type=int, default=1,
+                   help="groups per micro-batch: each shape N:P becomes GROUPS prompts of P tokens with N responses")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--varying", type=int, default=0, help="also time this many differently shaped micro-batches")
     p.add_argument("--out", default="experiments/results", help="directory for the JSON result")
@@ -222,10 +227,13 @@ def run(args: argparse.Namespace) -> int:
         if name not in SYSTEMS:
             raise SystemExit(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
     shapes = TABLE1 if not args.shapes else [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
+    if args.groups < 1:
+        raise SystemExit(f"--groups must be at least 1, got {args.groups}")
     rows: list[BenchRow] = []
     for n, p in shapes:
-        print(f"N={n} P={p} ...", file=sys.stderr, flush=True)
-        rows += bench_shape(n, p, args.R, systems, modes=modes, reps=args.reps)
+        print(f"{args.groups}x N={n} P={p} ..." if args.groups > 1 else f"N={n} P={p} ...", file=sys.stderr,
+              flush=True)
+        rows += bench_shape(n, p, args.R, systems, modes=modes, reps=args.reps, groups=args.groups)
     extra = {"agreement": check_systems_agree(systems)}
     if args.varying:
         extra["varying"] = bench_varying(systems, count=args.varying)

@@ -108,9 +108,10 @@ def _pyplot():
     return plt
 
 
-def latest_kernel_rows(paths: Sequence[str | Path]) -> tuple[list[dict], dict]:
-    """Rows of ``dualkv bench kernel`` files, a later file replacing an earlier one's (system, N, P, mode) row, and
-    the last file's environment."""
+def latest_kernel_rows(paths: Sequence[str | Path], groups: int = 1) -> tuple[list[dict], dict]:
+    """Rows of ``dualkv bench kernel`` files on micro-batches of ``groups`` groups (``--groups``; files written before
+    that option are single-group), a later file replacing an earlier one's (system, N, P, mode) row, and the last
+    file's environment."""
     latest, env = {}, {}
     for path in paths:
         data = json.loads(Path(path).read_text())
@@ -118,7 +119,8 @@ def latest_kernel_rows(paths: Sequence[str | Path]) -> tuple[list[dict], dict]:
             raise ValueError(f"{path} is not a `dualkv bench kernel` result (benchmark={data.get('benchmark')!r})")
         env = data["environment"]
         for r in data["rows"]:
-            latest[(r["system"], r["N"], r["P"], r["mode"])] = r
+            if r.get("groups", 1) == groups:
+                latest[(r["system"], r["N"], r["P"], r["mode"])] = r
     return list(latest.values()), env
 
 

@@ -167,11 +167,12 @@ def _as_group_layout(layout: PrefixTreeLayout) -> GroupLayout | None:
 
 
 def tree_attention(q, k, v, layout: PrefixTreeLayout, softmax_scale=None, window_size: Sequence[int] = (-1, -1),
-                   return_lse=False, deterministic: bool | None = None):
+                   return_lse=False, deterministic: bool | None = None, tree_kernels: bool = False):
     """Exact attention of a packed prefix tree on the GPU (see :func:`dualkv.reference.tree.tree_attention`).
 
     A tree that is a :class:`GroupLayout` packing (depth 1, each root followed by its leaf children) runs the
-    two-level kernels unchanged; any other tree runs the ``DKV_TREE=1`` query kernels (context = the ancestors' runs)
+    two-level kernels unchanged, unless ``tree_kernels`` (for comparing the tree kernels with the two-level ones on
+    the same packing); any other tree runs the ``DKV_TREE=1`` query kernels (context = the ancestors' runs)
     and the dK/dV kernels over descendant ranges (:mod:`dualkv.cuda.tree_schedule`) — on sm_90 at head dim 128 the
     warp-specialised backward's ``DKV_TREE=1`` build (:mod:`dualkv.cuda.ws_schedule`), as for a GroupLayout. Nodes
     not in DFS preorder are permuted into it (a gather of q, k, v and of the outputs). Sliding windows on trees run
@@ -182,7 +183,7 @@ def tree_attention(q, k, v, layout: PrefixTreeLayout, softmax_scale=None, window
 
     h, hk, d = check_tree_tensors(q, k, v, layout)
     window = check_window(window_size, True)
-    group = _as_group_layout(layout)
+    group = None if tree_kernels else _as_group_layout(layout)
     if group is not None:
         return shared_prefix_attention(q, k, v, group, softmax_scale, window_size, return_lse, deterministic)
     if window[0] >= 0:

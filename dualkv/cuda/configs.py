@@ -265,11 +265,12 @@ class mma_backward(_Switch):  # noqa: N801 - used like a function: mma_backward(
 
 
 #: Prefix trees' dQ order in the deterministic backwards that add dQ in a fixed order (the warp-specialised Hopper
-#: backward and the mma.sync ordered dQ mode): "nearest" (the default: a query tile's own blocks, then its nearest
-#: ancestor's, ... the root's last; deeper nodes launched first) or "root" (root first, own blocks last; shallower
-#: nodes launched first, each node's tiles together: dualkv/cuda/ws_schedule.py). Read ONCE, at import, from
+#: backward and the mma.sync ordered dQ mode): "root" (the default: a query tile's root's blocks first, its own last;
+#: shallower nodes launched first, each node's tiles together: dualkv/cuda/ws_schedule.py) or "nearest" (its own
+#: blocks first, then its nearest ancestor's, ... the root's last; deeper nodes launched first). "root" is the
+#: default because it was faster on every tree measured (H100: docs/trees.md). Read ONCE, at import, from
 #: ``$DUALKV_TREE_DQ_ORDER``: a tree plan's launch order and the kernels' ranks must agree, and plans are cached.
-TREE_DQ_ORDERS = ("nearest", "root")
+TREE_DQ_ORDERS = ("root", "nearest")
 
 
 def _choice_from_env(name: str, choices: tuple[str, ...]) -> str:
@@ -289,12 +290,13 @@ TREE_DQ_ORDER = _tree_dq_order_from_env()
 TREE_DQ_ROOT_FIRST = TREE_DQ_ORDER == "root"
 
 #: The launch order of the key tiles of the backwards that add dQ in a fixed order (warp-specialised; mma.sync
-#: ordered dQ): "heaviest" (the default: the heaviest-first table, whose equal-weight tiles of different segments
-#: interleave — block 0 of every response, then block 1, ...) or "node" (each segment's, node's or separate
-#: context's tiles adjacent, blocks in order, so the CTAs running together sweep the same query tiles and reuse
-#: them from L2). Only the launch order changes: the dQ ranks, hence the bits, do not. Read ONCE, at import, from
+#: ordered dQ): "node" (the default: each segment's, node's or separate context's tiles adjacent, blocks in order,
+#: so the CTAs running together sweep the same query tiles and reuse them from L2) or "heaviest" (the heaviest-first
+#: table, whose equal-weight tiles of different segments interleave — block 0 of every prompt, then block 1, ...).
+#: Only the launch order changes: the dQ ranks, hence the bits, do not. "node" is the default because it was faster
+#: on every micro-batch measured (H100: 1.41x on four groups of P=8K). Read ONCE, at import, from
 #: ``$DUALKV_KEY_TILE_ORDER`` (plans are cached). The root-first tree order is always node-major.
-KEY_TILE_ORDERS = ("heaviest", "node")
+KEY_TILE_ORDERS = ("node", "heaviest")
 
 
 def _key_tile_order_from_env() -> str:

@@ -13,6 +13,9 @@
 #   bash experiments/gpu/run_pending.sh orderbench  # order_bench.py: every setting on multi-group micro-batches
 #                                               # and trees a, c (own processes, gradients compared bitwise)
 #   bash experiments/gpu/run_pending.sh treebench  # tree_bench vs Flex under the orders set in the environment
+#   bash experiments/gpu/run_pending.sh defaults   # tree GPU tests; dualkv_tree vs dualkv (depth-1); a 4-group
+#                                               # micro-batch vs the cuDNN / FA2 cascades and Flex
+#   bash experiments/gpu/run_pending.sh groups8    # the same on an 8-group micro-batch
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
 #                                               # of the warp-specialised backward on workload a, default vs NOSEM)
@@ -98,5 +101,20 @@ treebench)
     TAIL=16 step tree_bench 500 python3 experiments/gpu/tree_bench.py --forward --systems dualkv,dualkv_bwd_v1,flex \
         --reps 10 --no-changing-trees --out "$OUT"
     ;;
-*) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench)"; exit 2 ;;
+defaults)
+    # the node-major / root-first defaults: the tree GPU tests, the tree kernels on depth-1 forests against the
+    # two-level kernels (single group), and a 4-group micro-batch against every exact peer
+    TAIL=3 step pytest_trees 150 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py \
+        proofs_tests/test_tree_cuda_ws.py
+    mkdir -p "$OUT/bench"
+    TAIL=10 step depth1 120 python3 -m dualkv bench kernel --shapes 16:32768,8:8192 --systems dualkv,dualkv_tree \
+        --mode fwd,fwdbwd --out "$OUT/bench"
+    TAIL=16 step groups4 200 python3 -m dualkv bench kernel --groups 4 --shapes 8:8192 \
+        --systems dualkv,dualkv_tree,cudnn_cascade,cascade,flex --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    ;;
+groups8)
+    TAIL=16 step groups8 240 python3 -m dualkv bench kernel --groups 8 --shapes 8:4096 \
+        --systems dualkv,dualkv_tree,cudnn_cascade,cascade,flex --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    ;;
+*) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8)"; exit 2 ;;
 esac
