@@ -293,10 +293,11 @@ def table(rows) -> str:
         errs = r.get("rel_err_vs_fa2_ncopy")
         worst = f"{max(errs.values()):.2e}" if errs else "–"    # fa2_ncopy not run: nothing to compare with
         speed = flex.get(r["workload"])
+        vs_flex = f"{speed / r['median_ms']:>7.2f}x" if speed else f"{'–':>8}"   # flex not run
         note = "" if r.get("agrees", True) else "FAIL: disagrees with fa2_ncopy"
         lines.append(f"{r['workload']:<3} {r['system']:<14} {r['median_ms']:>10.2f} {r['min_ms']:>8.2f} "
                      f"{r['max_ms']:>8.2f} {r['useful_tflops']:>8.1f} {r['peak_mem_gib']:>9.2f} "
-                     f"{(speed / r['median_ms']) if speed else float('nan'):>7.2f}x {worst:>12}  {note}")
+                     f"{vs_flex} {worst:>12}  {note}")
     return "\n".join(lines)
 
 
@@ -357,7 +358,8 @@ def main(argv=None) -> int:
     if changing:
         print("changing trees: dualkv new kernels per new tree:",
               [r["dualkv_new_kernels_loaded"] for r in changing["trees"]],
-              "| flex mask build s:", [round(r.get("flex_mask_build_s", float("nan")), 3) for r in changing["trees"]])
+              "| flex mask build s:", [round(r["flex_mask_build_s"], 3) if r.get("flex_mask_build_s") is not None
+                                       else "–" for r in changing["trees"]])
     print(f"wrote {path}")
     failed = [r for r in rows if "error" in r or not r.get("agrees", True)]
     if failed:
