@@ -1,7 +1,8 @@
 """The plans' two key-tile orders: ``key_tiles`` in the warp-specialised backward's launch order (its dQ ranks need
 it) and ``dkdv_key_tiles``, the same tiles heaviest first, for the dK/dV kernels whose dQ needs no order. On a
-prefix tree the launch order puts every root tile last although a root's keys are seen by every descendant, so the
-heaviest CTAs would start last; a greedy model of the GPU's block scheduler (132 SMs, one CTA each) shows what that
+prefix tree the nearest-first launch order (``DUALKV_TREE_DQ_ORDER=nearest``; the default before the root-first
+order) puts every root tile last although a root's keys are seen by every descendant, so the heaviest CTAs would
+start last; a greedy model of the GPU's block scheduler (132 SMs, one CTA each) shows what that
 costs on a grid that dispatches a tile's KV heads together, and that the dK/dV kernels' (tiles, KV heads) grid keeps
 most of the cost whatever the table's order (the heads would have to be folded into blockIdx.x)."""
 
@@ -16,7 +17,7 @@ import torch
 from dualkv import GroupLayout, PrefixTreeLayout
 from dualkv.analysis.trees import multi_turn_workload
 from dualkv.cuda.configs import DKDV_TILES
-from dualkv.cuda.launch import make_plan, make_tree_plan
+from dualkv.cuda.launch import make_plan
 from dualkv.cuda.schedule import check_block_order
 from dualkv.cuda.tree_schedule import preorder_permutation, tree_rows
 
@@ -56,9 +57,13 @@ def test_group_plans_carry_both_orders_of_the_same_tiles(lengths):
     assert work == sorted(work, reverse=True)
 
 
-def test_tree_plans_run_the_root_tiles_first_for_the_dkdv_kernels():
+def test_tree_plans_run_the_root_tiles_first_for_the_dkdv_kernels(monkeypatch):
+    """Under the nearest-first tree dQ order (DUALKV_TREE_DQ_ORDER=nearest), whose launch order puts the root last."""
+    from dualkv.cuda import launch
+
+    monkeypatch.setattr(launch, "TREE_DQ_ROOT_FIRST", False)
     layout, _ = preorder_permutation(multi_turn_workload())
-    plan = make_tree_plan(layout, head_dim=128, group_size=4, device=CPU, fwd_kernel="fwd")
+    plan = launch.make_tree_plan(layout, head_dim=128, group_size=4, device=CPU, fwd_kernel="fwd")
     ws, heavy = plan.key_tiles.numpy(), plan.dkdv_key_tiles.numpy()
     assert sorted(_rows(plan.key_tiles)) == sorted(_rows(plan.dkdv_key_tiles))
     check_block_order(heavy)
@@ -74,3 +79,21 @@ def test_tree_plans_run_the_root_tiles_first_for_the_dkdv_kernels():
     late, early = (_makespan(w * 8) / ideal for w in (work_ws, work_heavy))
     assert early <= late, (late, early)
     assert tree_rows(plan.segments.numpy(), layout.num_nodes).shape[0] == layout.num_nodes
+
+
+def test_root_first_tree_plans_start_with_the_root_in_both_orders(monkeypatch):
+    """The default root-first order launches the root's tiles first in the warp-specialised order too, so the model's
+    makespan of the head-fastest grid is close to the heaviest-first table's."""
+    from dualkv.cuda import launch
+
+    monkeypatch.setattr(launch, "TREE_DQ_ROOT_FIRST", True)
+    layout, _ = preorder_permutation(multi_turn_workload())
+    plan = launch.make_tree_plan(layout, head_dim=128, group_size=4, device=CPU, fwd_kernel="fwd")
+    ws, heavy = plan.key_tiles.numpy(), plan.dkdv_key_tiles.numpy()
+    depth = np.asarray(layout.depths)
+    assert depth[ws[0, 0]] == 0 and depth[heavy[0, 0]] == 0
+    assert np.all(np.diff(depth[ws[:, 0]]) >= 0)  # shallower nodes first
+    work_ws, work_heavy = _tree_work(layout, ws), _tree_work(layout, heavy)
+    ideal = sum(work_ws) * 8 / 132
+    root_first, heaviest = (_makespan([x for x in w for _ in range(8)]) / ideal for w in (work_ws, work_heavy))
+    assert root_first < 1.25, (root_first, heaviest)
