@@ -28,7 +28,7 @@ import torch
 from ._checks import check_layout_tensors, check_window, resolve_scale
 from .layout import GroupLayout
 
-__all__ = ["CudnnEngine", "Engine", "ReferenceEngine", "engine_for", "shared_prefix_attention"]
+__all__ = ["CudnnEngine", "Engine", "ReferenceEngine", "cascade_backward", "engine_for", "shared_prefix_attention"]
 
 Tensor = torch.Tensor
 
@@ -47,6 +47,11 @@ class Engine(Protocol):
 
     def backward(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, state: object,
                  causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+        ...
+
+    def backward_rows(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse_rows: Tensor,
+                      causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+        """``backward`` without a forward of this engine: the LSE given as (B, H, S_q) float rows."""
         ...
 
     def rows(self, lse: Tensor) -> Tensor:
@@ -85,6 +90,27 @@ class CudnnEngine:
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
             dout, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, causal, scale=scale)
 
+    def backward_rows(self, dout, q, k, v, out, lse_rows, causal, scale):
+        if self._tiny(q, k):
+            return self.backward(dout, q, k, v, out, lse_rows[..., None], None, causal, scale)
+        # The backward takes the forward's state and LSE layout: both read off a tiny forward of the same heads,
+        # dtype and device (the state's tensors do not depend on the sequence lengths without dropout).
+        lse_like, (cum_q, cum_k, _, _, seed, offset) = self._template(q, k)
+        lse = _strided_like(lse_like, (*lse_rows.shape, 1))
+        lse.copy_(lse_rows[..., None])
+        return self.backward(dout, q, k, v, out, lse, (cum_q, cum_k, q.shape[2], k.shape[2], seed, offset),
+                             causal, scale)
+
+    @staticmethod
+    def _template(q, k):
+        key = (q.device, q.dtype, q.shape[1], k.shape[1], q.shape[3])
+        if key not in _CUDNN_TEMPLATES:
+            tq = torch.zeros(1, q.shape[1], 3, q.shape[3], dtype=q.dtype, device=q.device)
+            tk = torch.zeros(1, k.shape[1], 3, q.shape[3], dtype=q.dtype, device=q.device)
+            _, lse, *state = CudnnEngine().forward(tq, tk, tk, True, 1.0)
+            _CUDNN_TEMPLATES[key] = (lse, state[0])
+        return _CUDNN_TEMPLATES[key]
+
     def rows(self, lse):
         return lse.reshape(lse.shape[0], lse.shape[1], lse.shape[2])
 
@@ -93,6 +119,17 @@ class CudnnEngine:
         new = torch.empty_like(lse)
         new.copy_(rows.reshape(lse.shape))
         return new
+
+
+#: (device, dtype, heads, kv heads, head dim) -> the LSE and state of a tiny cuDNN forward (CudnnEngine.backward_rows)
+_CUDNN_TEMPLATES: dict = {}
+
+
+def _strided_like(template: Tensor, shape: Sequence[int]) -> Tensor:
+    """An empty tensor of ``shape`` whose dimensions lie in memory in the same order as ``template``'s."""
+    order = sorted(range(template.dim()), key=lambda i: -template.stride(i))
+    return torch.empty([shape[i] for i in order], dtype=template.dtype,
+                       device=template.device).permute([order.index(i) for i in range(template.dim())])
 
 
 def _expand_kv(t: Tensor, heads: int) -> Tensor:
@@ -134,6 +171,9 @@ class ReferenceEngine:
         dq = torch.matmul(ds, _expand_kv(k, q.shape[1])) * scale
         dk = _fold_kv(torch.matmul(ds.transpose(-1, -2), q), kv_heads) * scale
         return dq, dk, dv
+
+    def backward_rows(self, dout, q, k, v, out, lse_rows, causal, scale):
+        return self.backward(dout, q, k, v, out, lse_rows.to(q.dtype), None, causal, scale)
 
     def rows(self, lse):
         return lse
@@ -270,34 +310,89 @@ class _CascadeFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, d_lse):
-        if d_lse is not None and bool((d_lse != 0).any()):
-            raise NotImplementedError("the cascade cannot differentiate through the returned LSE (the stock "
-                                      "attention backwards have no LSE gradient); use the fused kernels")
+        refuse_lse_gradient(d_lse, "the cascade")
         q, k, v, out = ctx.saved_tensors
         if dout is None:
             return None, None, None, None, None, None
         engine, scale = ctx.engine, ctx.scale
-        dout = dout.contiguous()
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        for grp, (st_p, l_p, st_c, l_c_m, st_o, l_o_m, o_o) in zip(_plan(ctx.layout, q.device), ctx.saved):
+        saved = iter(ctx.saved)
+        parts = {}
+
+        def part_backward(grp, part, dout_b, q_b, k_b, v_b, out_b, causal):
+            if part == "prompt":  # each group's three parts come in the order prompt, cross, own
+                parts.update(zip(("prompt", "cross", "own", "o_o"), _unpack_saved(next(saved))))
+            state, lse = parts[part]
+            if part == "own":  # padded slots: their own-part output (their upstream gradient is zero)
+                out_b = _Own(grp).from_rows(out_b, parts["o_o"])
+            return engine.backward(dout_b, q_b, k_b, v_b, out_b, lse, state, causal, scale)
+
+        return (*_backward_groups(dout.contiguous(), q, k, v, out, ctx.layout, part_backward), None, None, None)
+
+
+def refuse_lse_gradient(d_lse: Tensor | None, what: str) -> None:
+    """Raise if a caller differentiates through the returned LSE: the stock attention backwards take none."""
+    if d_lse is not None and bool((d_lse != 0).any()):
+        raise NotImplementedError(f"{what} cannot differentiate through the returned LSE (the stock attention "
+                                  "backwards have no LSE gradient); use the fused kernels")
+
+
+def _unpack_saved(saved: tuple) -> tuple:
+    st_p, l_p, st_c, l_c_m, st_o, l_o_m, o_o = saved
+    return (st_p, l_p), (st_c, l_c_m), (st_o, l_o_m), o_o
+
+
+def _backward_groups(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, layout: GroupLayout,
+                     part_backward) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv (packed like q, k, v) from each group's three part backwards: ``part_backward(grp, part, dout,
+    q, k, v, out, causal)`` on (B, H, S, d) views (``part`` is "prompt", "cross" or "own"; the own part's ``out``
+    is given in packed row order, (ΣR, H, d), for the engine to batch with its padding). Sums the responses' dQ
+    over cross and own, the prompt's dK/dV over prompt and cross."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    for grp in _plan(layout, q.device):
+        own = _Own(grp)
+        qp, kp, vp = (_bhsd(t[grp.p0:grp.p1]) for t in (q, k, v))
+        dq_p, dk_p, dv_p = part_backward(grp, "prompt", _bhsd(dout[grp.p0:grp.p1]), qp, kp, vp,
+                                         _bhsd(out[grp.p0:grp.p1]), True)
+        dout_r, out_r = dout[grp.r0:grp.r1], out[grp.r0:grp.r1]
+        dq_c, dk_c, dv_c = part_backward(grp, "cross", _bhsd(dout_r), _bhsd(q[grp.r0:grp.r1]), kp, vp, _bhsd(out_r),
+                                         False)
+        # Padded own slots get a zero upstream gradient: they contribute nothing.
+        dout_o = own.from_rows(dout_r, torch.zeros_like(own.batch(q)))
+        dq_o, dk_o, dv_o = part_backward(grp, "own", dout_o, own.batch(q), own.batch(k), own.batch(v), out_r, True)
+        dq[grp.p0:grp.p1] = dq_p[0].transpose(0, 1)
+        dk[grp.p0:grp.p1] = (dk_p + dk_c)[0].transpose(0, 1)
+        dv[grp.p0:grp.p1] = (dv_p + dv_c)[0].transpose(0, 1)
+        dq[grp.r0:grp.r1] = dq_c[0].transpose(0, 1) + own.to_rows(dq_o)
+        dk[grp.r0:grp.r1] = own.to_rows(dk_o)
+        dv[grp.r0:grp.r1] = own.to_rows(dv_o)
+    return dq, dk, dv
+
+
+#: LSE given to padded own-part query rows in :func:`cascade_backward`: exp(score - LSE) is 0 there (their upstream
+#: gradient is zero too), so they add nothing and cannot overflow.
+_PAD_LSE = 1.0e30
+
+
+def cascade_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, layout: GroupLayout,
+                     scale: float, engine: Engine | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The cascade's backward after ANY exact forward of the same attention (e.g. dualkv's fused kernel): each part's
+    backward with the given output and natural-log LSE. q, out, dout (T, H, d); k, v (T, H_k, d); lse (H, T) float.
+    Returns dq, dk, dv like q, k, v."""
+    engine = engine or engine_for(q)
+    lse_rows = lse.t()  # (T, H)
+
+    def part_backward(grp, part, dout_b, q_b, k_b, v_b, out_b, causal):
+        if part == "own":
             own = _Own(grp)
-            qp, kp, vp = (_bhsd(t[grp.p0:grp.p1]) for t in (q, k, v))
-            dq_p, dk_p, dv_p = engine.backward(_bhsd(dout[grp.p0:grp.p1]), qp, kp, vp, _bhsd(out[grp.p0:grp.p1]), l_p,
-                                               st_p, True, scale)
-            dout_r, out_r = dout[grp.r0:grp.r1], out[grp.r0:grp.r1]
-            dq_c, dk_c, dv_c = engine.backward(_bhsd(dout_r), _bhsd(q[grp.r0:grp.r1]), kp, vp, _bhsd(out_r), l_c_m,
-                                               st_c, False, scale)
-            # Padded own slots: zero upstream gradient (they contribute nothing) and their own-part output.
-            dout_o = own.from_rows(dout_r, torch.zeros_like(o_o))
-            dq_o, dk_o, dv_o = engine.backward(dout_o, own.batch(q), own.batch(k), own.batch(v),
-                                               own.from_rows(out_r, o_o), l_o_m, st_o, True, scale)
-            dq[grp.p0:grp.p1] = dq_p[0].transpose(0, 1)
-            dk[grp.p0:grp.p1] = (dk_p + dk_c)[0].transpose(0, 1)
-            dv[grp.p0:grp.p1] = (dv_p + dv_c)[0].transpose(0, 1)
-            dq[grp.r0:grp.r1] = dq_c[0].transpose(0, 1) + own.to_rows(dq_o)
-            dk[grp.r0:grp.r1] = own.to_rows(dk_o)
-            dv[grp.r0:grp.r1] = own.to_rows(dv_o)
-        return dq, dk, dv, None, None, None
+            pad = torch.full((*own.batch(q).shape[:3], 1), _PAD_LSE, dtype=lse.dtype, device=lse.device)
+            lse_b = own.from_rows(lse_rows[grp.r0:grp.r1, :, None], pad)[..., 0]     # (N, H, R_max)
+            out_b = own.from_rows(out_b, torch.zeros_like(own.batch(q)))
+        else:
+            r0, r1 = (grp.p0, grp.p1) if part == "prompt" else (grp.r0, grp.r1)
+            lse_b = lse_rows[r0:r1].t()[None]                                         # (1, H, S)
+        return engine.backward_rows(dout_b, q_b, k_b, v_b, out_b, lse_b, causal, scale)
+
+    return _backward_groups(dout.contiguous(), q, k, v, out, layout, part_backward)
 
 
 def shared_prefix_attention(q: Tensor, k: Tensor, v: Tensor, layout: GroupLayout, softmax_scale: float | None = None,

@@ -143,6 +143,20 @@ class _Switched(DualKV):
             return super().backward(dout)
 
 
+class DualKVHybrid(_Switched):
+    """``deterministic=False`` on the hybrid path (``DUALKV_PATH=hybrid``): the fused forward, the cuDNN cascade's
+    part backwards from its output and LSE (:mod:`dualkv.cuda.hybrid`)."""
+
+    name = "dualkv_hybrid"
+    deterministic = False
+
+    def _in_force(self) -> contextlib.AbstractContextManager:
+        import os
+        from unittest import mock
+
+        return mock.patch.dict(os.environ, {"DUALKV_PATH": "hybrid"})
+
+
 class DualKVMma(_Switched):
     """dualkv with the mma.sync kernels on Hopper too (what sm_80 runs; the wgmma kernels' baseline)."""
 
@@ -394,7 +408,8 @@ class FlexDynamic(Flex):
 
 
 #: The kernel-level implementations of the one registry (dualkv.bench.registry).
-SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVTree, DualKVAtomic, DualKVMma, DualKVMmaOrdered, DualKVV1, FA2NCopy,
-                                     Cascade, CudnnCascade, CudnnNCopy, Flex, FlexDynamic, Reference)}
+SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVTree, DualKVAtomic, DualKVHybrid, DualKVMma, DualKVMmaOrdered,
+                                     DualKVV1, FA2NCopy, Cascade, CudnnCascade, CudnnNCopy, Flex, FlexDynamic,
+                                     Reference)}
 if set(SYSTEMS) != set(kernel_systems()):
     raise RuntimeError(f"kernel systems {tuple(SYSTEMS)} and the registry's {kernel_systems()} disagree")

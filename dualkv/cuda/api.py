@@ -211,19 +211,24 @@ def shared_prefix_attention(q, k, v, layout: GroupLayout | PrefixTreeLayout, sof
                             window_size: Sequence[int] = (-1, -1), return_lse=False,
                             deterministic: bool | None = None):
     """Calls 1 and 2 of every group in ONE launch over the layout's segment table — or, with ``deterministic=False``
-    where it is faster (:func:`dualkv.cuda.configs.attention_path`), the cuDNN cascade. A
-    :class:`PrefixTreeLayout` runs :func:`tree_attention`."""
+    where it is faster (:func:`dualkv.cuda.configs.attention_path`), the cuDNN cascade or the fused forward with the
+    cascade's cuDNN backward (:mod:`dualkv.cuda.hybrid`). A :class:`PrefixTreeLayout` runs :func:`tree_attention`."""
     if isinstance(layout, PrefixTreeLayout):
         return tree_attention(q, k, v, layout, softmax_scale, window_size, return_lse, deterministic)
     h, hk, d = check_layout_tensors(q, k, v, layout)
     window = check_window(window_size, True)
     padded = _kernel_head_dim(q, d, True, window)
-    if attention_path(arch_of(device_index(q.device)), d, window[0] >= 0,
-                      resolve_deterministic(deterministic, d)) == "cascade":
+    path = attention_path(arch_of(device_index(q.device)), d, window[0] >= 0, resolve_deterministic(deterministic, d))
+    if path == "cascade":
         from ..cascade import shared_prefix_attention as cascade
 
         return cascade(q, k, v, layout, softmax_scale=softmax_scale, return_lse=return_lse)
     q, k, v = _pad_head_dim((q, k, v), padded)
     plan = layout_plan(layout, head_dim=padded, group_size=h // hk, window_left=window[0], device=q.device)
+    if path == "hybrid" and padded == d:
+        from .hybrid import FusedForwardCascadeBackward
+
+        out, lse = FusedForwardCascadeBackward.apply(q, k, v, layout, plan, resolve_scale(softmax_scale, d))
+        return _finish(out, lse, return_lse)
     out, lse = _run(q, k, v, k, v, plan, resolve_scale(softmax_scale, d), window[0], deterministic)
     return _finish_padded(out, lse, d, return_lse)

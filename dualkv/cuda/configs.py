@@ -337,20 +337,23 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
 #: cross-part backward (cuDNN, non-causal) is not bitwise reproducible run to run (measured on an H100).
 CASCADE_FASTER = {("sm_90", 128)}
 #: ``$DUALKV_PATH``: "auto" (the rule above), "fused" (always the kernels), "cascade" (always the cascade where it
-#: applies: CUDA fp16/bf16, head dim <= 128 on cuDNN, no window).
-PATHS = ("auto", "fused", "cascade")
+#: applies: CUDA fp16/bf16, head dim <= 128 on cuDNN, no window), "hybrid" (the fused forward with the cascade's
+#: cuDNN backward, dualkv.cuda.hybrid, where the cascade applies).
+PATHS = ("auto", "fused", "cascade", "hybrid")
+#: What "auto" routes a ``deterministic=False`` call in :data:`CASCADE_FASTER` to.
+CASCADE_FASTER_PATH = "cascade"
 
 
 def attention_path(arch: str, head_dim: int, window: bool, deterministic: bool) -> str:
-    """"fused" or "cascade" for a shared_prefix_attention call (see :data:`CASCADE_FASTER`)."""
+    """"fused", "cascade" or "hybrid" for a shared_prefix_attention call (see :data:`CASCADE_FASTER`)."""
     choice = os.environ.get("DUALKV_PATH", "auto")
     if choice not in PATHS:
         raise ValueError(f"DUALKV_PATH must be one of {PATHS}, got {choice!r}")
     if window or head_dim > 128 or choice == "fused":
         return "fused"
-    if choice == "cascade":
-        return "cascade"
-    return "cascade" if not deterministic and (arch, head_dim) in CASCADE_FASTER else "fused"
+    if choice in ("cascade", "hybrid"):
+        return choice
+    return CASCADE_FASTER_PATH if not deterministic and (arch, head_dim) in CASCADE_FASTER else "fused"
 
 
 def forward_kernel_for(head_dim: int, arch: str) -> str:

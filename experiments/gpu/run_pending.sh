@@ -16,6 +16,7 @@
 #   bash experiments/gpu/run_pending.sh defaults   # tree GPU tests; dualkv_tree vs dualkv (depth-1); a 4-group
 #                                               # micro-batch vs the cuDNN / FA2 cascades and Flex
 #   bash experiments/gpu/run_pending.sh groups8    # the same on an 8-group micro-batch
+#   bash experiments/gpu/run_pending.sh hybrid     # DUALKV_PATH=hybrid: GPU tests, vs the cuDNN cascade (1 and 4 groups)
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
 #                                               # of the warp-specialised backward on workload a, default vs NOSEM)
@@ -116,5 +117,18 @@ groups8)
     TAIL=16 step groups8 240 python3 -m dualkv bench kernel --groups 8 --shapes 8:4096 \
         --systems dualkv,dualkv_tree,cudnn_cascade,cascade,flex --mode fwd,bwd,fwdbwd --out "$OUT/bench"
     ;;
-*) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8)"; exit 2 ;;
+hybrid)
+    # DUALKV_PATH=hybrid (fused forward + the cuDNN cascade's backward) for deterministic=False: its GPU tests, then
+    # against the cascade it would replace and the deterministic default, one group and four
+    TAIL=3 step pytest_hybrid 150 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_hybrid_path.py \
+        proofs_tests/test_cascade.py
+    mkdir -p "$OUT/bench"
+    systems=dualkv,dualkv_atomic,dualkv_hybrid,cudnn_cascade
+    TAIL=14 step hybrid1 200 python3 -m dualkv bench kernel --shapes 16:32768,8:8192,28:4096 --systems $systems \
+        --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    TAIL=14 step hybrid4 150 python3 -m dualkv bench kernel --groups 4 --shapes 8:8192 --systems $systems \
+        --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    ;;
+*) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid)"
+   exit 2 ;;
 esac

@@ -1,0 +1,39 @@
+"""The fused forward with the cuDNN cascade's backward (``DUALKV_PATH=hybrid``): for ``deterministic=False`` calls
+where dualkv's forward is the faster one and the cuDNN cascade's backward is (Hopper, head dim 128; see
+:func:`dualkv.cuda.configs.attention_path`).
+
+An attention backward needs only the output and the full softmax's log-sum-exp (D = rowsum(dO * O),
+P = exp(S - LSE)); the fused forward returns both, so :func:`dualkv.cascade.cascade_backward` runs each cascade part's
+cuDNN backward from them, with no cuDNN forward. Exact; not bitwise reproducible run to run (the cuDNN cross-part
+backward is not), which is why only ``deterministic=False`` calls take it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..cascade import cascade_backward, refuse_lse_gradient
+from ..layout import GroupLayout
+
+
+class FusedForwardCascadeBackward(torch.autograd.Function):
+    """(q (T, H, d), k, v (T, H_k, d), layout, plan, scale) -> out (T, H, d), lse (H, T) float32 natural log."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout: GroupLayout, plan, scale: float):
+        from .api import _run
+
+        out, lse = _run(q, k, v, k, v, plan, scale, -1, False)   # grad mode is off here: no fused backward state
+        ctx.layout, ctx.scale = layout, scale
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, d_lse):
+        refuse_lse_gradient(d_lse, "the hybrid path (DUALKV_PATH=hybrid)")
+        if dout is None:
+            return None, None, None, None, None, None
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = cascade_backward(dout, q, k, v, out, lse, ctx.layout, ctx.scale)
+        return dq, dk, dv, None, None, None

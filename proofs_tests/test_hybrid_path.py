@@ -1,0 +1,134 @@
+"""The hybrid path (``DUALKV_PATH=hybrid``, dualkv.cuda.hybrid): the fused forward's output and LSE handed to the
+cascade's part backwards (dualkv.cascade.cascade_backward) with no cascade forward.
+
+On the CPU the fused forward is stood in for by the float64 reference (``dualkv.cuda.api._run`` patched) and the
+parts run on the reference engine, so the autograd function and ``cascade_backward`` (LSE rows per part, padded own
+slots of unequal responses, the dQ and prompt dK/dV sums) are checked exactly against the N-copy oracle; known-wrong
+variants must fail. On a GPU the public API runs it: fused kernels forward, cuDNN backward.
+"""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+import dualkv
+from dualkv import GroupLayout
+from dualkv.cascade import ReferenceEngine, cascade_backward
+from dualkv.testing import assert_rows_pass
+from dualkv.verify.cases import attention_cases, random_cases
+from dualkv.verify.checks import shared_prefix_check
+
+NO_WINDOW = [c for c in attention_cases() if c.window == (-1, -1)]
+CPU_CASES = NO_WINDOW + [replace(c, window=(-1, -1)) for c in random_cases(
+    6, 5, prompt_lens=(1, 5, 17), response_lens=(1, 2, 9, 16), group_sizes=(1, 2, 5))]
+
+
+def _hybrid_on_reference(monkeypatch, engine=None, lse_shift=0.0):
+    """FusedForwardCascadeBackward with the reference as its forward; ``engine``/``lse_shift``: known-wrong variants."""
+    from dualkv.cuda import api, hybrid
+    from dualkv.reference import shared_prefix_attention as reference
+
+    def fn(q, k, v, layout, window_size=(-1, -1), return_lse=False):
+        def forward(q_, k_, v_, *_):
+            out, lse = reference(q_, k_, v_, layout, return_lse=True)
+            return out, lse + lse_shift
+        monkeypatch.setattr(api, "_run", forward)
+        if engine is not None:
+            monkeypatch.setattr(hybrid, "cascade_backward",
+                                lambda *a: cascade_backward(*a, engine=engine))
+        out, lse = hybrid.FusedForwardCascadeBackward.apply(q, k, v, layout, None, q.shape[-1] ** -0.5)
+        return (out, lse) if return_lse else out
+    return fn
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: c.name)
+def test_hybrid_float64_equals_ncopy(case, monkeypatch):
+    rows = shared_prefix_check(case, attention_fn=_hybrid_on_reference(monkeypatch), backend="hybrid")
+    assert_rows_pass(rows, max_error=1e-10)
+
+
+class _NoCrossPromptGrad(ReferenceEngine):
+    """Known-wrong: the responses' gradient into the prompt K/V (the cross part's dK/dV) is dropped."""
+
+    def backward(self, dout, q, k, v, out, lse, state, causal, scale):
+        dq, dk, dv = super().backward(dout, q, k, v, out, lse, state, causal, scale)
+        return (dq, torch.zeros_like(dk), torch.zeros_like(dv)) if not causal else (dq, dk, dv)
+
+
+class _NotCausal(ReferenceEngine):
+    """Known-wrong: the causal parts' backward (prompt and own) without their masks."""
+
+    def backward(self, dout, q, k, v, out, lse, state, causal, scale):
+        return super().backward(dout, q, k, v, out, lse, state, False, scale)
+
+
+@pytest.mark.parametrize("variant", ["no_cross_prompt_grad", "not_causal", "lse_off_by_0.5"])
+def test_known_wrong_hybrids_are_caught(variant, monkeypatch):
+    case = next(c for c in CPU_CASES if c.layout.num_groups > 1 and max(map(max, c.layout.response_lens)) > 2)
+    kwargs = {"no_cross_prompt_grad": {"engine": _NoCrossPromptGrad()},
+              "not_causal": {"engine": _NotCausal()},
+              "lse_off_by_0.5": {"lse_shift": 0.5}}[variant]
+    rows = shared_prefix_check(case, attention_fn=_hybrid_on_reference(monkeypatch, **kwargs), backend="wrong")
+    grads = [r for r in rows if r.quantity in ("dq", "dk", "dv")]
+    assert len(grads) == 3
+    with pytest.raises(AssertionError):
+        assert_rows_pass(grads, max_error=1e-10)
+
+
+def test_cascade_backward_pads_unequal_responses_without_nan():
+    """Padded own slots get a huge LSE (their probabilities are 0) and a zero upstream gradient: no inf * 0."""
+    from dualkv.reference import shared_prefix_attention as reference
+
+    layout = GroupLayout.from_lengths([7], [[1, 30, 4]])
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(layout.total_tokens, 4, 16, dtype=torch.float64, generator=gen) * 30  # large scores
+    k, v = (torch.randn(layout.total_tokens, 2, 16, dtype=torch.float64, generator=gen) * 30 for _ in range(2))
+    out, lse = reference(q, k, v, layout, return_lse=True)
+    dout = torch.randn_like(out)
+    got = cascade_backward(dout, q, k, v, out, lse, layout, 16 ** -0.5, engine=ReferenceEngine())
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(reference(*leaves, layout), leaves, dout)
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_hybrid_path_rule(monkeypatch):
+    from dualkv.cuda.configs import attention_path
+
+    monkeypatch.setenv("DUALKV_PATH", "hybrid")
+    assert attention_path("sm_90", 128, False, deterministic=False) == "hybrid"
+    assert attention_path("sm_80", 64, False, deterministic=True) == "hybrid"
+    assert attention_path("sm_90", 128, True, deterministic=False) == "fused"   # no window in the cascade
+    assert attention_path("sm_90", 256, False, deterministic=False) == "fused"  # no cuDNN head dim 256
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+GPU_CASES = [replace(c, head_dim=d) for c in NO_WINDOW[:5] for d in (64, 128)] + [
+    replace(c, window=(-1, -1)) for c in random_cases(6, 11, prompt_lens=(1, 63, 65, 129, 1000),
+                                                      response_lens=(1, 63, 64, 65, 127, 129), group_sizes=(1, 2, 8))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.name)
+def test_hybrid_gpu(case, dtype, monkeypatch):
+    if case.head_dim > 128:
+        pytest.skip("cuDNN attention covers head dims <= 128")
+    monkeypatch.setenv("DUALKV_PATH", "hybrid")
+
+    def fn(q, k, v, layout, window_size=(-1, -1), return_lse=False):
+        return dualkv.shared_prefix_attention(q, k, v, layout, window_size=window_size, return_lse=return_lse,
+                                              deterministic=False)
+    rows = shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=fn, backend="hybrid")
+    assert_rows_pass(rows)
+
+
+def test_hybrid_refuses_an_lse_gradient(monkeypatch):
+    layout = GroupLayout.from_lengths([5], [[3, 2]])
+    q = torch.randn(layout.total_tokens, 2, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(layout.total_tokens, 1, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    out, lse = _hybrid_on_reference(monkeypatch)(q, k, v, layout, return_lse=True)
+    with pytest.raises(NotImplementedError, match="hybrid path"):
+        (out.sum() + lse.sum()).backward()
