@@ -113,8 +113,9 @@ class DualKVTree(DualKV):
 
 
 class DualKVAtomic(DualKV):
-    """dualkv with ``deterministic=False``: where measured faster (Hopper, d <= 128) the cuDNN cascade, elsewhere dQ
-    accumulated by fp32 atomics inside the mma.sync dK/dV kernel (FlashAttention-2's scheme)."""
+    """dualkv with ``deterministic=False``: on Hopper at d = 128 the hybrid path (fused forward, cuDNN cascade
+    backward: :data:`dualkv.cuda.configs.CASCADE_FASTER_PATH`), elsewhere dQ accumulated by fp32 atomics inside the
+    mma.sync dK/dV kernel (FlashAttention-2's scheme)."""
 
     name = "dualkv_atomic"
     deterministic = False

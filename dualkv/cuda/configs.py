@@ -331,17 +331,20 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
     return choice != "mma" and arch == "sm_90" and head_dim in SM90_KERNELS[kernel]
 
 
-#: (arch, head dim) where the cuDNN cascade (dualkv.cascade) is faster than the fused kernels, fwd+bwd, without a
+#: (arch, head dim) where the cuDNN cascade's backward (dualkv.cascade) is faster than the fused kernels', without a
 #: window: measured on H100 and H200 (experiments/results/, README "Kernels"). ``deterministic=False`` routes these
-#: calls to the cascade — the dispatch floor. The deterministic default stays on the fused kernels: the cascade's
-#: cross-part backward (cuDNN, non-causal) is not bitwise reproducible run to run (measured on an H100).
+#: calls to :data:`CASCADE_FASTER_PATH` — the dispatch floor. The deterministic default stays on the fused kernels:
+#: the cascade's cross-part backward (cuDNN, non-causal) is not bitwise reproducible run to run (measured on an H100).
 CASCADE_FASTER = {("sm_90", 128)}
 #: ``$DUALKV_PATH``: "auto" (the rule above), "fused" (always the kernels), "cascade" (always the cascade where it
 #: applies: CUDA fp16/bf16, head dim <= 128 on cuDNN, no window), "hybrid" (the fused forward with the cascade's
 #: cuDNN backward, dualkv.cuda.hybrid, where the cascade applies).
 PATHS = ("auto", "fused", "cascade", "hybrid")
-#: What "auto" routes a ``deterministic=False`` call in :data:`CASCADE_FASTER` to.
-CASCADE_FASTER_PATH = "cascade"
+#: What "auto" routes a ``deterministic=False`` call in :data:`CASCADE_FASTER` to: the hybrid (the fused forward is
+#: the faster forward, cuDNN's the faster backward). H100, fwd+bwd ms hybrid / cascade, same run
+#: (experiments/results/checks/hybrid-*-h100-20261127T0226Z.json): (16, 32K) 174.7 / 174.1, (8, 8K) 21.8 / 22.4,
+#: (28, 4K) 36.3 / 40.2, four groups of (8, 8K) 85.8 / 88.6; peak memory lower at all four.
+CASCADE_FASTER_PATH = "hybrid"
 
 
 def attention_path(arch: str, head_dim: int, window: bool, deterministic: bool) -> str:
