@@ -17,6 +17,7 @@
 #                                               # micro-batch vs the cuDNN / FA2 cascades and Flex
 #   bash experiments/gpu/run_pending.sh groups8    # the same on an 8-group micro-batch
 #   bash experiments/gpu/run_pending.sh hybrid     # DUALKV_PATH=hybrid: GPU tests, vs the cuDNN cascade (1 and 4 groups)
+#   bash experiments/gpu/run_pending.sh table1     # the seed's Table 1 shapes at the current defaults vs both cascades
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
 #                                               # of the warp-specialised backward on workload a, default vs NOSEM)
@@ -129,6 +130,16 @@ hybrid)
     TAIL=14 step hybrid4 150 python3 -m dualkv bench kernel --groups 4 --shapes 8:8192 --systems $systems \
         --mode fwd,bwd,fwdbwd --out "$OUT/bench"
     ;;
-*) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid)"
+table1)
+    # the seed's Table 1 at the current defaults: dualkv (deterministic), dualkv_atomic (deterministic=False), the cuDNN
+    # and FA2 cascades, one process per half so the first half's JSON survives a time limit
+    mkdir -p "$OUT/bench"
+    systems=${SYSTEMS:-dualkv,dualkv_atomic,cudnn_cascade,cascade}
+    TAIL=20 step table1a 230 python3 -m dualkv bench kernel --shapes 28:4096,8:8192,28:16384,16:32768 \
+        --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    TAIL=12 step table1b 230 python3 -m dualkv bench kernel --shapes 16:65536,4:131072 \
+        --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    ;;
+*) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid, table1)"
    exit 2 ;;
 esac
