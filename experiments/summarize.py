@@ -79,7 +79,8 @@ def _date(env: dict) -> str:
 
 @dataclass(frozen=True)
 class KernelRun:
-    """The ``dualkv bench kernel`` files of one commit (a table split over calls), rows merged (later wins)."""
+    """The ``dualkv bench kernel`` files of one commit on one GPU (a table split over calls), rows merged (later
+    wins)."""
 
     files: tuple[Path, ...]
     rows: tuple[dict, ...]
@@ -109,10 +110,11 @@ class KernelRun:
 
 
 def kernel_runs(root: Path) -> list[KernelRun]:
-    """Kernel result files grouped by commit, newest run first."""
-    by_commit: dict[str, list[Path]] = {}
+    """Kernel result files grouped by (commit, GPU) — one commit measured on two GPUs is two runs — newest first."""
+    by_commit: dict[tuple[str, str], list[Path]] = {}
     for path in sorted(root.glob("kernel-*.json")):
-        by_commit.setdefault(_commit(_load(path)["environment"]), []).append(path)
+        env = _load(path)["environment"]
+        by_commit.setdefault((_commit(env), str(env.get("gpu"))), []).append(path)
     runs = []
     for files in by_commit.values():
         rows, env = latest_kernel_rows(files)
@@ -171,7 +173,7 @@ def kernel_section(runs: Sequence[KernelRun]) -> str:
            "bf16, Qwen3-8B attention (H=32, H_k=8, d=128), R=2048 per response. Each cell: ms forward / backward / "
            "**forward+backward**, then the forward+backward useful TFLOP/s (only the (query, key) pairs shared-prompt "
            "attention needs), its peak GiB and its time relative to dualkv's in the same run. Runs are grouped by "
-           "commit, newest first; a table split over several calls of one commit is merged (a later file's row "
+           "commit and GPU, newest first; a table split over several calls of one commit is merged (a later file's row "
            "replaces an earlier one's). FlexAttention (`flex`) is compiled for each shape (`torch.compile(..., "
            "dynamic=False)`) from commit 445acce on; earlier runs used torch.compile's default in a process that had "
            "compiled other shapes first, which switches to dynamic-shape kernels from the second shape on "

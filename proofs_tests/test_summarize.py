@@ -43,6 +43,14 @@ def test_a_changed_measurement_makes_them_stale(summarize, tmp_path):
     assert summarize.headline_block(results) not in README
 
 
+def test_one_commit_on_two_gpus_is_two_runs(summarize):
+    """Rows of one commit measured on an H100 and an H200 are never merged into one table."""
+    for run in summarize.kernel_runs(ROOT / "experiments" / "results"):
+        assert len({json.loads(f.read_text())["environment"]["gpu"] for f in run.files}) == 1, run.files
+    runs = [r for r in summarize.kernel_runs(ROOT / "experiments" / "results") if r.commit == "672efaf"]
+    assert sorted(r.env["gpu"] for r in runs) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+
+
 def test_headline_ratios_are_within_one_run(summarize):
     """Each peer column of the headline: the peer's and dualkv's fwd+bwd times of the same (newest) run."""
     runs = summarize.kernel_runs(ROOT / "experiments" / "results")
