@@ -21,7 +21,7 @@ float64 included) elsewhere, so the composition itself is checked on the CPU.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -96,17 +96,18 @@ class CudnnEngine:
         # The backward takes the forward's state and LSE layout: both read off a tiny forward of the same heads,
         # dtype and device (the state's tensors do not depend on the sequence lengths without dropout).
         lse_like, (cum_q, cum_k, _, _, seed, offset) = self._template(q, k)
-        lse = _strided_like(lse_like, (*lse_rows.shape, 1))
-        lse.copy_(lse_rows[..., None])
+        lse = _strided_like(lse_like, (*lse_rows.shape, *lse_like.shape[3:]))
+        lse.copy_(lse_rows.reshape(lse.shape))
         return self.backward(dout, q, k, v, out, lse, (cum_q, cum_k, q.shape[2], k.shape[2], seed, offset),
                              causal, scale)
 
     @staticmethod
-    def _template(q, k):
-        key = (q.device, q.dtype, q.shape[1], k.shape[1], q.shape[3])
+    def _template(q: Tensor, k: Tensor) -> tuple[Tensor, tuple]:
+        """(LSE, state) of a forward on zeros laid out like ``q`` and ``k`` (at most 3 rows): cuDNN's LSE layout may
+        depend on the inputs' strides, so they are part of the cache key."""
+        key = (q.device, q.dtype, q.shape[1], k.shape[1], q.shape[3], _stride_order(q), _stride_order(k))
         if key not in _CUDNN_TEMPLATES:
-            tq = torch.zeros(1, q.shape[1], 3, q.shape[3], dtype=q.dtype, device=q.device)
-            tk = torch.zeros(1, k.shape[1], 3, q.shape[3], dtype=q.dtype, device=q.device)
+            tq, tk = torch.zeros_like(q[:1, :, :3]), torch.zeros_like(k[:1, :, :3])  # strides kept (dense slices)
             _, lse, *state = CudnnEngine().forward(tq, tk, tk, True, 1.0)
             _CUDNN_TEMPLATES[key] = (lse, state[0])
         return _CUDNN_TEMPLATES[key]
@@ -121,8 +122,14 @@ class CudnnEngine:
         return new
 
 
-#: (device, dtype, heads, kv heads, head dim) -> the LSE and state of a tiny cuDNN forward (CudnnEngine.backward_rows)
-_CUDNN_TEMPLATES: dict = {}
+#: (device, dtype, heads, kv heads, head dim, q and k stride orders) -> the LSE and state of a tiny cuDNN forward
+#: (CudnnEngine.backward_rows)
+_CUDNN_TEMPLATES: dict[tuple, tuple[Tensor, tuple]] = {}
+
+
+def _stride_order(t: Tensor) -> tuple[int, ...]:
+    """``t``'s dimensions from the outermost in memory to the innermost (size-1 dimensions in index order)."""
+    return tuple(sorted(range(t.dim()), key=lambda i: (-t.stride(i) if t.shape[i] > 1 else 0, i)))
 
 
 def _strided_like(template: Tensor, shape: Sequence[int]) -> Tensor:
@@ -173,6 +180,9 @@ class ReferenceEngine:
         return dq, dk, dv
 
     def backward_rows(self, dout, q, k, v, out, lse_rows, causal, scale):
+        if q.dtype in (torch.float16, torch.bfloat16):  # an LSE rounded to 8 bits would cost percent-level errors
+            grads = self.backward(*(t.float() for t in (dout, q, k, v, out)), lse_rows.float(), None, causal, scale)
+            return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
         return self.backward(dout, q, k, v, out, lse_rows.to(q.dtype), None, causal, scale)
 
     def rows(self, lse):
@@ -257,8 +267,9 @@ class _Own:
         flat = x.transpose(1, 2).reshape(-1, *x.shape[1:2], *x.shape[3:])
         return flat if self.grp.equal else flat[self.grp.real_slots]
 
-    def from_rows(self, rows: Tensor, pad_from: Tensor) -> Tensor:
-        """Packed-order (ΣR, H, ...) values -> (N, H, R_max, ...); padded slots keep ``pad_from``'s values."""
+    def from_rows(self, rows: Tensor, pad_from: Tensor | None) -> Tensor:
+        """Packed-order (ΣR, H, ...) values -> (N, H, R_max, ...); padded slots keep ``pad_from``'s values (unused,
+        and may be None, when the responses are equal)."""
         g = self.grp
         if g.equal:
             return rows.reshape(len(g.lens), g.lens[0], *rows.shape[1:]).transpose(1, 2)
@@ -315,12 +326,9 @@ class _CascadeFn(torch.autograd.Function):
         if dout is None:
             return None, None, None, None, None, None
         engine, scale = ctx.engine, ctx.scale
-        saved = iter(ctx.saved)
-        parts = {}
 
-        def part_backward(grp, part, dout_b, q_b, k_b, v_b, out_b, causal):
-            if part == "prompt":  # each group's three parts come in the order prompt, cross, own
-                parts.update(zip(("prompt", "cross", "own", "o_o"), _unpack_saved(next(saved))))
+        def part_backward(g, grp, part, dout_b, q_b, k_b, v_b, out_b, causal):
+            parts = dict(zip(("prompt", "cross", "own", "o_o"), _unpack_saved(ctx.saved[g])))
             state, lse = parts[part]
             if part == "own":  # padded slots: their own-part output (their upstream gradient is zero)
                 out_b = _Own(grp).from_rows(out_b, parts["o_o"])
@@ -333,7 +341,8 @@ def refuse_lse_gradient(d_lse: Tensor | None, what: str) -> None:
     """Raise if a caller differentiates through the returned LSE: the stock attention backwards take none."""
     if d_lse is not None and bool((d_lse != 0).any()):
         raise NotImplementedError(f"{what} cannot differentiate through the returned LSE (the stock attention "
-                                  "backwards have no LSE gradient); use the fused kernels")
+                                  "backwards have no LSE gradient); pass deterministic=True or set DUALKV_PATH=fused "
+                                  "to run the fused kernels' backward")
 
 
 def _unpack_saved(saved: tuple) -> tuple:
@@ -341,24 +350,29 @@ def _unpack_saved(saved: tuple) -> tuple:
     return (st_p, l_p), (st_c, l_c_m), (st_o, l_o_m), o_o
 
 
+#: part_backward(group index, group, part, dout, q, k, v, out, causal) -> (dq, dk, dv): see _backward_groups.
+PartBackward = Callable[[int, "_Group", str, Tensor, Tensor, Tensor, Tensor, Tensor, bool], tuple[Tensor, ...]]
+
+
 def _backward_groups(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, layout: GroupLayout,
-                     part_backward) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv (packed like q, k, v) from each group's three part backwards: ``part_backward(grp, part, dout,
-    q, k, v, out, causal)`` on (B, H, S, d) views (``part`` is "prompt", "cross" or "own"; the own part's ``out``
-    is given in packed row order, (ΣR, H, d), for the engine to batch with its padding). Sums the responses' dQ
-    over cross and own, the prompt's dK/dV over prompt and cross."""
+                     part_backward: PartBackward) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv (packed like q, k, v) from each group's three part backwards: ``part_backward(g, grp, part, dout,
+    q, k, v, out, causal)`` on (B, H, S, d) views (``g`` the group's index; ``part`` "prompt", "cross" or "own"; the
+    own part's ``out`` is given in packed row order, (ΣR, H, d), for the engine to batch with its padding). Sums the
+    responses' dQ over cross and own, the prompt's dK/dV over prompt and cross."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    for grp in _plan(layout, q.device):
+    for g, grp in enumerate(_plan(layout, q.device)):
         own = _Own(grp)
         qp, kp, vp = (_bhsd(t[grp.p0:grp.p1]) for t in (q, k, v))
-        dq_p, dk_p, dv_p = part_backward(grp, "prompt", _bhsd(dout[grp.p0:grp.p1]), qp, kp, vp,
+        dq_p, dk_p, dv_p = part_backward(g, grp, "prompt", _bhsd(dout[grp.p0:grp.p1]), qp, kp, vp,
                                          _bhsd(out[grp.p0:grp.p1]), True)
         dout_r, out_r = dout[grp.r0:grp.r1], out[grp.r0:grp.r1]
-        dq_c, dk_c, dv_c = part_backward(grp, "cross", _bhsd(dout_r), _bhsd(q[grp.r0:grp.r1]), kp, vp, _bhsd(out_r),
-                                         False)
+        dq_c, dk_c, dv_c = part_backward(g, grp, "cross", _bhsd(dout_r), _bhsd(q[grp.r0:grp.r1]), kp, vp,
+                                         _bhsd(out_r), False)
+        q_o = own.batch(q)
         # Padded own slots get a zero upstream gradient: they contribute nothing.
-        dout_o = own.from_rows(dout_r, torch.zeros_like(own.batch(q)))
-        dq_o, dk_o, dv_o = part_backward(grp, "own", dout_o, own.batch(q), own.batch(k), own.batch(v), out_r, True)
+        dout_o = own.from_rows(dout_r, q_o.new_zeros(q_o.shape) if not grp.equal else None)
+        dq_o, dk_o, dv_o = part_backward(g, grp, "own", dout_o, q_o, own.batch(k), own.batch(v), out_r, True)
         dq[grp.p0:grp.p1] = dq_p[0].transpose(0, 1)
         dk[grp.p0:grp.p1] = (dk_p + dk_c)[0].transpose(0, 1)
         dv[grp.p0:grp.p1] = (dv_p + dv_c)[0].transpose(0, 1)
@@ -381,12 +395,12 @@ def cascade_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     engine = engine or engine_for(q)
     lse_rows = lse.t()  # (T, H)
 
-    def part_backward(grp, part, dout_b, q_b, k_b, v_b, out_b, causal):
+    def part_backward(g, grp, part, dout_b, q_b, k_b, v_b, out_b, causal):
         if part == "own":
-            own = _Own(grp)
-            pad = torch.full((*own.batch(q).shape[:3], 1), _PAD_LSE, dtype=lse.dtype, device=lse.device)
+            own, unequal = _Own(grp), not grp.equal
+            pad = torch.full((*q_b.shape[:3], 1), _PAD_LSE, dtype=lse.dtype, device=lse.device) if unequal else None
             lse_b = own.from_rows(lse_rows[grp.r0:grp.r1, :, None], pad)[..., 0]     # (N, H, R_max)
-            out_b = own.from_rows(out_b, torch.zeros_like(own.batch(q)))
+            out_b = own.from_rows(out_b, q_b.new_zeros(q_b.shape) if unequal else None)
         else:
             r0, r1 = (grp.p0, grp.p1) if part == "prompt" else (grp.r0, grp.r1)
             lse_b = lse_rows[r0:r1].t()[None]                                         # (1, H, S)

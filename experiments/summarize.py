@@ -118,6 +118,8 @@ def kernel_runs(root: Path) -> list[KernelRun]:
     runs = []
     for files in by_commit.values():
         rows, env = latest_kernel_rows(files)
+        if not rows:  # files of multi-group micro-batches only (`--groups`): not a Table 1 run
+            continue
         varying = tuple(v for f in files for v in _load(f).get("varying") or [])
         runs.append(KernelRun(tuple(files), tuple(rows), env, varying))
     return sorted(runs, key=lambda run: str(run.env.get("date")), reverse=True)

@@ -94,6 +94,16 @@ def test_cascade_backward_pads_unequal_responses_without_nan():
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
+def test_strided_like_keeps_the_templates_memory_order():
+    from dualkv.cascade import _stride_order, _strided_like
+
+    template = torch.zeros(1, 3, 4, 1).transpose(1, 2)   # (1, 4, 3, 1), heads innermost in memory
+    got = _strided_like(template, (2, 4, 5, 1))
+    assert got.shape == (2, 4, 5, 1) and got.stride() == (20, 1, 4, 1)  # heads innermost, as in the template
+    assert _stride_order(torch.zeros(2, 3, 4)) == (0, 1, 2)
+    assert _stride_order(template) == (2, 1, 0, 3)  # size-1 dimensions last, in index order
+
+
 def test_hybrid_path_rule(monkeypatch):
     from dualkv.cuda.configs import attention_path
 
@@ -108,6 +118,29 @@ def test_hybrid_path_rule(monkeypatch):
 GPU_CASES = [replace(c, head_dim=d) for c in NO_WINDOW[:5] for d in (64, 128)] + [
     replace(c, window=(-1, -1)) for c in random_cases(6, 11, prompt_lens=(1, 63, 65, 129, 1000),
                                                       response_lens=(1, 63, 64, 65, 127, 129), group_sizes=(1, 2, 8))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout_of", ["bhsd", "bshd"])
+def test_cudnn_backward_rows_equals_the_backward_after_its_own_forward(layout_of):
+    """backward_rows (state and LSE layout from a template) gives the same bits as cuDNN's backward with the state and
+    LSE of its own forward, for contiguous and packed-row (B, S, H, d)-strided inputs."""
+    from dualkv.cascade import CudnnEngine
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def make(heads):
+        t = torch.randn(1, 200, heads, 128, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
+        return t.contiguous() if layout_of == "bhsd" else t
+    q, k, v = make(8), make(2), make(2)
+    engine = CudnnEngine()
+    for causal in (True, False):
+        out, lse, state = engine.forward(q, k, v, causal, 0.1)
+        dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
+        want = engine.backward(dout, q, k, v, out, lse, state, causal, 0.1)
+        got = engine.backward_rows(dout, q, k, v, out, engine.rows(lse), causal, 0.1)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 @pytest.mark.gpu
@@ -130,5 +163,5 @@ def test_hybrid_refuses_an_lse_gradient(monkeypatch):
     q = torch.randn(layout.total_tokens, 2, 8, dtype=torch.float64, requires_grad=True)
     k, v = (torch.randn(layout.total_tokens, 1, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
     out, lse = _hybrid_on_reference(monkeypatch)(q, k, v, layout, return_lse=True)
-    with pytest.raises(NotImplementedError, match="hybrid path"):
+    with pytest.raises(NotImplementedError, match="deterministic=True or set DUALKV_PATH=fused"):
         (out.sum() + lse.sum()).backward()

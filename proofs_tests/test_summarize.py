@@ -51,6 +51,14 @@ def test_one_commit_on_two_gpus_is_two_runs(summarize):
     assert sorted(r.env["gpu"] for r in runs) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
 
 
+def test_a_multi_group_kernel_file_among_the_results_is_left_out(summarize, tmp_path):
+    """`dualkv bench kernel --groups G` files hold no Table 1 rows: summarize skips them instead of failing."""
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "experiments" / "results", results)
+    shutil.copy(results / "checks" / "microbatch-4x8K-h100-20261127T0209Z.json", results / "kernel-groups4-x.json")
+    assert summarize.results_markdown(results) and summarize.headline_block(results) in README
+
+
 def test_headline_ratios_are_within_one_run(summarize):
     """Each peer column of the headline: the peer's and dualkv's fwd+bwd times of the same (newest) run."""
     runs = summarize.kernel_runs(ROOT / "experiments" / "results")

@@ -23,23 +23,48 @@ def _layouts(seed, count):
                                         for _ in range(g)])
 
 
+@pytest.mark.parametrize("shared_first", [False, True], ids=["own-first", "shared-first"])
 @pytest.mark.parametrize("node_major", [False, True], ids=["heaviest", "node-major"])
 @pytest.mark.parametrize("seed", range(4))
-def test_dq_counters_receive_blocks_in_order(seed, node_major):
+def test_dq_counters_receive_blocks_in_order(seed, node_major, shared_first):
     for layout in _layouts(seed, 25):
         seg = layout.segment_table
-        tiles = launch_order(key_tiles(seg, BLOCK_KEYS, True), seg, node_major_tiles=node_major)
+        tiles = launch_order(key_tiles(seg, BLOCK_KEYS, True), seg, node_major_tiles=node_major,
+                             shared_first=shared_first)
         check_block_order(tiles)
-        check_launch_order(tiles, seg)
-        check_dq_order(tiles, seg, group=2)
+        check_launch_order(tiles, seg, shared_first=shared_first)
+        check_dq_order(tiles, seg, group=2, shared_first=shared_first)
     rng = random.Random(seed)
     for _ in range(25):  # the paper's call 2: a separate context tensor
         cu = np.cumsum([0] + [rng.randint(1, 300) for _ in range(rng.randint(1, 4))]).tolist()
         seg = segments_from_cu_seqlens(cu, rng.randint(1, 400))
-        tiles = launch_order(key_tiles(seg, BLOCK_KEYS, False), seg, node_major_tiles=node_major)
+        tiles = launch_order(key_tiles(seg, BLOCK_KEYS, False), seg, node_major_tiles=node_major,
+                             shared_first=shared_first)
         check_block_order(tiles)
-        check_launch_order(tiles, seg)
-        check_dq_order(tiles, seg)
+        check_launch_order(tiles, seg, shared_first=shared_first)
+        check_dq_order(tiles, seg, shared_first=shared_first)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_shared_first_mismatches_are_caught(causal):
+    """Ranks of one order with the other's launch order (or the own tiles first under shared-first) are refused: the
+    kernel would wait forever. The mma.sync geometry (64-key blocks of 64 queries) and non-causal own keys too."""
+    from dualkv.cuda.ws_schedule import Geometry
+
+    geo = Geometry(64, 64, causal)
+    layout = GroupLayout.from_lengths([300, 129], [[129, 200], [65, 1, 64]])
+    seg = layout.segment_table
+    own_first = launch_order(key_tiles(seg, 64, True), seg)
+    shared_first = launch_order(key_tiles(seg, 64, True), seg, shared_first=True)
+    check_dq_order(shared_first, seg, group=2, geo=geo, shared_first=True)
+    with pytest.raises(RuntimeError, match="not 0..k-1"):
+        check_dq_order(own_first, seg, group=2, geo=geo, shared_first=True)
+    with pytest.raises(RuntimeError, match="not 0..k-1"):
+        check_dq_order(shared_first, seg, group=2, geo=geo)
+    with pytest.raises(RuntimeError, match="shared-first"):
+        check_launch_order(own_first, seg, shared_first=True)
+    with pytest.raises(RuntimeError, match="comes after a shared-key tile"):
+        check_launch_order(shared_first, seg)
 
 
 def test_node_major_order_keeps_each_segments_tiles_together_and_the_same_tiles():
@@ -73,7 +98,8 @@ def test_node_major_order_keeps_each_segments_tiles_together_and_the_same_tiles(
 
 @pytest.mark.parametrize("name,reader,choices", [
     ("DUALKV_KEY_TILE_ORDER", "_key_tile_order_from_env", ("node", "heaviest")),
-    ("DUALKV_TREE_DQ_ORDER", "_tree_dq_order_from_env", ("root", "nearest"))])
+    ("DUALKV_TREE_DQ_ORDER", "_tree_dq_order_from_env", ("root", "nearest")),
+    ("DUALKV_TWO_LEVEL_DQ_ORDER", "_two_level_dq_order_from_env", ("own", "shared"))])
 def test_order_settings(monkeypatch, name, reader, choices):
     """Unset or empty: the default (first) choice; every choice is taken; anything else raises, naming the setting."""
     from dualkv.cuda import configs
@@ -104,6 +130,20 @@ def test_benchmark_records_carry_the_order_settings():
     env = environment(torch.device("cpu"))
     assert env["tree_dq_order"] in ("nearest", "root") and env["key_tile_order"] in ("heaviest", "node")
     assert "extra_defines" in env
+
+
+def test_plans_take_the_shared_first_order_when_chosen(monkeypatch):
+    from dualkv.cuda import launch
+
+    layout = GroupLayout.from_lengths([300, 300], [[129, 200], [65, 1]])
+    monkeypatch.setattr(launch, "TWO_LEVEL_SHARED_FIRST", True)
+    plan = launch.make_plan(layout.segment_table, head_dim=128, group_size=2, window_left=-1,
+                            device=torch.device("cpu"), ctx_shared=True, fwd_kernel="fwd")
+    seg = layout.segment_table
+    check_dq_order(plan.key_tiles.numpy(), seg, group=2, shared_first=True)
+    with pytest.raises(RuntimeError, match="not 0..k-1"):
+        check_dq_order(plan.key_tiles.numpy(), seg, group=2)
+    assert launch._root_first(False) and launch._root_first(True) == launch.TREE_DQ_ROOT_FIRST
 
 
 def test_plans_take_the_key_tile_order_chosen(monkeypatch):

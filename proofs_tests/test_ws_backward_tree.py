@@ -184,7 +184,7 @@ def test_rank_without_the_ancestor_term_is_caught(monkeypatch):
     rows, tiles, ranks = _schedule(layout)
     check_dq_order(tiles, rows, tree=ranks)
 
-    def no_ancestor_term(tile, step, tree=None):
+    def no_ancestor_term(tile, step, tree=None, shared_first=False):
         return rank(tile, step)  # the two-level formula: own blocks reaching the tile + b
 
     monkeypatch.setattr(ws_schedule, "rank", no_ancestor_term)
@@ -200,17 +200,27 @@ def test_a_missing_ancestor_block_is_caught():
         check_dq_order(np.delete(tiles, root_tile, axis=0), rows, tree=ranks)
 
 
+def _random_group_layouts(seed: int, count: int):
+    rng = random.Random(seed)
+    for _ in range(count):
+        g = rng.randint(1, 3)
+        yield GroupLayout.from_lengths([rng.choice((1, 63, 65, 127, 129, 300)) for _ in range(g)],
+                                       [[rng.choice((1, 63, 65, 129, 200)) for _ in range(rng.randint(1, 4))]
+                                        for _ in range(g)])
+
+
+def _by_token(contrib: dict, table: np.ndarray) -> dict:
+    """dq_contributors keyed by (first token of the query tile, head): comparable between a tree and a two-level
+    table."""
+    return {(int(table[s, 0]) + qt * STEP, h): r for (s, qt, h), r in contrib.items()}
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_group_layout_ranks_and_launch_order_are_unchanged(seed):
     """A GroupLayout is the depth-1 tree: the tree rank of every step equals today's two-level rank, the tree launch
     order of its key tiles equals today's (responses' own tiles first), and its tree plan's dQ counters receive the
     same contributions as the two-level plan's."""
-    rng = random.Random(seed)
-    for _ in range(20):
-        g = rng.randint(1, 3)
-        group = GroupLayout.from_lengths([rng.choice((1, 63, 65, 127, 129, 300)) for _ in range(g)],
-                                         [[rng.choice((1, 63, 65, 129, 200)) for _ in range(rng.randint(1, 4))]
-                                          for _ in range(g)])
+    for group in _random_group_layouts(seed, 20):
         seg = group.segment_table
         tree = PrefixTreeLayout.from_group_layout(group)
         node_of = {start: i for i, start in enumerate(tree.node_starts)}
@@ -225,10 +235,22 @@ def test_group_layout_ranks_and_launch_order_are_unchanged(seed):
         # the tree plan's counters, keyed by (first token of the query tile, head), against the two-level plan's
         rows, tiles, ranks = _schedule(tree)
         check_dq_order(tiles, rows, group=2, tree=ranks)
-        by_token = lambda contrib, table: {(int(table[s, 0]) + qt * STEP, h): r  # noqa: E731
-                                           for (s, qt, h), r in contrib.items()}
-        assert by_token(dq_contributors(tiles, rows, 2, ranks), rows) == \
-            by_token(dq_contributors(launch_order(group_tiles, seg), seg, 2), seg)
+        assert _by_token(dq_contributors(tiles, rows, 2, ranks), rows) == \
+            _by_token(dq_contributors(launch_order(group_tiles, seg), seg, 2), seg)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_shared_first_two_level_ranks_are_the_depth_one_root_first_ranks(seed):
+    """The two-level shared-first order is a depth-1 tree's root-first order: the same rank for every contribution
+    (keyed by query token and head) and both launch orders pass their checks."""
+    for group in _random_group_layouts(seed, 20):
+        seg = group.segment_table
+        group_tiles = launch_order(key_tiles(seg, BLOCK_KEYS, True), seg, node_major_tiles=True, shared_first=True)
+        check_launch_order(group_tiles, seg, shared_first=True)
+        check_dq_order(group_tiles, seg, group=2, shared_first=True)
+        rows, tiles, ranks = _schedule(PrefixTreeLayout.from_group_layout(group), root_first=True)
+        assert _by_token(dq_contributors(tiles, rows, 2, ranks), rows) == \
+            _by_token(dq_contributors(group_tiles, seg, 2, shared_first=True), seg)
 
 
 @pytest.mark.parametrize("root_first", [True, False], ids=["root", "nearest"])
@@ -269,10 +291,12 @@ def test_root_first_specs():
     assert ("DKV_TREE_ROOT_FIRST", "1") in root.defines()
     assert not any(name == "DKV_TREE_ROOT_FIRST" for name, _ in configs.ws_bwd_spec(128, torch.bfloat16,
                                                                                     tree=True).defines())
-    with pytest.raises(ValueError, match="root-first dQ order"):
-        configs.ws_bwd_spec(128, torch.bfloat16, root_first=True)  # not a tree build
-    with pytest.raises(ValueError, match="root-first dQ order"):
-        configs.dkdv_spec(64, torch.bfloat16, False, "sm_80", tree=False, root_first=True)
+    shared = configs.ws_bwd_spec(128, torch.bfloat16, root_first=True)  # a two-level build: the shared-first order
+    assert ("DKV_TREE_ROOT_FIRST", "1") in shared.defines() and ("DKV_TREE", "1") not in shared.defines()
+    assert ("DKV_TREE_ROOT_FIRST", "1") in configs.dkdv_spec(64, torch.bfloat16, False, "sm_80", dq_ordered=True,
+                                                              root_first=True).defines()
+    with pytest.raises(ValueError, match="root-first .shared-first. dQ order"):
+        configs.dkdv_spec(64, torch.bfloat16, False, "sm_80", tree=False, root_first=True)  # not the ordered dQ mode
 
 
 def test_ws_backward_serves_trees_where_it_serves_group_layouts():
@@ -307,16 +331,19 @@ def test_tree_ws_backward_compiles_like_the_two_level_build():
 
 
 def test_root_first_tree_builds_compile_without_more_spills():
-    """The DKV_TREE_ROOT_FIRST=1 builds (warp-specialised backward; mma.sync ordered dQ on sm_80 and sm_90) compile
-    with no serialized wgmma and no more spills or stack than the default tree builds."""
+    """The DKV_TREE_ROOT_FIRST=1 builds (warp-specialised backward; mma.sync ordered dQ on sm_80 and sm_90; tree and
+    two-level, where it is the shared-first order) compile with no serialized wgmma and no more spills or stack than
+    the other order's builds."""
     from dualkv.cuda.build import compile_spec, resource_usage
     from dualkv.cuda.configs import dkdv_spec, ws_bwd_spec
 
-    pairs = [(ws_bwd_spec(128, torch.bfloat16, tree=True, root_first=True), ws_bwd_spec(128, torch.bfloat16, tree=True))]
+    pairs = [(ws_bwd_spec(128, torch.bfloat16, tree=tree, root_first=True), ws_bwd_spec(128, torch.bfloat16, tree=tree))
+             for tree in (True, False)]  # two-level: the shared-first order
     for arch in ("sm_80", "sm_90"):
         for d in (64, 128):
-            pairs.append((dkdv_spec(d, torch.bfloat16, False, arch, dq_ordered=True, tree=True, root_first=True),
-                          dkdv_spec(d, torch.bfloat16, False, arch, dq_ordered=True, tree=True)))
+            for tree in (True, False):
+                pairs.append((dkdv_spec(d, torch.bfloat16, False, arch, dq_ordered=True, tree=tree, root_first=True),
+                              dkdv_spec(d, torch.bfloat16, False, arch, dq_ordered=True, tree=tree)))
     for root, nearest in pairs:
         got = resource_usage(compile_spec(root, use_cache=False, verbose=True).log)
         base = resource_usage(compile_spec(nearest, use_cache=False, verbose=True).log)

@@ -151,11 +151,20 @@ class DualKVHybrid(_Switched):
     name = "dualkv_hybrid"
     deterministic = False
 
-    def _in_force(self) -> contextlib.AbstractContextManager:
+    @staticmethod
+    @contextlib.contextmanager
+    def _in_force():
         import os
-        from unittest import mock
 
-        return mock.patch.dict(os.environ, {"DUALKV_PATH": "hybrid"})
+        before = os.environ.get("DUALKV_PATH")
+        os.environ["DUALKV_PATH"] = "hybrid"
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ["DUALKV_PATH"]
+            else:
+                os.environ["DUALKV_PATH"] = before
 
 
 class DualKVMma(_Switched):

@@ -238,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
     if args.varying:
         extra["varying"] = bench_varying(systems, count=args.varying)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = write_results(rows, Path(args.out) / f"kernel-{stamp}.json", extra)
+    name = f"kernel-groups{args.groups}-{stamp}.json" if args.groups > 1 else f"kernel-{stamp}.json"
+    path = write_results(rows, Path(args.out) / name, extra)
     print(format_rows(rows))
     print(f"results: {path}")
     return 0

@@ -3,7 +3,9 @@ fp16/bf16 tensors.
 
 Differentiable (custom ops with autograd, see :mod:`dualkv.cuda.ops`). The default backward is deterministic —
 every gradient row is summed by one CTA in a fixed order, with no atomics; ``deterministic=False`` selects the
-atomic-dQ mode where it exists (head dims :data:`~dualkv.cuda.configs.ATOMIC_HEAD_DIMS`).
+atomic-dQ mode where it exists (head dims :data:`~dualkv.cuda.configs.ATOMIC_HEAD_DIMS`), or where the cuDNN
+cascade's backward is the faster (:func:`~dualkv.cuda.configs.attention_path`: Hopper, head dim 128) the fused
+forward with that backward (:mod:`dualkv.cuda.hybrid`).
 
 Head dims: any multiple of 8 up to 512. A head dim that is not a kernel head dim (e.g. 80) is zero-padded to the
 next one (:func:`~dualkv.cuda.configs.kernel_head_dim`) with the softmax scale of the original; the padded output
@@ -62,8 +64,9 @@ DEFAULT_DETERMINISTIC = True
 def resolve_deterministic(deterministic: bool | None, head_dim: int | None = None) -> bool:
     """``None`` means: deterministic if ``torch.are_deterministic_algorithms_enabled()``, else the default mode.
 
-    ``False`` selects the atomic-dQ backward, which exists for head dims :data:`ATOMIC_HEAD_DIMS`; at other head
-    dims the backward stays deterministic, and a warning says so (once).
+    ``False`` selects a non-deterministic backward: the atomic-dQ one, which exists for head dims
+    :data:`ATOMIC_HEAD_DIMS` (or the hybrid path where :func:`~dualkv.cuda.configs.attention_path` routes to it); at
+    other head dims the backward stays deterministic, and a warning says so (once).
     """
     if check_deterministic(deterministic) is None:
         return torch.are_deterministic_algorithms_enabled() or DEFAULT_DETERMINISTIC
@@ -120,10 +123,10 @@ def context_attention(q, k, v, cu_seqlens=None, max_seqlen=None, softmax_scale=N
     return _finish_padded(out, lse, d, return_lse)
 
 
-def _order_key() -> tuple[bool, bool]:
+def _order_key() -> tuple[bool, bool, bool]:
     """The launch/dQ orders a cached plan was built for (the settings the launcher reads: a plan must never meet
     kernels built for another dQ order)."""
-    return launch.KEY_TILES_NODE_MAJOR, launch.TREE_DQ_ROOT_FIRST
+    return launch.KEY_TILES_NODE_MAJOR, launch.TREE_DQ_ROOT_FIRST, launch.TWO_LEVEL_SHARED_FIRST
 
 
 def layout_plan(layout: GroupLayout, *, head_dim: int, group_size: int, window_left: int,

@@ -306,6 +306,20 @@ def _key_tile_order_from_env() -> str:
 KEY_TILES_NODE_MAJOR = _key_tile_order_from_env() == "node"
 
 
+#: Two-level layouts' dQ order in the same backwards: "own" (the default: a dependent's tile receives its own causal
+#: blocks first, then the shared keys'; own-response tiles launched first) or "shared" (the shared keys' blocks first,
+#: then its own — a depth-1 tree's root-first order; the shared-key tiles, the heaviest, launched first). Built as the
+#: DKV_TREE_ROOT_FIRST=1 builds without DKV_TREE. Read ONCE, at import, from ``$DUALKV_TWO_LEVEL_DQ_ORDER``.
+TWO_LEVEL_DQ_ORDERS = ("own", "shared")
+
+
+def _two_level_dq_order_from_env() -> str:
+    return _choice_from_env("DUALKV_TWO_LEVEL_DQ_ORDER", TWO_LEVEL_DQ_ORDERS)
+
+
+TWO_LEVEL_SHARED_FIRST = _two_level_dq_order_from_env() == "shared"
+
+
 def current_mma_backward() -> str:
     """The mma.sync backward in force (see :class:`mma_backward`)."""
     return _mma_backward[0]
@@ -405,7 +419,7 @@ class KernelSpec:
     causal: bool = True      # False: a segment's own keys are all visible (DKV_CAUSAL=0; no window)
     tree: bool = False       # TREE_KERNELS: prefix-tree segments, context = a list of runs (DKV_TREE=1)
     dq_ordered: bool = False  # bwd_dkdv only: also accumulate dQ, in a fixed order (deterministic; DKV_DQ_ORDERED)
-    root_first: bool = False  # tree builds of the ordered-dQ backwards: the root-first dQ order (TREE_DQ_ORDERS)
+    root_first: bool = False  # ordered-dQ backwards: the root-first (tree) / shared-first (two-level) dQ order
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -426,9 +440,9 @@ class KernelSpec:
                              f"without a window (got {self.kernel}, window={self.window}, causal={self.causal})")
         if self.kernel in SM90_KERNELS and (self.arch != "sm_90a" or self.head_dim not in SM90_KERNELS[self.kernel]):
             raise ValueError(f"{self.kernel} is built for sm_90a at head dims {SM90_KERNELS[self.kernel]}")
-        if self.root_first and not (self.tree and (self.kernel == "bwd_sm90_ws" or self.dq_ordered)):
-            raise ValueError("the root-first dQ order is built for the prefix-tree builds of the warp-specialised "
-                             "backward and of the ordered dQ mode only")
+        if self.root_first and not (self.kernel == "bwd_sm90_ws" or self.dq_ordered):
+            raise ValueError("the root-first (shared-first) dQ order is built for the warp-specialised backward and "
+                             "the ordered dQ mode only")
 
     def _check_dq_ordered(self) -> None:
         if self.kernel != "bwd_dkdv" or self.head_dim not in ORDERED_HEAD_DIMS:
@@ -639,10 +653,11 @@ def all_specs(arch: str) -> list[KernelSpec]:
             specs.append(KernelSpec("bwd_dkdv_sm90", head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a",
                                     causal=causal))
         if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES and not window and causal:
-            specs.append(KernelSpec("bwd_sm90_ws", head_dim, name, SM90_WS_BWD_TILES[head_dim], 1, False, "sm_90a"))
+            specs.append(ws_bwd_spec(head_dim, dtype, root_first=TWO_LEVEL_SHARED_FIRST))
         specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, causal=causal))
         if head_dim in ATOMIC_HEAD_DIMS:
             specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, True, causal))
         if head_dim in ORDERED_HEAD_DIMS and not window:
-            specs.append(dkdv_spec(head_dim, dtype, False, arch, causal=causal, dq_ordered=True))
+            specs.append(dkdv_spec(head_dim, dtype, False, arch, causal=causal, dq_ordered=True,
+                                   root_first=TWO_LEVEL_SHARED_FIRST))
     return specs

@@ -31,7 +31,7 @@ class FusedForwardCascadeBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, d_lse):
-        refuse_lse_gradient(d_lse, "the hybrid path (DUALKV_PATH=hybrid)")
+        refuse_lse_gradient(d_lse, "the deterministic=False path on Hopper (fused forward, cuDNN backward)")
         if dout is None:
             return None, None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, KEY_TILES_NODE_MAJOR, TMA_KERNELS,
-                      TREE_DQ_ROOT_FIRST, KeyTileConfig, TileConfig, dkdv_spec, dq_cast_spec, dq_ordered_for,
-                      dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for, prep_spec, ws_backward_for,
+                      TREE_DQ_ROOT_FIRST, TWO_LEVEL_SHARED_FIRST, KeyTileConfig, TileConfig, dkdv_spec, dq_cast_spec,
+                      dq_ordered_for, dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for, prep_spec, ws_backward_for,
                       ws_bwd_spec)
 from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
 from . import ws_schedule
@@ -48,7 +48,7 @@ class Plan:
     dq_pack: int
     key_tiles: torch.Tensor  # int32 (n, 4): the warp-specialised backward's launch order (ws_schedule.launch_order)
     # int32 (n, 4): the same key tiles heaviest first, for the dK/dV kernels whose dQ needs no launch order (the
-    # separate-dQ pair, atomic dQ): on a tree the launch order puts the heaviest tiles (the roots') last
+    # separate-dQ pair, atomic dQ): on a tree the nearest-first launch order puts the heaviest tiles (the roots') last
     dkdv_key_tiles: torch.Tensor
     ctx_shared: bool
     causal: bool             # False: own keys all visible (the DKV_CAUSAL=0 kernels)
@@ -76,9 +76,10 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
     dq_tile, dkdv_tile = dq_tile or DQ_TILES[head_dim], dkdv_tile or DKDV_TILES[head_dim]
     dq_pack = pack_for(group_size, dq_tile)
     heaviest = key_tiles(segments, dkdv_tile.block_keys, ctx_shared, causal)
-    keys = ws_schedule.launch_order(heaviest, segments, node_major_tiles=KEY_TILES_NODE_MAJOR)
+    keys = ws_schedule.launch_order(heaviest, segments, node_major_tiles=KEY_TILES_NODE_MAJOR,
+                                    shared_first=TWO_LEVEL_SHARED_FIRST)
     check_block_order(keys)
-    ws_schedule.check_launch_order(keys, segments)
+    ws_schedule.check_launch_order(keys, segments, shared_first=TWO_LEVEL_SHARED_FIRST)
     return Plan(
         segments=_to_device(segments, device),
         fwd_kernel=fwd_kernel,
@@ -268,7 +269,7 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
     tokens, heads, head_dim = q.shape
     device = device_index(q)
     spec = dkdv_spec(head_dim, q.dtype, False, arch_of(device), causal=causal, dq_ordered=True, tree=tree,
-                     root_first=tree and TREE_DQ_ROOT_FIRST)
+                     root_first=_root_first(tree))
     kern = get_kernel(spec, device)
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, spec.tile.block_m, tree)
     dq_acc = torch.zeros((heads, tokens, head_dim), dtype=torch.float32, device=q.device)
@@ -277,6 +278,12 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
                  qtile_offset.data_ptr() if qtile_offset is not None else 0, i32(n_qtiles), i32(kv_heads),
                  segments.data_ptr(), key_tiles_t.data_ptr(), *scalars])
     _cast_dq(dq_acc, dq, scale)
+
+
+def _root_first(tree: bool) -> bool:
+    """The ordered-dQ builds' root-first (tree) or shared-first (two-level) order in this process (the plans'
+    launch orders are built for the same settings)."""
+    return TREE_DQ_ROOT_FIRST if tree else TWO_LEVEL_SHARED_FIRST
 
 
 def _dq_counters(segments: torch.Tensor, tokens: int, heads: int, step: int, tree: bool = False):
@@ -312,12 +319,12 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
                      segments, key_tiles_t, group: int, scale: float, tree: bool = False) -> None:
     """The warp-specialised Hopper backward: dK, dV (written) and dQ (fp32, fixed-order adds into one accumulator,
     then scaled and cast into ``dq`` by one more kernel) from one kernel. ``key_tiles_t`` must be in
-    :func:`dualkv.cuda.ws_schedule.launch_order` (every own-response tile first; for a tree, deeper nodes first)."""
+    :func:`dualkv.cuda.ws_schedule.launch_order` (the order of this process's two-level / tree dQ order)."""
     from .tma import launch_raw, tensor_map_3d
 
     tokens, heads, head_dim = q.shape
     kv_heads = k_own.shape[1]
-    spec = ws_bwd_spec(head_dim, q.dtype, tree=tree, root_first=tree and TREE_DQ_ROOT_FIRST)
+    spec = ws_bwd_spec(head_dim, q.dtype, tree=tree, root_first=_root_first(tree))
     kern = get_kernel(spec, device_index(q))
     step, keys = spec.tile.block_m, spec.tile.block_keys
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, step, tree)

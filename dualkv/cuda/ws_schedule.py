@@ -13,8 +13,9 @@
   within a run (:func:`dualkv.cuda.schedule.check_block_order`).
 
 Prefix trees (:class:`dualkv.PrefixTreeLayout` in preorder, the DKV_TREE=1 build; pass :class:`TreeRanks`): a key
-tile ``(i, b, i + 1, end)`` owns block b of node i and its dependents are i's descendants. A query tile of node j
-receives its own node's blocks first, then its parent's, its grandparent's, ... (nearest ancestor first): a
+tile ``(i, b, i + 1, end)`` owns block b of node i and its dependents are i's descendants. In the nearest-first
+order (``DUALKV_TREE_DQ_ORDER=nearest``; the default is root-first, below) a query tile of node j receives its own
+node's blocks first, then its parent's, its grandparent's, ... (nearest ancestor first): a
 contribution of ancestor i's block b ranks (own blocks reaching the tile) + (A[j] - A[i] - blocks(i)) + b, with
 blocks(x) = ceil(len(x) / 128) and A[x] the blocks of x's proper ancestors (the blocks of the nodes strictly
 between i and j come before i's). A GroupLayout's depth-1 tree has A[response] = blocks(prompt): today's rank. The
@@ -26,6 +27,11 @@ the chain, then its own causal blocks — ancestor (or own node) i's block b has
 tile. The launch order is then depth ascending with each node's tiles adjacent (nodes in heaviest-first order,
 blocks in order): the CTAs of one node start together and sweep the same query tiles in lockstep, so the dQ
 accumulator and Q/dO tiles they share can be reused from L2, and the longest walks (the roots') start first.
+
+Shared-first two-level order (``shared_first=True``, the kernels' DKV_TREE_ROOT_FIRST=1 builds without DKV_TREE,
+chosen by ``DUALKV_TWO_LEVEL_DQ_ORDER=shared``): a dependent's query tile receives the shared (context) keys' blocks
+b first (rank b), then its own causal blocks (rank ceil(ctx_len / block_keys) + b) — a depth-1 tree's root-first
+order — and the shared-key tiles, the heaviest, are launched before the own-response tiles.
 
 Node-major launch (``launch_order(..., node_major_tiles=True)``, ``DUALKV_KEY_TILE_ORDER=node``; always part of the
 root-first order): before the orders above are applied, each key run's tiles (a segment's or node's own keys, or a
@@ -108,6 +114,7 @@ class Step:
     head: int     # query head within the GQA group
     own: bool     # causal (the key tile's own segment) or fully visible (a dependent)
     reach: int = 0  # own key blocks of ``seg`` reaching the tile (:func:`own_reach`): a dependent's rank offset
+    ctx_blocks: int = 0  # an own step's context key blocks (all reach it): its rank offset in the shared-first order
 
 
 def _own_first_tile(blk: int, geo: Geometry) -> int:
@@ -126,8 +133,9 @@ def walk(tile: tuple[int, int, int, int], segments: np.ndarray, group: int, geo:
             steps += [Step(src, qt, h, False, own_reach(qt, geo, q_len)) for h in range(group)]
     if own_seg >= 0:
         top = (int(segments[own_seg, 1]) + step - 1) // step - 1
+        ctx_blocks = (int(segments[own_seg, 3]) + geo.block_keys - 1) // geo.block_keys
         for qt in range(top, _own_first_tile(blk, geo) - 1, -1):
-            steps += [Step(own_seg, qt, h, True) for h in range(group)]
+            steps += [Step(own_seg, qt, h, True, 0, ctx_blocks) for h in range(group)]
     return steps
 
 
@@ -157,10 +165,14 @@ def own_reach(qt: int, geo: Geometry = WS, q_len: int = 0) -> int:
     return (qt * geo.step + geo.step - 1) // geo.block_keys + 1
 
 
-def rank(tile: tuple[int, int, int, int], step: Step, tree: TreeRanks | None = None) -> int:
-    """The position of ``tile``'s contribution among those reaching ``step``'s (head, query tile) counter."""
+def rank(tile: tuple[int, int, int, int], step: Step, tree: TreeRanks | None = None,
+         shared_first: bool = False) -> int:
+    """The position of ``tile``'s contribution among those reaching ``step``'s (head, query tile) counter
+    (``shared_first``: the two-level shared-first order, module docstring)."""
     if tree is not None and tree.root_first:  # own or a descendant's tile: A[key node] + block
         return int(tree.ancestor_blocks[tile[0]]) + tile[1]
+    if shared_first and tree is None:  # a dependent's shared block b first, then the own blocks after all of those
+        return tile[1] + (step.ctx_blocks if step.own else 0)
     if step.own:
         return tile[1]
     between = 0  # two-level layouts: the shared keys come right after the dependent's own blocks
@@ -170,7 +182,7 @@ def rank(tile: tuple[int, int, int, int], step: Step, tree: TreeRanks | None = N
 
 
 def launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks | None = None,
-                 node_major_tiles: bool = False) -> np.ndarray:
+                 node_major_tiles: bool = False, shared_first: bool = False) -> np.ndarray:
     """``tiles`` (int32 (n, 4), heaviest first) with every own-response tile moved before the shared-key tiles,
     each part keeping its order; for a tree, the tiles of deeper nodes first (stable), or with ``tree.root_first``
     shallower nodes first. With ``node_major_tiles`` (always under ``root_first``) each segment's (node's) tiles are
@@ -185,7 +197,8 @@ def launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks | None
         order = np.argsort(-tree.depth[tiles[:, 0]], kind="stable")
         return np.ascontiguousarray(tiles[order].astype(np.int32))
     seg = np.asarray(segments).reshape(-1, 4)
-    first = np.array([is_own_response(t, seg) for t in tiles.tolist()], dtype=bool)
+    own = np.array([is_own_response(t, seg) for t in tiles.tolist()], dtype=bool)
+    first = ~own if shared_first else own
     return np.ascontiguousarray(np.concatenate([tiles[first], tiles[~first]]).astype(np.int32))
 
 
@@ -208,9 +221,11 @@ def node_major(tiles: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(tiles[order])
 
 
-def check_launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks | None = None) -> None:
-    """Raise unless every own-response tile comes before every shared-key tile (for a tree: no tile after a
-    shallower node's; root-first: no tile after a deeper node's), which the dQ ranks rely on."""
+def check_launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks | None = None,
+                       shared_first: bool = False) -> None:
+    """Raise unless every own-response tile comes before every shared-key tile (``shared_first``: after every one;
+    for a tree: no tile after a shallower node's; root-first: no tile after a deeper node's), which the dQ ranks rely
+    on."""
     if tree is not None:
         rows = np.asarray(tiles).reshape(-1, 4)
         depth = tree.depth[rows[:, 0]]
@@ -223,31 +238,34 @@ def check_launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks 
                                "warp-specialised backward's dQ order would deadlock")
         return
     seg = np.asarray(segments).reshape(-1, 4)
-    seen_shared = False
+    seen_second = False
     for t in np.asarray(tiles).reshape(-1, 4).tolist():
-        if not is_own_response(t, seg):
-            seen_shared = True
-        elif seen_shared:
-            raise RuntimeError(f"key tile {t} (a response's own keys) comes after a shared-key tile: the "
-                               "warp-specialised backward's dQ order would deadlock")
+        if is_own_response(t, seg) == shared_first:
+            seen_second = True
+        elif seen_second:
+            first, second = ("a shared-key", "a response's own") if shared_first else ("a response's own",
+                                                                                        "a shared-key")
+            raise RuntimeError(f"key tile {t} ({first} keys) comes after {second} tile: the "
+                               f"{'shared-first ' if shared_first else ''}warp-specialised backward's dQ order would "
+                               "deadlock")
 
 
 def dq_contributors(tiles: np.ndarray, segments: np.ndarray, group: int, tree: TreeRanks | None = None,
-                    geo: Geometry = WS) -> dict[tuple, list[int]]:
+                    geo: Geometry = WS, shared_first: bool = False) -> dict[tuple, list[int]]:
     """(segment, query tile, head) -> the ranks of the contributions adding into it, in table (= launch) order."""
     if tree is not None and not geo.causal:
         raise ValueError("tree ranks are defined for causal kernels only")
     out: dict[tuple, list[int]] = defaultdict(list)
     for tile in np.asarray(tiles).reshape(-1, 4).tolist():
         for st in walk(tile, segments, group, geo):
-            out[(st.seg, st.qt, st.head)].append(rank(tile, st, tree))
+            out[(st.seg, st.qt, st.head)].append(rank(tile, st, tree, shared_first))
     return out
 
 
 def check_dq_order(tiles: np.ndarray, segments: np.ndarray, group: int = 1, tree: TreeRanks | None = None,
-                   geo: Geometry = WS) -> None:
+                   geo: Geometry = WS, shared_first: bool = False) -> None:
     """Raise unless every dQ counter receives ranks 0, 1, ..., k - 1 in launch order (see the module docstring)."""
-    for key, ranks in dq_contributors(tiles, segments, group, tree, geo).items():
+    for key, ranks in dq_contributors(tiles, segments, group, tree, geo, shared_first).items():
         if ranks != list(range(len(ranks))):
             raise RuntimeError(f"dQ counter {key} would receive ranks {ranks}: not 0..k-1 in launch order")
 

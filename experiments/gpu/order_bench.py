@@ -1,15 +1,16 @@
-"""The backward's key-tile launch order on a GPU: dualkv fwd+bwd (and fwd alone) under each
-``DUALKV_KEY_TILE_ORDER`` / ``DUALKV_TREE_DQ_ORDER`` setting, one child process per setting (both are read at
-import), same layouts and inputs, in one run.
+"""The backward's launch and dQ orders on a GPU: dualkv fwd+bwd (and fwd alone) under each
+``DUALKV_KEY_TILE_ORDER`` / ``DUALKV_TREE_DQ_ORDER`` / ``DUALKV_TWO_LEVEL_DQ_ORDER`` setting, one child process per
+setting (all are read at import), same layouts and inputs, in one run.
 
-Layouts (H=32, H_k=8, d=128, bf16): micro-batches of several groups, where the default heaviest-first table
-interleaves the groups' prompt blocks (``4x8K``: 4 groups of P=8K, N=8, R=2K; ``8x4K``: 8 groups of P=4K), one
-group as the control (``1x32K``: P=32K, N=16), and the issue #14 trees (``tree-a``, ``tree-c``) for the tree orders.
-The key-tile order changes no result bit (the dQ ranks fix the adds' order): every setting's gradients are compared
-bitwise with the first setting's ("=" in the table) and checked finite; the root-first tree order adds a tree's dQ
-in another order, so its tree rows differ in rounding ("≠" expected there, and only there).
+Layouts (H=32, H_k=8, d=128, bf16): micro-batches of several groups, where the heaviest-first table interleaves the
+groups' prompt blocks (``4x8K``: 4 groups of P=8K, N=8, R=2K; ``8x4K``: 8 groups of P=4K), one group
+(``1x32K``: P=32K, N=16; ``1x8K``: P=8K, N=8), and the issue #14 trees (``tree-a``, ``tree-c``). The key-tile order
+changes no result bit (the dQ ranks fix the adds' order): every setting's gradients are compared bitwise with the
+first setting's ("=" in the table) and checked finite; another tree dQ order adds a tree's dQ in another order, and
+another two-level dQ order a two-level layout's, so those rows' dQ differ in rounding ("dq≠" expected there, and
+only there).
 
-    python experiments/gpu/order_bench.py --settings heaviest,node,node+root --reps 10 --out $OUT
+    python experiments/gpu/order_bench.py --settings heaviest,node,node+root,node+root+shared --reps 10 --out $OUT
 """
 
 from __future__ import annotations
@@ -29,9 +30,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 #: setting name -> environment (the key-tile order, and for trees the dQ order)
-SETTINGS = {"heaviest": {"DUALKV_KEY_TILE_ORDER": "heaviest", "DUALKV_TREE_DQ_ORDER": "nearest"},
-            "node": {"DUALKV_KEY_TILE_ORDER": "node", "DUALKV_TREE_DQ_ORDER": "nearest"},
-            "node+root": {"DUALKV_KEY_TILE_ORDER": "node", "DUALKV_TREE_DQ_ORDER": "root"}}
+SETTINGS = {"heaviest": {"DUALKV_KEY_TILE_ORDER": "heaviest", "DUALKV_TREE_DQ_ORDER": "nearest",
+                         "DUALKV_TWO_LEVEL_DQ_ORDER": "own"},
+            "node": {"DUALKV_KEY_TILE_ORDER": "node", "DUALKV_TREE_DQ_ORDER": "nearest",
+                     "DUALKV_TWO_LEVEL_DQ_ORDER": "own"},
+            "node+root": {"DUALKV_KEY_TILE_ORDER": "node", "DUALKV_TREE_DQ_ORDER": "root",
+                          "DUALKV_TWO_LEVEL_DQ_ORDER": "own"},
+            "node+root+shared": {"DUALKV_KEY_TILE_ORDER": "node", "DUALKV_TREE_DQ_ORDER": "root",
+                                 "DUALKV_TWO_LEVEL_DQ_ORDER": "shared"}}
 
 
 def layouts() -> dict:
@@ -40,7 +46,7 @@ def layouts() -> dict:
 
     return {"4x8K": GroupLayout.from_lengths([8192] * 4, [[2048] * 8] * 4),
             "8x4K": GroupLayout.from_lengths([4096] * 8, [[2048] * 8] * 8),
-            "1x32K": GroupLayout.single(32768, [2048] * 16),
+            "1x32K": GroupLayout.single(32768, [2048] * 16), "1x8K": GroupLayout.single(8192, [2048] * 8),
             "tree-a": system_prompt_workload(), "tree-c": multi_turn_workload()}
 
 
@@ -78,15 +84,16 @@ def child(args) -> int:
                                      for g in grads]})
         print(f"  {name:<7} fwd+bwd {t_step.ms:8.2f} ms  fwd {t_fwd.ms:7.2f} ms", flush=True)
     record = {"setting": args.child, "key_tile_order": "node" if configs.KEY_TILES_NODE_MAJOR else "heaviest",
-              "tree_dq_order": configs.TREE_DQ_ORDER, "environment": environment(torch.device("cuda")), "rows": rows}
+              "tree_dq_order": configs.TREE_DQ_ORDER,
+              "two_level_dq_order": "shared" if configs.TWO_LEVEL_SHARED_FIRST else "own", "environment": environment(torch.device("cuda")), "rows": rows}
     Path(args.child_out).write_text(json.dumps(record, default=str))
     return 0
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--settings", default="heaviest,node,node+root")
-    p.add_argument("--layouts", default="4x8K,8x4K,1x32K,tree-a,tree-c")
+    p.add_argument("--settings", default="node+root,node+root+shared")
+    p.add_argument("--layouts", default="4x8K,8x4K,1x32K,1x8K,tree-a,tree-c")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "experiments" / "results"))
@@ -130,8 +137,8 @@ def main(argv=None) -> int:
 
 def compare_bits(results: list[dict]) -> list[str]:
     """Mark each row's dq/dk/dv as bitwise equal to the first setting's or not (``bits_equal_first_setting``), and
-    list the differences no order may cause: dK/dV anywhere, dQ anywhere except a tree under another tree dQ
-    order (the root-first order adds a tree's dQ in another order: other rounding)."""
+    list the differences no order may cause: dK/dV anywhere, dQ anywhere except a tree under another tree dQ order
+    or a two-level layout under another two-level dQ order (those add dQ in another order: other rounding)."""
     base = next((r for r in results if "rows" in r), None)
     unexpected = []
     for r in results:
@@ -140,7 +147,10 @@ def compare_bits(results: list[dict]) -> list[str]:
         for row, ref in zip(r["rows"], base["rows"]):
             same = [a == b for a, b in zip(row["grad_sha256"], ref["grad_sha256"])]
             row["bits_equal_first_setting"] = dict(zip(("dq", "dk", "dv"), same))
-            dq_may_differ = row["layout"].startswith("tree") and r["tree_dq_order"] != base["tree_dq_order"]
+            if row["layout"].startswith("tree"):
+                dq_may_differ = r["tree_dq_order"] != base["tree_dq_order"]
+            else:
+                dq_may_differ = r.get("two_level_dq_order", "own") != base.get("two_level_dq_order", "own")
             for name, ok in zip(("dq", "dk", "dv"), same):
                 if not ok and not (name == "dq" and dq_may_differ):
                     unexpected.append(f"{r['setting']} {row['layout']}: {name} differs from {base['setting']}'s")

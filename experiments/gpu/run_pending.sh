@@ -18,6 +18,7 @@
 #   bash experiments/gpu/run_pending.sh groups8    # the same on an 8-group micro-batch
 #   bash experiments/gpu/run_pending.sh hybrid     # DUALKV_PATH=hybrid: GPU tests, vs the cuDNN cascade (1 and 4 groups)
 #   bash experiments/gpu/run_pending.sh table1     # the seed's Table 1 shapes at the current defaults vs both cascades
+#   bash experiments/gpu/run_pending.sh shared     # DUALKV_TWO_LEVEL_DQ_ORDER=shared: GPU tests and order_bench
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
 #                                               # of the warp-specialised backward on workload a, default vs NOSEM)
@@ -140,6 +141,17 @@ table1)
     TAIL=12 step table1b 230 python3 -m dualkv bench kernel --shapes 16:65536,4:131072 \
         --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
     ;;
-*) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid, table1)"
+shared)
+    # the opt-in two-level shared-first dQ order: GPU tests (warp-specialised backward; mma.sync ordered dQ), then
+    # order_bench against the defaults (gradients compared bitwise: only two-level dQ may differ)
+    DUALKV_TWO_LEVEL_DQ_ORDER=shared TAIL=3 step pytest_shared 160 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda_ws.py
+    DUALKV_TWO_LEVEL_DQ_ORDER=shared DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_shared_mma 120 \
+        python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py
+    TAIL=12 step order_bench 240 python3 experiments/gpu/order_bench.py --settings node+root,node+root+shared \
+        --reps 10 --out "$OUT"
+    ;;
+*) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
+        "table1, shared)"
    exit 2 ;;
 esac

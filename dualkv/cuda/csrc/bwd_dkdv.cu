@@ -45,7 +45,7 @@
 #define DKV_TREE 0
 #endif
 #ifndef DKV_TREE_ROOT_FIRST
-#define DKV_TREE_ROOT_FIRST 0  // 1 (trees only): the root-first dQ order, as bwd_sm90_ws.cu's
+#define DKV_TREE_ROOT_FIRST 0  // 1: the root-first (tree) / shared-first (two-level) dQ order, as bwd_sm90_ws.cu's
 #endif
 // Ordered dQ, a tuning switch (DUALKV_EXTRA_DEFINES=DKV_DQ_PREFETCH=1): thread 0 reads its step's counter before the
 // dQ product, which hides the read's latency when the counter is already there, at the cost of registers (the
@@ -72,7 +72,7 @@ static_assert(!(kDqAtomic && kDqOrdered), "one dQ mode");
 static_assert(!kDqOrdered || (!kWindow && kBlockKeys % kBlockM == 0), "ordered dQ: no window, whole query tiles");
 constexpr bool kTree = DKV_TREE != 0;
 // (a macro, not a constexpr: a new namespace-scope constant would change every other build's cubin bytes)
-static_assert(!DKV_TREE_ROOT_FIRST || DKV_TREE, "the root-first dQ order is a prefix-tree build's");
+static_assert(!DKV_TREE_ROOT_FIRST || kDqOrdered, "the root-first / shared-first dQ order is the ordered dQ mode's");
 constexpr bool kDqPrefetch = kDqOrdered && DKV_DQ_PREFETCH != 0;
 static_assert(!kTree || (kDqOrdered && kCausal), "the dK/dV kernel's tree build is the causal ordered dQ mode's");
 static_assert(kBlockM % 16 == 0 && kCols % 16 == 0, "tile sizes");
@@ -99,10 +99,13 @@ __device__ __forceinline__ float* dq_slot(float* row, int col, long long tok) {
 // being the second int of a node's context-list header. (Segments are read again rather than kept live through
 // the dQ product.)
 __device__ __forceinline__ int dq_rank(const KeyWalk& w, const Cursor& c) {
-    if (DKV_TREE_ROOT_FIRST) {  // root-first: A[key node] + block at every tile the key block reaches
-        const Segment node = load_segment(w.segments, w.kt.own_seg);
-        return w.segments[2 * node.ctx_start + 1] + w.kt.blk;
-    }
+#if DKV_TREE_ROOT_FIRST && DKV_TREE  // root-first: A[key node] + block at every tile the key block reaches
+    const Segment node = load_segment(w.segments, w.kt.own_seg);
+    return w.segments[2 * node.ctx_start + 1] + w.kt.blk;
+#elif DKV_TREE_ROOT_FIRST  // two-level shared-first: block b of the shared keys, own blocks after all the context's
+    if (!w.is_own(c.src)) return w.kt.blk;
+    return w.kt.blk + (load_segment(w.segments, w.seg_of(c.src)).ctx_len + kBlockKeys - 1) / kBlockKeys;
+#endif
     if (w.is_own(c.src)) return w.kt.blk;
     const Segment seg = load_segment(w.segments, w.seg_of(c.src));
     int rank = w.kt.blk + (kCausal ? (c.pos + kBlockM - 1) / kBlockKeys + 1

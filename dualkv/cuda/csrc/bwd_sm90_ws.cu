@@ -43,9 +43,8 @@ namespace {
 #define DKV_TREE 0  // 1: prefix trees (a macro, not a constexpr: the two-level cubin stays byte-identical)
 #endif
 #ifndef DKV_TREE_ROOT_FIRST
-#define DKV_TREE_ROOT_FIRST 0  // 1 (trees only): the root-first dQ order (dualkv/cuda/ws_schedule.py)
+#define DKV_TREE_ROOT_FIRST 0  // 1: the root-first (tree) / shared-first (two-level) dQ order (ws_schedule.py)
 #endif
-static_assert(!DKV_TREE_ROOT_FIRST || DKV_TREE, "the root-first dQ order is a prefix-tree build's");
 
 constexpr int kStep = DKV_BLOCK_M;  // queries per step
 constexpr int kBlockKeys = 128;
@@ -287,8 +286,10 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             int i = 0;
             for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
                 StepInfo si = step_info(w, c, kv_head);
-#if DKV_TREE_ROOT_FIRST  // A[key node] + block, re-read per step: a value live across the loop spills at 24 registers
+#if DKV_TREE_ROOT_FIRST && DKV_TREE  // A[key node] + block, re-read per step: a value live across the loop spills
                 si.rank = tree_rank_base(segments, load_segment(segments, w.kt.own_seg)) + w.kt.blk;
+#elif DKV_TREE_ROOT_FIRST  // two-level shared-first: block b of the shared keys, own blocks after all ctx_len's
+                si.rank = w.kt.blk + (si.own ? (si.q_pos0 - c.qt * kStep + kBlockKeys - 1) / kBlockKeys : 0);
 #else
                 if (DKV_TREE && !si.own)  // per step: a value live across the loop spills at 24 registers
                     si.rank += tree_rank_base(segments, load_segment(segments, si.seg)) - tree_rank_skip(w);
