@@ -61,9 +61,11 @@ def test_bench_shape_builds_multi_group_micro_batches(tmp_path):
     single = kb.bench_shape(2, 48, 16, ["reference"], heads=2, kv_heads=1, head_dim=32, dtype=torch.float32,
                             modes=("fwd",), reps=2, device="cpu")
     paths = [kb.write_results(single, tmp_path / "a.json"), kb.write_results(rows, tmp_path / "b.json")]
-    got, _ = latest_kernel_rows(paths)
+    shape = {"heads": 2, "kv_heads": 1, "head_dim": 32}
+    got, _ = latest_kernel_rows(paths, **shape)
     assert [r["groups"] for r in got] == [1]
-    assert [r["groups"] for r in latest_kernel_rows(paths, groups=3)[0]] == [3]
+    assert [r["groups"] for r in latest_kernel_rows(paths, groups=3, **shape)[0]] == [3]
+    assert latest_kernel_rows(paths)[0] == []  # not Qwen3-8B's attention shape: no Table 1 rows
 
 
 def test_bench_kernel_refuses_fewer_than_one_group(monkeypatch):

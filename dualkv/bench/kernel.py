@@ -49,6 +49,9 @@ class BenchRow:
     ms_max: float | None = None
     reps: int | None = None
     groups: int = 1  # groups of (P, N x R) in the micro-batch
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
 
 
 def random_inputs(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int,
@@ -87,6 +90,7 @@ def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 
     """Every system on one micro-batch of ``groups`` groups, each a P-token prompt with N responses of R tokens
     (packed P + NR per group, groups one after another); a row per (system, mode)."""
     layout = GroupLayout.from_lengths([P] * groups, [[R] * N] * groups)
+    shape = {"groups": groups, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim}
     try:
         from ..analysis import attention_flops, useful_pairs
         pairs = useful_pairs(layout)
@@ -102,7 +106,7 @@ def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 
             system.prepare()
             dout = torch.randn(system.output_rows(), heads, head_dim, device=device, dtype=dtype)
         except torch.OutOfMemoryError:
-            rows += [BenchRow(name, N, P, R, m, None, None, None, None, "OOM", groups=groups) for m in modes]
+            rows += [BenchRow(name, N, P, R, m, None, None, None, None, "OOM", **shape) for m in modes]
             continue
         for mode in modes:
             try:
@@ -110,9 +114,9 @@ def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 
                 ms = timing.ms
                 tflops = attention_flops(pairs, heads, head_dim, mode) / (ms * 1e-3) / 1e12 if pairs else None
                 rows.append(BenchRow(name, N, P, R, mode, ms, tflops, None, timing.peak_mem_gib, "ok",
-                                     min(timing.ms_runs), max(timing.ms_runs), len(timing.ms_runs), groups))
+                                     min(timing.ms_runs), max(timing.ms_runs), len(timing.ms_runs), **shape))
             except torch.OutOfMemoryError:
-                rows.append(BenchRow(name, N, P, R, mode, None, None, None, None, "OOM", groups=groups))
+                rows.append(BenchRow(name, N, P, R, mode, None, None, None, None, "OOM", **shape))
     for mode in modes:
         fa2 = next((r for r in rows if r.system == "fa2_ncopy" and r.mode == mode and r.ms), None)
         for r in rows:
@@ -212,6 +216,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--R", type=int, default=2048)
     p.add_argument("--groups", type=int, default=1,
                    help="groups per micro-batch: each shape N:P becomes GROUPS prompts of P tokens with N responses")
+    p.add_argument("--heads", type=int, default=32, help="query heads (default: Qwen3-8B's 32)")
+    p.add_argument("--kv-heads", type=int, default=8, help="key/value heads (default 8)")
+    p.add_argument("--head-dim", type=int, default=128, help="head dim (default 128)")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--varying", type=int, default=0, help="also time this many differently shaped micro-batches")
     p.add_argument("--out", default="experiments/results", help="directory for the JSON result")
@@ -229,16 +236,22 @@ def run(args: argparse.Namespace) -> int:
     shapes = TABLE1 if not args.shapes else [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
     if args.groups < 1:
         raise SystemExit(f"--groups must be at least 1, got {args.groups}")
+    if args.heads < 1 or args.kv_heads < 1 or args.heads % args.kv_heads:
+        raise SystemExit(f"--heads ({args.heads}) must be a positive multiple of --kv-heads ({args.kv_heads})")
     rows: list[BenchRow] = []
     for n, p in shapes:
         print(f"{args.groups}x N={n} P={p} ..." if args.groups > 1 else f"N={n} P={p} ...", file=sys.stderr,
               flush=True)
-        rows += bench_shape(n, p, args.R, systems, modes=modes, reps=args.reps, groups=args.groups)
+        rows += bench_shape(n, p, args.R, systems, modes=modes, reps=args.reps, groups=args.groups,
+                            heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim)
     extra = {"agreement": check_systems_agree(systems)}
     if args.varying:
         extra["varying"] = bench_varying(systems, count=args.varying)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = f"kernel-groups{args.groups}-{stamp}.json" if args.groups > 1 else f"kernel-{stamp}.json"
+    tags = ([f"groups{args.groups}"] if args.groups > 1 else []) + \
+        ([f"h{args.heads}-{args.kv_heads}-d{args.head_dim}"] if (args.heads, args.kv_heads, args.head_dim) != (32, 8, 128)
+         else [])
+    name = "-".join(["kernel", *tags, stamp]) + ".json"
     path = write_results(rows, Path(args.out) / name, extra)
     print(format_rows(rows))
     print(f"results: {path}")

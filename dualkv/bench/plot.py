@@ -108,10 +108,16 @@ def _pyplot():
     return plt
 
 
-def latest_kernel_rows(paths: Sequence[str | Path], groups: int = 1) -> tuple[list[dict], dict]:
-    """Rows of ``dualkv bench kernel`` files on micro-batches of ``groups`` groups (``--groups``; files written before
-    that option are single-group), a later file replacing an earlier one's (system, N, P, mode) row, and the last
-    file's environment."""
+#: The attention shape of rows written before ``dualkv bench kernel`` recorded it (Qwen3-8B's, one group).
+_ROW_DEFAULTS = {"groups": 1, "heads": 32, "kv_heads": 8, "head_dim": 128}
+
+
+def latest_kernel_rows(paths: Sequence[str | Path], groups: int = 1, heads: int = 32, kv_heads: int = 8,
+                       head_dim: int = 128) -> tuple[list[dict], dict]:
+    """Rows of ``dualkv bench kernel`` files on micro-batches of ``groups`` groups (``--groups``) at one attention
+    shape (default Qwen3-8B's, the seed's Table 1; rows written before those options are single-group at that
+    shape), a later file replacing an earlier one's (system, N, P, mode) row, and the last file's environment."""
+    want = {"groups": groups, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim}
     latest, env = {}, {}
     for path in paths:
         data = json.loads(Path(path).read_text())
@@ -119,7 +125,7 @@ def latest_kernel_rows(paths: Sequence[str | Path], groups: int = 1) -> tuple[li
             raise ValueError(f"{path} is not a `dualkv bench kernel` result (benchmark={data.get('benchmark')!r})")
         env = data["environment"]
         for r in data["rows"]:
-            if r.get("groups", 1) == groups:
+            if all(r.get(key, _ROW_DEFAULTS[key]) == value for key, value in want.items()):
                 latest[(r["system"], r["N"], r["P"], r["mode"])] = r
     return list(latest.values()), env
 

@@ -144,8 +144,8 @@ table1)
 shared)
     # the opt-in two-level shared-first dQ order: GPU tests (warp-specialised backward; mma.sync ordered dQ), then
     # order_bench against the defaults (gradients compared bitwise: only two-level dQ may differ)
-    DUALKV_TWO_LEVEL_DQ_ORDER=shared TAIL=3 step pytest_shared 160 python3 -m pytest -q -m gpu -p no:cacheprovider \
-        proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda_ws.py
+    DUALKV_TWO_LEVEL_DQ_ORDER=shared TAIL=3 step pytest_shared 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda_ws.py proofs_tests/test_hybrid_path.py
     DUALKV_TWO_LEVEL_DQ_ORDER=shared DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_shared_mma 120 \
         python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py
     TAIL=12 step order_bench 240 python3 experiments/gpu/order_bench.py --settings node+root,node+root+shared \
