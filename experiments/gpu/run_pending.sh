@@ -19,6 +19,8 @@
 #   bash experiments/gpu/run_pending.sh hybrid     # DUALKV_PATH=hybrid: GPU tests, vs the cuDNN cascade (1 and 4 groups)
 #   bash experiments/gpu/run_pending.sh table1     # the seed's Table 1 shapes at the current defaults vs both cascades
 #   bash experiments/gpu/run_pending.sh shared     # DUALKV_TWO_LEVEL_DQ_ORDER=shared: GPU tests and order_bench
+#   bash experiments/gpu/run_pending.sh hd96cudnn  # head dim 96 vs the cuDNN / FA2 cascades (#12)
+#   bash experiments/gpu/run_pending.sh wsprofile  # ncu source counters of the two-level WS backward (#12)
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
 #                                               # of the warp-specialised backward on workload a, default vs NOSEM)
@@ -151,7 +153,24 @@ shared)
     TAIL=12 step order_bench 240 python3 experiments/gpu/order_bench.py --settings node+root,node+root+shared \
         --reps 10 --out "$OUT"
     ;;
+hd96cudnn)
+    # #12: head dim 96 against the cuDNN and FA2 cascades (deterministic and deterministic=False), same process
+    mkdir -p "$OUT/bench"
+    TAIL=14 step hd96cudnn 300 python3 -m dualkv bench kernel --head-dim 96 --shapes 16:4096,8:8192,16:32768 \
+        --systems dualkv,dualkv_atomic,cudnn_cascade,cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    ;;
+wsprofile)
+    # #12: where the two-level warp-specialised backward loses to cuDNN's: ncu source counters (local-memory spill
+    # traffic per instruction, warp stalls) of one backward at (16, 32K), text page back, report in the archive
+    step ncu_ws 240 ncu --clock-control none --profile-from-start off -k regex:bwd_sm90_ws --section SourceCounters \
+        --section WarpStateStats --section MemoryWorkloadAnalysis --section SpeedOfLight -f -o "$OUT/ncu_ws" \
+        python3 experiments/gpu/profile_bwd.py --systems dualkv
+    [ -f "$OUT/ncu_ws.ncu-rep" ] && ncu --import "$OUT/ncu_ws.ncu-rep" --page source --csv > "$OUT/ncu_ws_source.csv" 2>&1
+    [ -f "$OUT/ncu_ws.ncu-rep" ] && ncu --import "$OUT/ncu_ws.ncu-rep" --page details > "$OUT/ncu_ws.txt" 2>&1
+    grep -E "Local|Spill|Stall|Warp Cycles|Duration|Throughput" "$OUT/ncu_ws.txt" 2>/dev/null | head -30
+    (cd "$OUT" && tar czf wsprofile.tgz ncu_ws.ncu-rep ./*.log 2>/dev/null && rm -f ncu_ws.ncu-rep)
+    ;;
 *) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
-        "table1, shared)"
+        "table1, shared, hd96cudnn, wsprofile)"
    exit 2 ;;
 esac
