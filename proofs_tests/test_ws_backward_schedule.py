@@ -247,3 +247,19 @@ def test_walk_replay_paper_api_context_tiles():
     ref = torch.autograd.grad(out, leaves, dout)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_head_major_cta_order_compiles_like_the_default(monkeypatch):
+    """DKV_HEAD_MAJOR=1 (a tuning switch through DUALKV_EXTRA_DEFINES: each KV head's table launched in turn) only
+    remaps blockIdx.x: it compiles with no serialized wgmma and no more spills, into a different cubin."""
+    from dualkv.cuda.build import compile_spec, resource_usage
+    from dualkv.cuda.configs import ws_bwd_spec
+
+    spec = ws_bwd_spec(128, torch.bfloat16)
+    monkeypatch.delenv("DUALKV_EXTRA_DEFINES", raising=False)
+    base = compile_spec(spec, use_cache=False, verbose=True)
+    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_HEAD_MAJOR=1")
+    head_major = compile_spec(spec, use_cache=False, verbose=True)
+    got, want = resource_usage(head_major.log), resource_usage(base.log)
+    assert head_major.cubin != base.cubin
+    assert not got["wgmma_serialized"] and got["spill_stores"] <= want["spill_stores"], (got, want)

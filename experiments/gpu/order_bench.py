@@ -37,7 +37,12 @@ SETTINGS = {"heaviest": {"DUALKV_KEY_TILE_ORDER": "heaviest", "DUALKV_TREE_DQ_OR
             "node+root": {"DUALKV_KEY_TILE_ORDER": "node", "DUALKV_TREE_DQ_ORDER": "root",
                           "DUALKV_TWO_LEVEL_DQ_ORDER": "own"},
             "node+root+shared": {"DUALKV_KEY_TILE_ORDER": "node", "DUALKV_TREE_DQ_ORDER": "root",
-                                 "DUALKV_TWO_LEVEL_DQ_ORDER": "shared"}}
+                                 "DUALKV_TWO_LEVEL_DQ_ORDER": "shared"},
+            # the warp-specialised backward's CTAs one KV head's whole table at a time (a launch order: same bits)
+            "node+root+headmajor": {"DUALKV_KEY_TILE_ORDER": "node", "DUALKV_TREE_DQ_ORDER": "root",
+                                    "DUALKV_TWO_LEVEL_DQ_ORDER": "own", "DUALKV_EXTRA_DEFINES": "DKV_HEAD_MAJOR=1"}}
+for _env in SETTINGS.values():  # no debug macros leak from the caller's environment into another setting
+    _env.setdefault("DUALKV_EXTRA_DEFINES", "")
 
 
 def layouts() -> dict:

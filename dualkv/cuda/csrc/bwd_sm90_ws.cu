@@ -84,6 +84,20 @@ constexpr int kBarConsumers = 1;
 #define DKV_DQ_INFLIGHT 1
 #endif
 constexpr bool kDqInFlight = DKV_DQ_INFLIGHT != 0;
+// CTA order (tuning, DUALKV_EXTRA_DEFINES=DKV_HEAD_MAJOR=1): 0, the KV heads of a key tile adjacent (blockIdx.x =
+// tile * kv_heads + head); 1, each KV head's whole table in turn (blockIdx.x = head * tiles + tile), so the CTAs
+// running together sweep the query rows of ONE KV head's query heads (an eighth of the Q / dO / dQ lines at 8 KV
+// heads). Only the launch order changes: every counter (one query head) still receives its tiles in table order.
+#ifndef DKV_HEAD_MAJOR
+#define DKV_HEAD_MAJOR 0
+#endif
+#if DKV_HEAD_MAJOR
+#define DKV_CTA_HEAD(kv_heads) (blockIdx.x / (gridDim.x / (kv_heads)))
+#define DKV_CTA_TILE(kv_heads) (blockIdx.x % (gridDim.x / (kv_heads)))
+#else
+#define DKV_CTA_HEAD(kv_heads) (blockIdx.x % (kv_heads))
+#define DKV_CTA_TILE(kv_heads) (blockIdx.x / (kv_heads))
+#endif
 #ifndef DKV_PRODUCER_REGS
 #define DKV_PRODUCER_REGS 24  // 32 (with 240 for the consumers: exactly the register file) hangs in setmaxnreg
 #endif
@@ -222,8 +236,8 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     const unsigned bar_dq_full = bar0 + 8 + 16 * kStages, bar_dq_empty = bar_dq_full + 8 * kDqBuffers;
 
     int key_token0;
-    const int kv_head = blockIdx.x % kv_heads;
-    const WsWalk w = make_ws_walk(key_tiles, blockIdx.x / kv_heads, segments, group_size, key_token0);
+    const int kv_head = DKV_CTA_HEAD(kv_heads);
+    const WsWalk w = make_ws_walk(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size, key_token0);
     const bool has_own = w.kt.own_seg >= 0;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
@@ -475,7 +489,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     }
     named_sync(kBarConsumers, kConsumerThreads);
     int token0_again;  // the walk again (cheap): keeping it live across the loop cost registers
-    const WsWalk we = make_ws_walk(key_tiles, blockIdx.x / kv_heads, segments, group_size, token0_again);
+    const WsWalk we = make_ws_walk(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size, token0_again);
     const bool own_keys = we.kt.own_seg >= 0;
     const Segment key_seg = load_segment(segments, own_keys ? we.kt.own_seg : we.kt.dep_begin);
     const long long row0 = own_keys ? key_seg.q_start + we.key0 : key_seg.ctx_start + we.key0;
