@@ -313,7 +313,7 @@ class _CascadeFn(torch.autograd.Function):
             # What each part's backward differentiates through: the merged output and LSE, in its own shapes.
             l_c_m = engine.like(l_c, merged_lse[None])
             l_o_m = engine.like(l_o, own.from_rows(merged_lse.t()[..., None], engine.rows(l_o)[..., None])[..., 0])
-            saved.append((st_p, l_p, st_c, l_c_m, st_o, l_o_m, o_o))
+            saved.append({"prompt": (st_p, l_p), "cross": (st_c, l_c_m), "own": (st_o, l_o_m), "o_o": o_o})
         ctx.layout, ctx.scale, ctx.engine, ctx.saved = layout, scale, engine, saved
         ctx.save_for_backward(q, k, v, out)
         ctx.set_materialize_grads(False)
@@ -328,10 +328,9 @@ class _CascadeFn(torch.autograd.Function):
         engine, scale = ctx.engine, ctx.scale
 
         def part_backward(g, grp, part, dout_b, q_b, k_b, v_b, out_b, causal):
-            parts = dict(zip(("prompt", "cross", "own", "o_o"), _unpack_saved(ctx.saved[g])))
-            state, lse = parts[part]
+            state, lse = ctx.saved[g][part]
             if part == "own":  # padded slots: their own-part output (their upstream gradient is zero)
-                out_b = _Own(grp).from_rows(out_b, parts["o_o"])
+                out_b = _Own(grp).from_rows(out_b, ctx.saved[g]["o_o"])
             return engine.backward(dout_b, q_b, k_b, v_b, out_b, lse, state, causal, scale)
 
         return (*_backward_groups(dout.contiguous(), q, k, v, out, ctx.layout, part_backward), None, None, None)
@@ -343,11 +342,6 @@ def refuse_lse_gradient(d_lse: Tensor | None, what: str) -> None:
         raise NotImplementedError(f"{what} cannot differentiate through the returned LSE (the stock attention "
                                   "backwards have no LSE gradient); pass deterministic=True or set DUALKV_PATH=fused "
                                   "to run the fused kernels' backward")
-
-
-def _unpack_saved(saved: tuple) -> tuple:
-    st_p, l_p, st_c, l_c_m, st_o, l_o_m, o_o = saved
-    return (st_p, l_p), (st_c, l_c_m), (st_o, l_o_m), o_o
 
 
 #: part_backward(group index, group, part, dout, q, k, v, out, causal) -> (dq, dk, dv): see _backward_groups.
