@@ -583,7 +583,7 @@ def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, ar
 
 def ws_bwd_spec(head_dim: int, dtype: torch.dtype, tree: bool = False, root_first: bool = False) -> KernelSpec:
     """The warp-specialised Hopper backward (sm_90a, no window); ``tree``: its prefix-tree build (DKV_TREE=1),
-    ``root_first``: that build's root-first dQ order (DKV_TREE_ROOT_FIRST=1)."""
+    ``root_first``: the root-first (tree) or shared-first (two-level) dQ order (DKV_TREE_ROOT_FIRST=1)."""
     return KernelSpec("bwd_sm90_ws", head_dim, _check_dtype(dtype), SM90_WS_BWD_TILES[head_dim], 1, False, "sm_90a",
                       tree=tree, root_first=root_first)
 
@@ -593,7 +593,7 @@ def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_ato
               tree: bool = False, root_first: bool = False) -> KernelSpec:
     """The dK/dV specialization; ``kernel`` defaults to :func:`dkdv_kernel_for` (``arch`` is the device's);
     ``dq_ordered``: the mma.sync kernel's ordered dQ mode (``tree``: its prefix-tree build, ``root_first``: with the
-    root-first dQ order)."""
+    root-first (tree) or shared-first (two-level) dQ order)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
     kernel = kernel or ("bwd_dkdv" if dq_ordered else dkdv_kernel_for(head_dim, arch, dq_atomic))
