@@ -249,17 +249,41 @@ def test_walk_replay_paper_api_context_tiles():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
-def test_head_major_cta_order_compiles_like_the_default(monkeypatch):
-    """DKV_HEAD_MAJOR=1 (a tuning switch through DUALKV_EXTRA_DEFINES: each KV head's table launched in turn) only
-    remaps blockIdx.x: it compiles with no serialized wgmma and no more spills, into a different cubin."""
+def test_head_major_cta_order_is_the_two_level_default_and_compiles_like_tile_major(monkeypatch):
+    """The head-major CTA order (DKV_HEAD_MAJOR=1: each KV head's table launched in turn) is what a two-level
+    backward's spec builds by default and a tree's never does; it only remaps blockIdx.x, so it compiles with no
+    serialized wgmma and no more spills than the tile-major build, into a different cubin. Only the spec may set it."""
     from dualkv.cuda.build import compile_spec, resource_usage
-    from dualkv.cuda.configs import ws_bwd_spec
+    from dualkv.cuda.configs import WS_HEAD_MAJOR, ws_bwd_spec
 
-    spec = ws_bwd_spec(128, torch.bfloat16)
     monkeypatch.delenv("DUALKV_EXTRA_DEFINES", raising=False)
-    base = compile_spec(spec, use_cache=False, verbose=True)
-    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_HEAD_MAJOR=1")
-    head_major = compile_spec(spec, use_cache=False, verbose=True)
-    got, want = resource_usage(head_major.log), resource_usage(base.log)
-    assert head_major.cubin != base.cubin
+    assert WS_HEAD_MAJOR  # the default ($DUALKV_WS_CTA_ORDER unset in the test run)
+    spec = ws_bwd_spec(128, torch.bfloat16)
+    assert spec.head_major and ("DKV_HEAD_MAJOR", "1") in spec.defines()
+    assert not ws_bwd_spec(128, torch.bfloat16, tree=True).head_major
+    tile_major = ws_bwd_spec(128, torch.bfloat16, head_major=False)
+    assert "DKV_HEAD_MAJOR" not in dict(tile_major.defines())
+    head, tile = (compile_spec(s, use_cache=False, verbose=True) for s in (spec, tile_major))
+    got, want = resource_usage(head.log), resource_usage(tile.log)
+    assert head.cubin != tile.cubin
     assert not got["wgmma_serialized"] and got["spill_stores"] <= want["spill_stores"], (got, want)
+    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_HEAD_MAJOR=0")
+    with pytest.raises(ValueError, match="DUALKV_WS_CTA_ORDER"):
+        compile_spec(spec, use_cache=False)
+
+
+def test_head_major_cta_order_is_refused_outside_the_ws_backward():
+    from dualkv.cuda.configs import SM90_DKDV_TILES, KernelSpec
+
+    with pytest.raises(ValueError, match="head-major CTA order"):
+        KernelSpec("bwd_dkdv_sm90", 128, "bf16", SM90_DKDV_TILES[128], 1, False, "sm_90a", head_major=True)
+
+
+def test_ws_cta_order_environment_is_checked(monkeypatch):
+    from dualkv.cuda import configs
+
+    monkeypatch.setenv("DUALKV_WS_CTA_ORDER", "tile")
+    assert configs._ws_cta_order_from_env() == "tile"
+    monkeypatch.setenv("DUALKV_WS_CTA_ORDER", "heads")
+    with pytest.raises(ValueError, match="DUALKV_WS_CTA_ORDER must be one of"):
+        configs._ws_cta_order_from_env()

@@ -87,8 +87,9 @@ def extra_defines() -> list[tuple[str, str]]:
     return [tuple(item.split("=", 1)) if "=" in item else (item, "1") for item in text.split(",") if item]
 
 
-#: Macros that fix a kernel's dQ order (and so must match the launcher's schedule): only the spec may set them.
-SCHEDULE_MACROS = ("DKV_TREE", "DKV_TREE_ROOT_FIRST", "DKV_DQ_ORDERED", "DKV_DQ_ATOMIC")
+#: Macros that fix a kernel's dQ order (and so must match the launcher's schedule) or its CTA order (part of the
+#: specification, so that cached cubins and recorded settings name it): only the spec may set them.
+SCHEDULE_MACROS = ("DKV_TREE", "DKV_TREE_ROOT_FIRST", "DKV_DQ_ORDERED", "DKV_DQ_ATOMIC", "DKV_HEAD_MAJOR")
 
 
 def _options(spec: KernelSpec, verbose: bool):
@@ -97,9 +98,10 @@ def _options(spec: KernelSpec, verbose: bool):
     extra = extra_defines()
     overridden = sorted({name for name, _ in extra} & set(SCHEDULE_MACROS))
     if overridden:
-        raise ValueError(f"DUALKV_EXTRA_DEFINES sets {overridden}: these fix the kernels' dQ order, which must match "
-                         "the launcher's schedule, so only the kernel specification sets them (for the dQ orders use "
-                         "DUALKV_TREE_DQ_ORDER and DUALKV_TWO_LEVEL_DQ_ORDER)")
+        raise ValueError(f"DUALKV_EXTRA_DEFINES sets {overridden}: these fix the kernels' dQ order (which must match "
+                         "the launcher's schedule) or CTA order, so only the kernel specification sets them (for the dQ orders use "
+                         "DUALKV_TREE_DQ_ORDER and DUALKV_TWO_LEVEL_DQ_ORDER, for the warp-specialised backward's CTA "
+                         "order DUALKV_WS_CTA_ORDER)")
     return ProgramOptions(name=f"dualkv_{spec.kernel}", arch=spec.arch, std="c++17",
                           include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines() + extra,
                           ptxas_options=["-v"] if verbose else None, use_fast_math=False)

@@ -319,6 +319,24 @@ def _two_level_dq_order_from_env() -> str:
 
 TWO_LEVEL_SHARED_FIRST = _two_level_dq_order_from_env() == "shared"
 
+#: The warp-specialised backward's CTA order on two-level layouts: "head" (the default: each KV head's whole key-tile
+#: table in turn, so the CTAs running together sweep the Q / dO / dQ rows of one KV head's query heads) or "tile" (a
+#: key tile's KV heads adjacent). A launch order only: every dQ counter still receives its tiles in table order, so
+#: the bits do not change. "head" is the default because it was faster on every two-level layout measured (H100,
+#: experiments/results/checks/order-bench-headmajor-h100-20261127T0503Z.json: 4 groups x (8, 8K) 89.4 -> 83.8 ms,
+#: 8 groups x (8, 4K) 95.5 -> 85.0, (16, 32K) 186.9 -> 185.3; order-bench-wsdefaults-h100-20261127T0530Z.json, built
+#: as the default: 88.2 -> 81.1, 94.9 -> 83.0, 187.2 -> 182.0). Prefix trees always run "tile": "head" made tree
+#: (a) 1.7x slower there (each KV head's dependency chains then run one after another). Read ONCE, at import, from
+#: ``$DUALKV_WS_CTA_ORDER`` (the cubins are cached per specialization).
+WS_CTA_ORDERS = ("head", "tile")
+
+
+def _ws_cta_order_from_env() -> str:
+    return _choice_from_env("DUALKV_WS_CTA_ORDER", WS_CTA_ORDERS)
+
+
+WS_HEAD_MAJOR = _ws_cta_order_from_env() == "head"
+
 
 def current_mma_backward() -> str:
     """The mma.sync backward in force (see :class:`mma_backward`)."""
@@ -420,6 +438,7 @@ class KernelSpec:
     tree: bool = False       # TREE_KERNELS: prefix-tree segments, context = a list of runs (DKV_TREE=1)
     dq_ordered: bool = False  # bwd_dkdv only: also accumulate dQ, in a fixed order (deterministic; DKV_DQ_ORDERED)
     root_first: bool = False  # ordered-dQ backwards: the root-first (tree) / shared-first (two-level) dQ order
+    head_major: bool = False  # bwd_sm90_ws only: each KV head's key-tile table launched in turn (DKV_HEAD_MAJOR)
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -443,6 +462,9 @@ class KernelSpec:
         if self.root_first and not (self.kernel == "bwd_sm90_ws" or self.dq_ordered):
             raise ValueError("the root-first (shared-first) dQ order is built for the warp-specialised backward and "
                              "the ordered dQ mode only")
+        if self.head_major and self.kernel != "bwd_sm90_ws":
+            raise ValueError(f"the head-major CTA order is built for the warp-specialised backward only, not "
+                             f"{self.kernel}")
 
     def _check_dq_ordered(self) -> None:
         if self.kernel != "bwd_dkdv" or self.head_dim not in ORDERED_HEAD_DIMS:
@@ -524,6 +546,8 @@ class KernelSpec:
                 keys += [("DKV_DQ_BUFFERS", str(t.dq_buffers))] + ([("DKV_TREE", "1")] if self.tree else [])
             if self.root_first:
                 keys += [("DKV_TREE_ROOT_FIRST", "1")]
+            if self.head_major:
+                keys += [("DKV_HEAD_MAJOR", "1")]
             return keys
         query = common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack)),
                           ("DKV_OVERLAP", "1" if getattr(t, "overlap", False) else "0")]
@@ -581,11 +605,16 @@ def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, ar
                       "sm_90a" if kernel == "bwd_dq_sm90" else arch, causal=causal, tree=tree)
 
 
-def ws_bwd_spec(head_dim: int, dtype: torch.dtype, tree: bool = False, root_first: bool = False) -> KernelSpec:
+def ws_bwd_spec(head_dim: int, dtype: torch.dtype, tree: bool = False, root_first: bool = False,
+                head_major: bool | None = None) -> KernelSpec:
     """The warp-specialised Hopper backward (sm_90a, no window); ``tree``: its prefix-tree build (DKV_TREE=1),
-    ``root_first``: the root-first (tree) or shared-first (two-level) dQ order (DKV_TREE_ROOT_FIRST=1)."""
+    ``root_first``: the root-first (tree) or shared-first (two-level) dQ order (DKV_TREE_ROOT_FIRST=1),
+    ``head_major``: the head-major CTA order (default: :data:`WS_HEAD_MAJOR` for two-level layouts, never for
+    trees)."""
+    if head_major is None:
+        head_major = WS_HEAD_MAJOR and not tree
     return KernelSpec("bwd_sm90_ws", head_dim, _check_dtype(dtype), SM90_WS_BWD_TILES[head_dim], 1, False, "sm_90a",
-                      tree=tree, root_first=root_first)
+                      tree=tree, root_first=root_first, head_major=head_major)
 
 
 def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,

@@ -29,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-#: setting name -> environment (the key-tile order, and for trees the dQ order)
+#: setting name -> environment (the key-tile order, the dQ orders, the warp-specialised backward's CTA order)
 SETTINGS = {"heaviest": {"DUALKV_KEY_TILE_ORDER": "heaviest", "DUALKV_TREE_DQ_ORDER": "nearest",
                          "DUALKV_TWO_LEVEL_DQ_ORDER": "own"},
             "node": {"DUALKV_KEY_TILE_ORDER": "node", "DUALKV_TREE_DQ_ORDER": "nearest",
@@ -40,9 +40,10 @@ SETTINGS = {"heaviest": {"DUALKV_KEY_TILE_ORDER": "heaviest", "DUALKV_TREE_DQ_OR
                                  "DUALKV_TWO_LEVEL_DQ_ORDER": "shared"},
             # the warp-specialised backward's CTAs one KV head's whole table at a time (a launch order: same bits)
             "node+root+headmajor": {"DUALKV_KEY_TILE_ORDER": "node", "DUALKV_TREE_DQ_ORDER": "root",
-                                    "DUALKV_TWO_LEVEL_DQ_ORDER": "own", "DUALKV_EXTRA_DEFINES": "DKV_HEAD_MAJOR=1"}}
+                                    "DUALKV_TWO_LEVEL_DQ_ORDER": "own", "DUALKV_WS_CTA_ORDER": "head"}}
 for _env in SETTINGS.values():  # no debug macros leak from the caller's environment into another setting
     _env.setdefault("DUALKV_EXTRA_DEFINES", "")
+    _env.setdefault("DUALKV_WS_CTA_ORDER", "tile")  # the order every setting but headmajor was first measured in
 
 
 def layouts() -> dict:

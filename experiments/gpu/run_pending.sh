@@ -22,6 +22,8 @@
 #   bash experiments/gpu/run_pending.sh headmajor  # DKV_HEAD_MAJOR=1 (WS backward, one KV head's table at a time)
 #   bash experiments/gpu/run_pending.sh hd96cudnn  # head dim 96 vs the cuDNN / FA2 cascades (#12)
 #   bash experiments/gpu/run_pending.sh wsprofile  # ncu source counters of the two-level WS backward (#12)
+#   bash experiments/gpu/run_pending.sh wsdefaults # head-major default: GPU tests, order_bench, the
+#                                               # head dims 64 / 96 against the cuDNN cascade (dispatch floor)
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
 #                                               # of the warp-specialised backward on workload a, default vs NOSEM)
@@ -179,7 +181,22 @@ wsprofile)
     grep -E "Local|Spill|Stall|Warp Cycles|Duration|Throughput" "$OUT/ncu_ws.txt" 2>/dev/null | head -30
     (cd "$OUT" && tar czf wsprofile.tgz ncu_ws.ncu-rep ./*.log 2>/dev/null && rm -f ncu_ws.ncu-rep)
     ;;
+wsdefaults)
+    # the head-major CTA order as the two-level default (spec field): the GPU tests of the warp-specialised backward and
+    # the paths beside it; order_bench: tile-major (the old default) vs head-major (bits compared); head dims 64 and 96
+    # against the cuDNN cascade for the dispatch floor (deterministic=False). (Run at 9f66fdd+ with a DKV_LSE_EARLY
+    # switch too, LSE / D loaded before the GEMM waits: no faster, removed; checks/order-bench-wsdefaults-*.json.)
+    TAIL=3 step pytest_wsdefaults 150 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+        proofs_tests/test_tree_cuda_ws.py proofs_tests/test_hybrid_path.py
+    TAIL=12 step order_bench 220 python3 experiments/gpu/order_bench.py --reps 8 --out "$OUT" \
+        --settings node+root,node+root+headmajor
+    mkdir -p "$OUT/bench"
+    TAIL=22 step hdfloor 170 python3 -m dualkv bench kernel --head-dim 64 --shapes 16:4096,16:32768 \
+        --systems dualkv,dualkv_atomic,dualkv_hybrid,cudnn_cascade,cascade --mode bwd,fwdbwd --out "$OUT/bench"
+    TAIL=10 step hd96floor 100 python3 -m dualkv bench kernel --head-dim 96 --shapes 8:8192,16:32768 \
+        --systems dualkv_hybrid,cudnn_cascade --mode fwdbwd --out "$OUT/bench"
+    ;;
 *) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
-        "table1, shared, headmajor, hd96cudnn, wsprofile)"
+        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults)"
    exit 2 ;;
 esac

@@ -84,10 +84,11 @@ constexpr int kBarConsumers = 1;
 #define DKV_DQ_INFLIGHT 1
 #endif
 constexpr bool kDqInFlight = DKV_DQ_INFLIGHT != 0;
-// CTA order (tuning, DUALKV_EXTRA_DEFINES=DKV_HEAD_MAJOR=1): 0, the KV heads of a key tile adjacent (blockIdx.x =
-// tile * kv_heads + head); 1, each KV head's whole table in turn (blockIdx.x = head * tiles + tile), so the CTAs
-// running together sweep the query rows of ONE KV head's query heads (an eighth of the Q / dO / dQ lines at 8 KV
-// heads). Only the launch order changes: every counter (one query head) still receives its tiles in table order.
+// CTA order (the spec's head_major, configs.WS_CTA_ORDERS): 0, the KV heads of a key tile adjacent (blockIdx.x =
+// tile * kv_heads + head; prefix trees); 1, each KV head's whole table in turn (blockIdx.x = head * tiles + tile; the
+// two-level default), so the CTAs running together sweep the query rows of ONE KV head's query heads (an eighth of
+// the Q / dO / dQ lines at 8 KV heads). Only the launch order changes: every counter (one query head) still receives
+// its tiles in table order, and a CTA still waits only on CTAs of its own KV head launched before it.
 #ifndef DKV_HEAD_MAJOR
 #define DKV_HEAD_MAJOR 0
 #endif
