@@ -33,6 +33,10 @@ def test_agreement_check_catches_a_wrong_system(monkeypatch):
     res = kb.check_systems_agree(["reference", "wrong"], heads=2, kv_heads=1, head_dim=32, dtype=torch.float64,
                                  device="cpu", layout=layout, reference="reference")
     assert res["wrong"][0] > 1e-3
+    # without the named reference among the systems, the first one is the reference (it was a KeyError)
+    res = kb.check_systems_agree(["wrong", "reference"], heads=2, kv_heads=1, head_dim=32, dtype=torch.float64,
+                                 device="cpu", layout=layout)
+    assert res["wrong"] == [0.0, 0.0, 0.0, 0.0] and res["reference"][0] > 1e-3
 
 
 def test_varying_layouts_all_differ():

@@ -113,9 +113,9 @@ class DualKVTree(DualKV):
 
 
 class DualKVAtomic(DualKV):
-    """dualkv with ``deterministic=False``: on Hopper at d = 128 the hybrid path (fused forward, cuDNN cascade
-    backward: :data:`dualkv.cuda.configs.CASCADE_FASTER_PATH`), elsewhere dQ accumulated by fp32 atomics inside the
-    mma.sync dK/dV kernel (FlashAttention-2's scheme)."""
+    """dualkv with ``deterministic=False``: on Hopper the path :data:`dualkv.cuda.configs.CASCADE_FASTER` names
+    (d = 128: the fused forward with the cuDNN cascade's backward; d = 64, 96: the cuDNN cascade), elsewhere dQ
+    accumulated by fp32 atomics inside the mma.sync dK/dV kernel (FlashAttention-2's scheme)."""
 
     name = "dualkv_atomic"
     deterministic = False

@@ -169,7 +169,9 @@ def bench_varying(systems: Sequence[str], *, count: int = 20, heads: int = 32, k
 def check_systems_agree(systems: Sequence[str], *, heads=8, kv_heads=2, head_dim=128, dtype=torch.bfloat16,
                         device: str = "cuda", layout: GroupLayout | None = None, reference: str = "dualkv") -> dict:
     """Max |x - reference x| of every system's output and (dq, dk, dv) at a small shape: they must compute the
-    same thing."""
+    same thing. The reference is ``reference`` when it is among ``systems``, else the first of them."""
+    if reference not in systems:
+        reference = systems[0]
     layout = layout or GroupLayout.from_lengths([1000], [[300, 129, 64]])
     q, k, v = random_inputs(layout, heads, kv_heads, head_dim, dtype, 1, device)
     dout = torch.randn_like(q)

@@ -363,20 +363,24 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
     return choice != "mma" and arch == "sm_90" and head_dim in SM90_KERNELS[kernel]
 
 
-#: (arch, head dim) where the cuDNN cascade's backward (dualkv.cascade) is faster than the fused kernels', without a
-#: window: measured on H100 and H200 (experiments/results/, README "Kernels"). ``deterministic=False`` routes these
-#: calls to :data:`CASCADE_FASTER_PATH` — the dispatch floor. The deterministic default stays on the fused kernels:
-#: the cascade's cross-part backward (cuDNN, non-causal) is not bitwise reproducible run to run (measured on an H100).
-CASCADE_FASTER = {("sm_90", 128)}
+#: (arch, head dim) -> path, where an exact composition with cuDNN's attention was measured faster than the fused
+#: kernels with ``deterministic=False``, without a window (experiments/results/, README "Kernels"): such calls route
+#: there — the dispatch floor. The deterministic default stays on the fused kernels: the cascade's cross-part
+#: backward (cuDNN, non-causal) is not bitwise reproducible run to run (measured on an H100).
+#: - head dim 128: "hybrid", the fused forward (the faster forward) with the cascade's cuDNN backward (the faster
+#:   backward). H100, fwd+bwd ms hybrid / cascade, same run (experiments/results/checks/hybrid-*-h100-20261127T0226Z
+#:   .json): (16, 32K) 174.7 / 174.1, (8, 8K) 21.8 / 22.4, (28, 4K) 36.3 / 40.2, four groups of (8, 8K) 85.8 / 88.6;
+#:   peak memory lower at all four.
+#: - head dims 64 and 96 (no warp-specialised backward there): "cascade". H100, fwd+bwd ms with deterministic=False
+#:   on the fused kernels (fp32-atomic dQ) / hybrid / cascade: d = 64 (kernel-h32-8-d64-20261127-053354.json)
+#:   (16, 4K) 28.3 / 14.0 / 14.1, (16, 32K) 225.3 / 110.7 / 107.9; d = 96 (kernel-h32-8-d96-20261127-050642.json)
+#:   (16, 4K) 42.0 / - / 21.8, (8, 8K) 41.2 / - / 20.8, (16, 32K) 337.2 / - / 171.4. The cascade's peak memory is
+#:   higher than the fused kernels' (d = 96, (16, 32K): 3.7 against 3.8 GiB atomic, 1.9 deterministic).
+CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 96): "cascade", ("sm_90", 64): "cascade"}
 #: ``$DUALKV_PATH``: "auto" (the rule above), "fused" (always the kernels), "cascade" (always the cascade where it
 #: applies: CUDA fp16/bf16, head dim <= 128 on cuDNN, no window), "hybrid" (the fused forward with the cascade's
 #: cuDNN backward, dualkv.cuda.hybrid, where the cascade applies).
 PATHS = ("auto", "fused", "cascade", "hybrid")
-#: What "auto" routes a ``deterministic=False`` call in :data:`CASCADE_FASTER` to: the hybrid (the fused forward is
-#: the faster forward, cuDNN's the faster backward). H100, fwd+bwd ms hybrid / cascade, same run
-#: (experiments/results/checks/hybrid-*-h100-20261127T0226Z.json): (16, 32K) 174.7 / 174.1, (8, 8K) 21.8 / 22.4,
-#: (28, 4K) 36.3 / 40.2, four groups of (8, 8K) 85.8 / 88.6; peak memory lower at all four.
-CASCADE_FASTER_PATH = "hybrid"
 
 
 def attention_path(arch: str, head_dim: int, window: bool, deterministic: bool) -> str:
@@ -388,7 +392,7 @@ def attention_path(arch: str, head_dim: int, window: bool, deterministic: bool) 
         return "fused"
     if choice in ("cascade", "hybrid"):
         return choice
-    return CASCADE_FASTER_PATH if not deterministic and (arch, head_dim) in CASCADE_FASTER else "fused"
+    return CASCADE_FASTER.get((arch, head_dim), "fused") if not deterministic else "fused"
 
 
 def forward_kernel_for(head_dim: int, arch: str) -> str:
