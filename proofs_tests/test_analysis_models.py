@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from dualkv import GroupLayout
-from dualkv.analysis import (ModelConfig, amdahl, attention_flops, available_models, linear_flops_per_token,
-                             load_model, mfu, model_flops, step_speedup_bounds, useful_pairs)
+from dualkv.analysis import (QWEN3_8B_ATTENTION, AttentionShape, ModelConfig, amdahl, attention_flops,
+                             available_models, linear_flops_per_token, load_model, mfu, model_flops,
+                             step_speedup_bounds, useful_pairs)
 from dualkv.analysis.tokens import group_layout
 
 
@@ -15,6 +16,34 @@ def test_shipped_models():
     assert load_model("Qwen3-8B").name == "qwen3-8b"
     cfg = load_model("qwen3-8b")
     assert load_model(cfg) is cfg
+
+
+def test_attention_shapes():
+    """Qwen3-8B's attention is read from its shipped config (the benchmarks' default shape: these values are the
+    ones their result files and file names assume); a model whose layers differ has no single shape."""
+    assert QWEN3_8B_ATTENTION == AttentionShape(heads=32, kv_heads=8, head_dim=128)
+    assert QWEN3_8B_ATTENTION == load_model("qwen3-8b").attention_shape
+    assert load_model("qwen3-30b-a3b").attention_shape == AttentionShape(32, 4, 128)
+    with pytest.raises(ValueError, match=r"gemma4-31b-style: its layers have 2 attention shapes .*head_dim=512"):
+        load_model("gemma4-31b-style").attention_shape
+    with pytest.raises(ValueError, match="heads 12 is not a multiple of kv_heads 8"):
+        AttentionShape(12, 8, 128)
+    with pytest.raises(ValueError, match="head_dim"):
+        AttentionShape(32, 8, 0)
+    with pytest.raises(TypeError, match="kv_heads must be an integer"):
+        AttentionShape(32, True, 128)
+    assert type(AttentionShape(32.0, 8, 128).heads) is int
+
+
+def test_the_benchmarks_qwen3_table_agrees_with_the_shipped_config():
+    """dualkv.bench.qwen3 writes Qwen3-8B's Hugging Face fields out for building layers; they must be the config's."""
+    from dualkv.bench.qwen3 import QWEN3
+
+    hf, cfg = QWEN3["qwen3-8b"], load_model("qwen3-8b")
+    assert (hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"]) == (
+        QWEN3_8B_ATTENTION.heads, QWEN3_8B_ATTENTION.kv_heads, QWEN3_8B_ATTENTION.head_dim)
+    assert (hf["hidden_size"], hf["intermediate_size"], hf["num_hidden_layers"], hf["tie_word_embeddings"]) == (
+        cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.tie_word_embeddings)
 
 
 @pytest.mark.parametrize("name,params", [

@@ -1,6 +1,7 @@
 """The kernel benchmark's harness (timing, modes, result files, agreement check) on the CPU with the reference."""
 
 import json
+import re
 
 import torch
 
@@ -82,3 +83,46 @@ def test_bench_kernel_refuses_fewer_than_one_group(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(SystemExit, match="--groups must be at least 1"):
         kb.run(parser.parse_args(["--groups", "0", "--systems", "reference"]))
+
+
+def test_default_attention_shape_is_qwen3_8bs_everywhere(tmp_path, monkeypatch):
+    """The kernel benchmark's default shape (BenchRow fields, bench_shape / bench_varying / CLI defaults, the plot
+    readers', analysis.compare's) is Qwen3-8B's (32, 8, 128), and only another shape tags the result file name."""
+    import argparse
+    import inspect
+
+    from dualkv.analysis import compare
+    from dualkv.bench import plot
+
+    qwen = {"heads": 32, "kv_heads": 8, "head_dim": 128}
+
+    def defaults(fn):
+        return {k: p.default for k, p in inspect.signature(fn).parameters.items() if k in qwen}
+    row = kb.BenchRow("dualkv", 2, 64, 16, "fwd", 1.0, None, None, None, "ok")
+    assert {k: getattr(row, k) for k in qwen} == qwen
+    assert defaults(kb.bench_shape) == defaults(kb.bench_varying) == defaults(plot.latest_kernel_rows) == qwen
+    assert defaults(compare) == {"heads": 32, "head_dim": 128}
+    assert plot._ROW_DEFAULTS == {"groups": 1, **qwen}
+
+    calls = []
+
+    def fake_bench_shape(n, p, r, systems, **kw):
+        calls.append({k: kw[k] for k in qwen})
+        return [kb.BenchRow(systems[0], n, p, r, "fwd", 1.0, None, None, None, "ok",
+                            **{k: kw[k] for k in qwen})]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kb, "bench_shape", fake_bench_shape)
+    monkeypatch.setattr(kb, "check_systems_agree", lambda systems: {})
+    monkeypatch.setattr(kb, "environment", lambda device: {"gpu": "none"})   # is_available lies: no CUDA queries
+    parser = argparse.ArgumentParser()
+    kb.add_arguments(parser)
+    common = ["--systems", "reference", "--shapes", "2:64", "--mode", "fwd"]
+    for extra, shape, tag in (([], qwen, None), (["--kv-heads", "4"], {**qwen, "kv_heads": 4}, "h32-4-d128"),
+                              (["--heads", "8", "--kv-heads", "8", "--head-dim", "64"],
+                               {"heads": 8, "kv_heads": 8, "head_dim": 64}, "h8-8-d64")):
+        out = tmp_path / (tag or "default")
+        assert kb.run(parser.parse_args([*common, *extra, "--out", str(out)])) == 0
+        (path,) = out.iterdir()
+        assert calls.pop() == shape
+        assert re.fullmatch(rf"kernel-{tag + '-' if tag else ''}\d{{8}}-\d{{6}}\.json", path.name), path.name
+        assert {k: json.loads(path.read_text())["rows"][0][k] for k in qwen} == shape

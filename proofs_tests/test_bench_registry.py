@@ -40,22 +40,35 @@ def test_kernel_and_layer_fa2_ncopy_share_one_implementation(monkeypatch):
 
 
 def test_switched_systems_hold_their_kernels_through_the_backward(monkeypatch):
-    """The backward picks its kernels when it runs: dualkv_mma / dualkv_mma_ordered / dualkv_v1 keep their switches
-    in force for it too, and restore the process's choice after each call."""
-    from dualkv.cuda.configs import current_kernel_family, current_mma_backward
+    """The backward picks its kernels when it runs: dualkv_mma / dualkv_mma_ordered / dualkv_v1 / dualkv_hybrid keep
+    their switches in force for it too, and restore the process's choice after each call. dualkv_hybrid chooses its
+    path in process (configs.path_override), over a $DUALKV_PATH that says otherwise, and never writes os.environ."""
+    import os
 
+    from dualkv.cuda.configs import current_kernel_family, current_mma_backward, current_path
+
+    monkeypatch.setenv("DUALKV_PATH", "fused")
+    environ = dict(os.environ)
     seen = []
-    state = lambda what: seen.append((what, current_kernel_family(), current_mma_backward()))  # noqa: E731
+
+    def state(what):
+        assert dict(os.environ) == environ, what
+        seen.append((what, current_kernel_family(), current_mma_backward(), current_path()))
+
     monkeypatch.setattr(baselines.DualKV, "forward", lambda self, train=False: state("fwd"))
     monkeypatch.setattr(baselines._Autograd, "backward", lambda self, dout: state("bwd"))
-    before = (current_kernel_family(), current_mma_backward())
+    before = (current_kernel_family(), current_mma_backward(), current_path())
+    assert before[2] == "fused"
     layout = GroupLayout.from_lengths([9], [[3, 5]])
     q = torch.randn(layout.total_tokens, 2, 16)
-    for name, expected in (("dualkv_mma_ordered", ("mma", "ordered")), ("dualkv_mma", ("mma", before[1])),
-                           ("dualkv_v1", ("wgmma_v1", before[1]))):
+    for name, expected in (("dualkv_mma_ordered", ("mma", "ordered", "fused")),
+                           ("dualkv_mma", ("mma", before[1], "fused")),
+                           ("dualkv_v1", ("wgmma_v1", before[1], "fused")),
+                           ("dualkv_hybrid", (before[0], before[1], "hybrid"))):
         seen.clear()
         system = baselines.SYSTEMS[name](q, q[:, :1], q[:, :1], layout)
         system.forward(True)
         system.backward(None)
         assert seen == [("fwd", *expected), ("bwd", *expected)], name
-        assert (current_kernel_family(), current_mma_backward()) == before
+        assert (current_kernel_family(), current_mma_backward(), current_path()) == before
+        assert dict(os.environ) == environ

@@ -5,6 +5,8 @@ O/LSE handed to each part's backward, the sums of dQ and of the prompt dK/dV, pa
 checked exactly against the N-copy oracle; known-wrong compositions must fail. On a GPU the parts run on cuDNN.
 """
 
+import os
+import re
 from dataclasses import replace
 
 import pytest
@@ -156,3 +158,43 @@ def test_dispatch_floor_rule(monkeypatch):
     monkeypatch.setenv("DUALKV_PATH", "casade")
     with pytest.raises(ValueError, match="DUALKV_PATH must be one of"):
         attention_path("sm_90", 128, False, deterministic=False)
+
+
+def test_path_override_wins_over_the_environment_and_is_restored(monkeypatch):
+    """configs.path_override: read before $DUALKV_PATH, restored when its block ends (also on an exception; then
+    $DUALKV_PATH decides again), bad values refused naming the allowed ones; a plain call sets it for the process."""
+    from dualkv.cuda import configs
+    from dualkv.cuda.configs import PATHS, attention_path, current_path, path_override
+
+    before = configs._path[0]
+    configs._path[0] = None                          # a fresh process's state; restored below
+    try:
+        monkeypatch.setenv("DUALKV_PATH", "fused")
+        assert current_path() == "fused" and attention_path("sm_90", 128, False, deterministic=False) == "fused"
+        with path_override("hybrid"):
+            assert current_path() == "hybrid" and os.environ["DUALKV_PATH"] == "fused"
+            assert attention_path("sm_80", 64, False, deterministic=True) == "hybrid"
+            assert attention_path("sm_90", 128, True, deterministic=False) == "fused"   # no window in the cascade
+            with path_override("auto"):              # "auto" overrides too: the rule, whatever the variable says
+                assert attention_path("sm_90", 128, False, deterministic=False) == "hybrid"
+                assert attention_path("sm_90", 128, False, deterministic=True) == "fused"
+            assert current_path() == "hybrid"
+        assert current_path() == "fused"             # the variable again
+        with pytest.raises(RuntimeError, match="inside"):
+            with path_override("cascade"):
+                assert attention_path("sm_80", 64, False, deterministic=True) == "cascade"
+                raise RuntimeError("inside")
+        assert configs._path == [None] and current_path() == "fused"
+        monkeypatch.setenv("DUALKV_PATH", "casade")  # a bad variable is still refused, but an override decides first
+        with path_override("cascade"):
+            assert attention_path("sm_80", 64, False, deterministic=True) == "cascade"
+        with pytest.raises(ValueError, match="DUALKV_PATH must be one of"):
+            attention_path("sm_90", 128, False, deterministic=False)
+        for bad in ("casade", "Hybrid", "", None):
+            with pytest.raises(ValueError, match=re.escape(f"attention path must be one of {PATHS}, got {bad!r}")):
+                path_override(bad)
+        assert configs._path == [None]               # a refused value leaves the choice alone
+        path_override("cascade")                     # a plain call: for the rest of the process
+        assert current_path() == "cascade" and attention_path("sm_80", 64, False, deterministic=True) == "cascade"
+    finally:
+        configs._path[0] = before

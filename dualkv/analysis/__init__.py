@@ -12,8 +12,8 @@ law), :mod:`.results` (result files), :mod:`.report` (``dualkv model``),
 from .memory import (PAPER_LLAMA31_8B_LAW, MemoryLaw, activation_memory, checkpoint_bytes_per_token,
                      fit_memory_law, kernel_memory_savings, memory_rows, model_kernel_memory_savings,
                      read_memory_rows)
-from .models import (PEAK_BF16_FLOPS, LayerSpec, ModelConfig, amdahl, available_models, linear_flops_per_token,
-                     load_model, mfu, model_flops, step_speedup_bounds)
+from .models import (PEAK_BF16_FLOPS, QWEN3_8B_ATTENTION, AttentionShape, LayerSpec, ModelConfig, amdahl,
+                     available_models, linear_flops_per_token, load_model, mfu, model_flops, step_speedup_bounds)
 from .pairs import (MODE_FACTOR, attention_flops, attn_speedup_pairs, attn_speedup_theory, causal_row_pairs,
                     n_copy_pairs, pairs_dualkv, pairs_ncopy, useful_pairs)
 from .report import format_report, model_report
@@ -27,8 +27,8 @@ from .tokens import (group_layout, micro_batch_layouts, rho, rho_equal, rho_layo
 __all__ = [
     "PAPER_LLAMA31_8B_LAW", "MemoryLaw", "activation_memory", "checkpoint_bytes_per_token", "fit_memory_law",
     "kernel_memory_savings", "memory_rows", "model_kernel_memory_savings", "read_memory_rows",
-    "PEAK_BF16_FLOPS", "LayerSpec", "ModelConfig", "amdahl", "available_models", "linear_flops_per_token",
-    "load_model", "mfu", "model_flops", "step_speedup_bounds",
+    "PEAK_BF16_FLOPS", "QWEN3_8B_ATTENTION", "AttentionShape", "LayerSpec", "ModelConfig", "amdahl",
+    "available_models", "linear_flops_per_token", "load_model", "mfu", "model_flops", "step_speedup_bounds",
     "MODE_FACTOR", "attention_flops", "attn_speedup_pairs", "attn_speedup_theory", "causal_row_pairs",
     "n_copy_pairs", "pairs_dualkv", "pairs_ncopy", "useful_pairs",
     "format_report", "model_report",

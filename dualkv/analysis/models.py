@@ -26,6 +26,8 @@ from ..tree import PrefixTreeLayout
 from .pairs import MODE_FACTOR, attention_flops, n_copy_pairs, useful_pairs
 
 __all__ = [
+    "AttentionShape",
+    "QWEN3_8B_ATTENTION",
     "ModelConfig",
     "LayerSpec",
     "available_models",
@@ -43,6 +45,22 @@ PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12}
 
 #: Backward cost of the matrix products as a multiple of their forward (dX and dW).
 _LINEAR_FACTOR = {"fwd": 1.0, "bwd": 2.0, "fwdbwd": 3.0}
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The head geometry of one attention layer: q is (tokens, ``heads``, ``head_dim``), k and v are (tokens,
+    ``kv_heads``, ``head_dim``). The field names are the benchmarks' (``dualkv bench kernel`` rows and options)."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        for name in ("heads", "kv_heads", "head_dim"):
+            object.__setattr__(self, name, int(check_int(getattr(self, name), name, 1)))
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
 
 
 @dataclass(frozen=True)
@@ -122,6 +140,16 @@ class ModelConfig:
     def layers(self) -> tuple[LayerSpec, ...]:
         return self._layers
 
+    @property
+    def attention_shape(self) -> AttentionShape:
+        """The attention shape all layers share; a model whose layers differ (a hybrid's sliding and global layers
+        with their own head dim or KV heads) raises, naming the shapes."""
+        shapes = dict.fromkeys(AttentionShape(layer.heads, layer.kv_heads, layer.head_dim) for layer in self.layers)
+        if len(shapes) != 1:
+            raise ValueError(f"{self.name}: its layers have {len(shapes)} attention shapes {list(shapes)}; "
+                             "read them per layer (ModelConfig.layers)")
+        return next(iter(shapes))
+
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":
         known = {f.name for f in fields(cls) if not f.name.startswith("_")}
@@ -152,6 +180,12 @@ def load_model(name: "str | ModelConfig") -> ModelConfig:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(available_models())}")
     text = (resources.files(__package__) / "configs" / f"{key}.json").read_text()
     return ModelConfig.from_dict(json.loads(text))
+
+
+#: Qwen3-8B's attention (32 query heads, 8 KV heads, head dim 128, from ``configs/qwen3-8b.json``): the seed's
+#: Table 1 shape, the kernel benchmarks' default and the shape their result rows are assumed to have when they do not
+#: say.
+QWEN3_8B_ATTENTION = load_model("qwen3-8b").attention_shape
 
 
 def _layer_linear_params(cfg: ModelConfig, layer: LayerSpec) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..layout import GroupLayout
-from .models import step_speedup_bounds
+from .models import QWEN3_8B_ATTENTION, step_speedup_bounds
 from .pairs import attention_flops, n_copy_pairs, useful_pairs
 from .tokens import micro_batch_layouts
 
@@ -198,8 +198,8 @@ def _key(row: ResultRow) -> tuple:
     return (row.benchmark, row.mode, shape)
 
 
-def compare(rows: Iterable[ResultRow], model: str = "qwen3-8b", heads: int = 32, head_dim: int = 128,
-            baseline: str = BASELINE_SYSTEM) -> list[dict]:
+def compare(rows: Iterable[ResultRow], model: str = "qwen3-8b", heads: int = QWEN3_8B_ATTENTION.heads,
+            head_dim: int = QWEN3_8B_ATTENTION.head_dim, baseline: str = BASELINE_SYSTEM) -> list[dict]:
     """One entry per (benchmark, N, P, R, mb, mode) and non-baseline system: measured speedup over ``baseline``
     next to the prediction.
 

@@ -122,8 +122,9 @@ class DualKVAtomic(DualKV):
 
 
 class _Switched(DualKV):
-    """dualkv under kernel switches of :mod:`dualkv.cuda.configs` (``(name, choice)`` pairs), in force for the forward
-    AND the backward: the backward picks its kernels when it runs."""
+    """dualkv under in-process switches of :mod:`dualkv.cuda.configs` (``(name, choice)`` pairs: kernel family, mma
+    backward, attention path), in force for the forward AND the backward: the backward picks its kernels when it
+    runs. None writes to ``os.environ``."""
 
     switches: tuple[tuple[str, str], ...] = ()
 
@@ -145,26 +146,12 @@ class _Switched(DualKV):
 
 
 class DualKVHybrid(_Switched):
-    """``deterministic=False`` on the hybrid path (``DUALKV_PATH=hybrid``): the fused forward, the cuDNN cascade's
-    part backwards from its output and LSE (:mod:`dualkv.cuda.hybrid`)."""
+    """``deterministic=False`` on the hybrid path (``path_override("hybrid")``, in process what ``DUALKV_PATH=hybrid``
+    sets): the fused forward, the cuDNN cascade's part backwards from its output and LSE (:mod:`dualkv.cuda.hybrid`)."""
 
     name = "dualkv_hybrid"
     deterministic = False
-
-    @staticmethod
-    @contextlib.contextmanager
-    def _in_force():
-        import os
-
-        before = os.environ.get("DUALKV_PATH")
-        os.environ["DUALKV_PATH"] = "hybrid"
-        try:
-            yield
-        finally:
-            if before is None:
-                del os.environ["DUALKV_PATH"]
-            else:
-                os.environ["DUALKV_PATH"] = before
+    switches = (("path_override", "hybrid"),)
 
 
 class DualKVMma(_Switched):

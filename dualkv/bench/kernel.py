@@ -17,12 +17,13 @@ import json
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
+from ..analysis import QWEN3_8B_ATTENTION, attention_flops, useful_pairs
 from ..layout import GroupLayout
 from . import register_bench
 from .baselines import SYSTEMS
@@ -49,9 +50,9 @@ class BenchRow:
     ms_max: float | None = None
     reps: int | None = None
     groups: int = 1  # groups of (P, N x R) in the micro-batch
-    heads: int = 32
-    kv_heads: int = 8
-    head_dim: int = 128
+    heads: int = QWEN3_8B_ATTENTION.heads
+    kv_heads: int = QWEN3_8B_ATTENTION.kv_heads
+    head_dim: int = QWEN3_8B_ATTENTION.head_dim
 
 
 def random_inputs(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int,
@@ -84,18 +85,15 @@ def _timed_call(system, mode: str, dout):
     return lambda: (system.forward(True), system.backward(dout))
 
 
-def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 32, kv_heads: int = 8,
-                head_dim: int = 128, dtype: torch.dtype = torch.bfloat16, modes: Sequence[str] = ("fwd",),
+def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = QWEN3_8B_ATTENTION.heads,
+                kv_heads: int = QWEN3_8B_ATTENTION.kv_heads, head_dim: int = QWEN3_8B_ATTENTION.head_dim,
+                dtype: torch.dtype = torch.bfloat16, modes: Sequence[str] = ("fwd",),
                 reps: int = 10, seed: int = 0, device: str = "cuda", groups: int = 1) -> list[BenchRow]:
     """Every system on one micro-batch of ``groups`` groups, each a P-token prompt with N responses of R tokens
     (packed P + NR per group, groups one after another); a row per (system, mode)."""
     layout = GroupLayout.from_lengths([P] * groups, [[R] * N] * groups)
     shape = {"groups": groups, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim}
-    try:
-        from ..analysis import attention_flops, useful_pairs
-        pairs = useful_pairs(layout)
-    except ImportError:  # analysis package absent: report times only
-        attention_flops, pairs = None, None
+    pairs = useful_pairs(layout)
     rows: list[BenchRow] = []
     for name in systems:
         system = q = k = v = dout = None
@@ -136,8 +134,9 @@ def varying_layouts(count: int = 20, seed: int = 0) -> list[GroupLayout]:
             for _ in range(count)]
 
 
-def bench_varying(systems: Sequence[str], *, count: int = 20, heads: int = 32, kv_heads: int = 8,
-                  head_dim: int = 128, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> list[dict]:
+def bench_varying(systems: Sequence[str], *, count: int = 20, heads: int = QWEN3_8B_ATTENTION.heads,
+                  kv_heads: int = QWEN3_8B_ATTENTION.kv_heads, head_dim: int = QWEN3_8B_ATTENTION.head_dim,
+                  dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> list[dict]:
     """Wall time of forward + backward over ``count`` differently shaped micro-batches, per-shape work included.
 
     ``flex`` runs as ``flex_dynamic`` here (torch.compile's default): a static compile per shape would recompile
@@ -218,9 +217,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--R", type=int, default=2048)
     p.add_argument("--groups", type=int, default=1,
                    help="groups per micro-batch: each shape N:P becomes GROUPS prompts of P tokens with N responses")
-    p.add_argument("--heads", type=int, default=32, help="query heads (default: Qwen3-8B's 32)")
-    p.add_argument("--kv-heads", type=int, default=8, help="key/value heads (default 8)")
-    p.add_argument("--head-dim", type=int, default=128, help="head dim (default 128)")
+    qwen = QWEN3_8B_ATTENTION
+    p.add_argument("--heads", type=int, default=qwen.heads, help=f"query heads (default: Qwen3-8B's {qwen.heads})")
+    p.add_argument("--kv-heads", type=int, default=qwen.kv_heads, help=f"key/value heads (default {qwen.kv_heads})")
+    p.add_argument("--head-dim", type=int, default=qwen.head_dim, help=f"head dim (default {qwen.head_dim})")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--varying", type=int, default=0, help="also time this many differently shaped micro-batches")
     p.add_argument("--out", default="experiments/results", help="directory for the JSON result")
@@ -251,8 +251,8 @@ def run(args: argparse.Namespace) -> int:
         extra["varying"] = bench_varying(systems, count=args.varying)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     tags = ([f"groups{args.groups}"] if args.groups > 1 else []) + \
-        ([f"h{args.heads}-{args.kv_heads}-d{args.head_dim}"] if (args.heads, args.kv_heads, args.head_dim) != (32, 8, 128)
-         else [])
+        ([f"h{args.heads}-{args.kv_heads}-d{args.head_dim}"]
+         if (args.heads, args.kv_heads, args.head_dim) != astuple(QWEN3_8B_ATTENTION) else [])
     name = "-".join(["kernel", *tags, stamp]) + ".json"
     path = write_results(rows, Path(args.out) / name, extra)
     print(format_rows(rows))

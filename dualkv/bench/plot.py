@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
+from ..analysis.models import QWEN3_8B_ATTENTION
 from . import register_bench
 from .cli import DEFAULT_OUT
 
@@ -109,11 +111,12 @@ def _pyplot():
 
 
 #: The attention shape of rows written before ``dualkv bench kernel`` recorded it (Qwen3-8B's, one group).
-_ROW_DEFAULTS = {"groups": 1, "heads": 32, "kv_heads": 8, "head_dim": 128}
+_ROW_DEFAULTS = {"groups": 1, **asdict(QWEN3_8B_ATTENTION)}
 
 
-def latest_kernel_rows(paths: Sequence[str | Path], groups: int = 1, heads: int = 32, kv_heads: int = 8,
-                       head_dim: int = 128) -> tuple[list[dict], dict]:
+def latest_kernel_rows(paths: Sequence[str | Path], groups: int = 1, heads: int = QWEN3_8B_ATTENTION.heads,
+                       kv_heads: int = QWEN3_8B_ATTENTION.kv_heads,
+                       head_dim: int = QWEN3_8B_ATTENTION.head_dim) -> tuple[list[dict], dict]:
     """Rows of ``dualkv bench kernel`` files on micro-batches of ``groups`` groups (``--groups``) at one attention
     shape (default Qwen3-8B's, the seed's Table 1; rows written before those options are single-group at that
     shape), a later file replacing an earlier one's (system, N, P, mode) row, and the last file's environment."""

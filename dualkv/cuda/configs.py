@@ -381,11 +381,32 @@ CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 96): "cascade", ("sm_90", 
 #: applies: CUDA fp16/bf16, head dim <= 128 on cuDNN, no window), "hybrid" (the fused forward with the cascade's
 #: cuDNN backward, dualkv.cuda.hybrid, where the cascade applies).
 PATHS = ("auto", "fused", "cascade", "hybrid")
+_path: list[str | None] = [None]  # set by path_override; None: $DUALKV_PATH decides (read at every call)
+
+
+class path_override(_Switch):  # noqa: N801 - used like a function: path_override("hybrid")
+    """Choose the attention path in process (one of :data:`PATHS`), over ``$DUALKV_PATH``: what
+    :func:`attention_path` reads first. ``$DUALKV_PATH`` stays the user-facing setting; this is for code that picks a
+    path for a block of its own (the ``dualkv_hybrid`` benchmark system) without writing to ``os.environ``.
+
+    A plain call sets it for the rest of the process; used as a context manager (``with path_override("hybrid"):
+    ...``) it also restores the previous choice (none: ``$DUALKV_PATH`` again) when the block ends, also on an
+    exception.
+    """
+
+    _value, _choices, _what = _path, PATHS, "attention path"
+
+
+def current_path() -> str:
+    """The path choice in force: the :class:`path_override` if one is set, else ``$DUALKV_PATH`` (``"auto"`` when
+    unset), unchecked (:func:`attention_path` checks it)."""
+    return _path[0] if _path[0] is not None else os.environ.get("DUALKV_PATH", "auto")
 
 
 def attention_path(arch: str, head_dim: int, window: bool, deterministic: bool) -> str:
-    """"fused", "cascade" or "hybrid" for a shared_prefix_attention call (see :data:`CASCADE_FASTER`)."""
-    choice = os.environ.get("DUALKV_PATH", "auto")
+    """"fused", "cascade" or "hybrid" for a shared_prefix_attention call (see :data:`CASCADE_FASTER`), under the
+    choice in force (:func:`current_path`)."""
+    choice = current_path()
     if choice not in PATHS:
         raise ValueError(f"DUALKV_PATH must be one of {PATHS}, got {choice!r}")
     if window or head_dim > 128 or choice == "fused":
