@@ -40,10 +40,12 @@ def test_mma_backward_on_hopper_too(case, head_dim):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("case", [c for c in _sweep() if c.window == (-1, -1)][::2], ids=lambda c: c.name)
-def test_ws_backward_family(case, dtype):
-    """The one-kernel warp-specialised backward (the sm_90 default at d = 128 without a window) meets the bounds;
-    the first wgmma backward (kernel_family("wgmma_v1")) stays correct beside it."""
+def test_ws_backward_family(case, head_dim, dtype, launched_specs):
+    """The one-kernel warp-specialised backward (the sm_90 default at d = 64 and 128 without a window) meets the
+    bounds, and the launch record shows it ran; the first wgmma backward (kernel_family("wgmma_v1")) stays correct
+    beside it."""
     from dataclasses import replace
 
     from dualkv.cuda.configs import kernel_family
@@ -51,20 +53,22 @@ def test_ws_backward_family(case, dtype):
 
     if arch_of(0) != "sm_90":
         pytest.skip("the warp-specialised backward is Hopper-only")
-    assert_rows_pass(shared_prefix_check(replace(case, head_dim=128), dtype=dtype, device="cuda"))
+    assert_rows_pass(shared_prefix_check(replace(case, head_dim=head_dim), dtype=dtype, device="cuda"))
+    assert any(s.kernel == "bwd_sm90_ws" and s.head_dim == head_dim for s in launched_specs), launched_specs
     with kernel_family("wgmma_v1"):
-        assert_rows_pass(shared_prefix_check(replace(case, head_dim=128), dtype=dtype, device="cuda"))
+        assert_rows_pass(shared_prefix_check(replace(case, head_dim=head_dim), dtype=dtype, device="cuda"))
 
 
-def test_ws_backward_is_bitwise_deterministic():
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_ws_backward_is_bitwise_deterministic(head_dim):
     from dualkv.cuda.runtime import arch_of
 
     if arch_of(0) != "sm_90":
         pytest.skip("the warp-specialised backward is Hopper-only")
     layout = GroupLayout.from_lengths([3000, 129], [[700, 65, 1, 300, 2048], [64]])
     gen = torch.Generator(device="cuda").manual_seed(1)
-    q = torch.randn(layout.total_tokens, 16, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k, v = (torch.randn(layout.total_tokens, 4, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q = torch.randn(layout.total_tokens, 16, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(layout.total_tokens, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
             for _ in range(2))
     dout = torch.randn_like(q)
     runs = [_grads(layout, q, k, v, dout) for _ in range(3)]

@@ -43,10 +43,10 @@ def assert_ws_tree_backward_ran(specs):
     assert not {"bwd_dq_sm90", "bwd_dkdv_sm90", "bwd_dq", "bwd_dkdv"} & {k for k, _ in kernels}, kernels
 
 
-def ws_rows(layout, *, heads=8, kv_heads=2, dtype=torch.bfloat16, seed=0, ref_device="cpu"):
+def ws_rows(layout, *, heads=8, kv_heads=2, dtype=torch.bfloat16, seed=0, ref_device="cpu", head_dim=128):
     """{quantity: Comparison} of the default (auto) kernels against the float64 tree reference (computed on
     ``ref_device``), with PyTorch's reference at ``dtype`` on the GPU as the low-precision baseline."""
-    q, k, v, g = _inputs(layout, heads, kv_heads, 128, seed)
+    q, k, v, g = _inputs(layout, heads, kv_heads, head_dim, seed)
     q, k, v = (t.to(dtype).double() for t in (q, k, v))
     ref = _run(layout, q, k, v, g, device=ref_device, dtype=torch.float64, fn=reference_tree)
     lowp = _run(layout, q, k, v, g, device="cuda", dtype=dtype, fn=reference_tree)
@@ -67,6 +67,14 @@ def test_tree_ws_backward_meets_the_rule(shape, dtype, launched):
     ref_device = "cuda" if layout.total_tokens > 4096 else "cpu"  # float64 reference of the big tree on the GPU
     assert_pass(ws_rows(layout, dtype=dtype, ref_device=ref_device), f"{shape} {dtype} (WS tree backward)")
     assert_ws_tree_backward_ran(launched)
+
+
+@pytest.mark.parametrize("shape", ["awkward", "chain of blocks"])
+def test_tree_ws_backward_head_dim_64(shape, launched):
+    """The head-dim-64 build (dQ's B from a transposed copy of K) on trees."""
+    assert_pass(ws_rows(WS_SHAPES[shape], head_dim=64), f"{shape} d=64 (WS tree backward)")
+    assert_ws_tree_backward_ran(launched)
+    assert any(s.kernel == "bwd_sm90_ws" and s.head_dim == 64 for s in launched), launched
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 1), (32, 8)])

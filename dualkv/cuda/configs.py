@@ -145,9 +145,12 @@ SM90_DKDV_TILES: dict[int, KeyTileConfig] = {
 
 #: Hopper backward, warp-specialised (sm_90a): dK, dV AND dQ in one kernel (five products per step), a TMA producer
 #: warpgroup (with the LSE/D warp and the dQ warp) and two consumer warpgroups of 64 keys; dQ summed in a fixed order
-#: (per-query-tile counters), so it stays deterministic. Head dim 128, causal, no sliding window. Measured on an H100
-#: at (16, 32K): 158 ms against 169 ms for the wgmma dQ + dK/dV kernels (checks/ws-bwd-variants-h100-*T1140Z.json).
+#: (per-query-tile counters), so it stays deterministic. Head dims 64 and 128, causal, no sliding window. Measured on
+#: an H100 at (16, 32K): d = 128 158 ms against 169 ms for the wgmma dQ + dK/dV kernels
+#: (checks/ws-bwd-variants-h100-*T1140Z.json); d = 64 backward 88.5 ms against 117.1 (fwd+bwd 122.9 against 149.0;
+#: kernel-h32-8-d64-20261127-055552.json against -053354.json).
 SM90_WS_BWD_TILES: dict[int, KeyTileConfig] = {
+    64: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
     128: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
 }
 
@@ -535,8 +538,9 @@ class KernelSpec:
             return (2 * t.block_m + 2 * t.block_n) * row
         if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V (whole atoms); 1 KB slack
             return (2 * t.block_m + 4 * t.block_n) * self.tile_head_dim * 2 + 1024
-        if self.kernel == "bwd_sm90_ws":  # K, V; Q/dO/LSE/D/step-record stages; dS; fp32 dQ rows; mbarriers
-            return (2 * t.block_keys * self.head_dim * 2 + 2 * t.stages * t.block_m * self.head_dim * 2
+        if self.kernel == "bwd_sm90_ws":  # K, V (head dim 64: and K transposed); Q/dO/LSE/D/step-record stages;
+            # dS; fp32 dQ rows; mbarriers
+            return ((2 + (self.head_dim == 64)) * t.block_keys * self.head_dim * 2 + 2 * t.stages * t.block_m * self.head_dim * 2
                     + (3 - t.dq_buffers) * t.block_m * t.block_keys * 2
                     + t.dq_buffers * t.block_m * self.head_dim * 4
                     + 2 * t.stages * t.block_m * 4 + 16 * t.stages + 8 * (1 + 2 * t.stages + 2 * t.dq_buffers)

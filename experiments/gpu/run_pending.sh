@@ -24,6 +24,7 @@
 #   bash experiments/gpu/run_pending.sh wsprofile  # ncu source counters of the two-level WS backward (#12)
 #   bash experiments/gpu/run_pending.sh wsdefaults # head-major default: GPU tests, order_bench, the
 #                                               # head dims 64 / 96 against the cuDNN cascade (dispatch floor)
+#   bash experiments/gpu/run_pending.sh ws64       # the warp-specialised backward at head dim 64: tests, vs cuDNN
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
 #                                               # of the warp-specialised backward on workload a, default vs NOSEM)
@@ -196,7 +197,16 @@ wsdefaults)
     TAIL=10 step hd96floor 100 python3 -m dualkv bench kernel --head-dim 96 --shapes 8:8192,16:32768 \
         --systems dualkv_hybrid,cudnn_cascade --mode fwdbwd --out "$OUT/bench"
     ;;
+ws64)
+    # the warp-specialised backward at head dim 64 (dQ's B from a transposed copy of K): the GPU tests of the WS
+    # backward (two-level and trees, both head dims), then head dim 64 against the cuDNN cascade
+    TAIL=4 step pytest_ws64 220 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+        proofs_tests/test_tree_cuda_ws.py
+    mkdir -p "$OUT/bench"
+    TAIL=12 step ws64bench 100 python3 -m dualkv bench kernel --head-dim 64 --shapes 16:4096,16:32768 \
+        --systems dualkv,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    ;;
 *) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
-        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults)"
+        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64)"
    exit 2 ;;
 esac

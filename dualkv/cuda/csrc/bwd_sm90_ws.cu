@@ -68,9 +68,16 @@ static_assert(kDqBuffers == 1 || kDqBuffers == 2, "one or two dQ buffers");
 #define DKV_PIPELINE 0  // 1 (across the loop back edge) makes ptxas serialize every wgmma (C7515)
 #endif
 constexpr bool kPipeline = DKV_PIPELINE != 0;  // issue the next step's S^T / dP^T before handing off this step's dQ
-static_assert(kWarps == 8 && DKV_DSPLIT == 1 && kStep == 64 && kHeadDim == 128 && !kWindow,
-              "two consumer warpgroups of 64 keys, 64-query steps, head dim 128, no window");
-
+static_assert(kWarps == 8 && DKV_DSPLIT == 1 && kStep == 64 && (kHeadDim == 128 || kHeadDim == 64) && !kWindow,
+              "two consumer warpgroups of 64 keys, 64-query steps, head dim 64 or 128, no window");
+// dQ_step = dS K: each consumer warpgroup computes half the head dim's columns, kDqCols from column wg * kDqCols.
+// Head dim 128: B is K's 64-column atom wg, N-major. Head dim 64: half an atom (N = 32) is narrower than the N-major
+// 128-byte swizzle's 64 columns, so each CTA first copies K transposed (head dim x keys, K-major over keys, two
+// 64-key atoms; DKV_DQ_FROM_KT) and B is rows wg * 32 .. of that copy: a K-major operand takes any N that is a
+// multiple of 8.
+constexpr int kDqCols = kHeadDim / 2;
+#define DKV_DQ_FROM_KT (DKV_HEAD_DIM == 64)  // a macro: the head-dim-128 build keeps its exact code
+constexpr int kKtBytes = DKV_DQ_FROM_KT ? kHeadDim * kBlockKeys * 2 : 0;
 constexpr int kBarConsumers = 1;
 // Bisection switches (DUALKV_EXTRA_DEFINES): skip the dQ counters' waits / the whole dQ hand-off; register split.
 #ifndef DKV_DBG_NOSEM
@@ -224,7 +231,8 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char* base = align_1024(smem_raw);
     const unsigned sk = smem_addr(base), sv = sk + kKeyBytes;
-    const unsigned sq0 = sv + kKeyBytes;                    // Q stage s at sq0 + s * kStepBytes
+    const unsigned skt = sv + kKeyBytes;                    // K transposed (head dim 64 only: kKtBytes)
+    const unsigned sq0 = skt + kKtBytes;                    // Q stage s at sq0 + s * kStepBytes
     const unsigned sdo0 = sq0 + kStages * kStepBytes;       // dO stage s
     const unsigned sds0 = sdo0 + kStages * kStepBytes;      // dS (rows = queries, K-major over keys)
     const unsigned sdq0 = sds0 + kDsBuffers * kDsBytes;     // dQ_step fp32, padded rows; buffer b at + b * kStep rows
@@ -360,7 +368,11 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     const int g = lane / 4, t4 = lane % 4;
     const int wkey0 = wg * 64 + (cw % 4) * 16;              // this warp's first key in the block
     const unsigned long long k_desc = kmajor_tile(sk, wg * 64), v_desc = kmajor_tile(sv, wg * 64);
+#if DKV_DQ_FROM_KT
+    const unsigned long long kn_desc = kmajor_tile(skt, wg * kDqCols);  // dQ's B: rows of K^T (DKV_DQ_FROM_KT)
+#else
     const unsigned long long kn_desc = nmajor_tile<kBlockKeys>(sk + wg * kBlockKeys * 128);  // K atom wg as N-major B
+#endif
 
     float acc_dk[kHeadDim / 8][4], acc_dv[kHeadDim / 8][4];
     zero_acc(acc_dk);
@@ -368,6 +380,17 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     unsigned p_frag[1][kStep / 16][4], ds_frag[1][kStep / 16][4];
 
     mbar_wait(bar_kv, 0);
+#if DKV_DQ_FROM_KT
+    {  // K^T: element (key, d) of the K tile to (d, key), once per CTA
+        for (int idx = ct; idx < kBlockKeys * kHeadDim; idx += kConsumerThreads) {
+            const int key = idx / kHeadDim, d = idx % kHeadDim;
+            *reinterpret_cast<elem_t*>(base + (skt - sk) + swizzled_offset<kHeadDim>(d, key / 8) + (key % 8) * 2) =
+                *reinterpret_cast<const elem_t*>(base + swizzled_offset<kBlockKeys>(key, d / 8) + (d % 8) * 2);
+        }
+        fence_async_smem();
+        named_sync(kBarConsumers, kConsumerThreads);
+    }
+#endif
     float acc_s[1][kStep / 8][4], acc_dp[1][kStep / 8][4];
     // S^T = K Q^T and dP^T = V dO^T of step i (two commit groups). With DKV_PIPELINE they are issued at the end of
     // step i - 1, so they run while that step's dQ goes to smem and the dQ warp.
@@ -437,12 +460,16 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         fence_async_smem();
         named_sync(kBarConsumers, kConsumerThreads);  // both warpgroups' dS is in place
 
-        float acc_dq[kHeadDim / 16][4];  // dQ_step[:, 64 wg .. 64 wg + 63] = dS K[:, that half]
+        float acc_dq[kDqCols / 8][4];  // dQ_step[:, kDqCols wg ..] = dS K[:, that half]
         const unsigned long long ds_desc = kmajor_tile(sds, 0);
         wgmma_fence();
 #pragma unroll
         for (int st = 0; st < kBlockKeys / 16; ++st)
+#if DKV_DQ_FROM_KT
+            wgmma_ss(acc_dq, kmajor_desc<kStep>(ds_desc, st), kmajor_desc<kHeadDim>(kn_desc, st), st > 0);
+#else
             wgmma_ss_nb(acc_dq, kmajor_desc<kStep>(ds_desc, st), nmajor_desc(kn_desc, st), st > 0);
+#endif
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(acc_dq);
@@ -463,8 +490,8 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         for (int hh = 0; hh < 2; ++hh) {
             const int row = (cw % 4) * 16 + g + 8 * hh;
 #pragma unroll
-            for (int nt = 0; nt < kHeadDim / 16; ++nt) {
-                const int col = wg * 64 + nt * 8 + 2 * t4;  // fp32 column; chunk col / 4, offset col % 4
+            for (int nt = 0; nt < kDqCols / 8; ++nt) {
+                const int col = wg * kDqCols + nt * 8 + 2 * t4;  // fp32 column; chunk col / 4, offset col % 4
                 *reinterpret_cast<float2*>(base + (sdq - sk) + row * kDqRowBytes +
                                            (dq_chunk(col / 4, tok7 + row) * 4 + col % 4) * 4) =
                     make_float2(acc_dq[nt][2 * hh], acc_dq[nt][2 * hh + 1]);
