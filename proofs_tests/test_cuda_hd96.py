@@ -1,5 +1,5 @@
-"""GPU: head dim 96 on Hopper runs the first wgmma kernels (fwd_sm90, bwd_dq_sm90, bwd_dkdv_sm90; tiles of two
-64-column atoms, csrc/sm90.cuh) and meets FlashAttention's bounds against the float64 N-copy oracle, bitwise
+"""GPU: head dim 96 on Hopper runs the wgmma forward and the warp-specialised backward (kernel_family("wgmma_v1"):
+the first wgmma backward pair, bwd_dq_sm90 + bwd_dkdv_sm90), all on tiles of two 64-column atoms (csrc/sm90.cuh), and meets FlashAttention's bounds against the float64 N-copy oracle, bitwise
 deterministic; the CPU side of the layout is proofs_tests/test_cuda_swizzle.py."""
 
 from dataclasses import replace
@@ -27,11 +27,15 @@ def hopper():
         pytest.skip("the wgmma kernels are built for sm_90 (H100/H200)")
 
 
-def assert_wgmma_v1_ran(specs, backward: bool = True):
+def assert_wgmma_v1_ran(specs, backward: bool = True, family: str = "auto", window: bool = False):
+    """The Hopper kernels ran at d = 96 on 128-column tiles: the wgmma forward; the warp-specialised backward (the
+    default without a sliding window) or, with a window or under kernel_family("wgmma_v1"), the first wgmma backward
+    pair; no mma.sync kernel."""
     kernels = {s.kernel for s in specs if s.head_dim == 96}
-    expected = set(WGMMA_V1_KERNELS) if backward else {"fwd_sm90"}
+    pair = family == "wgmma_v1" or window
+    expected = {"fwd_sm90"} | ((set(WGMMA_V1_KERNELS) if pair else {"bwd_sm90_ws"}) if backward else set())
     assert expected <= kernels and not {"fwd", "bwd_dq", "bwd_dkdv"} & kernels, kernels
-    assert all(s.tile_head_dim == 128 for s in specs if s.kernel in WGMMA_V1_KERNELS), specs
+    assert all(s.tile_head_dim == 128 for s in specs if s.kernel in WGMMA_V1_KERNELS + ("bwd_sm90_ws",)), specs
 
 
 @pytest.mark.parametrize("family", ["auto", "wgmma_v1"])
@@ -40,7 +44,7 @@ def assert_wgmma_v1_ran(specs, backward: bool = True):
 def test_head_dim_96_on_wgmma_kernels(hopper, launched_specs, case, dtype, family):
     with kernel_family(family):
         assert_rows_pass(shared_prefix_check(case, dtype=dtype, device="cuda"))
-    assert_wgmma_v1_ran(launched_specs)
+    assert_wgmma_v1_ran(launched_specs, family=family, window=case.window != (-1, -1))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

@@ -69,12 +69,14 @@ def test_tree_ws_backward_meets_the_rule(shape, dtype, launched):
     assert_ws_tree_backward_ran(launched)
 
 
+@pytest.mark.parametrize("head_dim", [64, 96])
 @pytest.mark.parametrize("shape", ["awkward", "chain of blocks"])
-def test_tree_ws_backward_head_dim_64(shape, launched):
-    """The head-dim-64 build (dQ's B from a transposed copy of K) on trees."""
-    assert_pass(ws_rows(WS_SHAPES[shape], head_dim=64), f"{shape} d=64 (WS tree backward)")
+def test_tree_ws_backward_other_head_dims(shape, head_dim, launched):
+    """The head-dim-64 build (dQ's B from a transposed copy of K) and the head-dim-96 one (128-column tiles) on
+    trees."""
+    assert_pass(ws_rows(WS_SHAPES[shape], head_dim=head_dim), f"{shape} d={head_dim} (WS tree backward)")
     assert_ws_tree_backward_ran(launched)
-    assert any(s.kernel == "bwd_sm90_ws" and s.head_dim == 64 for s in launched), launched
+    assert any(s.kernel == "bwd_sm90_ws" and s.head_dim == head_dim for s in launched), launched
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 1), (32, 8)])

@@ -303,7 +303,7 @@ def test_ws_backward_serves_trees_where_it_serves_group_layouts():
     from dualkv.cuda.configs import TREE_DQ_ROOT_FIRST, all_specs, kernel_family, ws_backward_for, ws_bwd_spec
 
     assert ws_backward_for(128, "sm_90", False, True, tree=True)
-    assert ws_backward_for(64, "sm_90", False, True, tree=True)
+    assert ws_backward_for(64, "sm_90", False, True, tree=True) and ws_backward_for(96, "sm_90", False, True, tree=True)
     assert not ws_backward_for(32, "sm_90", False, True, tree=True)   # no WS backward at head dim 32
     assert not ws_backward_for(128, "sm_80", False, True, tree=True)
     with kernel_family("wgmma_v1"):  # the way to run the two-kernel wgmma backward on a tree, for comparison

@@ -145,12 +145,13 @@ SM90_DKDV_TILES: dict[int, KeyTileConfig] = {
 
 #: Hopper backward, warp-specialised (sm_90a): dK, dV AND dQ in one kernel (five products per step), a TMA producer
 #: warpgroup (with the LSE/D warp and the dQ warp) and two consumer warpgroups of 64 keys; dQ summed in a fixed order
-#: (per-query-tile counters), so it stays deterministic. Head dims 64 and 128, causal, no sliding window. Measured on
-#: an H100 at (16, 32K): d = 128 158 ms against 169 ms for the wgmma dQ + dK/dV kernels
-#: (checks/ws-bwd-variants-h100-*T1140Z.json); d = 64 backward 88.5 ms against 117.1 (fwd+bwd 122.9 against 149.0;
-#: kernel-h32-8-d64-20261127-055552.json against -053354.json).
+#: (per-query-tile counters), so it stays deterministic. Head dims 64, 96 (tiles of 128 columns) and 128, causal, no
+#: sliding window. Measured on an H100 at (16, 32K), against the wgmma dQ + dK/dV kernels: d = 128 158 ms against 169
+#: (checks/ws-bwd-variants-h100-*T1140Z.json); d = 64 backward 88.5 ms against 117.1 (kernel-h32-8-d64-20261127-055552
+#: .json against -053354.json); d = 96 126.2 against 165.4 (kernel-h32-8-d96-20261127-062842.json against -050642).
 SM90_WS_BWD_TILES: dict[int, KeyTileConfig] = {
     64: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
+    96: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
     128: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
 }
 
@@ -540,9 +541,10 @@ class KernelSpec:
             return (2 * t.block_m + 4 * t.block_n) * self.tile_head_dim * 2 + 1024
         if self.kernel == "bwd_sm90_ws":  # K, V (head dim 64: and K transposed); Q/dO/LSE/D/step-record stages;
             # dS; fp32 dQ rows; mbarriers
-            return ((2 + (self.head_dim == 64)) * t.block_keys * self.head_dim * 2 + 2 * t.stages * t.block_m * self.head_dim * 2
+            return ((2 + (self.head_dim == 64)) * t.block_keys * self.tile_head_dim * 2
+                    + 2 * t.stages * t.block_m * self.tile_head_dim * 2
                     + (3 - t.dq_buffers) * t.block_m * t.block_keys * 2
-                    + t.dq_buffers * t.block_m * self.head_dim * 4
+                    + t.dq_buffers * t.block_m * self.tile_head_dim * 4
                     + 2 * t.stages * t.block_m * 4 + 16 * t.stages + 8 * (1 + 2 * t.stages + 2 * t.dq_buffers)
                     + 1024)
         if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + `stages` stages of Q, dO, LSE, D; 1 KB alignment slack
@@ -554,8 +556,10 @@ class KernelSpec:
     @property
     def tile_head_dim(self) -> int:
         """Columns of the kernel's shared-memory tiles and output accumulators (``DKV_HEAD_DIM_ACC``): the head dim,
-        or for the wgmma_v1 kernels whole 64-column swizzle atoms (:data:`WGMMA_V1_KERNELS`)."""
-        return tile_head_dim(self.head_dim) if self.kernel in WGMMA_V1_KERNELS else self.head_dim
+        or for the wgmma_v1 kernels and the warp-specialised backward whole 64-column swizzle atoms
+        (:data:`WGMMA_V1_KERNELS`; head dim 96 -> 128)."""
+        padded = self.kernel in WGMMA_V1_KERNELS or self.kernel == "bwd_sm90_ws"
+        return tile_head_dim(self.head_dim) if padded else self.head_dim
 
     def defines(self) -> list[tuple[str, str]]:
         t = self.tile

@@ -300,14 +300,16 @@ def _dq_counters(segments: torch.Tensor, tokens: int, heads: int, step: int, tre
 
 
 def _cast_dq(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
-    """dq (T, H, d) = scale * the fp32 accumulator (H, rows >= T, d) in bwd_dq_cast.cu's chunk order, one kernel."""
+    """dq (T, H, d) = scale * the fp32 accumulator (H, rows >= T, d' >= d) in bwd_dq_cast.cu's chunk order, one
+    kernel."""
     tokens, heads, head_dim = dq.shape
     device = device_index(dq)
     cast = get_kernel(dq_cast_spec(head_dim, dq.dtype, arch_of(device)), device)
     per_cta = cast.spec.threads
     chunks = tokens * heads * (head_dim // 8)
     cast.launch(((chunks + per_cta - 1) // per_cta, 1, 1),
-                [dq_acc.data_ptr(), i64(dq_acc.shape[1] * head_dim), *_strided(dq), i32(tokens), i32(heads),
+                [dq_acc.data_ptr(), i64(dq_acc.shape[1] * dq_acc.shape[2]), i64(dq_acc.shape[2]), *_strided(dq),
+                 i32(tokens), i32(heads),
                  f32(scale)])
 
 
@@ -329,12 +331,13 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
     step, keys = spec.tile.block_m, spec.tile.block_keys
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, step, tree)
     rows = tokens + step  # a step's tile may reach past the last token
-    dq_acc = torch.zeros((heads, rows, head_dim), dtype=torch.float32, device=q.device)
+    acc_cols = spec.tile_head_dim  # head dim 96: rows of 128 (the kernel's tiles; columns 96.. stay 0)
+    dq_acc = torch.zeros((heads, rows, acc_cols), dtype=torch.float32, device=q.device)
     maps = [tensor_map_3d(q, step), tensor_map_3d(dout, step), tensor_map_3d(k_own, keys), tensor_map_3d(v_own, keys),
             tensor_map_3d(k_ctx, keys), tensor_map_3d(v_ctx, keys)]
     launch_raw(kern, (key_tiles_t.shape[0] * kv_heads, 1, 1),
                [*maps, lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0)), *dkc_args, *dvc_args,
-                *_strided(dk_own), *_strided(dv_own), dq_acc.data_ptr(), i64(rows * head_dim), sems.data_ptr(),
+                *_strided(dk_own), *_strided(dv_own), dq_acc.data_ptr(), i64(rows * acc_cols), sems.data_ptr(),
                 i32(n_qtiles), qtile_offset.data_ptr() if qtile_offset is not None else 0, segments.data_ptr(), key_tiles_t.data_ptr(), i32(kv_heads),
                 i32(group), f32(scale * LOG2E), f32(scale)])
     _cast_dq(dq_acc, dq, scale)

@@ -26,15 +26,16 @@ _MAX_MAPS = 256
 
 def tensor_map_3d(t: torch.Tensor, box_rows: int):
     """``CUtensorMap`` of a (tokens, heads, d) fp16/bf16 tensor with unit last stride and 16-byte aligned rows,
-    boxes of {64, 1, box_rows}, 128-byte swizzle, zero fill past the last token. Cached by (address, shape,
+    boxes of {64, 1, box_rows}, 128-byte swizzle, zero fill past the last token (and past the last column: head dim
+    96's second box). Cached by (address, shape,
     strides, box): a map holds nothing else."""
     from cuda.bindings import driver
 
     if t.dim() != 3 or t.stride(-1) != 1 or t.dtype not in _DTYPES:
         raise ValueError(f"tensor maps take (tokens, heads, d) fp16/bf16 tensors with unit last stride; got "
                          f"{tuple(t.shape)} {t.dtype} strides {t.stride()}")
-    if t.shape[-1] % 64 or not 0 < box_rows <= 256:
-        raise ValueError(f"head dim {t.shape[-1]} must be a multiple of 64 and box_rows {box_rows} in 1..256")
+    if t.shape[-1] % 32 or not 0 < box_rows <= 256:  # head dim 96: the last box's columns 96.. are zero-filled
+        raise ValueError(f"head dim {t.shape[-1]} must be a multiple of 32 and box_rows {box_rows} in 1..256")
     elem = t.element_size()
     strides = (t.stride(1) * elem, t.stride(0) * elem)
     if t.data_ptr() % 16 or any(s % 16 for s in strides):

@@ -25,6 +25,7 @@
 #   bash experiments/gpu/run_pending.sh wsdefaults # head-major default: GPU tests, order_bench, the
 #                                               # head dims 64 / 96 against the cuDNN cascade (dispatch floor)
 #   bash experiments/gpu/run_pending.sh ws64       # the warp-specialised backward at head dim 64: tests, vs cuDNN
+#   bash experiments/gpu/run_pending.sh ws96       # the same at head dim 96 (128-column tiles), and dualkv verify
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
 #                                               # of the warp-specialised backward on workload a, default vs NOSEM)
@@ -206,7 +207,17 @@ ws64)
     TAIL=12 step ws64bench 100 python3 -m dualkv bench kernel --head-dim 64 --shapes 16:4096,16:32768 \
         --systems dualkv,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
     ;;
+ws96)
+    # the warp-specialised backward at head dim 96 (128-column tiles, TMA zero fill past column 96): its GPU tests
+    # (two-level, trees, the head-dim-96 file), head dim 96 against the cuDNN cascade, dualkv verify
+    TAIL=4 step pytest_ws96 220 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_hd96.py \
+        proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda_ws.py -k "ws_backward or other_head_dims or 96"
+    mkdir -p "$OUT/bench"
+    TAIL=16 step ws96bench 130 python3 -m dualkv bench kernel --head-dim 96 --shapes 16:4096,8:8192,16:32768 \
+        --systems dualkv,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    TAIL=2 step verify 80 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100.json"
+    ;;
 *) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
-        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64)"
+        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96)"
    exit 2 ;;
 esac

@@ -50,14 +50,16 @@ constexpr int kStep = DKV_BLOCK_M;  // queries per step
 constexpr int kBlockKeys = 128;
 constexpr int kStages = DKV_STAGES;
 constexpr int kConsumerThreads = 256;
-constexpr int kAtoms = kHeadDim / 64;
-constexpr int kKeyBytes = kBlockKeys * kHeadDim * 2;
-constexpr int kStepBytes = kStep * kHeadDim * 2;
+// Tiles, accumulators and dQ rows have kHeadDimAcc columns (head dim 96: 128, as in the wgmma_v1 kernels, sm90.cuh);
+// the TMA zero-fills the columns past the head dim, so they add nothing, and only kHeadDim columns are stored.
+constexpr int kAtoms = kHeadDimAcc / 64;
+constexpr int kKeyBytes = kBlockKeys * kHeadDimAcc * 2;
+constexpr int kStepBytes = kStep * kHeadDimAcc * 2;
 constexpr int kDsBytes = kStep * kBlockKeys * 2;
 // dQ_step rows (fp32) in smem exactly as they land in the accumulator, so ONE bulk reduce-add moves a step: the
 // 16-byte chunks of a row are permuted within groups of 8 by the row's token index (chunk c at c ^ (token & 7)),
 // which spreads the consumers' writes over the banks; the launcher undoes the permutation when it casts dQ.
-constexpr int kDqRowBytes = kHeadDim * 4;
+constexpr int kDqRowBytes = kHeadDimAcc * 4;
 __device__ __forceinline__ int dq_chunk(int chunk, int token) { return chunk ^ (token & 7); }
 // dQ hand-off buffers: with 2 the consumers write step i + 1's dQ while the dQ warp still adds step i's; the smem
 // for the second comes from dS, then single-buffered (one more consumer barrier per step).
@@ -68,14 +70,15 @@ static_assert(kDqBuffers == 1 || kDqBuffers == 2, "one or two dQ buffers");
 #define DKV_PIPELINE 0  // 1 (across the loop back edge) makes ptxas serialize every wgmma (C7515)
 #endif
 constexpr bool kPipeline = DKV_PIPELINE != 0;  // issue the next step's S^T / dP^T before handing off this step's dQ
-static_assert(kWarps == 8 && DKV_DSPLIT == 1 && kStep == 64 && (kHeadDim == 128 || kHeadDim == 64) && !kWindow,
-              "two consumer warpgroups of 64 keys, 64-query steps, head dim 64 or 128, no window");
+static_assert(kWarps == 8 && DKV_DSPLIT == 1 && kStep == 64 && !kWindow &&
+                  (kHeadDim == 128 || kHeadDim == 64 || (kHeadDim == 96 && kHeadDimAcc == 128)),
+              "two consumer warpgroups of 64 keys, 64-query steps, head dim 64, 96 (tiles of 128) or 128, no window");
 // dQ_step = dS K: each consumer warpgroup computes half the head dim's columns, kDqCols from column wg * kDqCols.
 // Head dim 128: B is K's 64-column atom wg, N-major. Head dim 64: half an atom (N = 32) is narrower than the N-major
 // 128-byte swizzle's 64 columns, so each CTA first copies K transposed (head dim x keys, K-major over keys, two
 // 64-key atoms; DKV_DQ_FROM_KT) and B is rows wg * 32 .. of that copy: a K-major operand takes any N that is a
 // multiple of 8.
-constexpr int kDqCols = kHeadDim / 2;
+constexpr int kDqCols = kHeadDimAcc / 2;
 #define DKV_DQ_FROM_KT (DKV_HEAD_DIM == 64)  // a macro: the head-dim-128 build keeps its exact code
 constexpr int kKtBytes = DKV_DQ_FROM_KT ? kHeadDim * kBlockKeys * 2 : 0;
 constexpr int kBarConsumers = 1;
@@ -330,7 +333,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                         wait_flag(sem, si.rank);
                         fence_async_global();  // the add below (async proxy) after the acquire
                     }
-                    bulk_reduce_add_f32(dq_acc + si.head * dqa_head + (long long)si.tok0 * kHeadDim, sdq,
+                    bulk_reduce_add_f32(dq_acc + si.head * dqa_head + (long long)si.tok0 * kHeadDimAcc, sdq,
                                         si.n * kDqRowBytes);
                     bulk_commit();
                     if (kDqInFlight && pending) {  // the previous add has completed: publish it
@@ -374,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     const unsigned long long kn_desc = nmajor_tile<kBlockKeys>(sk + wg * kBlockKeys * 128);  // K atom wg as N-major B
 #endif
 
-    float acc_dk[kHeadDim / 8][4], acc_dv[kHeadDim / 8][4];
+    float acc_dk[kHeadDimAcc / 8][4], acc_dv[kHeadDimAcc / 8][4];
     zero_acc(acc_dk);
     zero_acc(acc_dv);
     unsigned p_frag[1][kStep / 16][4], ds_frag[1][kStep / 16][4];
