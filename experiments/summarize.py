@@ -70,7 +70,10 @@ def _load(path: Path) -> dict:
 
 
 def _commit(env: dict) -> str:
-    return str(env.get("commit") or "unknown")[:7]
+    """The commit, its hash cut to 7 characters; a suffix naming uncommitted work on top ("abc1234+ws64") is kept."""
+    commit = str(env.get("commit") or "unknown")
+    base, plus, rest = commit.partition("+")
+    return base[:7] + plus + rest
 
 
 def _date(env: dict) -> str:

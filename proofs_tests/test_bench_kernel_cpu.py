@@ -112,7 +112,8 @@ def test_default_attention_shape_is_qwen3_8bs_everywhere(tmp_path, monkeypatch):
                             **{k: kw[k] for k in qwen})]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(kb, "bench_shape", fake_bench_shape)
-    monkeypatch.setattr(kb, "check_systems_agree", lambda systems: {})
+    agreed = []
+    monkeypatch.setattr(kb, "check_systems_agree", lambda systems, **kw: agreed.append(kw) or {})
     monkeypatch.setattr(kb, "environment", lambda device: {"gpu": "none"})   # is_available lies: no CUDA queries
     parser = argparse.ArgumentParser()
     kb.add_arguments(parser)
@@ -124,5 +125,9 @@ def test_default_attention_shape_is_qwen3_8bs_everywhere(tmp_path, monkeypatch):
         assert kb.run(parser.parse_args([*common, *extra, "--out", str(out)])) == 0
         (path,) = out.iterdir()
         assert calls.pop() == shape
+        # the agreement check runs the timed head dim and GQA ratio (at a small head count)
+        check = agreed.pop()
+        assert check["head_dim"] == shape["head_dim"]
+        assert check["heads"] // check["kv_heads"] == shape["heads"] // shape["kv_heads"]
         assert re.fullmatch(rf"kernel-{tag + '-' if tag else ''}\d{{8}}-\d{{6}}\.json", path.name), path.name
         assert {k: json.loads(path.read_text())["rows"][0][k] for k in qwen} == shape

@@ -1,6 +1,7 @@
 """GPU: head dim 96 on Hopper runs the wgmma forward and the warp-specialised backward (kernel_family("wgmma_v1"):
-the first wgmma backward pair, bwd_dq_sm90 + bwd_dkdv_sm90), all on tiles of two 64-column atoms (csrc/sm90.cuh), and meets FlashAttention's bounds against the float64 N-copy oracle, bitwise
-deterministic; the CPU side of the layout is proofs_tests/test_cuda_swizzle.py."""
+the first wgmma backward pair, bwd_dq_sm90 + bwd_dkdv_sm90), all on tiles of two 64-column atoms (csrc/sm90.cuh),
+and meets FlashAttention's bounds against the float64 N-copy oracle, bitwise deterministic; the CPU side of the
+layout is proofs_tests/test_cuda_swizzle.py."""
 
 from dataclasses import replace
 
@@ -27,7 +28,7 @@ def hopper():
         pytest.skip("the wgmma kernels are built for sm_90 (H100/H200)")
 
 
-def assert_wgmma_v1_ran(specs, backward: bool = True, family: str = "auto", window: bool = False):
+def assert_hopper_kernels_ran(specs, backward: bool = True, family: str = "auto", window: bool = False):
     """The Hopper kernels ran at d = 96 on 128-column tiles: the wgmma forward; the warp-specialised backward (the
     default without a sliding window) or, with a window or under kernel_family("wgmma_v1"), the first wgmma backward
     pair; no mma.sync kernel."""
@@ -44,7 +45,7 @@ def assert_wgmma_v1_ran(specs, backward: bool = True, family: str = "auto", wind
 def test_head_dim_96_on_wgmma_kernels(hopper, launched_specs, case, dtype, family):
     with kernel_family(family):
         assert_rows_pass(shared_prefix_check(case, dtype=dtype, device="cuda"))
-    assert_wgmma_v1_ran(launched_specs, family=family, window=case.window != (-1, -1))
+    assert_hopper_kernels_ran(launched_specs, family=family, window=case.window != (-1, -1))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -53,7 +54,7 @@ def test_head_dim_96_paper_api(hopper, launched_specs, dtype):
     for case in (AttentionCase((129,), ((1, 63, 64, 65, 127),), 8, 2, 96),   # the API takes one group per call
                  AttentionCase((700,), ((300, 2),), 8, 2, 96)):
         assert_rows_pass(two_call_check(case, dtype=dtype, device="cuda"))
-    assert_wgmma_v1_ran(launched_specs)
+    assert_hopper_kernels_ran(launched_specs)
 
 
 def test_head_dim_96_non_causal_context(hopper, launched_specs):
@@ -68,7 +69,7 @@ def test_head_dim_96_non_causal_context(hopper, launched_specs):
     lowp = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh)
     row = compare(out.transpose(0, 1), ref, dtype=torch.bfloat16, ref_lowp=lowp)
     assert row.passed, row
-    assert_wgmma_v1_ran(launched_specs, backward=False)
+    assert_hopper_kernels_ran(launched_specs, backward=False)
 
 
 def _grads(layout, q, k, v, dout):
@@ -86,7 +87,7 @@ def test_head_dim_96_is_bitwise_deterministic(hopper, launched_specs):
     runs = [_grads(layout, q, k, v, dout) for _ in range(3)]
     for other in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
-    assert_wgmma_v1_ran(launched_specs)
+    assert_hopper_kernels_ran(launched_specs)
 
 
 def test_head_dim_96_wgmma_and_mma_agree(hopper):

@@ -97,7 +97,8 @@ def test_specs_of_head_dim_96_route_to_wgmma_v1_with_padded_tiles():
             assert s.arch == "sm_90a" and s.tile_head_dim == 128 and ("DKV_HEAD_DIM_ACC", "128") in s.defines()
             # descriptors hold (address >> 4) in 14 bits: the whole allocation must stay below 256 KB
             assert s.smem_bytes <= 227 * 1024
-        # the default family routes d = 96 the same way (no warp-specialised kernels at 96)
+        # the default family routes d = 96's forward and the windowed backward the same way (the warp-specialised
+        # backward at 96 serves causal calls without a window)
         assert fwd_spec(96, dtype, 4, False, "sm_90").kernel == "fwd_sm90"
         assert dq_spec(96, dtype, 4, False, "sm_90").kernel == "bwd_dq_sm90"
         assert dkdv_spec(96, dtype, False, "sm_90").kernel == "bwd_dkdv_sm90"

@@ -253,11 +253,14 @@ def test_head_major_cta_order_is_the_two_level_default_and_compiles_like_tile_ma
     """The head-major CTA order (DKV_HEAD_MAJOR=1: each KV head's table launched in turn) is what a two-level
     backward's spec builds by default and a tree's never does; it only remaps blockIdx.x, so it compiles with no
     serialized wgmma and no more spills than the tile-major build, into a different cubin. Only the spec may set it."""
+    from dualkv.cuda import configs
     from dualkv.cuda.build import compile_spec, resource_usage
-    from dualkv.cuda.configs import WS_HEAD_MAJOR, ws_bwd_spec
+    from dualkv.cuda.configs import ws_bwd_spec
 
     monkeypatch.delenv("DUALKV_EXTRA_DEFINES", raising=False)
-    assert WS_HEAD_MAJOR  # the default ($DUALKV_WS_CTA_ORDER unset in the test run)
+    monkeypatch.delenv("DUALKV_WS_CTA_ORDER", raising=False)
+    assert configs._ws_cta_order_from_env() == "head"  # the default
+    monkeypatch.setattr(configs, "WS_HEAD_MAJOR", True)  # as imported without $DUALKV_WS_CTA_ORDER
     spec = ws_bwd_spec(128, torch.bfloat16)
     assert spec.head_major and ("DKV_HEAD_MAJOR", "1") in spec.defines()
     assert not ws_bwd_spec(128, torch.bfloat16, tree=True).head_major

@@ -56,8 +56,9 @@ def test_block_size_matches_the_kernels():
     from dualkv.cuda.configs import DKDV_TILES, SM90_WS_BWD_TILES
 
     # the tree plan's key tiles (dK/dV tiles) are the WS kernel's tiles, and A counts blocks of that size
-    assert BLOCK_KEYS == RANK_BLOCK_KEYS == SM90_WS_BWD_TILES[128].block_keys == DKDV_TILES[128].block_keys
-    assert STEP == SM90_WS_BWD_TILES[128].block_m
+    for d, tile in SM90_WS_BWD_TILES.items():  # the kernel hard-codes 128-key tiles and 64-query steps
+        assert BLOCK_KEYS == RANK_BLOCK_KEYS == tile.block_keys == DKDV_TILES[d].block_keys, d
+        assert STEP == tile.block_m, d
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -246,9 +246,14 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
         rows += bench_shape(n, p, args.R, systems, modes=modes, reps=args.reps, groups=args.groups,
                             heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim)
-    extra = {"agreement": check_systems_agree(systems)}
+    # the agreement check at a small shape with the run's head dim and GQA ratio (the kernels it names are the ones
+    # timed); the varying micro-batches at the run's attention shape
+    ratio = args.heads // args.kv_heads
+    extra = {"agreement": check_systems_agree(systems, heads=2 * ratio, kv_heads=2, head_dim=args.head_dim),
+             "agreement_shape": {"heads": 2 * ratio, "kv_heads": 2, "head_dim": args.head_dim}}
     if args.varying:
-        extra["varying"] = bench_varying(systems, count=args.varying)
+        extra["varying"] = bench_varying(systems, count=args.varying, heads=args.heads, kv_heads=args.kv_heads,
+                                         head_dim=args.head_dim)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     tags = ([f"groups{args.groups}"] if args.groups > 1 else []) + \
         ([f"h{args.heads}-{args.kv_heads}-d{args.head_dim}"]

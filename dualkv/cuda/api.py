@@ -3,9 +3,11 @@ fp16/bf16 tensors.
 
 Differentiable (custom ops with autograd, see :mod:`dualkv.cuda.ops`). The default backward is deterministic —
 every gradient row is summed by one CTA in a fixed order, with no atomics; ``deterministic=False`` selects the
-atomic-dQ mode where it exists (head dims :data:`~dualkv.cuda.configs.ATOMIC_HEAD_DIMS`), or where the cuDNN
-cascade's backward is the faster (:func:`~dualkv.cuda.configs.attention_path`: Hopper, head dim 128) the fused
-forward with that backward (:mod:`dualkv.cuda.hybrid`).
+atomic-dQ mode where it exists (head dims :data:`~dualkv.cuda.configs.ATOMIC_HEAD_DIMS`) and no faster path
+serves the call: where the cuDNN cascade is the faster (:func:`~dualkv.cuda.configs.attention_path`: Hopper, head
+dim 128: the fused forward with the cascade's backward, :mod:`dualkv.cuda.hybrid`; head dims 64 and 96: the whole
+cascade), or, on the fused path, where the deterministic warp-specialised backward serves it (Hopper, head dims 64,
+96, 128, causal, no window: :func:`~dualkv.cuda.configs.ws_backward_for`).
 
 Head dims: any multiple of 8 up to 512. A head dim that is not a kernel head dim (e.g. 80) is zero-padded to the
 next one (:func:`~dualkv.cuda.configs.kernel_head_dim`) with the softmax scale of the original; the padded output
@@ -65,8 +67,9 @@ def resolve_deterministic(deterministic: bool | None, head_dim: int | None = Non
     """``None`` means: deterministic if ``torch.are_deterministic_algorithms_enabled()``, else the default mode.
 
     ``False`` selects a non-deterministic backward: the atomic-dQ one, which exists for head dims
-    :data:`ATOMIC_HEAD_DIMS` (or the hybrid path where :func:`~dualkv.cuda.configs.attention_path` routes to it); at
-    other head dims the backward stays deterministic, and a warning says so (once).
+    :data:`ATOMIC_HEAD_DIMS` (or the hybrid path or the cascade where :func:`~dualkv.cuda.configs.attention_path`
+    routes to them; where the warp-specialised backward serves a fused call it runs, deterministic, being the
+    faster); at other head dims the backward stays deterministic, and a warning says so (once).
     """
     if check_deterministic(deterministic) is None:
         return torch.are_deterministic_algorithms_enabled() or DEFAULT_DETERMINISTIC

@@ -99,9 +99,9 @@ def _options(spec: KernelSpec, verbose: bool):
     overridden = sorted({name for name, _ in extra} & set(SCHEDULE_MACROS))
     if overridden:
         raise ValueError(f"DUALKV_EXTRA_DEFINES sets {overridden}: these fix the kernels' dQ order (which must match "
-                         "the launcher's schedule) or CTA order, so only the kernel specification sets them (for the dQ orders use "
-                         "DUALKV_TREE_DQ_ORDER and DUALKV_TWO_LEVEL_DQ_ORDER, for the warp-specialised backward's CTA "
-                         "order DUALKV_WS_CTA_ORDER)")
+                         "the launcher's schedule) or CTA order, so only the kernel specification sets them (for the "
+                         "dQ orders use DUALKV_TREE_DQ_ORDER and DUALKV_TWO_LEVEL_DQ_ORDER, for the warp-specialised "
+                         "backward's CTA order DUALKV_WS_CTA_ORDER)")
     return ProgramOptions(name=f"dualkv_{spec.kernel}", arch=spec.arch, std="c++17",
                           include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines() + extra,
                           ptxas_options=["-v"] if verbose else None, use_fast_math=False)

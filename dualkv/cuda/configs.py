@@ -171,7 +171,8 @@ WGMMA_V1_KERNELS = ("fwd_sm90", "bwd_dq_sm90", "bwd_dkdv_sm90")
 
 
 def tile_head_dim(head_dim: int) -> int:
-    """Columns of a wgmma_v1 shared-memory tile for ``head_dim``: whole 64-column swizzle atoms (96 -> 128)."""
+    """Columns of a wgmma_v1 or warp-specialised-backward shared-memory tile for ``head_dim``: whole 64-column
+    swizzle atoms (96 -> 128)."""
     return -(-head_dim // 64) * 64
 
 
@@ -324,14 +325,14 @@ def _two_level_dq_order_from_env() -> str:
 TWO_LEVEL_SHARED_FIRST = _two_level_dq_order_from_env() == "shared"
 
 #: The warp-specialised backward's CTA order on two-level layouts: "head" (the default: each KV head's whole key-tile
-#: table in turn, so the CTAs running together sweep the Q / dO / dQ rows of one KV head's query heads) or "tile" (a
-#: key tile's KV heads adjacent). A launch order only: every dQ counter still receives its tiles in table order, so
-#: the bits do not change. "head" is the default because it was faster on every two-level layout measured (H100,
-#: experiments/results/checks/order-bench-headmajor-h100-20261127T0503Z.json: 4 groups x (8, 8K) 89.4 -> 83.8 ms,
-#: 8 groups x (8, 4K) 95.5 -> 85.0, (16, 32K) 186.9 -> 185.3; order-bench-wsdefaults-h100-20261127T0530Z.json, built
-#: as the default: 88.2 -> 81.1, 94.9 -> 83.0, 187.2 -> 182.0). Prefix trees always run "tile": "head" made tree
-#: (a) 1.7x slower there (each KV head's dependency chains then run one after another). Read ONCE, at import, from
-#: ``$DUALKV_WS_CTA_ORDER`` (the cubins are cached per specialization).
+#: table in turn, so the CTAs running together sweep the Q / dO / dQ rows of one KV head's query heads) or "tile" (a key
+#: tile's KV heads adjacent). A launch order only: every dQ counter still receives its tiles in table order, so the bits
+#: do not change. "head" is the default because it was faster or tied on every two-level layout measured (H100,
+#: experiments/results/checks/order-bench-headmajor-h100-20261127T0503Z.json: 4 groups x (8, 8K) 89.4 -> 83.8 ms, 8
+#: groups x (8, 4K) 95.5 -> 85.0, (16, 32K) 186.9 -> 185.3; order-bench-wsdefaults-h100-20261127T0530Z.json, built as
+#: the default: 88.2 -> 81.1, 94.9 -> 83.0, 187.1 -> 182.0, (8, 8K) 21.0 -> 21.0). Prefix trees always run "tile":
+#: "head" made tree (a) 1.7x slower there (each KV head's dependency chains then run one after another). Read ONCE, at
+#: import, from ``$DUALKV_WS_CTA_ORDER`` (the cubins are cached per specialization).
 WS_CTA_ORDERS = ("head", "tile")
 
 
@@ -375,11 +376,12 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
 #:   backward). H100, fwd+bwd ms hybrid / cascade, same run (experiments/results/checks/hybrid-*-h100-20261127T0226Z
 #:   .json): (16, 32K) 174.7 / 174.1, (8, 8K) 21.8 / 22.4, (28, 4K) 36.3 / 40.2, four groups of (8, 8K) 85.8 / 88.6;
 #:   peak memory lower at all four.
-#: - head dims 64 and 96 (no warp-specialised backward there): "cascade". H100, fwd+bwd ms with deterministic=False
-#:   on the fused kernels (fp32-atomic dQ) / hybrid / cascade: d = 64 (kernel-h32-8-d64-20261127-053354.json)
-#:   (16, 4K) 28.3 / 14.0 / 14.1, (16, 32K) 225.3 / 110.7 / 107.9; d = 96 (kernel-h32-8-d96-20261127-050642.json)
-#:   (16, 4K) 42.0 / - / 21.8, (8, 8K) 41.2 / - / 20.8, (16, 32K) 337.2 / - / 171.4. The cascade's peak memory is
-#:   higher than the fused kernels' (d = 96, (16, 32K): 3.7 against 3.8 GiB atomic, 1.9 deterministic).
+#: - head dims 64 and 96: "cascade". H100, fwd+bwd ms, same run: the fused kernels with the warp-specialised
+#:   backward (deterministic; what the fused path runs there) / cascade: d = 64 (16, 4K) 15.3 / 14.6, (16, 32K)
+#:   122.9 / 111.4 (kernel-h32-8-d64-20261127-055552.json); d = 96 (16, 4K) 21.7 / 21.6, (8, 8K) 20.8 / 20.4,
+#:   (16, 32K) 184.2 / 167.1 (kernel-h32-8-d96-20261127-062842.json). The hybrid was within 3% of the cascade at
+#:   d = 64 (110.7 / 107.9 ms at (16, 32K), -053354.json). The cascade's peak memory is higher than the fused
+#:   kernels' (d = 96, (16, 32K): 3.7 against 2.9 GiB).
 CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 96): "cascade", ("sm_90", 64): "cascade"}
 #: ``$DUALKV_PATH``: "auto" (the rule above), "fused" (always the kernels), "cascade" (always the cascade where it
 #: applies: CUDA fp16/bf16, head dim <= 128 on cuDNN, no window), "hybrid" (the fused forward with the cascade's

@@ -19,7 +19,7 @@
 #   bash experiments/gpu/run_pending.sh hybrid     # DUALKV_PATH=hybrid: GPU tests, vs the cuDNN cascade (1 and 4 groups)
 #   bash experiments/gpu/run_pending.sh table1     # the seed's Table 1 shapes at the current defaults vs both cascades
 #   bash experiments/gpu/run_pending.sh shared     # DUALKV_TWO_LEVEL_DQ_ORDER=shared: GPU tests and order_bench
-#   bash experiments/gpu/run_pending.sh headmajor  # DKV_HEAD_MAJOR=1 (WS backward, one KV head's table at a time)
+#   bash experiments/gpu/run_pending.sh headmajor  # the WS backward's CTA orders (DUALKV_WS_CTA_ORDER tile / head)
 #   bash experiments/gpu/run_pending.sh hd96cudnn  # head dim 96 vs the cuDNN / FA2 cascades (#12)
 #   bash experiments/gpu/run_pending.sh wsprofile  # ncu source counters of the two-level WS backward (#12)
 #   bash experiments/gpu/run_pending.sh wsdefaults # head-major default: GPU tests, order_bench, the
@@ -159,9 +159,9 @@ shared)
         --reps 10 --out "$OUT"
     ;;
 headmajor)
-    # the warp-specialised backward with each KV head's whole key-tile table launched in turn (DKV_HEAD_MAJOR=1, a
-    # launch order: the bits must not change): GPU tests under it, then order_bench against the default
-    DUALKV_EXTRA_DEFINES=DKV_HEAD_MAJOR=1 TAIL=3 step pytest_headmajor 200 python3 -m pytest -q -m gpu \
+    # the warp-specialised backward's CTA orders (DUALKV_WS_CTA_ORDER: head, the two-level default since 2c4891d, or
+    # tile; a launch order: the bits must not change): GPU tests under tile, then order_bench tile against head
+    DUALKV_WS_CTA_ORDER=tile TAIL=3 step pytest_tile 200 python3 -m pytest -q -m gpu \
         -p no:cacheprovider proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda_ws.py
     TAIL=12 step order_bench 300 python3 experiments/gpu/order_bench.py --settings node+root,node+root+headmajor \
         --reps 10 --out "$OUT"

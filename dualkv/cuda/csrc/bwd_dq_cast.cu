@@ -1,12 +1,13 @@
-// dQ = scale * acc in 16 bits, (T, H, d) with token/head strides, from the warp-specialised backward's fp32
-// accumulator (H, rows, acc_row >= d: head dim 96's rows have 128 columns), whose row t holds its 16-byte chunks permuted within groups of 8 (logical chunk c at
-// c ^ (t & 7), bwd_sm90_ws.cu): one pass, one thread per 8 output elements.
+// dQ = scale * acc in 16 bits, (T, H, d) with token/head strides, from the warp-specialised backward's fp32 accumulator
+// (H, rows, acc_row >= d: head dim 96's rows have 128 columns), whose row t holds its 16-byte chunks permuted within
+// groups of 8 (logical chunk c at c ^ (t & 7), bwd_sm90_ws.cu): one pass, one thread per 8 output elements.
 #include "common.cuh"
 
 using namespace dkv;
 
 extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq_cast(
-    const float* __restrict__ acc, long long acc_sh, long long acc_row, elem_t* __restrict__ dq, long long dq_st, long long dq_sh,
+    const float* __restrict__ acc, long long acc_sh, long long acc_row, elem_t* __restrict__ dq, long long dq_st,
+    long long dq_sh,
     int tokens, int heads, float scale) {
     const long long idx = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;  // (token, head, chunk)
     if (idx >= static_cast<long long>(tokens) * heads * kChunksPerRow) return;

@@ -8,19 +8,18 @@
 //   S^T = K Q^T, dP^T = V dO^T     (wgmma, smem operands)          P^T = exp2(S^T scale - LSE), masked
 //   dV += P^T dO,  dK += dS^T Q    (wgmma, P^T / dS^T from registers) dS^T = P^T (dP^T - D)
 //   dS^T -> smem (stmatrix, transposed), then dQ_step = dS K          (each warpgroup one half of the head dim)
-// and hand dQ_step (fp32, through smem) to the dQ warp, which adds it into ONE (H, T, d) fp32 accumulator with bulk
-// reduce-adds IN A FIXED ORDER: each (query head, query tile) has a counter, and a contribution whose rank is r waits
-// until the counter reads r (every earlier contribution has landed), adds, then sets it to r + 1. Ranks: a
-// response's own (causal) key blocks b = 0, 1, ... come first (rank b), then the blocks b of the keys its group shares
-// (rank = own blocks reaching the tile + b); a prompt's (or any context-free segment's) own blocks have rank b. The
-// launcher puts every own-response tile before every shared-key tile and keeps blocks in order within a run
-// (dualkv/cuda/ws_schedule.py states and checks it), so a CTA only ever waits on CTAs launched before it. The dQ
-// warp keeps one add in flight: it releases a counter once the NEXT step's add is issued (the earlier one has then
-// completed), and frees the smem buffer as soon as the bulk copy has read it. The walk keeps the CTAs of a run in
-// step: first every dependent segment's queries (all see the block), then the own segment's causal queries from the
-// LAST tile down, so no CTA waits on one with more work. The grid is 1-D, key tile major and K/V head minor, so the
-// CTAs resident together form short chains. dK, dV: fp32 in registers over the whole walk (all N responses and the
-// GQA group), cast once.
+// and hand dQ_step (fp32, through smem) to the dQ warp, which adds it into ONE (H, T + 64, kHeadDimAcc) fp32
+// accumulator with bulk reduce-adds IN A FIXED ORDER: each (query head, query tile) has a counter, and a contribution
+// whose rank is r waits until the counter reads r (every earlier contribution has landed), adds, then sets it to r + 1.
+// Ranks: a response's own (causal) key blocks b = 0, 1, ... come first (rank b), then the blocks b of the keys its
+// group shares (rank = own blocks reaching the tile + b); a prompt's (or any context-free segment's) own blocks have
+// rank b. The launcher puts every own-response tile before every shared-key tile and keeps blocks in order within a run
+// (dualkv/cuda/ws_schedule.py states and checks it), so a CTA only ever waits on CTAs launched before it. The dQ warp
+// keeps one add in flight: it releases a counter once the NEXT step's add is issued (the earlier one has then
+// completed), and frees the smem buffer as soon as the bulk copy has read it. The walk keeps the CTAs of a run in step:
+// first every dependent segment's queries (all see the block), then the own segment's causal queries from the LAST tile
+// down, so no CTA waits on one with more work. The grid is 1-D, in the CTA order below (DKV_HEAD_MAJOR). dK, dV: fp32
+// in registers over the whole walk (all N responses and the GQA group), cast once.
 //
 // DKV_TREE=1 (prefix trees, dualkv/cuda/tree_schedule.py): segment rows are tree nodes (q_start, q_len, runs, pos)
 // and a key tile (i, blk, i + 1, end) owns keys of node i, seen causally by its own queries (pos plays ctx_len's part,
