@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from dualkv.analysis import QWEN3_8B_ATTENTION  # noqa: E402
 from dualkv.bench.plot import latest_kernel_rows  # noqa: E402
 from dualkv.testing import bound_margin  # noqa: E402
 
@@ -185,25 +186,58 @@ def kernel_section(runs: Sequence[KernelRun]) -> str:
            "(`flex_dynamic` keeps that default). `cascade` is the stock FlashAttention-2 cascade (prompt, response "
            "× prompt, response × itself, merged by log-sum-exp), `fa2_ncopy` FlashAttention-2 on N copies."]
     for run in runs:
-        out += ["", f"### {run.commit} — {run.env.get('gpu')}, {_date(run.env)} ({_files(run.files)})", ""]
-        systems = run.systems
-        out.append(_table(["(N, P)"] + [NAMES.get(s, s) for s in systems],
-                          ([_shape(shape)] + [kernel_cell(run, s, shape) for s in systems] for shape in run.shapes)))
-        verdicts = []
-        for peer in systems:
-            ratios = [run.fwdbwd(peer, sh)["ms"] / run.fwdbwd("dualkv", sh)["ms"] for sh in run.shapes
-                      if peer != "dualkv" and run.fwdbwd(peer, sh) and run.fwdbwd("dualkv", sh)]
-            if ratios:
-                faster = sum(r > 1 for r in ratios)
-                verdicts.append(f"{NAMES.get(peer, peer)} takes {_span(ratios)} dualkv's time (dualkv faster at "
-                                f"{faster} of {len(ratios)} shapes)")
-        if verdicts:
-            out += ["", "Forward+backward: " + "; ".join(verdicts) + "."]
-        if run.varying:
-            out += ["", "Varying shapes (every micro-batch a new (P, R_i) set, mask builds and recompiles included): "
-                    + ", ".join(f"{NAMES.get(v['system'], v['system'])} {v['seconds']:.3f} s ({v['batches']} "
-                                f"batches)" if v.get("status") == "ok" else f"{v['system']} {v.get('status')}"
-                                for v in run.varying) + "."]
+        out += _run_block(run, f"### {run.commit} — {run.env.get('gpu')}, {_date(run.env)} ({_files(run.files)})")
+    return "\n".join(out)
+
+
+def _run_block(run: KernelRun, title: str) -> list[str]:
+    """One run's table (a cell per system and shape) and its forward+backward verdicts against dualkv."""
+    out = ["", title, ""]
+    systems = run.systems
+    out.append(_table(["(N, P)"] + [NAMES.get(s, s) for s in systems],
+                      ([_shape(shape)] + [kernel_cell(run, s, shape) for s in systems] for shape in run.shapes)))
+    verdicts = []
+    for peer in systems:
+        ratios = [run.fwdbwd(peer, sh)["ms"] / run.fwdbwd("dualkv", sh)["ms"] for sh in run.shapes
+                  if peer != "dualkv" and run.fwdbwd(peer, sh) and run.fwdbwd("dualkv", sh)]
+        if ratios:
+            faster = sum(r > 1 for r in ratios)
+            verdicts.append(f"{NAMES.get(peer, peer)} takes {_span(ratios)} dualkv's time (dualkv faster at "
+                            f"{faster} of {len(ratios)} shapes)")
+    if verdicts:
+        out += ["", "Forward+backward: " + "; ".join(verdicts) + "."]
+    if run.varying:
+        out += ["", "Varying shapes (every micro-batch a new (P, R_i) set, mask builds and recompiles included): "
+                + ", ".join(f"{NAMES.get(v['system'], v['system'])} {v['seconds']:.3f} s ({v['batches']} "
+                            f"batches)" if v.get("status") == "ok" else f"{v['system']} {v.get('status')}"
+                            for v in run.varying) + "."]
+    return out
+
+
+def _attention_shape(row: dict) -> tuple[int, int, int]:
+    return tuple(row.get(key, getattr(QWEN3_8B_ATTENTION, key)) for key in ("heads", "kv_heads", "head_dim"))
+
+
+def other_shapes_section(root: Path) -> str:
+    """Single-group `dualkv bench kernel` runs at attention shapes other than Table 1's (``--heads``,
+    ``--kv-heads``, ``--head-dim``), one table per file, newest first."""
+    blocks = []
+    for path in sorted(root.glob("kernel-*.json")):
+        data = _load(path)
+        shapes = {_attention_shape(r) for r in data["rows"] if r.get("groups", 1) == 1}
+        for heads, kv_heads, head_dim in sorted(shapes - {astuple(QWEN3_8B_ATTENTION)}):
+            rows, env = latest_kernel_rows([path], heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+            run = KernelRun((path,), tuple(rows), env, ())
+            title = (f"### H={heads}, H_k={kv_heads}, d={head_dim}: {run.commit} — {env.get('gpu')}, {_date(env)} "
+                     f"({_files(run.files)})")
+            blocks.append((str(env.get("date")), _run_block(run, title)))
+    if not blocks:
+        return ""
+    out = ["## Attention kernels at other head dims and head counts (`dualkv bench kernel --head-dim ...`)", "",
+           "The cells read as in the Table 1 section above: ms forward / backward / **forward+backward**, useful "
+           "TFLOP/s, peak GiB, time relative to dualkv's in the same run. R=2048, bf16."]
+    for _, block in sorted(blocks, key=lambda b: b[0], reverse=True):
+        out += block
     return "\n".join(out)
 
 
@@ -402,6 +436,7 @@ def results_markdown(root: Path = RESULTS) -> str:
              "`experiments/results/` — do not edit by hand; a CPU test checks that this file is current. Every ratio "
              "compares systems measured in the same run. The README's headline table is generated the same way.",
              "", kernel_section(kernel_runs(root)), "", figure_block(TABLE1_FIGURE, root, "../experiments/results/"),
+             "", other_shapes_section(root),
              "", policy_section(sorted(root.glob("policy_update-*.json"))),
              "", sweep_section(sorted(root.glob("layer-*.json")), "## One decoder layer (`dualkv bench layer`)",
                                "../experiments/results/"),

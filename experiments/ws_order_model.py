@@ -2,7 +2,8 @@
 dualkv/cuda/ws_schedule.py), for choosing a tree launch order and dQ order before spending GPU time on it.
 
 Two questions, one model each (both count time in steps: one CTA step = one 64-query x 128-key tile of one query
-head; one CTA per SM; CTAs start in launch order, kv head innermost, as the kernel's 1-D grid):
+head; one CTA per SM; CTAs start in launch order, kv head innermost, as the kernel's 1-D grid in the tile-major
+CTA order — what trees run; two-level layouts default to head-major since 2c4891d, which this model does not cover):
 
 * **L2 reuse** (:func:`l2_misses`): CTAs run without waiting; every step touches its (query head, query tile)'s dQ
   accumulator tile and Q/dO tiles (64 KB together: 64 x 128 fp32 + two 64 x 128 bf16); an LRU cache of

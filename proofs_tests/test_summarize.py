@@ -59,6 +59,23 @@ def test_a_multi_group_kernel_file_among_the_results_is_left_out(summarize, tmp_
     assert summarize.results_markdown(results) and summarize.headline_block(results) in README
 
 
+def test_other_attention_shapes_get_their_own_tables(summarize, tmp_path):
+    """A `--head-dim 64` run is left out of Table 1 and shown in the other-shapes section, under its shape, its commit
+    with the '+suffix' naming uncommitted work, and dualkv's time next to each peer's."""
+    results = tmp_path / "results"
+    results.mkdir()
+    rows = [{"system": s, "N": 2, "P": 64, "R": 16, "mode": "fwdbwd", "ms": ms, "tflops": 1.0, "speedup_vs_fa2": None,
+             "peak_mem_gib": 0.5, "status": "ok", "groups": 1, "heads": 8, "kv_heads": 2, "head_dim": 64}
+            for s, ms in (("dualkv", 2.0), ("cudnn_cascade", 3.0))]
+    env = {"commit": "abcdef0123+ws64", "gpu": "test GPU", "date": "2026-11-27T00:00Z"}
+    (results / "kernel-h8-2-d64-x.json").write_text(json.dumps({"environment": env, "benchmark": "kernel",
+                                                               "rows": rows}))
+    assert summarize.kernel_runs(results) == []
+    section = summarize.other_shapes_section(results)
+    assert "### H=8, H_k=2, d=64: abcdef0+ws64 — test GPU" in section
+    assert "**3.0** (1 TF, 0.5 GiB, 1.50×)" in section and "dualkv faster at 1 of 1 shapes" in section
+
+
 def test_headline_ratios_are_within_one_run(summarize):
     """Each peer column of the headline: the peer's and dualkv's fwd+bwd times of the same (newest) run."""
     runs = summarize.kernel_runs(ROOT / "experiments" / "results")
@@ -70,7 +87,7 @@ def test_headline_ratios_are_within_one_run(summarize):
                 continue
             ratio = run.fwdbwd(peer, shape)["ms"] / run.fwdbwd("dualkv", shape)["ms"]
             assert f"{ratio:.2f}×" in block
-            assert all(r["environment"]["commit"][:7] == run.commit
+            assert all(summarize._commit(r["environment"]) == run.commit
                        for r in map(lambda f: json.loads(f.read_text()), run.files))
 
 
