@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from dualkv.analysis import QWEN3_8B_ATTENTION  # noqa: E402
-from dualkv.bench.plot import latest_kernel_rows  # noqa: E402
+from dualkv.bench.plot import latest_kernel_rows, row_shape  # noqa: E402
 from dualkv.testing import bound_margin  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
@@ -214,17 +214,13 @@ def _run_block(run: KernelRun, title: str) -> list[str]:
     return out
 
 
-def _attention_shape(row: dict) -> tuple[int, int, int]:
-    return tuple(row.get(key, getattr(QWEN3_8B_ATTENTION, key)) for key in ("heads", "kv_heads", "head_dim"))
-
-
 def other_shapes_section(root: Path) -> str:
     """Single-group `dualkv bench kernel` runs at attention shapes other than Table 1's (``--heads``,
     ``--kv-heads``, ``--head-dim``), one table per file, newest first."""
     blocks = []
     for path in sorted(root.glob("kernel-*.json")):
         data = _load(path)
-        shapes = {_attention_shape(r) for r in data["rows"] if r.get("groups", 1) == 1}
+        shapes = {(s["heads"], s["kv_heads"], s["head_dim"]) for s in map(row_shape, data["rows"]) if s["groups"] == 1}
         for heads, kv_heads, head_dim in sorted(shapes - {astuple(QWEN3_8B_ATTENTION)}):
             rows, env = latest_kernel_rows([path], heads=heads, kv_heads=kv_heads, head_dim=head_dim)
             run = KernelRun((path,), tuple(rows), env, ())

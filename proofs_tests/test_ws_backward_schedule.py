@@ -290,3 +290,19 @@ def test_ws_cta_order_environment_is_checked(monkeypatch):
     monkeypatch.setenv("DUALKV_WS_CTA_ORDER", "heads")
     with pytest.raises(ValueError, match="DUALKV_WS_CTA_ORDER must be one of"):
         configs._ws_cta_order_from_env()
+
+
+def test_the_transposed_k_head_dims_match_the_kernel():
+    """KernelSpec.smem_bytes counts a transposed K tile at WS_TRANSPOSED_K_HEAD_DIMS; the kernel allocates one where
+    DKV_DQ_FROM_KT holds. The two must name the same head dims."""
+    import re
+
+    from dualkv.cuda.build import CSRC
+    from dualkv.cuda.configs import SM90_WS_BWD_TILES, WS_TRANSPOSED_K_HEAD_DIMS, ws_bwd_spec
+
+    rule = re.search(r"#define DKV_DQ_FROM_KT \(DKV_HEAD_DIM == (\d+)\)", (CSRC / "bwd_sm90_ws.cu").read_text())
+    assert rule and WS_TRANSPOSED_K_HEAD_DIMS == (int(rule.group(1)),)
+    # the kernel's regions laid out by hand (K, V, [K^T], Q and dO stages, dS, fp32 dQ, LSE/D, step records,
+    # mbarriers, 1 KB alignment slack): 133,208 bytes at d = 64 (K^T: 16 KB), 198,744 at d = 96 and 128 (128 columns)
+    assert {d: ws_bwd_spec(d, torch.bfloat16).smem_bytes for d in SM90_WS_BWD_TILES} == {
+        64: 133_208, 96: 198_744, 128: 198_744}

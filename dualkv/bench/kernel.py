@@ -248,9 +248,8 @@ def run(args: argparse.Namespace) -> int:
                             heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim)
     # the agreement check at a small shape with the run's head dim and GQA ratio (the kernels it names are the ones
     # timed); the varying micro-batches at the run's attention shape
-    ratio = args.heads // args.kv_heads
-    extra = {"agreement": check_systems_agree(systems, heads=2 * ratio, kv_heads=2, head_dim=args.head_dim),
-             "agreement_shape": {"heads": 2 * ratio, "kv_heads": 2, "head_dim": args.head_dim}}
+    agreement_shape = {"heads": 2 * (args.heads // args.kv_heads), "kv_heads": 2, "head_dim": args.head_dim}
+    extra = {"agreement": check_systems_agree(systems, **agreement_shape), "agreement_shape": agreement_shape}
     if args.varying:
         extra["varying"] = bench_varying(systems, count=args.varying, heads=args.heads, kv_heads=args.kv_heads,
                                          head_dim=args.head_dim)

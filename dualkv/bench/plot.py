@@ -114,6 +114,12 @@ def _pyplot():
 _ROW_DEFAULTS = {"groups": 1, **asdict(QWEN3_8B_ATTENTION)}
 
 
+def row_shape(row: dict) -> dict:
+    """A ``dualkv bench kernel`` row's micro-batch and attention shape: groups, heads, kv_heads, head_dim (rows that
+    do not say have :data:`_ROW_DEFAULTS`'s)."""
+    return {key: row.get(key, default) for key, default in _ROW_DEFAULTS.items()}
+
+
 def latest_kernel_rows(paths: Sequence[str | Path], groups: int = 1, heads: int = QWEN3_8B_ATTENTION.heads,
                        kv_heads: int = QWEN3_8B_ATTENTION.kv_heads,
                        head_dim: int = QWEN3_8B_ATTENTION.head_dim) -> tuple[list[dict], dict]:
@@ -128,7 +134,7 @@ def latest_kernel_rows(paths: Sequence[str | Path], groups: int = 1, heads: int 
             raise ValueError(f"{path} is not a `dualkv bench kernel` result (benchmark={data.get('benchmark')!r})")
         env = data["environment"]
         for r in data["rows"]:
-            if all(r.get(key, _ROW_DEFAULTS[key]) == value for key, value in want.items()):
+            if row_shape(r) == want:
                 latest[(r["system"], r["N"], r["P"], r["mode"])] = r
     return list(latest.values()), env
 

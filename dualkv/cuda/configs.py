@@ -149,6 +149,9 @@ SM90_DKDV_TILES: dict[int, KeyTileConfig] = {
 #: sliding window. Measured on an H100 at (16, 32K), against the wgmma dQ + dK/dV kernels: d = 128 158 ms against 169
 #: (checks/ws-bwd-variants-h100-*T1140Z.json); d = 64 backward 88.5 ms against 117.1 (kernel-h32-8-d64-20261127-055552
 #: .json against -053354.json); d = 96 126.2 against 165.4 (kernel-h32-8-d96-20261127-062842.json against -050642).
+#: Head dims whose warp-specialised backward also keeps a transposed copy of its K tile in shared memory (dQ's B
+#: operand; bwd_sm90_ws.cu's DKV_DQ_FROM_KT, which a CPU test holds to this tuple).
+WS_TRANSPOSED_K_HEAD_DIMS = (64,)
 SM90_WS_BWD_TILES: dict[int, KeyTileConfig] = {
     64: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
     96: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
@@ -541,9 +544,10 @@ class KernelSpec:
             return (2 * t.block_m + 2 * t.block_n) * row
         if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V (whole atoms); 1 KB slack
             return (2 * t.block_m + 4 * t.block_n) * self.tile_head_dim * 2 + 1024
-        if self.kernel == "bwd_sm90_ws":  # K, V (head dim 64: and K transposed); Q/dO/LSE/D/step-record stages;
-            # dS; fp32 dQ rows; mbarriers
-            return ((2 + (self.head_dim == 64)) * t.block_keys * self.tile_head_dim * 2
+        if self.kernel == "bwd_sm90_ws":  # K, V (and K transposed: WS_TRANSPOSED_K_HEAD_DIMS); Q/dO/LSE/D/step-record
+            # stages; dS; fp32 dQ rows; mbarriers
+            key_tiles = 3 if self.head_dim in WS_TRANSPOSED_K_HEAD_DIMS else 2
+            return (key_tiles * t.block_keys * self.tile_head_dim * 2
                     + 2 * t.stages * t.block_m * self.tile_head_dim * 2
                     + (3 - t.dq_buffers) * t.block_m * t.block_keys * 2
                     + t.dq_buffers * t.block_m * self.tile_head_dim * 4

@@ -311,8 +311,7 @@ def _cast_dq(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
     chunks = tokens * heads * (head_dim // 8)
     cast.launch(((chunks + per_cta - 1) // per_cta, 1, 1),
                 [dq_acc.data_ptr(), i64(dq_acc.shape[1] * dq_acc.shape[2]), i64(dq_acc.shape[2]), *_strided(dq),
-                 i32(tokens), i32(heads),
-                 f32(scale)])
+                 i32(tokens), i32(heads), f32(scale)])
 
 
 #: Query rows per step of the warp-specialised backward: the unit of its dQ counters.

@@ -27,8 +27,7 @@ _MAX_MAPS = 256
 def tensor_map_3d(t: torch.Tensor, box_rows: int):
     """``CUtensorMap`` of a (tokens, heads, d) fp16/bf16 tensor with unit last stride and 16-byte aligned rows,
     boxes of {64, 1, box_rows}, 128-byte swizzle, zero fill past the last token (and past the last column: head dim
-    96's second box). Cached by (address, shape,
-    strides, box): a map holds nothing else."""
+    96's second box). Cached by (address, shape, strides, box): a map holds nothing else."""
     from cuda.bindings import driver
 
     if t.dim() != 3 or t.stride(-1) != 1 or t.dtype not in _DTYPES:

@@ -7,8 +7,7 @@ using namespace dkv;
 
 extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq_cast(
     const float* __restrict__ acc, long long acc_sh, long long acc_row, elem_t* __restrict__ dq, long long dq_st,
-    long long dq_sh,
-    int tokens, int heads, float scale) {
+    long long dq_sh, int tokens, int heads, float scale) {
     const long long idx = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;  // (token, head, chunk)
     if (idx >= static_cast<long long>(tokens) * heads * kChunksPerRow) return;
     const int c = static_cast<int>(idx % kChunksPerRow);
