@@ -121,6 +121,7 @@ def kernel_runs(root: Path) -> list[KernelRun]:
         by_commit.setdefault((_commit(env), str(env.get("gpu"))), []).append(path)
     runs = []
     for files in by_commit.values():
+        files = [f for f in files if latest_kernel_rows([f])[0]]  # files with Table 1 rows (not other shapes only)
         rows, env = latest_kernel_rows(files)
         if not rows:  # files of multi-group micro-batches only (`--groups`): not a Table 1 run
             continue

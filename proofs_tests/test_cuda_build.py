@@ -45,13 +45,13 @@ def test_resource_report_has_no_spills_for_default_tiles():
 
 
 def test_hopper_forward_is_wgmma_in_registers():
-    """sm_90 picks the warp-specialised TMA forward for d = 64 / 128 / 192 / 256 (sm_90a: a producer warpgroup +
-    two consumer warpgroups), the first wgmma forward under ``kernel_family("wgmma_v1")`` (and by default at
-    d = 96, tested in test_cuda_swizzle.py); neither may spill (accumulators live in registers while wgmma runs);
+    """sm_90 picks the warp-specialised TMA forward for d = 64 / 96 / 128 / 192 / 256 (sm_90a: a producer warpgroup +
+    two consumer warpgroups; d = 96 on 128-column tiles), the first wgmma forward under
+    ``kernel_family("wgmma_v1")``; neither may spill (accumulators live in registers while wgmma runs);
     the mma.sync forward stays selectable and is what other archs get."""
     from dualkv.cuda.configs import SM90_WS_FWD_TILES
 
-    assert set(SM90_WS_FWD_TILES) == {64, 128, 192, 256} and set(SM90_FWD_TILES) == {64, 96, 128}
+    assert set(SM90_WS_FWD_TILES) == {64, 96, 128, 192, 256} and set(SM90_FWD_TILES) == {64, 96, 128}
     for d in sorted(SM90_WS_FWD_TILES):
         spec = fwd_spec(d, torch.bfloat16, 4, False, "sm_90")
         assert (spec.kernel, spec.arch, spec.threads) == ("fwd_sm90_ws", "sm_90a", 384)

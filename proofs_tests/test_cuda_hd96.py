@@ -10,7 +10,7 @@ import torch
 
 import dualkv
 from dualkv import GroupLayout
-from dualkv.cuda.configs import WGMMA_V1_KERNELS, kernel_family
+from dualkv.cuda.configs import TMA_KERNELS, WGMMA_V1_KERNELS, kernel_family
 from dualkv.testing import assert_rows_pass, compare
 from dualkv.verify.cases import random_cases
 from dualkv.verify.checks import AttentionCase, shared_prefix_check, two_call_check
@@ -29,14 +29,15 @@ def hopper():
 
 
 def assert_hopper_kernels_ran(specs, backward: bool = True, family: str = "auto", window: bool = False):
-    """The Hopper kernels ran at d = 96 on 128-column tiles: the wgmma forward; the warp-specialised backward (the
-    default without a sliding window) or, with a window or under kernel_family("wgmma_v1"), the first wgmma backward
-    pair; no mma.sync kernel."""
+    """The Hopper kernels ran at d = 96 on 128-column tiles: the warp-specialised forward (the first wgmma forward
+    under kernel_family("wgmma_v1")); the warp-specialised backward (the default without a sliding window) or, with a
+    window or under kernel_family("wgmma_v1"), the first wgmma backward pair; no mma.sync kernel."""
     kernels = {s.kernel for s in specs if s.head_dim == 96}
     pair = family == "wgmma_v1" or window
-    expected = {"fwd_sm90"} | ((set(WGMMA_V1_KERNELS) if pair else {"bwd_sm90_ws"}) if backward else set())
+    expected = {"fwd_sm90" if family == "wgmma_v1" else "fwd_sm90_ws"}
+    expected |= ({"bwd_dq_sm90", "bwd_dkdv_sm90"} if pair else {"bwd_sm90_ws"}) if backward else set()
     assert expected <= kernels and not {"fwd", "bwd_dq", "bwd_dkdv"} & kernels, kernels
-    assert all(s.tile_head_dim == 128 for s in specs if s.kernel in WGMMA_V1_KERNELS + ("bwd_sm90_ws",)), specs
+    assert all(s.tile_head_dim == 128 for s in specs if s.kernel in WGMMA_V1_KERNELS + TMA_KERNELS), specs
 
 
 @pytest.mark.parametrize("family", ["auto", "wgmma_v1"])

@@ -97,9 +97,11 @@ def test_specs_of_head_dim_96_route_to_wgmma_v1_with_padded_tiles():
             assert s.arch == "sm_90a" and s.tile_head_dim == 128 and ("DKV_HEAD_DIM_ACC", "128") in s.defines()
             # descriptors hold (address >> 4) in 14 bits: the whole allocation must stay below 256 KB
             assert s.smem_bytes <= 227 * 1024
-        # the default family routes d = 96's forward and the windowed backward the same way (the warp-specialised
-        # backward at 96 serves causal calls without a window)
-        assert fwd_spec(96, dtype, 4, False, "sm_90").kernel == "fwd_sm90"
+        # the default family routes the windowed backward the same way (the warp-specialised backward at 96 serves
+        # causal calls without a window; the forward is the warp-specialised one, also on 128-column tiles)
+        ws = fwd_spec(96, dtype, 4, False, "sm_90")
+        assert ws.kernel == "fwd_sm90_ws" and ws.tile_head_dim == 128 and ("DKV_HEAD_DIM_ACC", "128") in ws.defines()
+        assert ws.smem_bytes <= 227 * 1024
         assert dq_spec(96, dtype, 4, False, "sm_90").kernel == "bwd_dq_sm90"
         assert dkdv_spec(96, dtype, False, "sm_90").kernel == "bwd_dkdv_sm90"
         with kernel_family("mma"):

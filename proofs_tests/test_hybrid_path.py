@@ -115,7 +115,7 @@ def test_hybrid_path_rule(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------- GPU
-GPU_CASES = [replace(c, head_dim=d) for c in NO_WINDOW[:5] for d in (64, 128)] + [
+GPU_CASES = [replace(c, head_dim=d) for c in NO_WINDOW[:5] for d in (64, 96, 128)] + [
     replace(c, window=(-1, -1)) for c in random_cases(6, 11, prompt_lens=(1, 63, 65, 129, 1000),
                                                       response_lens=(1, 63, 64, 65, 127, 129), group_sizes=(1, 2, 8))]
 

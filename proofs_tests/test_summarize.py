@@ -71,6 +71,10 @@ def test_other_attention_shapes_get_their_own_tables(summarize, tmp_path):
     (results / "kernel-h8-2-d64-x.json").write_text(json.dumps({"environment": env, "benchmark": "kernel",
                                                                "rows": rows}))
     assert summarize.kernel_runs(results) == []
+    qwen = [dict(r, heads=32, kv_heads=8, head_dim=128) for r in rows]  # the same commit at Table 1's shape
+    (results / "kernel-table1-x.json").write_text(json.dumps({"environment": env, "benchmark": "kernel", "rows": qwen}))
+    [run] = summarize.kernel_runs(results)
+    assert [f.name for f in run.files] == ["kernel-table1-x.json"]  # the head-dim-64 file is not listed there
     section = summarize.other_shapes_section(results)
     assert "### H=8, H_k=2, d=64: abcdef0+ws64 — test GPU" in section
     assert "**3.0** (1 TF, 0.5 GiB, 1.50×)" in section and "dualkv faster at 1 of 1 shapes" in section

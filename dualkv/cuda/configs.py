@@ -129,6 +129,10 @@ SM90_FWD_TILES: dict[int, TileConfig] = {
 #: taking turns on the tensor cores, 128-key blocks in a ring of mbarrier stages.
 SM90_WS_FWD_TILES: dict[int, TileConfig] = {
     64: TileConfig(block_n=128, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
+    # head dim 96: tiles and the output accumulator of 128 columns (the TMA zero-fills columns 96..127; sm90.cuh).
+    # H100, forward ms at (16, 32K), same run: 42.2 against the first wgmma forward's 55.2 and the cuDNN cascade's 43.8
+    # (kernel-h32-8-d96-20261127-085746.json)
+    96: TileConfig(block_n=128, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
     128: TileConfig(block_n=128, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
     # wider heads (Gemma's 256): 64-key blocks keep the output accumulator, S and P in the consumers' 240 registers
     192: TileConfig(block_n=64, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
@@ -379,13 +383,13 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
 #:   backward). H100, fwd+bwd ms hybrid / cascade, same run (experiments/results/checks/hybrid-*-h100-20261127T0226Z
 #:   .json): (16, 32K) 174.7 / 174.1, (8, 8K) 21.8 / 22.4, (28, 4K) 36.3 / 40.2, four groups of (8, 8K) 85.8 / 88.6;
 #:   peak memory lower at all four.
-#: - head dims 64 and 96: "cascade". H100, fwd+bwd ms, same run: the fused kernels with the warp-specialised
-#:   backward (deterministic; what the fused path runs there) / cascade: d = 64 (16, 4K) 15.3 / 14.6, (16, 32K)
-#:   122.9 / 111.4 (kernel-h32-8-d64-20261127-055552.json); d = 96 (16, 4K) 21.7 / 21.6, (8, 8K) 20.8 / 20.4,
-#:   (16, 32K) 184.2 / 167.1 (kernel-h32-8-d96-20261127-062842.json). The hybrid was within 3% of the cascade at
-#:   d = 64 (110.7 / 107.9 ms at (16, 32K), -053354.json). The cascade's peak memory is higher than the fused
-#:   kernels' (d = 96, (16, 32K): 3.7 against 2.9 GiB).
-CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 96): "cascade", ("sm_90", 64): "cascade"}
+#: - head dims 64 and 96: "hybrid" too. H100, fwd+bwd ms at (16, 4K), (8, 8K), (16, 32K), same run, hybrid /
+#:   cascade (what deterministic=False ran before) / the fused kernels (deterministic warp-specialised backward):
+#:   d = 96 19.0 / 21.1 / 19.6, 19.3 / 20.3 / 19.3, 162.9 / 163.6 / 167.0 (kernel-h32-8-d96-20261127-090239.json,
+#:   after the warp-specialised forward reached d = 96); d = 64 13.2 / 14.0 / 14.4, 13.0 / 13.4 / 14.2, 108.4 / 108.3
+#:   / 113.7 (kernel-h32-8-d64-20261127-090307.json). Peak memory: the hybrid's is at most the cascade's (d = 96,
+#:   (16, 32K): 3.5 against 3.7 GiB).
+CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 96): "hybrid", ("sm_90", 64): "hybrid"}
 #: ``$DUALKV_PATH``: "auto" (the rule above), "fused" (always the kernels), "cascade" (always the cascade where it
 #: applies: CUDA fp16/bf16, head dim <= 128 on cuDNN, no window), "hybrid" (the fused forward with the cascade's
 #: cuDNN backward, dualkv.cuda.hybrid, where the cascade applies).
@@ -539,7 +543,7 @@ class KernelSpec:
         if self.kernel == "fwd_sm90":  # swizzled Q + two stages of K and V (whole atoms), 1 KB alignment slack
             return (t.block_m + 4 * t.block_n) * self.tile_head_dim * 2 + 1024
         if self.kernel == "fwd_sm90_ws":  # swizzled Q + `stages` stages of K and V, mbarriers, 1 KB alignment slack
-            return (t.block_m + 2 * t.stages * t.block_n) * self.head_dim * 2 + 8 * (1 + 3 * t.stages) + 1024
+            return (t.block_m + 2 * t.stages * t.block_n) * self.tile_head_dim * 2 + 8 * (1 + 3 * t.stages) + 1024
         if self.kernel == "bwd_dq":
             return (2 * t.block_m + 2 * t.block_n) * row
         if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V (whole atoms); 1 KB slack
@@ -562,9 +566,9 @@ class KernelSpec:
     @property
     def tile_head_dim(self) -> int:
         """Columns of the kernel's shared-memory tiles and output accumulators (``DKV_HEAD_DIM_ACC``): the head dim,
-        or for the wgmma_v1 kernels and the warp-specialised backward whole 64-column swizzle atoms
-        (:data:`WGMMA_V1_KERNELS`; head dim 96 -> 128)."""
-        padded = self.kernel in WGMMA_V1_KERNELS or self.kernel == "bwd_sm90_ws"
+        or for the wgmma_v1 and the TMA (warp-specialised) kernels whole 64-column swizzle atoms
+        (:data:`WGMMA_V1_KERNELS`, :data:`TMA_KERNELS`; head dim 96 -> 128)."""
+        padded = self.kernel in WGMMA_V1_KERNELS or self.kernel in TMA_KERNELS
         return tile_head_dim(self.head_dim) if padded else self.head_dim
 
     def defines(self) -> list[tuple[str, str]]:

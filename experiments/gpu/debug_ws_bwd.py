@@ -30,6 +30,9 @@ VARIANTS = {
     "dq2": "TILE=dq_buffers=2",
     "dq2_nosem": "TILE=dq_buffers=2;DKV_DBG_NOSEM=1",
     "dq2_nodq": "TILE=dq_buffers=2;DKV_DBG_NODQ=1",
+    "stages3": "TILE=stages=3",
+    "nored": "DKV_DBG_NORED=1",  # wrong dQ: the dQ warp's counters without the reduce-adds
+    "nobar": "DKV_DBG_NOBAR=1",  # wrong dQ: no barrier of the two consumer warpgroups before dQ_step
 }
 
 CASES = {
@@ -67,7 +70,8 @@ def timing_child(shapes: str) -> None:
         q, k, v = (t.requires_grad_() for t in random_inputs(layout, 32, 8, 128, torch.bfloat16, 0))
         dout = torch.randn_like(q)
         out = dualkv.shared_prefix_attention(q, k, v, layout)
-        t = time_runs(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), "cuda", 5)
+        reps = int(os.environ.get("DEBUG_WS_REPS", "10"))
+        t = time_runs(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), "cuda", reps)
         res["rows"].append({"N": n, "P": p, "ms": t.ms, "ms_min": min(t.ms_runs), "ms_max": max(t.ms_runs),
                             "tflops": attention_flops(useful_pairs(layout), 32, 128, "bwd") / t.ms / 1e9})
     print("RESULT " + json.dumps(res), flush=True)

@@ -25,6 +25,13 @@
 #   bash experiments/gpu/run_pending.sh wsdefaults # head-major default: GPU tests, order_bench, the
 #                                               # head dims 64 / 96 against the cuDNN cascade (dispatch floor)
 #   bash experiments/gpu/run_pending.sh ws64       # the warp-specialised backward at head dim 64: tests, vs cuDNN
+#   bash experiments/gpu/run_pending.sh dqfirst    # WS backward with dQ_step before dK: timing vs variants, GPU tests
+#   bash experiments/gpu/run_pending.sh dqpath     # the WS backward's dQ hand-off bisected (timing variants)
+#   bash experiments/gpu/run_pending.sh wsfwd96    # the warp-specialised forward at head dim 96: tests, vs v1, cuDNN
+#   bash experiments/gpu/run_pending.sh table1dq   # the head-dim-96 tests, then Table 1 vs the cuDNN cascade
+#   bash experiments/gpu/run_pending.sh floor6496  # deterministic=False at head dims 64 / 96: fused, hybrid, cascade
+#   bash experiments/gpu/run_pending.sh hybrid6496 # the hybrid and cascade GPU tests (head dims 64, 96, 128)
+#   bash experiments/gpu/run_pending.sh wsfinal    # the WS backward's GPU tests and bwd time after a cleanup
 #   bash experiments/gpu/run_pending.sh ws96       # the same at head dim 96 (128-column tiles), and dualkv verify
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
@@ -207,6 +214,21 @@ ws64)
     TAIL=12 step ws64bench 100 python3 -m dualkv bench kernel --head-dim 64 --shapes 16:4096,16:32768 \
         --systems dualkv,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
     ;;
+dqfirst)
+    # the WS backward with dQ_step before dK (the default since; run at 3499eee+dqfirst with a variant "dqlast", the
+    # old order, since removed): bwd timing against the lockstep / dQ bisection switches (own processes), then the WS
+    # backward's GPU tests (every head dim, trees)
+    TAIL=7 step dqfirst_timing 200 python3 experiments/gpu/debug_ws_bwd.py --timing 16:32768,8:8192 \
+        --variants base,nobar,nodq,base --out "$OUT"
+    TAIL=4 step pytest_dqfirst 300 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+        proofs_tests/test_tree_cuda_ws.py proofs_tests/test_cuda_hd96.py
+    ;;
+dqpath)
+    # where the WS backward's dQ hand-off costs (#12): the dQ warp's counters (nosem), its reduce-adds (nored), two
+    # dQ buffers (dq2); own processes. (checks/ws-bwd-dqpath-*T0840Z.json also timed a since-removed variant.)
+    TAIL=9 step dqpath_timing 300 python3 experiments/gpu/debug_ws_bwd.py --timing 16:32768,8:8192 \
+        --variants base,nosem,nored,dq2,base --out "$OUT"
+    ;;
 ws96)
     # the warp-specialised backward at head dim 96 (128-column tiles, TMA zero fill past column 96): its GPU tests
     # (two-level, trees, the head-dim-96 file), head dim 96 against the cuDNN cascade, dualkv verify
@@ -217,7 +239,51 @@ ws96)
         --systems dualkv,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
     TAIL=2 step verify 80 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100.json"
     ;;
+wsfwd96)
+    # the warp-specialised forward at head dim 96 (128-column tiles, TMA zero fill past column 96): the head-dim-96
+    # GPU tests and every test naming 96, then head dim 96 against the first wgmma kernels and the cuDNN cascade (one
+    # process), dualkv verify
+    TAIL=4 step pytest_wsfwd96 240 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_hd96.py \
+        proofs_tests/test_cuda_backward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_forward.py \
+        proofs_tests/test_tree_cuda.py proofs_tests/test_tree_cuda_ws.py -k "96 or other_head_dims"
+    mkdir -p "$OUT/bench"
+    TAIL=20 step wsfwd96bench 200 python3 -m dualkv bench kernel --head-dim 96 --shapes 16:4096,8:8192,16:32768 \
+        --systems dualkv,dualkv_v1,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    TAIL=2 step verify 80 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100.json"
+    ;;
+table1dq)
+    # Table 1 with dQ_step before dK, after the head-dim-96 GPU tests (the windowed cases' kernel-set check)
+    TAIL=3 step pytest_hd96 120 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_hd96.py
+    mkdir -p "$OUT/bench"
+    systems=${SYSTEMS:-dualkv,dualkv_atomic,cudnn_cascade}
+    TAIL=14 step table1a 230 python3 -m dualkv bench kernel --shapes 28:4096,8:8192,28:16384,16:32768 \
+        --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    TAIL=8 step table1b 230 python3 -m dualkv bench kernel --shapes 16:65536,4:131072 \
+        --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    ;;
+floor6496)
+    # deterministic=False at head dims 64 and 96 (the dispatch floor): the fused kernels, the path in force
+    # (dualkv_atomic), the hybrid (fused forward + cuDNN backward) and the whole cuDNN cascade, one process per head dim
+    mkdir -p "$OUT/bench"
+    for d in 96 64; do
+        TAIL=14 step floor$d 200 python3 -m dualkv bench kernel --head-dim $d --shapes 16:4096,8:8192,16:32768 \
+            --systems dualkv,dualkv_atomic,dualkv_hybrid,cudnn_cascade --mode fwd,fwdbwd --out "$OUT/bench"
+    done
+    ;;
+hybrid6496)
+    # the hybrid path's GPU tests (head dims 64, 96, 128) and the cascade's, after the dispatch floor moved to it
+    TAIL=3 step pytest_hybrid 200 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_hybrid_path.py \
+        proofs_tests/test_cascade.py
+    ;;
+wsfinal)
+    # the WS backward after its dead paths were removed (dK-first order, DKV_PIPELINE; the cubin changed): its GPU
+    # tests at every head dim and trees, and its bwd time (own processes)
+    TAIL=4 step pytest_wsfinal 300 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+        proofs_tests/test_tree_cuda_ws.py proofs_tests/test_cuda_hd96.py
+    TAIL=3 step wsfinal_timing 120 python3 experiments/gpu/debug_ws_bwd.py --timing 16:32768,8:8192 \
+        --variants base,base --out "$OUT"
+    ;;
 *) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
-        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96)"
+        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq, floor6496, hybrid6496, wsfinal)"
    exit 2 ;;
 esac

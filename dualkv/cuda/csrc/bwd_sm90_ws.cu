@@ -8,6 +8,10 @@
 //   S^T = K Q^T, dP^T = V dO^T     (wgmma, smem operands)          P^T = exp2(S^T scale - LSE), masked
 //   dV += P^T dO,  dK += dS^T Q    (wgmma, P^T / dS^T from registers) dS^T = P^T (dP^T - D)
 //   dS^T -> smem (stmatrix, transposed), then dQ_step = dS K          (each warpgroup one half of the head dim)
+// in the order S^T, dP^T, dV, dQ_step, dK, so dQ_step goes to smem while dK runs (dK before dQ_step measured the same
+// at (16, 32K), 132.2 against 132.4 / 130.9 ms; checks/ws-bwd-dqfirst-h100-20261127T0834Z.json). Issuing the next
+// step's S^T / dP^T before this step's dQ hand-off needs them in flight across the loop's back edge, where ptxas
+// serializes every wgmma (C7515); with every product waited for before the back edge it runs out of registers (C7511).
 // and hand dQ_step (fp32, through smem) to the dQ warp, which adds it into ONE (H, T + 64, kHeadDimAcc) fp32
 // accumulator with bulk reduce-adds IN A FIXED ORDER: each (query head, query tile) has a counter, and a contribution
 // whose rank is r waits until the counter reads r (every earlier contribution has landed), adds, then sets it to r + 1.
@@ -65,10 +69,6 @@ __device__ __forceinline__ int dq_chunk(int chunk, int token) { return chunk ^ (
 constexpr int kDqBuffers = DKV_DQ_BUFFERS;
 constexpr int kDsBuffers = 3 - kDqBuffers;
 static_assert(kDqBuffers == 1 || kDqBuffers == 2, "one or two dQ buffers");
-#ifndef DKV_PIPELINE
-#define DKV_PIPELINE 0  // 1 (across the loop back edge) makes ptxas serialize every wgmma (C7515)
-#endif
-constexpr bool kPipeline = DKV_PIPELINE != 0;  // issue the next step's S^T / dP^T before handing off this step's dQ
 static_assert(kWarps == 8 && DKV_DSPLIT == 1 && kStep == 64 && !kWindow &&
                   (kHeadDim == 128 || kHeadDim == 64 || (kHeadDim == 96 && kHeadDimAcc == 128)),
               "two consumer warpgroups of 64 keys, 64-query steps, head dim 64, 96 (tiles of 128) or 128, no window");
@@ -88,11 +88,19 @@ constexpr int kBarConsumers = 1;
 #ifndef DKV_DBG_NODQ
 #define DKV_DBG_NODQ 0
 #endif
+#ifndef DKV_DBG_NORED  // 1: the dQ warp keeps its counters but adds nothing (wrong dQ: times the reduce-adds)
+#define DKV_DBG_NORED 0
+#endif
+#ifndef DKV_DBG_NOBAR  // 1: no barrier between dS to smem and dQ_step (wrong dQ: times the warpgroups' lockstep)
+#define DKV_DBG_NOBAR 0
+#endif
 // 1: the dQ warp keeps one add in flight (releases a counter one step late); 0: it waits for each add to complete.
 #ifndef DKV_DQ_INFLIGHT
 #define DKV_DQ_INFLIGHT 1
 #endif
 constexpr bool kDqInFlight = DKV_DQ_INFLIGHT != 0;
+// (Freeing the smem buffer before publishing the previous add measured 6% slower at (16, 32K): the adds then come
+// faster than L2 absorbs them; checks/ws-bwd-dqpath-h100-20261127T0840Z.json.)
 // CTA order (the spec's head_major, configs.WS_CTA_ORDERS): 0, the KV heads of a key tile adjacent (blockIdx.x =
 // tile * kv_heads + head; prefix trees); 1, each KV head's whole table in turn (blockIdx.x = head * tiles + tile; the
 // two-level default), so the CTAs running together sweep the query rows of ONE KV head's query heads (an eighth of
@@ -332,8 +340,9 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                         wait_flag(sem, si.rank);
                         fence_async_global();  // the add below (async proxy) after the acquire
                     }
-                    bulk_reduce_add_f32(dq_acc + si.head * dqa_head + (long long)si.tok0 * kHeadDimAcc, sdq,
-                                        si.n * kDqRowBytes);
+                    if (!DKV_DBG_NORED)
+                        bulk_reduce_add_f32(dq_acc + si.head * dqa_head + (long long)si.tok0 * kHeadDimAcc, sdq,
+                                            si.n * kDqRowBytes);
                     bulk_commit();
                     if (kDqInFlight && pending) {  // the previous add has completed: publish it
                         bulk_wait<1>();
@@ -394,8 +403,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     }
 #endif
     float acc_s[1][kStep / 8][4], acc_dp[1][kStep / 8][4];
-    // S^T = K Q^T and dP^T = V dO^T of step i (two commit groups). With DKV_PIPELINE they are issued at the end of
-    // step i - 1, so they run while that step's dQ goes to smem and the dQ warp.
+    // S^T = K Q^T and dP^T = V dO^T of step i (two commit groups).
     auto issue_sdp = [&](int i) {
         const int s = i % kStages;
         mbar_wait(bar_full + 8 * s, (i / kStages) & 1);
@@ -412,13 +420,12 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         wgmma_commit();
     };
     const int n_steps = walk_steps(w), count = w.count;
-    if (kPipeline && n_steps > 0) issue_sdp(0);
     for (int i = 0; i < n_steps; ++i) {
         const int s = i % kStages;
         const unsigned q_addr = sq0 + s * kStepBytes, do_addr = sdo0 + s * kStepBytes;
         const float* lse = s_lse + s * kStep;
         const float* dlt = s_delta + s * kStep;
-        if (!kPipeline) issue_sdp(i);
+        issue_sdp(i);
         const int4 info = s_info[s];  // written before the stage's full barrier completed
         const int key_base = info.x, q_pos0 = info.y, tok7 = info.w;  // tok7: the dQ rows' chunk permutation key
         const bool need_mask = info.z != 0;
@@ -446,10 +453,6 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         fence_regs(acc_dp[0]);
         dscores_t(acc_dp[0], acc_s[0], dlt, t4);  // dS^T
         to_a_frag<1, kStep>(ds_frag, acc_dp);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kStep / 16; ++kk) wgmma_rs(acc_dk, ds_frag[0][kk], nmajor_desc(qn_desc, kk));  // dK += dS^T Q
-        wgmma_commit();
 
         // dS (queries x keys) into smem, K-major over keys: this warp's 16 keys x 64 queries, transposed.
         const unsigned sds = sds0 + (i % kDsBuffers) * kDsBytes;
@@ -460,7 +463,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             stmatrix_x4_trans(sds + swizzled_offset<kStep>(q, wkey0 / 8 + (j % 2)), ds_frag[0][kk]);
         }
         fence_async_smem();
-        named_sync(kBarConsumers, kConsumerThreads);  // both warpgroups' dS is in place
+        if (!DKV_DBG_NOBAR) named_sync(kBarConsumers, kConsumerThreads);  // both warpgroups' dS is in place
 
         float acc_dq[kDqCols / 8][4];  // dQ_step[:, kDqCols wg ..] = dS K[:, that half]
         const unsigned long long ds_desc = kmajor_tile(sds, 0);
@@ -473,16 +476,11 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             wgmma_ss_nb(acc_dq, kmajor_desc<kStep>(ds_desc, st), nmajor_desc(kn_desc, st), st > 0);
 #endif
         wgmma_commit();
-        wgmma_wait<0>();
+#pragma unroll
+        for (int kk = 0; kk < kStep / 16; ++kk) wgmma_rs(acc_dk, ds_frag[0][kk], nmajor_desc(qn_desc, kk));  // dK += dS^T Q
+        wgmma_commit();
+        wgmma_wait<1>();  // dQ_step (and dV) complete; dK runs while dQ_step goes to smem
         fence_regs(acc_dq);
-        fence_regs(acc_dk);
-        fence_regs(acc_dv);
-        fence_regs(p_frag[0]);
-        fence_regs(ds_frag[0]);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_empty + 8 * s);  // Q, dO, LSE, D of this stage are no longer read
-        if (kDsBuffers == 1) named_sync(kBarConsumers, kConsumerThreads);  // both warpgroups done reading dS
-        if (kPipeline && i + 1 < n_steps) issue_sdp(i + 1);
 
         const int b = i % kDqBuffers;
         const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
@@ -502,6 +500,14 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         fence_async_smem();
         __syncwarp();
         if (lane == 0 && !DKV_DBG_NODQ) mbar_arrive(bar_dq_full + 8 * b);
+        wgmma_wait<0>();
+        fence_regs(acc_dk);
+        fence_regs(acc_dv);
+        fence_regs(p_frag[0]);
+        fence_regs(ds_frag[0]);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_empty + 8 * s);  // Q, dO, LSE, D of this stage are no longer read
+        if (kDsBuffers == 1) named_sync(kBarConsumers, kConsumerThreads);  // both warpgroups done reading dS
     }
 
     // dK (scaled) and dV: swizzled into the K / V tiles (no longer read once every consumer is here), then coalesced

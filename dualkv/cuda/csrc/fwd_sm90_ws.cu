@@ -24,12 +24,14 @@ namespace {
 constexpr int kStages = DKV_STAGES;
 constexpr bool kPingPong = DKV_PINGPONG != 0;
 constexpr int kConsumerThreads = 256;
-constexpr int kTileBytesQ = kBlockM * kHeadDim * 2;
-constexpr int kTileBytesKV = kBlockN * kHeadDim * 2;
-constexpr int kAtoms = kHeadDim / 64;
+// Tiles and the output accumulator have kHeadDimAcc columns (head dim 96: 128, sm90.cuh); the TMA zero-fills the
+// columns past the head dim and only kHeadDim columns are stored.
+constexpr int kTileBytesQ = kBlockM * kHeadDimAcc * 2;
+constexpr int kTileBytesKV = kBlockN * kHeadDimAcc * 2;
+constexpr int kAtoms = kHeadDimAcc / 64;
 
 static_assert(kWarps == 8 && kMSlabs == 1 && kDSplit == 1, "two consumer warpgroups of 64 query rows");
-static_assert(kHeadDim % 64 == 0 && kBlockN % 64 == 0 && kBlockN <= 256, "64-column swizzle atoms, TMA box <= 256");
+static_assert(kHeadDimAcc % 64 == 0 && kBlockN % 64 == 0 && kBlockN <= 256, "64-column swizzle atoms, TMA box <= 256");
 static_assert(kPosPerTile % 8 == 0, "each packed head's rows start on a swizzle period");
 
 // Named barrier ids (0 is __syncthreads).
@@ -47,7 +49,7 @@ __device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 8][4], unsigne
         wgmma_ss(acc_s, kmajor_desc<kBlockM>(q_desc, s), kmajor_desc<kBlockN>(k_desc, s), s > 0);
 }
 
-__device__ __forceinline__ void issue_pv(float (&acc_o)[kHeadDim / 8][4], const unsigned (&p_frag)[kBlockN / 16][4],
+__device__ __forceinline__ void issue_pv(float (&acc_o)[kHeadDimAcc / 8][4], const unsigned (&p_frag)[kBlockN / 16][4],
                                          unsigned v_addr) {
     const unsigned long long v_desc = nmajor_tile<kBlockN>(v_addr);
 #pragma unroll
@@ -135,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_f
     qw.lmat = lane / 8;
     const unsigned long long q_desc = kmajor_tile(sq, wg * 64);
 
-    float acc_o[1][kHeadDim / 8][4];
+    float acc_o[1][kHeadDimAcc / 8][4];
     float row_max[1][2], row_sum[1][2];
     init_rows(acc_o, row_max, row_sum);
     unsigned p_frag[1][kBlockN / 16][4];
