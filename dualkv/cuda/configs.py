@@ -152,7 +152,8 @@ SM90_DKDV_TILES: dict[int, KeyTileConfig] = {
 #: (per-query-tile counters), so it stays deterministic. Head dims 64, 96 (tiles of 128 columns) and 128, causal, no
 #: sliding window. Measured on an H100 at (16, 32K), against the wgmma dQ + dK/dV kernels: d = 128 158 ms against 169
 #: (checks/ws-bwd-variants-h100-*T1140Z.json); d = 64 backward 88.5 ms against 117.1 (kernel-h32-8-d64-20261127-055552
-#: .json against -053354.json); d = 96 126.2 against 165.4 (kernel-h32-8-d96-20261127-062842.json against -050642).
+#: .json against -053354.json); d = 96 126.2 against 165.4 (kernel-h32-8-d96-20261127-062842.json against -050642),
+#: then 116.2 with dQ rows of 96 columns (cuDNN cascade 121.8 in that run, -091725.json).
 #: Head dims whose warp-specialised backward also keeps a transposed copy of its K tile in shared memory (dQ's B
 #: operand; bwd_sm90_ws.cu's DKV_DQ_FROM_KT, which a CPU test holds to this tuple).
 WS_TRANSPOSED_K_HEAD_DIMS = (64,)
@@ -178,7 +179,7 @@ WGMMA_V1_KERNELS = ("fwd_sm90", "bwd_dq_sm90", "bwd_dkdv_sm90")
 
 
 def tile_head_dim(head_dim: int) -> int:
-    """Columns of a wgmma_v1 or warp-specialised-backward shared-memory tile for ``head_dim``: whole 64-column
+    """Columns of a wgmma_v1 or warp-specialised (TMA) kernel's shared-memory tile for ``head_dim``: whole 64-column
     swizzle atoms (96 -> 128)."""
     return -(-head_dim // 64) * 64
 
@@ -554,7 +555,7 @@ class KernelSpec:
             return (key_tiles * t.block_keys * self.tile_head_dim * 2
                     + 2 * t.stages * t.block_m * self.tile_head_dim * 2
                     + (3 - t.dq_buffers) * t.block_m * t.block_keys * 2
-                    + t.dq_buffers * t.block_m * self.tile_head_dim * 4
+                    + t.dq_buffers * t.block_m * self.head_dim * 4
                     + 2 * t.stages * t.block_m * 4 + 16 * t.stages + 8 * (1 + 2 * t.stages + 2 * t.dq_buffers)
                     + 1024)
         if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + `stages` stages of Q, dO, LSE, D; 1 KB alignment slack

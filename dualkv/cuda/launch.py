@@ -332,7 +332,7 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
     step, keys = spec.tile.block_m, spec.tile.block_keys
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, step, tree)
     rows = tokens + step  # a step's tile may reach past the last token
-    acc_cols = spec.tile_head_dim  # head dim 96: rows of 128 (the kernel's tiles; columns 96.. stay 0)
+    acc_cols = head_dim  # the kernel's dQ rows hold the head dim's columns only (not its 128-column tiles' zeros)
     dq_acc = torch.zeros((heads, rows, acc_cols), dtype=torch.float32, device=q.device)
     maps = [tensor_map_3d(q, step), tensor_map_3d(dout, step), tensor_map_3d(k_own, keys), tensor_map_3d(v_own, keys),
             tensor_map_3d(k_ctx, keys), tensor_map_3d(v_ctx, keys)]

@@ -1,4 +1,4 @@
-"""Time head dim 96 on one GPU: the default kernels (on sm_90 the first wgmma kernels) against the mma.sync kernels
+"""Time head dim 96 on one GPU: the default kernels (on sm_90 the warp-specialised ones; they were the first wgmma kernels when this was written) against the mma.sync kernels
 (``kernel_family("mma")``), forward and forward + backward, bf16, one process, CUDA events; min / median / max ms
 over ``--reps`` timed runs after a check that both families agree.
 

@@ -32,6 +32,7 @@
 #   bash experiments/gpu/run_pending.sh floor6496  # deterministic=False at head dims 64 / 96: fused, hybrid, cascade
 #   bash experiments/gpu/run_pending.sh hybrid6496 # the hybrid and cascade GPU tests (head dims 64, 96, 128)
 #   bash experiments/gpu/run_pending.sh wsfinal    # the WS backward's GPU tests and bwd time after a cleanup
+#   bash experiments/gpu/run_pending.sh dq96       # head dim 96's dQ rows of 96 columns: tests, vs the cuDNN cascade
 #   bash experiments/gpu/run_pending.sh ws96       # the same at head dim 96 (128-column tiles), and dualkv verify
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
@@ -283,7 +284,16 @@ wsfinal)
     TAIL=3 step wsfinal_timing 120 python3 experiments/gpu/debug_ws_bwd.py --timing 16:32768,8:8192 \
         --variants base,base --out "$OUT"
     ;;
+dq96)
+    # head dim 96's dQ rows of 96 fp32 columns (were 128): the head-dim-96 GPU tests, then d = 96 against the cuDNN
+    # cascade (one process)
+    TAIL=3 step pytest_dq96 240 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_hd96.py \
+        proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda_ws.py -k "96 or other_head_dims or ws_backward"
+    mkdir -p "$OUT/bench"
+    TAIL=12 step dq96bench 200 python3 -m dualkv bench kernel --head-dim 96 --shapes 16:4096,8:8192,16:32768 \
+        --systems dualkv,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    ;;
 *) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
-        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq, floor6496, hybrid6496, wsfinal)"
+        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq, floor6496, hybrid6496, wsfinal, dq96)"
    exit 2 ;;
 esac

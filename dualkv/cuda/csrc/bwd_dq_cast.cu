@@ -1,5 +1,5 @@
 // dQ = scale * acc in 16 bits, (T, H, d) with token/head strides, from the warp-specialised backward's fp32 accumulator
-// (H, rows, acc_row >= d: head dim 96's rows have 128 columns), whose row t holds its 16-byte chunks permuted within
+// (H, rows, acc_row >= d; the kernel writes rows of d), whose row t holds its 16-byte chunks permuted within
 // groups of 8 (logical chunk c at c ^ (t & 7), bwd_sm90_ws.cu): one pass, one thread per 8 output elements.
 #include "common.cuh"
 

@@ -8,11 +8,7 @@
 //   S^T = K Q^T, dP^T = V dO^T     (wgmma, smem operands)          P^T = exp2(S^T scale - LSE), masked
 //   dV += P^T dO,  dK += dS^T Q    (wgmma, P^T / dS^T from registers) dS^T = P^T (dP^T - D)
 //   dS^T -> smem (stmatrix, transposed), then dQ_step = dS K          (each warpgroup one half of the head dim)
-// in the order S^T, dP^T, dV, dQ_step, dK, so dQ_step goes to smem while dK runs (dK before dQ_step measured the same
-// at (16, 32K), 132.2 against 132.4 / 130.9 ms; checks/ws-bwd-dqfirst-h100-20261127T0834Z.json). Issuing the next
-// step's S^T / dP^T before this step's dQ hand-off needs them in flight across the loop's back edge, where ptxas
-// serializes every wgmma (C7515); with every product waited for before the back edge it runs out of registers (C7511).
-// and hand dQ_step (fp32, through smem) to the dQ warp, which adds it into ONE (H, T + 64, kHeadDimAcc) fp32
+// and hand dQ_step (fp32, through smem) to the dQ warp, which adds it into ONE (H, T + 64, kHeadDim) fp32
 // accumulator with bulk reduce-adds IN A FIXED ORDER: each (query head, query tile) has a counter, and a contribution
 // whose rank is r waits until the counter reads r (every earlier contribution has landed), adds, then sets it to r + 1.
 // Ranks: a response's own (causal) key blocks b = 0, 1, ... come first (rank b), then the blocks b of the keys its
@@ -24,6 +20,12 @@
 // first every dependent segment's queries (all see the block), then the own segment's causal queries from the LAST tile
 // down, so no CTA waits on one with more work. The grid is 1-D, in the CTA order below (DKV_HEAD_MAJOR). dK, dV: fp32
 // in registers over the whole walk (all N responses and the GQA group), cast once.
+//
+// The products run in the order S^T, dP^T, dV, dQ_step, dK, so dQ_step goes to smem while dK runs (dK before dQ_step
+// measured the same at (16, 32K), 132.2 against 132.4 / 130.9 ms; checks/ws-bwd-dqfirst-h100-20261127T0834Z.json).
+// Issuing the next step's S^T / dP^T before this step's dQ hand-off needs them in flight across the loop's back edge,
+// where ptxas serializes every wgmma (C7515); with every product waited for before the back edge it runs out of
+// registers (C7511).
 //
 // DKV_TREE=1 (prefix trees, dualkv/cuda/tree_schedule.py): segment rows are tree nodes (q_start, q_len, runs, pos)
 // and a key tile (i, blk, i + 1, end) owns keys of node i, seen causally by its own queries (pos plays ctx_len's part,
@@ -53,8 +55,9 @@ constexpr int kStep = DKV_BLOCK_M;  // queries per step
 constexpr int kBlockKeys = 128;
 constexpr int kStages = DKV_STAGES;
 constexpr int kConsumerThreads = 256;
-// Tiles, accumulators and dQ rows have kHeadDimAcc columns (head dim 96: 128, as in the wgmma_v1 kernels, sm90.cuh);
-// the TMA zero-fills the columns past the head dim, so they add nothing, and only kHeadDim columns are stored.
+// Tiles and accumulators have kHeadDimAcc columns (head dim 96: 128, as in the wgmma_v1 kernels, sm90.cuh); the TMA
+// zero-fills the columns past the head dim, so they add nothing, and only kHeadDim columns are stored. dQ rows (smem
+// and the accumulator) have kHeadDim columns: the reduce-adds move no zero columns.
 constexpr int kAtoms = kHeadDimAcc / 64;
 constexpr int kKeyBytes = kBlockKeys * kHeadDimAcc * 2;
 constexpr int kStepBytes = kStep * kHeadDimAcc * 2;
@@ -62,7 +65,8 @@ constexpr int kDsBytes = kStep * kBlockKeys * 2;
 // dQ_step rows (fp32) in smem exactly as they land in the accumulator, so ONE bulk reduce-add moves a step: the
 // 16-byte chunks of a row are permuted within groups of 8 by the row's token index (chunk c at c ^ (token & 7)),
 // which spreads the consumers' writes over the banks; the launcher undoes the permutation when it casts dQ.
-constexpr int kDqRowBytes = kHeadDimAcc * 4;
+constexpr int kDqRowBytes = kHeadDim * 4;
+static_assert(kHeadDim % 32 == 0, "dQ rows of whole groups of 8 16-byte chunks");
 __device__ __forceinline__ int dq_chunk(int chunk, int token) { return chunk ^ (token & 7); }
 // dQ hand-off buffers: with 2 the consumers write step i + 1's dQ while the dQ warp still adds step i's; the smem
 // for the second comes from dS, then single-buffered (one more consumer barrier per step).
@@ -341,7 +345,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                         fence_async_global();  // the add below (async proxy) after the acquire
                     }
                     if (!DKV_DBG_NORED)
-                        bulk_reduce_add_f32(dq_acc + si.head * dqa_head + (long long)si.tok0 * kHeadDimAcc, sdq,
+                        bulk_reduce_add_f32(dq_acc + si.head * dqa_head + (long long)si.tok0 * kHeadDim, sdq,
                                             si.n * kDqRowBytes);
                     bulk_commit();
                     if (kDqInFlight && pending) {  // the previous add has completed: publish it
@@ -491,6 +495,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             const int row = (cw % 4) * 16 + g + 8 * hh;
 #pragma unroll
             for (int nt = 0; nt < kDqCols / 8; ++nt) {
+                if (kHeadDimAcc > kHeadDim && wg * kDqCols + nt * 8 >= kHeadDim) continue;  // a zero column
                 const int col = wg * kDqCols + nt * 8 + 2 * t4;  // fp32 column; chunk col / 4, offset col % 4
                 *reinterpret_cast<float2*>(base + (sdq - sk) + row * kDqRowBytes +
                                            (dq_chunk(col / 4, tok7 + row) * 4 + col % 4) * 4) =
