@@ -33,6 +33,7 @@
 #   bash experiments/gpu/run_pending.sh hybrid6496 # the hybrid and cascade GPU tests (head dims 64, 96, 128)
 #   bash experiments/gpu/run_pending.sh wsfinal    # the WS backward's GPU tests and bwd time after a cleanup
 #   bash experiments/gpu/run_pending.sh dq96       # head dim 96's dQ rows of 96 columns: tests, vs the cuDNN cascade
+#   bash experiments/gpu/run_pending.sh final      # Table 1 and head dims 96 / 64 vs the cuDNN cascade, last commit
 #   bash experiments/gpu/run_pending.sh ws96       # the same at head dim 96 (128-column tiles), and dualkv verify
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
@@ -293,7 +294,21 @@ dq96)
     TAIL=12 step dq96bench 200 python3 -m dualkv bench kernel --head-dim 96 --shapes 16:4096,8:8192,16:32768 \
         --systems dualkv,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
     ;;
+final)
+    # the session's last commit: Table 1 and head dims 96 and 64 against the cuDNN cascade (deterministic default and
+    # deterministic=False), one process per part
+    mkdir -p "$OUT/bench"
+    systems=dualkv,dualkv_atomic,cudnn_cascade
+    TAIL=6 step final1a 230 python3 -m dualkv bench kernel --shapes 28:4096,8:8192,28:16384,16:32768 \
+        --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    TAIL=6 step final1b 230 python3 -m dualkv bench kernel --shapes 16:65536,4:131072 \
+        --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    for d in 96 64; do
+        TAIL=4 step final$d 120 python3 -m dualkv bench kernel --head-dim $d --shapes 16:4096,8:8192,16:32768 \
+            --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    done
+    ;;
 *) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
-        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq, floor6496, hybrid6496, wsfinal, dq96)"
+        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq, floor6496, hybrid6496, wsfinal, dq96, final)"
    exit 2 ;;
 esac
