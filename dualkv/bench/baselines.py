@@ -114,7 +114,7 @@ class DualKVTree(DualKV):
 
 class DualKVAtomic(DualKV):
     """dualkv with ``deterministic=False``: on Hopper the path :data:`dualkv.cuda.configs.CASCADE_FASTER` names
-    (d = 64, 96, 128: the fused forward with the cuDNN cascade's backward), elsewhere dQ
+    (d = 64, 128: the fused forward with the cuDNN cascade's backward; d = 96: the fused kernels), elsewhere dQ
     accumulated by fp32 atomics inside the mma.sync dK/dV kernel (FlashAttention-2's scheme)."""
 
     name = "dualkv_atomic"

@@ -384,13 +384,15 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
 #:   backward). H100, fwd+bwd ms hybrid / cascade, same run (experiments/results/checks/hybrid-*-h100-20261127T0226Z
 #:   .json): (16, 32K) 174.7 / 174.1, (8, 8K) 21.8 / 22.4, (28, 4K) 36.3 / 40.2, four groups of (8, 8K) 85.8 / 88.6;
 #:   peak memory lower at all four.
-#: - head dims 64 and 96: "hybrid" too. H100, fwd+bwd ms at (16, 4K), (8, 8K), (16, 32K), same run, hybrid /
-#:   cascade (what deterministic=False ran before) / the fused kernels (deterministic warp-specialised backward):
-#:   d = 96 19.0 / 21.1 / 19.6, 19.3 / 20.3 / 19.3, 162.9 / 163.6 / 167.0 (kernel-h32-8-d96-20261127-090239.json,
-#:   after the warp-specialised forward reached d = 96); d = 64 13.2 / 14.0 / 14.4, 13.0 / 13.4 / 14.2, 108.4 / 108.3
-#:   / 113.7 (kernel-h32-8-d64-20261127-090307.json). Peak memory: the hybrid's is at most the cascade's (d = 96,
-#:   (16, 32K): 3.5 against 3.7 GiB).
-CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 96): "hybrid", ("sm_90", 64): "hybrid"}
+#: - head dim 64: "hybrid" too. H100, fwd+bwd ms at (16, 4K), (8, 8K), (16, 32K), same run, hybrid / cascade / the
+#:   fused kernels (deterministic warp-specialised backward): 13.2 / 14.0 / 14.4, 13.0 / 13.4 / 14.2, 108.4 / 108.3 /
+#:   113.7 (kernel-h32-8-d64-20261127-090307.json); at c51933e hybrid / cuDNN cascade / fused 13.6 / 14.4 / 14.7,
+#:   13.2 / 13.8 / 14.1, 112.1 / 109.0 / 114.9 (checks/kernel-d64-h100-20261127T0926Z-c51933e.log): the hybrid is the
+#:   faster at the two smaller shapes, the cascade by 2-3% at (16, 32K).
+#: - head dim 96: no entry, the fused kernels: with the warp-specialised forward and dQ rows of 96 columns they are
+#:   the fastest (and deterministic). At c51933e, fused / hybrid / cuDNN cascade: 19.1 / 19.5 / 21.6, 18.5 / 19.6 /
+#:   20.8, 160.0 / 164.5 / 166.3 (checks/kernel-d96-h100-20261127T0926Z-c51933e.log).
+CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 64): "hybrid"}
 #: ``$DUALKV_PATH``: "auto" (the rule above), "fused" (always the kernels), "cascade" (always the cascade where it
 #: applies: CUDA fp16/bf16, head dim <= 128 on cuDNN, no window), "hybrid" (the fused forward with the cascade's
 #: cuDNN backward, dualkv.cuda.hybrid, where the cascade applies).

@@ -1,5 +1,5 @@
 """The fused forward with the cuDNN cascade's backward (``DUALKV_PATH=hybrid``): for ``deterministic=False`` calls
-where dualkv's forward is the faster one and the cuDNN cascade's backward is (Hopper, head dims 64, 96, 128; see
+where dualkv's forward is the faster one and the cuDNN cascade's backward is (Hopper, head dims 64 and 128; see
 :func:`dualkv.cuda.configs.attention_path`).
 
 An attention backward needs only the output and the full softmax's log-sum-exp (D = rowsum(dO * O),
