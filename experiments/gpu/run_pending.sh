@@ -34,6 +34,7 @@
 #   bash experiments/gpu/run_pending.sh wsfinal    # the WS backward's GPU tests and bwd time after a cleanup
 #   bash experiments/gpu/run_pending.sh dq96       # head dim 96's dQ rows of 96 columns: tests, vs the cuDNN cascade
 #   bash experiments/gpu/run_pending.sh final      # Table 1 and head dims 96 / 64 vs the cuDNN cascade, last commit
+#   bash experiments/gpu/run_pending.sh floortests # GPU tests of deterministic=False, the cascade, the hybrid, d=96
 #   bash experiments/gpu/run_pending.sh ws96       # the same at head dim 96 (128-column tiles), and dualkv verify
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
@@ -308,7 +309,14 @@ final)
             --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
     done
     ;;
+floortests)
+    # after the floor change at head dim 96 (deterministic=False stays fused): the non-deterministic-mode, cascade and
+    # hybrid GPU tests, and the head-dim-96 file
+    TAIL=3 step pytest_floor 240 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+        proofs_tests/test_cascade.py proofs_tests/test_hybrid_path.py proofs_tests/test_cuda_hd96.py \
+        -k "atomic or cascade or hybrid or floor or 96"
+    ;;
 *) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
-        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq, floor6496, hybrid6496, wsfinal, dq96, final)"
+        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq, floor6496, hybrid6496, wsfinal, dq96, final, floortests)"
    exit 2 ;;
 esac
