@@ -35,6 +35,7 @@
 #   bash experiments/gpu/run_pending.sh dq96       # head dim 96's dQ rows of 96 columns: tests, vs the cuDNN cascade
 #   bash experiments/gpu/run_pending.sh final      # Table 1 and head dims 96 / 64 vs the cuDNN cascade, last commit
 #   bash experiments/gpu/run_pending.sh floortests # GPU tests of deterministic=False, the cascade, the hybrid, d=96
+#   bash experiments/gpu/run_pending.sh floorjson  # head dims 96 / 64: default, deterministic=False, hybrid, cascade
 #   bash experiments/gpu/run_pending.sh ws96       # the same at head dim 96 (128-column tiles), and dualkv verify
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
@@ -316,7 +317,16 @@ floortests)
         proofs_tests/test_cascade.py proofs_tests/test_hybrid_path.py proofs_tests/test_cuda_hd96.py \
         -k "atomic or cascade or hybrid or floor or 96"
     ;;
+floorjson)
+    # head dims 96 and 64, deterministic default against deterministic=False (the path in force), the hybrid and the
+    # cuDNN cascade, one process per head dim (a call returns at most 8 files: keep this part's output small)
+    mkdir -p "$OUT/bench"
+    for d in 96 64; do
+        TAIL=4 step floorjson$d 150 python3 -m dualkv bench kernel --head-dim $d --shapes 16:4096,8:8192,16:32768 \
+            --systems dualkv,dualkv_atomic,dualkv_hybrid,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    done
+    ;;
 *) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
-        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq, floor6496, hybrid6496, wsfinal, dq96, final, floortests)"
+        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq, floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson)"
    exit 2 ;;
 esac
