@@ -135,9 +135,9 @@ def test_cudnn_engine_tiny_parts_run_as_fp32_math():
 
 
 def test_dispatch_floor_rule(monkeypatch):
-    """deterministic=False goes to the hybrid (fused forward, cuDNN cascade backward; d = 64, 128 on Hopper)
-    where it was measured faster (at d = 96 the fused kernels are); the deterministic default, windows, head dims cuDNN lacks and other
-    archs stay fused; $DUALKV_PATH overrides and is checked."""
+    """deterministic=False goes to the hybrid (fused forward, cuDNN cascade backward; d = 64, 128 on Hopper) where
+    it was measured faster (at d = 96 the fused kernels are as fast or faster); the deterministic default, windows,
+    head dims cuDNN lacks and other archs stay fused; $DUALKV_PATH overrides and is checked."""
     from dualkv.cuda.configs import attention_path
 
     monkeypatch.delenv("DUALKV_PATH", raising=False)

@@ -5,8 +5,9 @@ Differentiable (custom ops with autograd, see :mod:`dualkv.cuda.ops`). The defau
 every gradient row is summed by one CTA in a fixed order, with no atomics; ``deterministic=False`` selects the
 atomic-dQ mode where it exists (head dims :data:`~dualkv.cuda.configs.ATOMIC_HEAD_DIMS`) and no faster path
 serves the call: where the cuDNN cascade's backward is the faster (:func:`~dualkv.cuda.configs.attention_path`:
-Hopper, head dims 64 and 128: the fused forward with the cascade's backward, :mod:`dualkv.cuda.hybrid`), or, on the fused path, where the deterministic warp-specialised backward serves it (Hopper, head dims 64,
-96, 128, causal, no window: :func:`~dualkv.cuda.configs.ws_backward_for`).
+Hopper, head dims 64 and 128: the fused forward with the cascade's backward, :mod:`dualkv.cuda.hybrid`), or, on the
+fused path, where the deterministic warp-specialised backward serves it (Hopper, head dims 64, 96, 128, causal, no
+window: :func:`~dualkv.cuda.configs.ws_backward_for`).
 
 Head dims: any multiple of 8 up to 512. A head dim that is not a kernel head dim (e.g. 80) is zero-padded to the
 next one (:func:`~dualkv.cuda.configs.kernel_head_dim`) with the softmax scale of the original; the padded output

@@ -121,7 +121,7 @@ DKDV_TILES: dict[int, KeyTileConfig] = {
 #: Hopper forward (wgmma, sm_90a): two warpgroups of 64 query rows, 128-key blocks, double-buffered K/V.
 SM90_FWD_TILES: dict[int, TileConfig] = {
     64: TileConfig(block_n=128, warps=8, mslabs=1),
-    96: TileConfig(block_n=128, warps=8, mslabs=1),  # tiles of 128 columns (WGMMA_V1_PADDED_HEAD_DIMS)
+    96: TileConfig(block_n=128, warps=8, mslabs=1),  # tiles of 128 columns (tile_head_dim)
     128: TileConfig(block_n=128, warps=8, mslabs=1),
 }
 
@@ -386,12 +386,14 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
 #:   peak memory lower at all four.
 #: - head dim 64: "hybrid" too. H100, fwd+bwd ms at (16, 4K), (8, 8K), (16, 32K), same run, hybrid / cascade / the
 #:   fused kernels (deterministic warp-specialised backward): 13.2 / 14.0 / 14.4, 13.0 / 13.4 / 14.2, 108.4 / 108.3 /
-#:   113.7 (kernel-h32-8-d64-20261127-090307.json); at c51933e hybrid / cuDNN cascade / fused 13.6 / 14.4 / 14.7,
-#:   13.2 / 13.8 / 14.1, 112.1 / 109.0 / 114.9 (checks/kernel-d64-h100-20261127T0926Z-c51933e.log): the hybrid is the
-#:   faster at the two smaller shapes, the cascade by 2-3% at (16, 32K).
+#:   113.7 (kernel-h32-8-d64-20261127-090307.json); at f13e26b hybrid / cuDNN cascade / fused 13.4 / 14.3 / 14.6,
+#:   13.6 / 13.9 / 14.1, 111.6 / 109.5 / 116.6 (kernel-h32-8-d64-20261127-093812.json; c51933e alike, checks/
+#:   kernel-d64-h100-20261127T0926Z-c51933e.log): the hybrid is the faster at the two smaller shapes, the cascade by
+#:   2-3% at (16, 32K).
 #: - head dim 96: no entry, the fused kernels: with the warp-specialised forward and dQ rows of 96 columns they are
-#:   the fastest (and deterministic). At c51933e, fused / hybrid / cuDNN cascade: 19.1 / 19.5 / 21.6, 18.5 / 19.6 /
-#:   20.8, 160.0 / 164.5 / 166.3 (checks/kernel-d96-h100-20261127T0926Z-c51933e.log).
+#:   as fast as the hybrid or faster, deterministic, with the lower peak memory. At f13e26b, fused / hybrid / cuDNN
+#:   cascade: 19.7 / 19.6 / 21.6, 19.5 / 19.6 / 20.7, 159.5 / 166.9 / 168.2; peak 2.6 / 3.5 / 3.7 GiB at (16, 32K)
+#:   (kernel-h32-8-d96-20261127-093739.json; c51933e alike, checks/kernel-d96-h100-20261127T0926Z-c51933e.log).
 CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 64): "hybrid"}
 #: ``$DUALKV_PATH``: "auto" (the rule above), "fused" (always the kernels), "cascade" (always the cascade where it
 #: applies: CUDA fp16/bf16, head dim <= 128 on cuDNN, no window), "hybrid" (the fused forward with the cascade's
