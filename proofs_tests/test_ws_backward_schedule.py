@@ -307,3 +307,30 @@ def test_the_transposed_k_head_dims_match_the_kernel():
     # (128-column tiles, dQ rows of 96 fp32 columns)
     assert {d: ws_bwd_spec(d, torch.bfloat16).smem_bytes for d in SM90_WS_BWD_TILES} == {
         64: 133_208, 96: 190_552, 128: 198_744}
+
+
+def _dq_row_model(head_dim: int, token: int, consumer_order: bool = True) -> list[int]:
+    """Where bwd_sm90_ws.cu's consumers put dQ column ``col`` of a row (``token`` = the row's token), as the float
+    offset in a row of ``head_dim`` floats (16-byte chunk col / 4 moved to (col / 4) ^ (token & 7)), and where
+    bwd_dq_cast.cu reads it back (output chunk c of 8 elements: fp32 chunks 2c and 2c + 1, each ^ (token & 7))."""
+    if consumer_order:
+        return [((col // 4) ^ (token & 7)) * 4 + col % 4 for col in range(head_dim)]
+    return [(((2 * c + j) ^ (token & 7)) * 4 + k) for c in range(head_dim // 8) for j in range(2) for k in range(4)]
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+def test_dq_rows_permute_within_the_row(head_dim):
+    """The dQ rows hold exactly the head dim's columns (96 at head dim 96, not its tiles' 128): the chunk permutation
+    stays inside the row, is one-to-one, and the cast's reads undo the consumers' writes; the kernel and the cast
+    spell the permutation as this model does. A row whose width is not whole groups of 8 chunks would leave it."""
+    from dualkv.cuda.build import CSRC
+
+    for token in range(16):
+        written = _dq_row_model(head_dim, token)
+        assert sorted(written) == list(range(head_dim))
+        assert _dq_row_model(head_dim, token, consumer_order=False) == written  # read column n where n was written
+    assert max(_dq_row_model(80, 5)) >= 80  # 20 chunks: token 5 sends chunk 16 to 21, past the row
+    kernel, cast = (CSRC / "bwd_sm90_ws.cu").read_text(), (CSRC / "bwd_dq_cast.cu").read_text()
+    assert "return chunk ^ (token & 7);" in kernel and "constexpr int kDqRowBytes = kHeadDim * 4;" in kernel
+    assert "(dq_chunk(col / 4, tok7 + row) * 4 + col % 4) * 4" in kernel
+    assert "src + 4 * ((2 * c) ^ (t & 7))" in cast and "src + 4 * ((2 * c + 1) ^ (t & 7))" in cast
