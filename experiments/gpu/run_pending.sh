@@ -49,6 +49,23 @@ step() {  # step NAME SECONDS CMD...: run with a limit, keep the log, print its 
     timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
     echo "== $name: exit $? ($(date -u +%H:%M:%S))"; tail -${TAIL:-6} "$OUT/$name.log"
 }
+table1_bench() {  # table1_bench PREFIX SYSTEMS TAIL_A TAIL_B: the seed's Table 1 in two processes (steps PREFIXa,
+    # PREFIXb), so the first half's JSON survives a time limit
+    mkdir -p "$OUT/bench"
+    TAIL=$3 step ${1}a 230 python3 -m dualkv bench kernel --shapes 28:4096,8:8192,28:16384,16:32768 \
+        --systems $2 --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    TAIL=$4 step ${1}b 230 python3 -m dualkv bench kernel --shapes 16:65536,4:131072 \
+        --systems $2 --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+}
+head_dim_bench() {  # head_dim_bench PREFIX SECONDS SYSTEMS MODES DIM...: (16, 4K), (8, 8K), (16, 32K) at each head
+    # dim, one process (step PREFIX<dim>) each
+    local prefix=$1 limit=$2 systems=$3 modes=$4; shift 4
+    mkdir -p "$OUT/bench"
+    for d in "$@"; do
+        step $prefix$d $limit python3 -m dualkv bench kernel --head-dim $d --shapes 16:4096,8:8192,16:32768 \
+            --systems $systems --mode $modes --out "$OUT/bench"
+    done
+}
 case "${1:-tests}" in
 tests)
     # test_cuda_ordered_dq.py exists where branch mmaord is merged (the gpu-pending checkout)
@@ -152,12 +169,7 @@ hybrid)
 table1)
     # the seed's Table 1 at the current defaults: dualkv (deterministic), dualkv_atomic (deterministic=False), the cuDNN
     # and FA2 cascades, one process per half so the first half's JSON survives a time limit
-    mkdir -p "$OUT/bench"
-    systems=${SYSTEMS:-dualkv,dualkv_atomic,cudnn_cascade,cascade}
-    TAIL=20 step table1a 230 python3 -m dualkv bench kernel --shapes 28:4096,8:8192,28:16384,16:32768 \
-        --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
-    TAIL=12 step table1b 230 python3 -m dualkv bench kernel --shapes 16:65536,4:131072 \
-        --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    table1_bench table1 "${SYSTEMS:-dualkv,dualkv_atomic,cudnn_cascade,cascade}" 20 12
     ;;
 shared)
     # the opt-in two-level shared-first dQ order: GPU tests (warp-specialised backward; mma.sync ordered dQ), then
@@ -258,21 +270,12 @@ wsfwd96)
 table1dq)
     # Table 1 with dQ_step before dK, after the head-dim-96 GPU tests (the windowed cases' kernel-set check)
     TAIL=3 step pytest_hd96 120 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_hd96.py
-    mkdir -p "$OUT/bench"
-    systems=${SYSTEMS:-dualkv,dualkv_atomic,cudnn_cascade}
-    TAIL=14 step table1a 230 python3 -m dualkv bench kernel --shapes 28:4096,8:8192,28:16384,16:32768 \
-        --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
-    TAIL=8 step table1b 230 python3 -m dualkv bench kernel --shapes 16:65536,4:131072 \
-        --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    table1_bench table1 "${SYSTEMS:-dualkv,dualkv_atomic,cudnn_cascade}" 14 8
     ;;
 floor6496)
     # deterministic=False at head dims 64 and 96 (the dispatch floor): the fused kernels, the path in force
     # (dualkv_atomic), the hybrid (fused forward + cuDNN backward) and the whole cuDNN cascade, one process per head dim
-    mkdir -p "$OUT/bench"
-    for d in 96 64; do
-        TAIL=14 step floor$d 200 python3 -m dualkv bench kernel --head-dim $d --shapes 16:4096,8:8192,16:32768 \
-            --systems dualkv,dualkv_atomic,dualkv_hybrid,cudnn_cascade --mode fwd,fwdbwd --out "$OUT/bench"
-    done
+    TAIL=14 head_dim_bench floor 200 dualkv,dualkv_atomic,dualkv_hybrid,cudnn_cascade fwd,fwdbwd 96 64
     ;;
 hybrid6496)
     # the hybrid path's GPU tests (head dims 64, 96, 128) and the cascade's, after the dispatch floor moved to it
@@ -299,16 +302,8 @@ dq96)
 final)
     # the session's last commit: Table 1 and head dims 96 and 64 against the cuDNN cascade (deterministic default and
     # deterministic=False), one process per part
-    mkdir -p "$OUT/bench"
-    systems=dualkv,dualkv_atomic,cudnn_cascade
-    TAIL=6 step final1a 230 python3 -m dualkv bench kernel --shapes 28:4096,8:8192,28:16384,16:32768 \
-        --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
-    TAIL=6 step final1b 230 python3 -m dualkv bench kernel --shapes 16:65536,4:131072 \
-        --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
-    for d in 96 64; do
-        TAIL=4 step final$d 120 python3 -m dualkv bench kernel --head-dim $d --shapes 16:4096,8:8192,16:32768 \
-            --systems $systems --mode fwd,bwd,fwdbwd --out "$OUT/bench"
-    done
+    table1_bench final1 dualkv,dualkv_atomic,cudnn_cascade 6 6
+    TAIL=4 head_dim_bench final 120 dualkv,dualkv_atomic,cudnn_cascade fwd,bwd,fwdbwd 96 64
     ;;
 floortests)
     # after the floor change at head dim 96 (deterministic=False stays fused): the non-deterministic-mode, cascade and
@@ -320,13 +315,10 @@ floortests)
 floorjson)
     # head dims 96 and 64, deterministic default against deterministic=False (the path in force), the hybrid and the
     # cuDNN cascade, one process per head dim (a call returns at most 8 files: keep this part's output small)
-    mkdir -p "$OUT/bench"
-    for d in 96 64; do
-        TAIL=4 step floorjson$d 150 python3 -m dualkv bench kernel --head-dim $d --shapes 16:4096,8:8192,16:32768 \
-            --systems dualkv,dualkv_atomic,dualkv_hybrid,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
-    done
+    TAIL=4 head_dim_bench floorjson 150 dualkv,dualkv_atomic,dualkv_hybrid,cudnn_cascade fwd,bwd,fwdbwd 96 64
     ;;
 *) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
-        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq, floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson)"
+        "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
+        "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson)"
    exit 2 ;;
 esac

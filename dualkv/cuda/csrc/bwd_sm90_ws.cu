@@ -249,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     const unsigned sq0 = skt + kKtBytes;                    // Q stage s at sq0 + s * kStepBytes
     const unsigned sdo0 = sq0 + kStages * kStepBytes;       // dO stage s
     const unsigned sds0 = sdo0 + kStages * kStepBytes;      // dS (rows = queries, K-major over keys)
-    const unsigned sdq0 = sds0 + kDsBuffers * kDsBytes;     // dQ_step fp32, rows of kHeadDim; buffer b at + b * kStep rows
+    const unsigned sdq0 = sds0 + kDsBuffers * kDsBytes;     // dQ_step fp32, kHeadDim wide; buffer b at + b * kStep rows
     float* s_lse = reinterpret_cast<float*>(base + (sdq0 - sk) + kDqBuffers * kStep * kDqRowBytes);  // [kStages][kStep]
     float* s_delta = s_lse + kStages * kStep;
     // per stage: (key_base, q_pos0, need_mask, token & 7 of the step's first row) for the consumers
