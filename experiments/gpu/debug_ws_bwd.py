@@ -33,12 +33,16 @@ VARIANTS = {
     "stages3": "TILE=stages=3",
     "nored": "DKV_DBG_NORED=1",  # wrong dQ: the dQ warp's counters without the reduce-adds
     "nobar": "DKV_DBG_NOBAR=1",  # wrong dQ: no barrier of the two consumer warpgroups before dQ_step
+    "pair": "DQADD=pair",  # CTA pairs add dQ once per pair (DUALKV_WS_DQ_ADD=pair, DKV_DQ_PAIRS)
+    "pair_tile": "DQADD=pair;ORDER=tile",  # the same, tile-major CTA order
+    "pair_nored": "DQADD=pair;DKV_DBG_NORED=1",  # wrong dQ: pairs without the reduce-adds
 }
 
 CASES = {
     "one_tile": ([64], [[65]], 4, 1),
     "two_keys": ([300], [[129, 2]], 4, 2),
     "multi": ([64, 127, 65], [[65, 127, 1], [64, 127], [1, 65, 129]], 4, 1),
+    "long": ([2000, 257], [[700, 1, 300], [513]], 8, 2),
 }
 
 
@@ -114,7 +118,11 @@ def run(variant: str, defines: str, case: str, sanitizer: bool, timeout: int, ti
     if not timing:
         env["CUDA_LAUNCH_BLOCKING"] = "1"
     for item in defines.split(";"):
-        if item.startswith("FAMILY="):
+        if item.startswith("DQADD="):
+            env["DUALKV_WS_DQ_ADD"] = item.split("=", 1)[1]
+        elif item.startswith("ORDER="):
+            env["DUALKV_WS_CTA_ORDER"] = item.split("=", 1)[1]
+        elif item.startswith("FAMILY="):
             env["DUALKV_KERNELS"] = item.split("=", 1)[1]
         elif item.startswith("TILE="):
             env["DUALKV_WS_TILE"] = item.split("=", 1)[1]

@@ -27,6 +27,15 @@
 // where ptxas serializes every wgmma (C7515); with every product waited for before the back edge it runs out of
 // registers (C7511).
 //
+// DKV_DQ_PAIRS=1 (two-level layouts; dualkv/cuda/ws_schedule.py's pair_tiles): clusters of two CTAs on the key
+// blocks 2p and 2p + 1 of one run and KV head (the table holds them as adjacent rows, a null row after a run's odd
+// last block). Their walks agree step for step until the upper one's ends (its causal own walk stops two query tiles
+// earlier), so dQ is added once per pair: the upper CTA's dQ warp copies each dQ_step into the lower CTA's dQ buffer
+// (cp.async.bulk over DSMEM), the lower CTA's consumers add their own dQ_step to it in registers and its dQ warp
+// issues ONE reduce-add, at rank p (blocks 2p, 2p + 1 count as one 256-key block; ranks as above with 256-key
+// blocks). That halves the fp32 traffic into L2, which bounded the backward (the DKV_DBG_NORED bisection). The lower
+// CTA's dQ warp frees its buffer for the next copy once the add has read it (a remote mbarrier arrival).
+//
 // DKV_TREE=1 (prefix trees, dualkv/cuda/tree_schedule.py): segment rows are tree nodes (q_start, q_len, runs, pos)
 // and a key tile (i, blk, i + 1, end) owns keys of node i, seen causally by its own queries (pos plays ctx_len's part,
 // so the masks are unchanged) and fully by its descendants [i + 1, end). A query tile of node j receives its own
@@ -85,6 +94,13 @@ constexpr int kDqCols = kHeadDimAcc / 2;
 #define DKV_DQ_FROM_KT (DKV_HEAD_DIM == 64)  // a macro: the head-dim-128 build keeps its exact code
 constexpr int kKtBytes = DKV_DQ_FROM_KT ? kHeadDim * kBlockKeys * 2 : 0;
 constexpr int kBarConsumers = 1;
+#ifndef DKV_DQ_PAIRS
+#define DKV_DQ_PAIRS 0
+#endif
+constexpr int kPair = DKV_DQ_PAIRS ? 2 : 1;  // key blocks per dQ rank
+static_assert(!DKV_DQ_PAIRS || (kDqBuffers == 1 && !DKV_TREE && !DKV_TREE_ROOT_FIRST),
+              "CTA pairs: one dQ buffer, the two-level own-first order");
+constexpr unsigned kDqStepBytes = kStep * kDqRowBytes;  // one dQ buffer: what the upper CTA of a pair copies
 // Bisection switches (DUALKV_EXTRA_DEFINES): skip the dQ counters' waits / the whole dQ hand-off; register split.
 #ifndef DKV_DBG_NOSEM
 #define DKV_DBG_NOSEM 0
@@ -113,9 +129,14 @@ constexpr bool kDqInFlight = DKV_DQ_INFLIGHT != 0;
 #ifndef DKV_HEAD_MAJOR
 #define DKV_HEAD_MAJOR 0
 #endif
+// With DKV_DQ_PAIRS the table has an even number of rows and a cluster is blockIdx.x 2c, 2c + 1: head-major keeps
+// a pair's tiles adjacent as it is; tile-major puts the KV heads of a PAIR of tiles adjacent.
 #if DKV_HEAD_MAJOR
 #define DKV_CTA_HEAD(kv_heads) (blockIdx.x / (gridDim.x / (kv_heads)))
 #define DKV_CTA_TILE(kv_heads) (blockIdx.x % (gridDim.x / (kv_heads)))
+#elif DKV_DQ_PAIRS
+#define DKV_CTA_HEAD(kv_heads) ((blockIdx.x >> 1) % (kv_heads))
+#define DKV_CTA_TILE(kv_heads) (((blockIdx.x >> 1) / (kv_heads)) * 2 + (blockIdx.x & 1))
 #else
 #define DKV_CTA_HEAD(kv_heads) (blockIdx.x % (kv_heads))
 #define DKV_CTA_TILE(kv_heads) (blockIdx.x / (kv_heads))
@@ -201,6 +222,13 @@ __device__ __forceinline__ WsWalk make_ws_walk(const int* key_tiles, int tile, c
     return w;
 }
 
+// DKV_DQ_PAIRS: the steps both CTAs of tile's pair walk, the upper one's whole walk (a prefix of the lower one's;
+// a null upper tile walks none). The pair is rows tile & ~1 and tile | 1 of the table.
+__device__ __forceinline__ int pair_steps(const int* key_tiles, int tile, const int* segments, int group) {
+    int token0;
+    return walk_steps(make_ws_walk(key_tiles, tile | 1, segments, group, token0));
+}
+
 // DKV_TREE: the blocks of the nodes strictly between a dependent node j and the key's node i (A[j] - A[i] -
 // blocks(i)), added by the dQ warp to a dependent step's rank; tree_rank_skip is A[i] + blocks(i).
 __device__ __forceinline__ int tree_rank_skip(const WsWalk& w) {
@@ -226,14 +254,20 @@ __device__ __forceinline__ StepInfo step_info(const WsWalk& w, const StepCursor&
     si.q_pos0 = seg.ctx_len + pos0;
     si.key_base = (si.own ? seg.ctx_len : 0) + w.key0;
     si.need_mask = w.count < kBlockKeys || (si.own && si.key_base + kBlockKeys - 1 > si.q_pos0);
-    // a dependent's tile first receives its own causal blocks 0 .. (last row of the tile) / kBlockKeys
-    si.rank = w.kt.blk + (si.own ? 0 : (c.qt * kStep + kStep - 1) / kBlockKeys + 1);
+    // a dependent's tile first receives its own causal blocks 0 .. (last row of the tile) / kBlockKeys (pairs of
+    // blocks with DKV_DQ_PAIRS)
+    si.rank = w.kt.blk / kPair + (si.own ? 0 : (c.qt * kStep + kStep - 1) / (kBlockKeys * kPair) + 1);
     return si;
 }
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_bwd_sm90_ws(
+#if DKV_DQ_PAIRS
+#define DKV_CLUSTER __cluster_dims__(2, 1, 1)
+#else
+#define DKV_CLUSTER
+#endif
+extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128, 1) dualkv_bwd_sm90_ws(
     const __grid_constant__ TmaDesc tm_q, const __grid_constant__ TmaDesc tm_do, const __grid_constant__ TmaDesc tm_kd,
     const __grid_constant__ TmaDesc tm_vd, const __grid_constant__ TmaDesc tm_kc, const __grid_constant__ TmaDesc tm_vc,
     const float* __restrict__ lse2, const float* __restrict__ delta, long long lse_sh, elem_t* __restrict__ dkc,
@@ -257,12 +291,17 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     const unsigned bar0 = smem_addr(s_info + kStages);
     const unsigned bar_kv = bar0, bar_full = bar0 + 8, bar_empty = bar0 + 8 + 8 * kStages;
     const unsigned bar_dq_full = bar0 + 8 + 16 * kStages, bar_dq_empty = bar_dq_full + 8 * kDqBuffers;
+    // DKV_DQ_PAIRS: the lower CTA's peer_full completes when the upper one's dQ_step has landed in its dQ buffer; the
+    // upper CTA's peer_done when the lower one's add has read that buffer (so both may be rewritten).
+    const unsigned bar_peer_full = bar_dq_empty + 8 * kDqBuffers, bar_peer_done = bar_peer_full + 8;
 
     int key_token0;
     const int kv_head = DKV_CTA_HEAD(kv_heads);
     const WsWalk w = make_ws_walk(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size, key_token0);
     const bool has_own = w.kt.own_seg >= 0;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // DKV_DQ_PAIRS: 0, the lower CTA of the pair (it adds dQ), 1 the upper one (it copies its dQ_step to the lower).
+    const int pair_rank = DKV_DQ_PAIRS ? int(blockIdx.x & 1) : 0;
     if (threadIdx.x == 0) {
         mbar_init(bar_kv, 1);
         for (int s = 0; s < kStages; ++s) {
@@ -273,9 +312,21 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             mbar_init(bar_dq_full + 8 * b, kWarps);
             mbar_init(bar_dq_empty + 8 * b, 1);
         }
+        if (DKV_DQ_PAIRS) {
+            mbar_init(bar_peer_full, 1);  // the lower CTA's dQ warp (with the copy's bytes)
+            mbar_init(bar_peer_done, 1);  // the lower CTA's dQ warp, remotely
+        }
         mbar_init_fence();
+        // the first copy's bytes, announced before the cluster barrier below lets the upper CTA issue it
+        if (DKV_DQ_PAIRS && pair_rank == 0 && pair_steps(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size) > 0)
+            mbar_arrive_expect_tx(bar_peer_full, kDqStepBytes);
     }
+#if DKV_DQ_PAIRS
+    cluster_sync();  // the partner's barriers are initialised before any copy or remote arrival reaches them
+    if (w.kt.own_seg < 0 && w.kt.dep_end <= w.kt.dep_begin) return;  // the null partner of a run's odd last block
+#else
     __syncthreads();
+#endif
 
     if (warp < 4) {  // ---------------------------------------------------------------------------- producer
         regs_dealloc<DKV_PRODUCER_REGS>();
@@ -317,7 +368,20 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                 __syncwarp();
                 if (lane == 0) mbar_arrive(bar_full + 8 * s);
             }
+        } else if (warp == 2 && !DKV_DBG_NODQ && DKV_DQ_PAIRS && pair_rank == 1) {  // dQ_step to the lower CTA
+            const int n_steps = walk_steps(w);
+            const unsigned peer_dq = cluster_map(sdq0, 0), peer_full = cluster_map(bar_peer_full, 0);
+            for (int i = 0; i < n_steps; ++i) {
+                mbar_wait(bar_dq_full, i & 1);  // the consumers waited for peer_done of step i - 1 before writing
+                if (lane == 0) bulk_copy_to_cluster(peer_dq, sdq0, kDqStepBytes, peer_full);
+                __syncwarp();
+            }
+            // the lower CTA's last arrival here must land before this CTA exits
+            if (n_steps > 0) mbar_wait(bar_peer_done, (n_steps - 1) & 1);
         } else if (warp == 2 && !DKV_DBG_NODQ) {  // dQ: fixed-order bulk reduce-adds into the accumulator
+            // DKV_DQ_PAIRS: steps walked by the pair (the upper CTA's dQ_step is in the buffer too)
+            const int n_pair = DKV_DQ_PAIRS ? pair_steps(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size) : 0;
+            const unsigned peer_done = DKV_DQ_PAIRS ? cluster_map(bar_peer_done, 1) : 0;
             int* pending = nullptr;  // the counter of the add in flight, released once it has completed
             int pending_rank = 0;
             int i = 0;
@@ -363,6 +427,10 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                         if (!DKV_DBG_NOSEM) st_release(sem, si.rank + 1);
                     }
                     mbar_arrive(bar_dq_empty + 8 * b);
+                    if (DKV_DQ_PAIRS && i < n_pair) {  // the upper CTA may copy step i + 1 (its bytes announced first)
+                        if (i + 1 < n_pair) mbar_arrive_expect_tx(bar_peer_full, kDqStepBytes);
+                        mbar_arrive_cluster(peer_done);
+                    }
                 }
                 __syncwarp();
             }
@@ -424,6 +492,9 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         wgmma_commit();
     };
     const int n_steps = walk_steps(w), count = w.count;
+    // DKV_DQ_PAIRS, lower CTA: steps whose dQ buffer first receives the upper CTA's dQ_step (added to here)
+    const int n_peer = DKV_DQ_PAIRS && pair_rank == 0 ? pair_steps(key_tiles, DKV_CTA_TILE(kv_heads), segments,
+                                                                   group_size) : 0;
     for (int i = 0; i < n_steps; ++i) {
         const int s = i % kStages;
         const unsigned q_addr = sq0 + s * kStepBytes, do_addr = sdo0 + s * kStepBytes;
@@ -488,8 +559,14 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
 
         const int b = i % kDqBuffers;
         const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
-        if (i >= kDqBuffers && !DKV_DBG_NODQ)  // the dQ warp has read this buffer's previous step
-            mbar_wait(bar_dq_empty + 8 * b, ((i / kDqBuffers) + 1) & 1);
+        if (i >= kDqBuffers && !DKV_DBG_NODQ) {  // the dQ warp has read this buffer's previous step
+            if (DKV_DQ_PAIRS && pair_rank == 1)  // (the lower CTA's: its add read the copy of this buffer)
+                mbar_wait(bar_peer_done, (i - 1) & 1);
+            else
+                mbar_wait(bar_dq_empty + 8 * b, ((i / kDqBuffers) + 1) & 1);
+        }
+        const bool add_peer = DKV_DQ_PAIRS && i < n_peer;
+        if (add_peer) mbar_wait(bar_peer_full, i & 1);  // the upper CTA's dQ_step is in the buffer
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const int row = (cw % 4) * 16 + g + 8 * hh;
@@ -497,9 +574,15 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             for (int nt = 0; nt < kDqCols / 8; ++nt) {
                 if (kHeadDimAcc > kHeadDim && wg * kDqCols + nt * 8 >= kHeadDim) continue;  // a zero column
                 const int col = wg * kDqCols + nt * 8 + 2 * t4;  // fp32 column; chunk col / 4, offset col % 4
-                *reinterpret_cast<float2*>(base + (sdq - sk) + row * kDqRowBytes +
-                                           (dq_chunk(col / 4, tok7 + row) * 4 + col % 4) * 4) =
-                    make_float2(acc_dq[nt][2 * hh], acc_dq[nt][2 * hh + 1]);
+                float2* dst = reinterpret_cast<float2*>(base + (sdq - sk) + row * kDqRowBytes +
+                                                        (dq_chunk(col / 4, tok7 + row) * 4 + col % 4) * 4);
+                float2 v = make_float2(acc_dq[nt][2 * hh], acc_dq[nt][2 * hh + 1]);
+                if (add_peer) {  // this block's part + the upper block's (one fp32 add: the same bits every run)
+                    const float2 peer = *dst;
+                    v.x += peer.x;
+                    v.y += peer.y;
+                }
+                *dst = v;
             }
         }
         fence_async_smem();
