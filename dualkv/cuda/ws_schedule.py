@@ -285,7 +285,8 @@ def dq_contributors(tiles: np.ndarray, segments: np.ndarray, group: int, tree: T
     out: dict[tuple, list[int]] = defaultdict(list)
     for tile in rows:
         for st in walk(tile, segments, group, geo):
-            out[(st.seg, st.qt, st.head)].append(rank(tile, st, tree, shared_first, pairs))
+            out[(st.seg, st.qt, st.head)].append(rank(tile, st, tree, shared_first, pairs=True) if pairs
+                                                 else rank(tile, st, tree, shared_first))
     return out
 
 

@@ -30,11 +30,13 @@
 // DKV_DQ_PAIRS=1 (two-level layouts; dualkv/cuda/ws_schedule.py's pair_tiles): clusters of two CTAs on the key
 // blocks 2p and 2p + 1 of one run and KV head (the table holds them as adjacent rows, a null row after a run's odd
 // last block). Their walks agree step for step until the upper one's ends (its causal own walk stops two query tiles
-// earlier), so dQ is added once per pair: the upper CTA's dQ warp copies each dQ_step into the lower CTA's dQ buffer
-// (cp.async.bulk over DSMEM), the lower CTA's consumers add their own dQ_step to it in registers and its dQ warp
-// issues ONE reduce-add, at rank p (blocks 2p, 2p + 1 count as one 256-key block; ranks as above with 256-key
-// blocks). That halves the fp32 traffic into L2, which bounded the backward (the DKV_DBG_NORED bisection). The lower
-// CTA's dQ warp frees its buffer for the next copy once the add has read it (a remote mbarrier arrival).
+// earlier), so dQ is added once per pair: the upper CTA's dQ warp copies each dQ_step into a peer buffer of the lower
+// CTA (cp.async.bulk over DSMEM); the lower CTA's warp 3 adds it to its own dQ_step in smem and frees the peer
+// buffer (a remote mbarrier arrival), and its dQ warp issues ONE reduce-add, at rank p (blocks 2p, 2p + 1 count as one 256-key block;
+// ranks as above with 256-key blocks). That halves the fp32 traffic into L2, which bounded the backward (the
+// DKV_DBG_NORED bisection). The consumers of both CTAs never wait for the other CTA's data: adding in the lower
+// CTA's consumer registers instead put each copy's latency on their critical path (1.56x slower at (16, 32K),
+// experiments/results/checks/ws-bwd-pairs-h100-20261127T1131Z.json).
 //
 // DKV_TREE=1 (prefix trees, dualkv/cuda/tree_schedule.py): segment rows are tree nodes (q_start, q_len, runs, pos)
 // and a key tile (i, blk, i + 1, end) owns keys of node i, seen causally by its own queries (pos plays ctx_len's part,
@@ -94,6 +96,7 @@ constexpr int kDqCols = kHeadDimAcc / 2;
 #define DKV_DQ_FROM_KT (DKV_HEAD_DIM == 64)  // a macro: the head-dim-128 build keeps its exact code
 constexpr int kKtBytes = DKV_DQ_FROM_KT ? kHeadDim * kBlockKeys * 2 : 0;
 constexpr int kBarConsumers = 1;
+constexpr int kBarDqSum = 2;  // DKV_DQ_PAIRS: warp 3's sum of a step's two dQ parts, then warp 2's reduce-add
 #ifndef DKV_DQ_PAIRS
 #define DKV_DQ_PAIRS 0
 #endif
@@ -101,6 +104,7 @@ constexpr int kPair = DKV_DQ_PAIRS ? 2 : 1;  // key blocks per dQ rank
 static_assert(!DKV_DQ_PAIRS || (kDqBuffers == 1 && !DKV_TREE && !DKV_TREE_ROOT_FIRST),
               "CTA pairs: one dQ buffer, the two-level own-first order");
 constexpr unsigned kDqStepBytes = kStep * kDqRowBytes;  // one dQ buffer: what the upper CTA of a pair copies
+constexpr int kPeerBuffers = DKV_DQ_PAIRS ? 1 : 0;      // the lower CTA's buffer for the upper one's dQ_step
 // Bisection switches (DUALKV_EXTRA_DEFINES): skip the dQ counters' waits / the whole dQ hand-off; register split.
 #ifndef DKV_DBG_NOSEM
 #define DKV_DBG_NOSEM 0
@@ -284,15 +288,16 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
     const unsigned sdo0 = sq0 + kStages * kStepBytes;       // dO stage s
     const unsigned sds0 = sdo0 + kStages * kStepBytes;      // dS (rows = queries, K-major over keys)
     const unsigned sdq0 = sds0 + kDsBuffers * kDsBytes;     // dQ_step fp32, kHeadDim wide; buffer b at + b * kStep rows
-    float* s_lse = reinterpret_cast<float*>(base + (sdq0 - sk) + kDqBuffers * kStep * kDqRowBytes);  // [kStages][kStep]
+    const unsigned sdq_peer = sdq0 + kDqBuffers * kDqStepBytes;  // DKV_DQ_PAIRS: the upper CTA's dQ_step (lower CTA)
+    float* s_lse = reinterpret_cast<float*>(base + (sdq_peer - sk) + kPeerBuffers * kDqStepBytes);  // [kStages][kStep]
     float* s_delta = s_lse + kStages * kStep;
     // per stage: (key_base, q_pos0, need_mask, token & 7 of the step's first row) for the consumers
     int4* s_info = reinterpret_cast<int4*>(s_delta + kStages * kStep);
     const unsigned bar0 = smem_addr(s_info + kStages);
     const unsigned bar_kv = bar0, bar_full = bar0 + 8, bar_empty = bar0 + 8 + 8 * kStages;
     const unsigned bar_dq_full = bar0 + 8 + 16 * kStages, bar_dq_empty = bar_dq_full + 8 * kDqBuffers;
-    // DKV_DQ_PAIRS: the lower CTA's peer_full completes when the upper one's dQ_step has landed in its dQ buffer; the
-    // upper CTA's peer_done when the lower one's add has read that buffer (so both may be rewritten).
+    // DKV_DQ_PAIRS: the lower CTA's peer_full completes when the upper one's dQ_step has landed in its peer buffer;
+    // the upper CTA's peer_done when the lower one has added that step to its own (so both may be rewritten).
     const unsigned bar_peer_full = bar_dq_empty + 8 * kDqBuffers, bar_peer_done = bar_peer_full + 8;
 
     int key_token0;
@@ -370,7 +375,7 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
             }
         } else if (warp == 2 && !DKV_DBG_NODQ && DKV_DQ_PAIRS && pair_rank == 1) {  // dQ_step to the lower CTA
             const int n_steps = walk_steps(w);
-            const unsigned peer_dq = cluster_map(sdq0, 0), peer_full = cluster_map(bar_peer_full, 0);
+            const unsigned peer_dq = cluster_map(sdq_peer, 0), peer_full = cluster_map(bar_peer_full, 0);
             for (int i = 0; i < n_steps; ++i) {
                 mbar_wait(bar_dq_full, i & 1);  // the consumers waited for peer_done of step i - 1 before writing
                 if (lane == 0) bulk_copy_to_cluster(peer_dq, sdq0, kDqStepBytes, peer_full);
@@ -378,10 +383,36 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
             }
             // the lower CTA's last arrival here must land before this CTA exits
             if (n_steps > 0) mbar_wait(bar_peer_done, (n_steps - 1) & 1);
+        } else if (warp == 3 && !DKV_DBG_NODQ && DKV_DQ_PAIRS && pair_rank == 0) {  // + the upper block's dQ_step
+            const int n_pair = pair_steps(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size);
+            const unsigned peer_done = cluster_map(bar_peer_done, 1);
+            float4* own = reinterpret_cast<float4*>(base + (sdq0 - sk));
+            const float4* peer = reinterpret_cast<const float4*>(base + (sdq_peer - sk));
+            for (int i = 0; i < n_pair; ++i) {
+                mbar_wait(bar_dq_full, i & 1);
+                mbar_wait(bar_peer_full, i & 1);
+                // every row (rows past the segment are zero in both), in the buffers' common chunk order
+#pragma unroll 4
+                for (int c = lane; c < int(kDqStepBytes / 16); c += 32) {
+                    float4 a = own[c];
+                    const float4 b = peer[c];
+                    a.x += b.x;
+                    a.y += b.y;
+                    a.z += b.z;
+                    a.w += b.w;
+                    own[c] = a;
+                }
+                fence_async_smem();  // the sums before the dQ warp's reduce-add (async proxy) reads them
+                __syncwarp();
+                if (lane == 0) {  // the upper CTA may copy step i + 1 (its bytes announced first)
+                    if (i + 1 < n_pair) mbar_arrive_expect_tx(bar_peer_full, kDqStepBytes);
+                    mbar_arrive_cluster(peer_done);
+                }
+                named_arrive(kBarDqSum, 64);
+            }
         } else if (warp == 2 && !DKV_DBG_NODQ) {  // dQ: fixed-order bulk reduce-adds into the accumulator
-            // DKV_DQ_PAIRS: steps walked by the pair (the upper CTA's dQ_step is in the buffer too)
+            // DKV_DQ_PAIRS: steps walked by the pair (warp 3 adds the upper CTA's dQ_step into the buffer first)
             const int n_pair = DKV_DQ_PAIRS ? pair_steps(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size) : 0;
-            const unsigned peer_done = DKV_DQ_PAIRS ? cluster_map(bar_peer_done, 1) : 0;
             int* pending = nullptr;  // the counter of the add in flight, released once it has completed
             int pending_rank = 0;
             int i = 0;
@@ -403,6 +434,8 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
                 const int b = i % kDqBuffers;
                 const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
                 mbar_wait(bar_dq_full + 8 * b, (i / kDqBuffers) & 1);
+                if (DKV_DQ_PAIRS && i < n_pair)  // warp 3 has added the upper block's dQ_step to this buffer
+                    named_sync(kBarDqSum, 64);
                 if (lane == 0) {
                     if (!DKV_DBG_NOSEM) {
                         wait_flag(sem, si.rank);
@@ -427,10 +460,6 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
                         if (!DKV_DBG_NOSEM) st_release(sem, si.rank + 1);
                     }
                     mbar_arrive(bar_dq_empty + 8 * b);
-                    if (DKV_DQ_PAIRS && i < n_pair) {  // the upper CTA may copy step i + 1 (its bytes announced first)
-                        if (i + 1 < n_pair) mbar_arrive_expect_tx(bar_peer_full, kDqStepBytes);
-                        mbar_arrive_cluster(peer_done);
-                    }
                 }
                 __syncwarp();
             }
@@ -492,9 +521,6 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
         wgmma_commit();
     };
     const int n_steps = walk_steps(w), count = w.count;
-    // DKV_DQ_PAIRS, lower CTA: steps whose dQ buffer first receives the upper CTA's dQ_step (added to here)
-    const int n_peer = DKV_DQ_PAIRS && pair_rank == 0 ? pair_steps(key_tiles, DKV_CTA_TILE(kv_heads), segments,
-                                                                   group_size) : 0;
     for (int i = 0; i < n_steps; ++i) {
         const int s = i % kStages;
         const unsigned q_addr = sq0 + s * kStepBytes, do_addr = sdo0 + s * kStepBytes;
@@ -560,13 +586,11 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
         const int b = i % kDqBuffers;
         const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
         if (i >= kDqBuffers && !DKV_DBG_NODQ) {  // the dQ warp has read this buffer's previous step
-            if (DKV_DQ_PAIRS && pair_rank == 1)  // (the lower CTA's: its add read the copy of this buffer)
+            if (DKV_DQ_PAIRS && pair_rank == 1)  // (the upper CTA: its copy to the lower CTA has been added there)
                 mbar_wait(bar_peer_done, (i - 1) & 1);
             else
                 mbar_wait(bar_dq_empty + 8 * b, ((i / kDqBuffers) + 1) & 1);
         }
-        const bool add_peer = DKV_DQ_PAIRS && i < n_peer;
-        if (add_peer) mbar_wait(bar_peer_full, i & 1);  // the upper CTA's dQ_step is in the buffer
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const int row = (cw % 4) * 16 + g + 8 * hh;
@@ -574,15 +598,9 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
             for (int nt = 0; nt < kDqCols / 8; ++nt) {
                 if (kHeadDimAcc > kHeadDim && wg * kDqCols + nt * 8 >= kHeadDim) continue;  // a zero column
                 const int col = wg * kDqCols + nt * 8 + 2 * t4;  // fp32 column; chunk col / 4, offset col % 4
-                float2* dst = reinterpret_cast<float2*>(base + (sdq - sk) + row * kDqRowBytes +
-                                                        (dq_chunk(col / 4, tok7 + row) * 4 + col % 4) * 4);
-                float2 v = make_float2(acc_dq[nt][2 * hh], acc_dq[nt][2 * hh + 1]);
-                if (add_peer) {  // this block's part + the upper block's (one fp32 add: the same bits every run)
-                    const float2 peer = *dst;
-                    v.x += peer.x;
-                    v.y += peer.y;
-                }
-                *dst = v;
+                *reinterpret_cast<float2*>(base + (sdq - sk) + row * kDqRowBytes +
+                                           (dq_chunk(col / 4, tok7 + row) * 4 + col % 4) * 4) =
+                    make_float2(acc_dq[nt][2 * hh], acc_dq[nt][2 * hh + 1]);
             }
         }
         fence_async_smem();
