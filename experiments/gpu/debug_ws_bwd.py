@@ -36,6 +36,7 @@ VARIANTS = {
     "pair": "DQADD=pair",  # CTA pairs add dQ once per pair (DUALKV_WS_DQ_ADD=pair, DKV_DQ_PAIRS)
     "pair_tile": "DQADD=pair;ORDER=tile",  # the same, tile-major CTA order
     "pair_nored": "DQADD=pair;DKV_DBG_NORED=1",  # wrong dQ: pairs without the reduce-adds
+    "pair_nodq": "DQADD=pair;DKV_DBG_NODQ=1",  # wrong dQ: clusters of two with no dQ hand-off at all
 }
 
 CASES = {
