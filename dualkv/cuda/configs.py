@@ -586,14 +586,14 @@ class KernelSpec:
         if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V (whole atoms); 1 KB slack
             return (2 * t.block_m + 4 * t.block_n) * self.tile_head_dim * 2 + 1024
         if self.kernel == "bwd_sm90_ws":  # K, V (and K transposed: WS_TRANSPOSED_K_HEAD_DIMS); Q/dO/LSE/D/step-record
-            # stages; dS; fp32 dQ rows (and the CTA pair's peer buffer); mbarriers
+            # stages; dS; fp32 dQ rows (and the CTA pair's peer buffer); mbarriers (and the pair's two and ticket)
             key_tiles = 3 if self.head_dim in WS_TRANSPOSED_K_HEAD_DIMS else 2
             return (key_tiles * t.block_keys * self.tile_head_dim * 2
                     + 2 * t.stages * t.block_m * self.tile_head_dim * 2
                     + (3 - t.dq_buffers) * t.block_m * t.block_keys * 2
                     + (t.dq_buffers + (1 if self.dq_pairs else 0)) * t.block_m * self.head_dim * 4
                     + 2 * t.stages * t.block_m * 4 + 16 * t.stages + 8 * (1 + 2 * t.stages + 2 * t.dq_buffers)
-                    + (16 if self.dq_pairs else 0) + 1024)
+                    + (32 if self.dq_pairs else 0) + 1024)
         if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + `stages` stages of Q, dO, LSE, D; 1 KB alignment slack
             return ((2 * t.block_keys + 2 * t.stages * t.block_m) * self.tile_head_dim * 2
                     + 2 * t.stages * t.block_m * 4 + 1024)

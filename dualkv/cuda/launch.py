@@ -309,11 +309,18 @@ def _dq_counters(segments: torch.Tensor, tokens: int, heads: int, step: int, tre
     shapes alone (every segment adds at most one partial tile), so nothing is read back. ``tree``: one counter per
     (head, first token of a query tile) and no offsets (None): the flat tree table has no (S, 4) view."""
     if tree:
-        return torch.zeros((heads, tokens), dtype=torch.int32, device=segments.device), None, tokens
+        return _zeroed_counters(heads, tokens, segments.device), None, tokens
     n_tiles = (segments[:, 1] + step - 1) // step
     qtile_offset = (torch.cumsum(n_tiles, 0) - n_tiles).to(torch.int32)
     n_qtiles = tokens // step + segments.shape[0] + 1
-    return torch.zeros((heads, n_qtiles), dtype=torch.int32, device=segments.device), qtile_offset, n_qtiles
+    return _zeroed_counters(heads, n_qtiles, segments.device), qtile_offset, n_qtiles
+
+
+def _zeroed_counters(heads: int, n_qtiles: int, device) -> torch.Tensor:
+    """int32 (heads, n_qtiles) zeros followed in memory by one more zeroed int: the CTA pairs' ticket counter
+    (bwd_sm90_ws.cu's DKV_DQ_PAIR_TICKET)."""
+    flat = torch.zeros(heads * n_qtiles + 1, dtype=torch.int32, device=device)
+    return flat[:-1].view(heads, n_qtiles)
 
 
 def _cast_dq(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:

@@ -37,6 +37,8 @@ VARIANTS = {
     "pair_tile": "DQADD=pair;ORDER=tile",  # the same, tile-major CTA order
     "pair_nored": "DQADD=pair;DKV_DBG_NORED=1",  # wrong dQ: pairs without the reduce-adds
     "pair_nodq": "DQADD=pair;DKV_DBG_NODQ=1",  # wrong dQ: clusters of two with no dQ hand-off at all
+    "pair_nosem": "DQADD=pair;DKV_DBG_NOSEM=1",  # unordered dQ adds: pairs without the counters' waits
+    "pair_blockidx": "DQADD=pair;DKV_DQ_PAIR_TICKET=0",  # clusters numbered by blockIdx instead of a ticket
 }
 
 CASES = {

@@ -133,17 +133,23 @@ constexpr bool kDqInFlight = DKV_DQ_INFLIGHT != 0;
 #ifndef DKV_HEAD_MAJOR
 #define DKV_HEAD_MAJOR 0
 #endif
-// With DKV_DQ_PAIRS the table has an even number of rows and a cluster is blockIdx.x 2c, 2c + 1: head-major keeps
-// a pair's tiles adjacent as it is; tile-major puts the KV heads of a PAIR of tiles adjacent.
+// With DKV_DQ_PAIRS the table has an even number of rows and CTA 2c + r is rank r of cluster c: head-major keeps a
+// pair's tiles adjacent as it is; tile-major puts the KV heads of a PAIR of tiles adjacent. Clusters are not
+// started in blockIdx order, so with DKV_DQ_PAIR_TICKET (the default) c is a ticket the lower CTA draws from a global
+// counter when it starts (the int after the dQ counters): a CTA then only ever waits on clusters already running.
+// (Numbered by blockIdx the pairs measured 1.9x slower at (16, 32K) with the reduce-adds off, H100.)
+#ifndef DKV_DQ_PAIR_TICKET
+#define DKV_DQ_PAIR_TICKET 1
+#endif
 #if DKV_HEAD_MAJOR
-#define DKV_CTA_HEAD(kv_heads) (blockIdx.x / (gridDim.x / (kv_heads)))
-#define DKV_CTA_TILE(kv_heads) (blockIdx.x % (gridDim.x / (kv_heads)))
+#define DKV_CTA_HEAD(cta, kv_heads) ((cta) / (gridDim.x / (kv_heads)))
+#define DKV_CTA_TILE(cta, kv_heads) ((cta) % (gridDim.x / (kv_heads)))
 #elif DKV_DQ_PAIRS
-#define DKV_CTA_HEAD(kv_heads) ((blockIdx.x >> 1) % (kv_heads))
-#define DKV_CTA_TILE(kv_heads) (((blockIdx.x >> 1) / (kv_heads)) * 2 + (blockIdx.x & 1))
+#define DKV_CTA_HEAD(cta, kv_heads) (((cta) >> 1) % (kv_heads))
+#define DKV_CTA_TILE(cta, kv_heads) ((((cta) >> 1) / (kv_heads)) * 2 + ((cta) & 1))
 #else
-#define DKV_CTA_HEAD(kv_heads) (blockIdx.x % (kv_heads))
-#define DKV_CTA_TILE(kv_heads) (blockIdx.x / (kv_heads))
+#define DKV_CTA_HEAD(cta, kv_heads) ((cta) % (kv_heads))
+#define DKV_CTA_TILE(cta, kv_heads) ((cta) / (kv_heads))
 #endif
 #ifndef DKV_PRODUCER_REGS
 #define DKV_PRODUCER_REGS 24  // 32 (with 240 for the consumers: exactly the register file) hangs in setmaxnreg
@@ -299,14 +305,27 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
     // DKV_DQ_PAIRS: the lower CTA's peer_full completes when the upper one's dQ_step has landed in its peer buffer;
     // the upper CTA's peer_done when the lower one has added that step to its own (so both may be rewritten).
     const unsigned bar_peer_full = bar_dq_empty + 8 * kDqBuffers, bar_peer_done = bar_peer_full + 8;
-
-    int key_token0;
-    const int kv_head = DKV_CTA_HEAD(kv_heads);
-    const WsWalk w = make_ws_walk(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size, key_token0);
-    const bool has_own = w.kt.own_seg >= 0;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    // DKV_DQ_PAIRS: the cluster's ticket (DKV_DQ_PAIR_TICKET), written by the lower CTA into both CTAs' smem
+    const unsigned s_ticket = bar_peer_done + 8;
     // DKV_DQ_PAIRS: 0, the lower CTA of the pair (it adds dQ), 1 the upper one (it copies its dQ_step to the lower).
     const int pair_rank = DKV_DQ_PAIRS ? int(blockIdx.x & 1) : 0;
+#if DKV_DQ_PAIRS && DKV_DQ_PAIR_TICKET
+    if (threadIdx.x == 0 && pair_rank == 0) {
+        const int ticket = atomicAdd(sems + (long long)kv_heads * group_size * n_qtiles, 1);
+        st_shared_cluster(s_ticket, ticket);                      // own smem (rank 0 maps to itself)
+        st_shared_cluster(cluster_map(s_ticket, 1), ticket);
+    }
+    cluster_sync();  // the ticket is in both CTAs
+#define DKV_CTA (2 * ld_shared_int(s_ticket) + int(blockIdx.x & 1))
+#else
+#define DKV_CTA int(blockIdx.x)
+#endif
+
+    int key_token0;
+    const int kv_head = DKV_CTA_HEAD(DKV_CTA, kv_heads);
+    const WsWalk w = make_ws_walk(key_tiles, DKV_CTA_TILE(DKV_CTA, kv_heads), segments, group_size, key_token0);
+    const bool has_own = w.kt.own_seg >= 0;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
         mbar_init(bar_kv, 1);
         for (int s = 0; s < kStages; ++s) {
@@ -323,7 +342,8 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
         }
         mbar_init_fence();
         // the first copy's bytes, announced before the cluster barrier below lets the upper CTA issue it
-        if (DKV_DQ_PAIRS && pair_rank == 0 && pair_steps(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size) > 0)
+        if (DKV_DQ_PAIRS && pair_rank == 0 &&
+            pair_steps(key_tiles, DKV_CTA_TILE(DKV_CTA, kv_heads), segments, group_size) > 0)
             mbar_arrive_expect_tx(bar_peer_full, kDqStepBytes);
     }
 #if DKV_DQ_PAIRS
@@ -384,7 +404,7 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
             // the lower CTA's last arrival here must land before this CTA exits
             if (n_steps > 0) mbar_wait(bar_peer_done, (n_steps - 1) & 1);
         } else if (warp == 3 && !DKV_DBG_NODQ && DKV_DQ_PAIRS && pair_rank == 0) {  // + the upper block's dQ_step
-            const int n_pair = pair_steps(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size);
+            const int n_pair = pair_steps(key_tiles, DKV_CTA_TILE(DKV_CTA, kv_heads), segments, group_size);
             const unsigned peer_done = cluster_map(bar_peer_done, 1);
             float4* own = reinterpret_cast<float4*>(base + (sdq0 - sk));
             const float4* peer = reinterpret_cast<const float4*>(base + (sdq_peer - sk));
@@ -412,7 +432,8 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
             }
         } else if (warp == 2 && !DKV_DBG_NODQ) {  // dQ: fixed-order bulk reduce-adds into the accumulator
             // DKV_DQ_PAIRS: steps walked by the pair (warp 3 adds the upper CTA's dQ_step into the buffer first)
-            const int n_pair = DKV_DQ_PAIRS ? pair_steps(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size) : 0;
+            const int n_pair =
+                DKV_DQ_PAIRS ? pair_steps(key_tiles, DKV_CTA_TILE(DKV_CTA, kv_heads), segments, group_size) : 0;
             int* pending = nullptr;  // the counter of the add in flight, released once it has completed
             int pending_rank = 0;
             int i = 0;
@@ -631,7 +652,7 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
     }
     named_sync(kBarConsumers, kConsumerThreads);
     int token0_again;  // the walk again (cheap): keeping it live across the loop cost registers
-    const WsWalk we = make_ws_walk(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size, token0_again);
+    const WsWalk we = make_ws_walk(key_tiles, DKV_CTA_TILE(DKV_CTA, kv_heads), segments, group_size, token0_again);
     const bool own_keys = we.kt.own_seg >= 0;
     const Segment key_seg = load_segment(segments, own_keys ? we.kt.own_seg : we.kt.dep_begin);
     const long long row0 = own_keys ? key_seg.q_start + we.key0 : key_seg.ctx_start + we.key0;

@@ -90,6 +90,16 @@ __device__ __forceinline__ unsigned cluster_map(unsigned addr, unsigned rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
     return out;
 }
+// A 32-bit store into shared memory of this or another CTA of the cluster (`addr`: from cluster_map, or this CTA's
+// shared::cta address, which is also its shared::cluster address), and a plain 32-bit shared-memory load.
+__device__ __forceinline__ void st_shared_cluster(unsigned addr, int value) {
+    asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(value) : "memory");
+}
+__device__ __forceinline__ int ld_shared_int(unsigned addr) {
+    int value;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(value) : "r"(addr) : "memory");
+    return value;
+}
 // Every thread of every CTA of the cluster (also a CTA-wide barrier); makes earlier writes (mbarrier inits
 // included, after mbar_init_fence) visible cluster-wide before any CTA goes on.
 __device__ __forceinline__ void cluster_sync() {
