@@ -39,6 +39,9 @@ VARIANTS = {
     "pair_nodq": "DQADD=pair;DKV_DBG_NODQ=1",  # wrong dQ: clusters of two with no dQ hand-off at all
     "pair_nosem": "DQADD=pair;DKV_DBG_NOSEM=1",  # unordered dQ adds: pairs without the counters' waits
     "pair_blockidx": "DQADD=pair;DKV_DQ_PAIR_TICKET=0",  # clusters numbered by blockIdx instead of a ticket
+    "pair_nosum": "DQADD=pair;DKV_DBG_PAIR_NOSUM=1",  # wrong dQ: the lower CTA does not add the upper one's part
+    "pair_nocopy": "DQADD=pair;DKV_DBG_PAIR_NOCOPY=1",  # wrong dQ: no DSMEM copies (the sums still run)
+    "pair_nocopy_nosum": "DQADD=pair;DKV_DBG_PAIR_NOCOPY=1,DKV_DBG_PAIR_NOSUM=1",  # wrong dQ: hand-off signals only
 }
 
 CASES = {

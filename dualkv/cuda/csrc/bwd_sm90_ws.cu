@@ -118,6 +118,12 @@ constexpr int kPeerBuffers = DKV_DQ_PAIRS ? 1 : 0;      // the lower CTA's buffe
 #ifndef DKV_DBG_NOBAR  // 1: no barrier between dS to smem and dQ_step (wrong dQ: times the warpgroups' lockstep)
 #define DKV_DBG_NOBAR 0
 #endif
+#ifndef DKV_DBG_PAIR_NOSUM  // DKV_DQ_PAIRS, 1: warp 3 skips the sum (wrong dQ: times the copies and hand-offs)
+#define DKV_DBG_PAIR_NOSUM 0
+#endif
+#ifndef DKV_DBG_PAIR_NOCOPY  // DKV_DQ_PAIRS, 1: no DSMEM copies, peer_full completes at once (wrong dQ)
+#define DKV_DBG_PAIR_NOCOPY 0
+#endif
 // 1: the dQ warp keeps one add in flight (releases a counter one step late); 0: it waits for each add to complete.
 #ifndef DKV_DQ_INFLIGHT
 #define DKV_DQ_INFLIGHT 1
@@ -344,7 +350,7 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
         // the first copy's bytes, announced before the cluster barrier below lets the upper CTA issue it
         if (DKV_DQ_PAIRS && pair_rank == 0 &&
             pair_steps(key_tiles, DKV_CTA_TILE(DKV_CTA, kv_heads), segments, group_size) > 0)
-            mbar_arrive_expect_tx(bar_peer_full, kDqStepBytes);
+            mbar_arrive_expect_tx(bar_peer_full, DKV_DBG_PAIR_NOCOPY ? 0 : kDqStepBytes);
     }
 #if DKV_DQ_PAIRS
     cluster_sync();  // the partner's barriers are initialised before any copy or remote arrival reaches them
@@ -398,7 +404,7 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
             const unsigned peer_dq = cluster_map(sdq_peer, 0), peer_full = cluster_map(bar_peer_full, 0);
             for (int i = 0; i < n_steps; ++i) {
                 mbar_wait(bar_dq_full, i & 1);  // the consumers waited for peer_done of step i - 1 before writing
-                if (lane == 0) bulk_copy_to_cluster(peer_dq, sdq0, kDqStepBytes, peer_full);
+                if (lane == 0 && !DKV_DBG_PAIR_NOCOPY) bulk_copy_to_cluster(peer_dq, sdq0, kDqStepBytes, peer_full);
                 __syncwarp();
             }
             // the lower CTA's last arrival here must land before this CTA exits
@@ -413,7 +419,7 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
                 mbar_wait(bar_peer_full, i & 1);
                 // every row (rows past the segment are zero in both), in the buffers' common chunk order
 #pragma unroll 4
-                for (int c = lane; c < int(kDqStepBytes / 16); c += 32) {
+                for (int c = lane; c < (DKV_DBG_PAIR_NOSUM ? 0 : int(kDqStepBytes / 16)); c += 32) {
                     float4 a = own[c];
                     const float4 b = peer[c];
                     a.x += b.x;
@@ -425,7 +431,7 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
                 fence_async_smem();  // the sums before the dQ warp's reduce-add (async proxy) reads them
                 __syncwarp();
                 if (lane == 0) {  // the upper CTA may copy step i + 1 (its bytes announced first)
-                    if (i + 1 < n_pair) mbar_arrive_expect_tx(bar_peer_full, kDqStepBytes);
+                    if (i + 1 < n_pair) mbar_arrive_expect_tx(bar_peer_full, DKV_DBG_PAIR_NOCOPY ? 0 : kDqStepBytes);
                     mbar_arrive_cluster(peer_done);
                 }
                 named_arrive(kBarDqSum, 64);
