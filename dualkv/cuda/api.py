@@ -29,8 +29,7 @@ from .._warnings import warn_once
 from ..layout import GroupLayout
 from ..tree import PrefixTreeLayout
 from .call2 import gather_inputs, map_call2, scatter_outputs
-from .configs import (ATOMIC_HEAD_DIMS, DTYPES, WINDOW_HEAD_DIMS, attention_path, current_ws_dq_add, forward_kernel_for,
-                      kernel_head_dim)
+from .configs import ATOMIC_HEAD_DIMS, DTYPES, WINDOW_HEAD_DIMS, attention_path, forward_kernel_for, kernel_head_dim
 from . import launch
 from .launch import Plan, make_plan, make_tree_plan
 from .ops import fwd as _fwd_op
@@ -127,10 +126,10 @@ def context_attention(q, k, v, cu_seqlens=None, max_seqlen=None, softmax_scale=N
     return _finish_padded(out, lse, d, return_lse)
 
 
-def _order_key() -> tuple[bool, bool, bool, str]:
+def _order_key() -> tuple[bool, bool, bool]:
     """The launch/dQ orders a cached plan was built for (the settings the launcher reads: a plan must never meet
-    kernels built for another dQ order), and the warp-specialised dQ adds (:class:`ws_dq_add`) it was paired for."""
-    return launch.KEY_TILES_NODE_MAJOR, launch.TREE_DQ_ROOT_FIRST, launch.TWO_LEVEL_SHARED_FIRST, current_ws_dq_add()
+    kernels built for another dQ order)."""
+    return launch.KEY_TILES_NODE_MAJOR, launch.TREE_DQ_ROOT_FIRST, launch.TWO_LEVEL_SHARED_FIRST
 
 
 def layout_plan(layout: GroupLayout, *, head_dim: int, group_size: int, window_left: int,

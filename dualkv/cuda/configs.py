@@ -350,32 +350,6 @@ def _ws_cta_order_from_env() -> str:
 
 WS_HEAD_MAJOR = _ws_cta_order_from_env() == "head"
 
-#: How the warp-specialised backward adds dQ on two-level layouts: "cta" (each CTA's dQ_step, one bulk fp32
-#: reduce-add per step) or "pair" (clusters of two CTAs on adjacent key blocks: the upper CTA's dQ_step goes to the
-#: lower one over DSMEM and one reduce-add carries both, half the fp32 traffic into L2; DKV_DQ_PAIRS, key-tile tables
-#: from :func:`dualkv.cuda.ws_schedule.pair_tiles`). Both are deterministic; their dQ bits differ (another summation
-#: order). Plans are built for the mode in force (:class:`ws_dq_add`); the launcher picks the kernel from the table.
-WS_DQ_ADDS = ("cta", "pair")
-
-
-def _ws_dq_add_from_env() -> str:
-    return _choice_from_env("DUALKV_WS_DQ_ADD", WS_DQ_ADDS)
-
-
-_ws_dq_add = [_ws_dq_add_from_env()]
-
-
-class ws_dq_add(_Switch):  # noqa: N801 - used like a function: ws_dq_add("pair")
-    """Choose the warp-specialised backward's dQ adds for the plans built from now on (one of :data:`WS_DQ_ADDS`;
-    the initial value comes from ``$DUALKV_WS_DQ_ADD``); a context manager restores the previous choice."""
-
-    _value, _choices, _what = _ws_dq_add, WS_DQ_ADDS, "warp-specialised dQ add"
-
-
-def current_ws_dq_add() -> str:
-    """The warp-specialised backward's dQ adds in force for new plans (see :class:`ws_dq_add`)."""
-    return _ws_dq_add[0]
-
 
 def current_mma_backward() -> str:
     """The mma.sync backward in force (see :class:`mma_backward`)."""
@@ -508,7 +482,6 @@ class KernelSpec:
     dq_ordered: bool = False  # bwd_dkdv only: also accumulate dQ, in a fixed order (deterministic; DKV_DQ_ORDERED)
     root_first: bool = False  # ordered-dQ backwards: the root-first (tree) / shared-first (two-level) dQ order
     head_major: bool = False  # bwd_sm90_ws only: each KV head's key-tile table launched in turn (DKV_HEAD_MAJOR)
-    dq_pairs: bool = False   # bwd_sm90_ws only: clusters of two CTAs add dQ once per pair (DKV_DQ_PAIRS)
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -535,11 +508,6 @@ class KernelSpec:
         if self.head_major and self.kernel != "bwd_sm90_ws":
             raise ValueError(f"the head-major CTA order is built for the warp-specialised backward only, not "
                              f"{self.kernel}")
-        if self.dq_pairs and (self.kernel != "bwd_sm90_ws" or self.tree or self.root_first
-                              or self.tile.dq_buffers != 1):
-            raise ValueError("CTA-pair dQ adds are built for the warp-specialised backward's two-level own-first "
-                             f"order with one dQ buffer (got {self.kernel}, tree={self.tree}, "
-                             f"root_first={self.root_first})")
 
     def _check_dq_ordered(self) -> None:
         if self.kernel != "bwd_dkdv" or self.head_dim not in ORDERED_HEAD_DIMS:
@@ -586,14 +554,14 @@ class KernelSpec:
         if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V (whole atoms); 1 KB slack
             return (2 * t.block_m + 4 * t.block_n) * self.tile_head_dim * 2 + 1024
         if self.kernel == "bwd_sm90_ws":  # K, V (and K transposed: WS_TRANSPOSED_K_HEAD_DIMS); Q/dO/LSE/D/step-record
-            # stages; dS; fp32 dQ rows (and the CTA pair's peer buffer); mbarriers (and the pair's two and ticket)
+            # stages; dS; fp32 dQ rows; mbarriers
             key_tiles = 3 if self.head_dim in WS_TRANSPOSED_K_HEAD_DIMS else 2
             return (key_tiles * t.block_keys * self.tile_head_dim * 2
                     + 2 * t.stages * t.block_m * self.tile_head_dim * 2
                     + (3 - t.dq_buffers) * t.block_m * t.block_keys * 2
-                    + (t.dq_buffers + (1 if self.dq_pairs else 0)) * t.block_m * self.head_dim * 4
+                    + t.dq_buffers * t.block_m * self.head_dim * 4
                     + 2 * t.stages * t.block_m * 4 + 16 * t.stages + 8 * (1 + 2 * t.stages + 2 * t.dq_buffers)
-                    + (32 if self.dq_pairs else 0) + 1024)
+                    + 1024)
         if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + `stages` stages of Q, dO, LSE, D; 1 KB alignment slack
             return ((2 * t.block_keys + 2 * t.stages * t.block_m) * self.tile_head_dim * 2
                     + 2 * t.stages * t.block_m * 4 + 1024)
@@ -628,8 +596,6 @@ class KernelSpec:
                 keys += [("DKV_TREE_ROOT_FIRST", "1")]
             if self.head_major:
                 keys += [("DKV_HEAD_MAJOR", "1")]
-            if self.dq_pairs:
-                keys += [("DKV_DQ_PAIRS", "1")]
             return keys
         query = common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack)),
                           ("DKV_OVERLAP", "1" if getattr(t, "overlap", False) else "0")]
@@ -688,15 +654,15 @@ def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, ar
 
 
 def ws_bwd_spec(head_dim: int, dtype: torch.dtype, tree: bool = False, root_first: bool = False,
-                head_major: bool | None = None, dq_pairs: bool = False) -> KernelSpec:
+                head_major: bool | None = None) -> KernelSpec:
     """The warp-specialised Hopper backward (sm_90a, no window); ``tree``: its prefix-tree build (DKV_TREE=1),
     ``root_first``: the root-first (tree) or shared-first (two-level) dQ order (DKV_TREE_ROOT_FIRST=1),
     ``head_major``: the head-major CTA order (default: :data:`WS_HEAD_MAJOR` for two-level layouts, never for
-    trees), ``dq_pairs``: CTA-pair dQ adds (:class:`ws_dq_add`; the launcher sets it for a paired table)."""
+    trees)."""
     if head_major is None:
         head_major = WS_HEAD_MAJOR and not tree
     return KernelSpec("bwd_sm90_ws", head_dim, _check_dtype(dtype), SM90_WS_BWD_TILES[head_dim], 1, False, "sm_90a",
-                      tree=tree, root_first=root_first, head_major=head_major, dq_pairs=dq_pairs)
+                      tree=tree, root_first=root_first, head_major=head_major)
 
 
 def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,
@@ -764,8 +730,7 @@ def all_specs(arch: str) -> list[KernelSpec]:
             specs.append(KernelSpec("bwd_dkdv_sm90", head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a",
                                     causal=causal))
         if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES and not window and causal:
-            specs.append(ws_bwd_spec(head_dim, dtype, root_first=TWO_LEVEL_SHARED_FIRST,
-                                     dq_pairs=current_ws_dq_add() == "pair" and not TWO_LEVEL_SHARED_FIRST))
+            specs.append(ws_bwd_spec(head_dim, dtype, root_first=TWO_LEVEL_SHARED_FIRST))
         specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, causal=causal))
         if head_dim in ATOMIC_HEAD_DIMS:
             specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, True, causal))

@@ -14,8 +14,7 @@ import numpy as np
 import torch
 
 from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, KEY_TILES_NODE_MAJOR, TMA_KERNELS,
-                      TREE_DQ_ROOT_FIRST, TWO_LEVEL_SHARED_FIRST, KeyTileConfig, TileConfig, current_ws_dq_add,
-                      dkdv_spec, dq_cast_spec,
+                      TREE_DQ_ROOT_FIRST, TWO_LEVEL_SHARED_FIRST, KeyTileConfig, TileConfig, dkdv_spec, dq_cast_spec,
                       dq_ordered_for, dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for, prep_spec, ws_backward_for,
                       ws_bwd_spec)
 from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
@@ -47,9 +46,7 @@ class Plan:
     fwd_pack: int
     dq_tiles: torch.Tensor   # int32 (n, 2)
     dq_pack: int
-    # int32 (n, 4): the warp-specialised backward's launch order (ws_schedule.launch_order); int32 (n / 2, 8) where
-    # its CTA pairs add dQ (ws_schedule.pair_tiles: row j holds the pair's two tiles), which only that kernel reads
-    key_tiles: torch.Tensor
+    key_tiles: torch.Tensor  # int32 (n, 4): the warp-specialised backward's launch order (ws_schedule.launch_order)
     # int32 (n, 4): the same key tiles heaviest first, for the dK/dV kernels whose dQ needs no launch order (the
     # separate-dQ pair, atomic dQ): on a tree the nearest-first launch order puts the heaviest tiles (the roots') last
     dkdv_key_tiles: torch.Tensor
@@ -68,11 +65,9 @@ def _to_device(a: np.ndarray, device) -> torch.Tensor:
 def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_left: int, device: torch.device,
               ctx_shared: bool, fwd_kernel: str | None = None, fwd_tile: TileConfig | None = None,
               fwd_pack: int | None = None, dq_tile: TileConfig | None = None,
-              dkdv_tile: KeyTileConfig | None = None, causal: bool = True, ws_pairs: bool | None = None) -> Plan:
+              dkdv_tile: KeyTileConfig | None = None, causal: bool = True) -> Plan:
     """Schedules for the default kernels and tiles of ``head_dim`` (the kernel/tile/pack arguments override them,
-    for tuning; a forward tile without a forward kernel means the mma.sync forward). ``ws_pairs``: a paired key-tile
-    table for the warp-specialised backward's CTA-pair dQ adds (default: where :class:`ws_dq_add` chooses them and
-    that backward serves the device, head dim and masks)."""
+    for tuning; a forward tile without a forward kernel means the mma.sync forward)."""
     fwd_kernel = fwd_kernel or ("fwd" if fwd_tile else forward_kernel_for(head_dim, arch_of(device_index(device))))
     fwd_tile = fwd_tile or forward_tile(fwd_kernel, head_dim)
     fwd_pack = fwd_pack or pack_for(group_size, fwd_tile)
@@ -81,15 +76,10 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
     dq_tile, dkdv_tile = dq_tile or DQ_TILES[head_dim], dkdv_tile or DKDV_TILES[head_dim]
     dq_pack = pack_for(group_size, dq_tile)
     heaviest = key_tiles(segments, dkdv_tile.block_keys, ctx_shared, causal)
-    if ws_pairs is None:
-        ws_pairs = (current_ws_dq_add() == "pair" and not TWO_LEVEL_SHARED_FIRST and torch.device(device).type == "cuda"
-                    and ws_backward_for(head_dim, arch_of(device_index(device)), window_left >= 0, causal))
-    keys = ws_schedule.launch_order(heaviest, segments, node_major_tiles=KEY_TILES_NODE_MAJOR or ws_pairs,
+    keys = ws_schedule.launch_order(heaviest, segments, node_major_tiles=KEY_TILES_NODE_MAJOR,
                                     shared_first=TWO_LEVEL_SHARED_FIRST)
     check_block_order(keys)
     ws_schedule.check_launch_order(keys, segments, shared_first=TWO_LEVEL_SHARED_FIRST)
-    if ws_pairs:
-        keys = ws_schedule.pair_tiles(keys).reshape(-1, 8)
     return Plan(
         segments=_to_device(segments, device),
         fwd_kernel=fwd_kernel,
@@ -234,13 +224,8 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     else:
         dk_ctx, dv_ctx = _new(k_ctx.shape, k_ctx), _new(v_ctx.shape, v_ctx)
         dkc_args, dvc_args = _strided(dk_ctx), _strided(dv_ctx)
-    use_ws = (ws_backward_for(head_dim, arch, window, causal, tree) and not dq_tile and not dkdv_tile
-              and kernels == ("dq", "dkdv"))
-    if key_tiles_t.shape[-1] == 8 and not use_ws:
-        raise RuntimeError("this plan's key tiles are paired for the warp-specialised backward's CTA-pair dQ adds, "
-                           "which does not serve this call (was the kernel family changed between the forward and "
-                           "the backward?): rebuild the plan")
-    if use_ws:
+    if (ws_backward_for(head_dim, arch, window, causal, tree) and not dq_tile and not dkdv_tile
+            and kernels == ("dq", "dkdv")):
         _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
                          segments, key_tiles_t, group, scale, tree)
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
@@ -309,18 +294,11 @@ def _dq_counters(segments: torch.Tensor, tokens: int, heads: int, step: int, tre
     shapes alone (every segment adds at most one partial tile), so nothing is read back. ``tree``: one counter per
     (head, first token of a query tile) and no offsets (None): the flat tree table has no (S, 4) view."""
     if tree:
-        return _zeroed_counters(heads, tokens, segments.device), None, tokens
+        return torch.zeros((heads, tokens), dtype=torch.int32, device=segments.device), None, tokens
     n_tiles = (segments[:, 1] + step - 1) // step
     qtile_offset = (torch.cumsum(n_tiles, 0) - n_tiles).to(torch.int32)
     n_qtiles = tokens // step + segments.shape[0] + 1
-    return _zeroed_counters(heads, n_qtiles, segments.device), qtile_offset, n_qtiles
-
-
-def _zeroed_counters(heads: int, n_qtiles: int, device) -> torch.Tensor:
-    """int32 (heads, n_qtiles) zeros followed in memory by one more zeroed int: the CTA pairs' ticket counter
-    (bwd_sm90_ws.cu's DKV_DQ_PAIR_TICKET)."""
-    flat = torch.zeros(heads * n_qtiles + 1, dtype=torch.int32, device=device)
-    return flat[:-1].view(heads, n_qtiles)
+    return torch.zeros((heads, n_qtiles), dtype=torch.int32, device=segments.device), qtile_offset, n_qtiles
 
 
 def _cast_dq(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
@@ -349,8 +327,7 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
 
     tokens, heads, head_dim = q.shape
     kv_heads = k_own.shape[1]
-    pairs = key_tiles_t.shape[-1] == 8  # a paired table (make_plan): the CTA-pair build
-    spec = ws_bwd_spec(head_dim, q.dtype, tree=tree, root_first=_root_first(tree), dq_pairs=pairs)
+    spec = ws_bwd_spec(head_dim, q.dtype, tree=tree, root_first=_root_first(tree))
     kern = get_kernel(spec, device_index(q))
     step, keys = spec.tile.block_m, spec.tile.block_keys
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, step, tree)
@@ -359,8 +336,7 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
     dq_acc = torch.zeros((heads, rows, acc_cols), dtype=torch.float32, device=q.device)
     maps = [tensor_map_3d(q, step), tensor_map_3d(dout, step), tensor_map_3d(k_own, keys), tensor_map_3d(v_own, keys),
             tensor_map_3d(k_ctx, keys), tensor_map_3d(v_ctx, keys)]
-    n_tiles = key_tiles_t.shape[0] * (2 if pairs else 1)
-    launch_raw(kern, (n_tiles * kv_heads, 1, 1),
+    launch_raw(kern, (key_tiles_t.shape[0] * kv_heads, 1, 1),
                [*maps, lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0)), *dkc_args, *dvc_args,
                 *_strided(dk_own), *_strided(dv_own), dq_acc.data_ptr(), i64(rows * acc_cols), sems.data_ptr(),
                 i32(n_qtiles), qtile_offset.data_ptr() if qtile_offset is not None else 0, segments.data_ptr(), key_tiles_t.data_ptr(), i32(kv_heads),

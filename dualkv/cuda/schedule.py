@@ -136,8 +136,6 @@ def check_block_order(tiles: np.ndarray) -> None:
     (block b waits for block b - 1) and CTAs start in table order, so a CTA must never wait on a later one."""
     last: dict[tuple[int, int, int], int] = {}
     for own, blk, dep_begin, dep_end in np.asarray(tiles).reshape(-1, 4).tolist():
-        if own < 0 and dep_end <= dep_begin:  # a paired table's null tile (ws_schedule.NULL_TILE)
-            continue
         run = (own, dep_begin, dep_end) if own >= 0 else (-1, dep_begin, dep_end)
         if blk != last.get(run, -1) + 1:
             raise RuntimeError(f"key tile table out of block order for run {run}: block {blk} after "

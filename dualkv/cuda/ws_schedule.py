@@ -39,12 +39,6 @@ separate context's) are made adjacent, blocks in order (:func:`node_major`), ins
 interleaving of equal-weight runs (block 0 of every prompt of a micro-batch, then block 1, ...). Ranks are untouched,
 so every counter receives its contributions in the same order as before: the same bits.
 
-CTA pairs (``pairs=True``, the kernel's DKV_DQ_PAIRS=1 build, chosen by :class:`dualkv.cuda.configs.ws_dq_add`):
-:func:`pair_tiles` puts each key run's blocks 2p, 2p + 1 in table rows 2j, 2j + 1 (a :data:`NULL_TILE` after an odd
-last block), launched as clusters of two. The upper tile's walk is a prefix of the lower one's (same dependents;
-its causal own walk ends two query tiles sooner), so only the lower CTA adds dQ, both blocks' parts at once: pair p
-ranks like a 256-key block p (:func:`rank` with ``pairs``), and a counter receives ranks 0..k-1 from the lower tiles.
-
 The mma.sync dK/dV kernel's ordered-dQ mode (``csrc/bwd_dkdv.cu``, DKV_DQ_ORDERED) runs the same walk and ranks at
 its own tile sizes (:class:`Geometry`: ``step`` query rows per counter, ``block_keys`` keys per rank; see
 :func:`mma_geometry`) and also without causal masks (``causal=False``: a dependent's tile then receives all of its
@@ -67,13 +61,6 @@ from .tree_schedule import RANK_BLOCK_KEYS, ancestor_key_blocks
 
 STEP = 64
 BLOCK_KEYS = RANK_BLOCK_KEYS
-#: The partner of a run's odd last block in a paired table (:func:`pair_tiles`): no keys, no walk; its CTA exits.
-NULL_TILE = (-1, 0, 0, 0)
-
-
-def is_null(tile) -> bool:
-    """Whether a key-tile row is :data:`NULL_TILE` (own segment -1 and no dependents)."""
-    return int(tile[0]) < 0 and int(tile[3]) <= int(tile[2])
 
 
 @dataclass(frozen=True)
@@ -179,15 +166,9 @@ def own_reach(qt: int, geo: Geometry = WS, q_len: int = 0) -> int:
 
 
 def rank(tile: tuple[int, int, int, int], step: Step, tree: TreeRanks | None = None,
-         shared_first: bool = False, pairs: bool = False) -> int:
+         shared_first: bool = False) -> int:
     """The position of ``tile``'s contribution among those reaching ``step``'s (head, query tile) counter
-    (``shared_first``: the two-level shared-first order; ``pairs``: a CTA pair's one add, ``tile`` its lower block;
-    module docstring)."""
-    if pairs:
-        if tree is not None or shared_first:
-            raise ValueError("CTA pairs exist for the two-level own-first order only")
-        reach = 0 if step.own else own_reach(step.qt, Geometry(WS.step, 2 * WS.block_keys))
-        return tile[1] // 2 + reach
+    (``shared_first``: the two-level shared-first order, module docstring)."""
     if tree is not None and tree.root_first:  # own or a descendant's tile: A[key node] + block
         return int(tree.ancestor_blocks[tile[0]]) + tile[1]
     if shared_first and tree is None:  # a dependent's shared block b first, then the own blocks after all of those
@@ -259,8 +240,6 @@ def check_launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks 
     seg = np.asarray(segments).reshape(-1, 4)
     seen_second = False
     for t in np.asarray(tiles).reshape(-1, 4).tolist():
-        if is_null(t):  # a paired table's filler: no dQ
-            continue
         if is_own_response(t, seg) == shared_first:
             seen_second = True
         elif seen_second:
@@ -272,74 +251,21 @@ def check_launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks 
 
 
 def dq_contributors(tiles: np.ndarray, segments: np.ndarray, group: int, tree: TreeRanks | None = None,
-                    geo: Geometry = WS, shared_first: bool = False, pairs: bool = False) -> dict[tuple, list[int]]:
-    """(segment, query tile, head) -> the ranks of the contributions adding into it, in table (= launch) order.
-    ``pairs``: a paired table (:func:`pair_tiles`); only the lower tile of a pair adds (its walk's steps), and the
-    upper tile's walk must be a prefix of it (the kernel adds the two parts step by step)."""
+                    geo: Geometry = WS, shared_first: bool = False) -> dict[tuple, list[int]]:
+    """(segment, query tile, head) -> the ranks of the contributions adding into it, in table (= launch) order."""
     if tree is not None and not geo.causal:
         raise ValueError("tree ranks are defined for causal kernels only")
-    rows = np.asarray(tiles).reshape(-1, 4).tolist()
-    if pairs:
-        check_pairs(rows, segments, group)
-        rows = rows[::2]
     out: dict[tuple, list[int]] = defaultdict(list)
-    for tile in rows:
+    for tile in np.asarray(tiles).reshape(-1, 4).tolist():
         for st in walk(tile, segments, group, geo):
-            out[(st.seg, st.qt, st.head)].append(rank(tile, st, tree, shared_first, pairs=True) if pairs
-                                                 else rank(tile, st, tree, shared_first))
+            out[(st.seg, st.qt, st.head)].append(rank(tile, st, tree, shared_first))
     return out
 
 
-def pair_tiles(tiles: np.ndarray) -> np.ndarray:
-    """A launch-ordered table (int32 (n, 4)) whose key runs' tiles are adjacent, blocks in order (node-major),
-    with each run's blocks 2p, 2p + 1 in rows 2j, 2j + 1 and :data:`NULL_TILE` after a run's odd last block: the
-    CTA pairs of the DKV_DQ_PAIRS build. Raises if a run's tiles are not adjacent or start at a block other than 0."""
-    out: list[list[int]] = []
-    rows = np.asarray(tiles).reshape(-1, 4).tolist()
-    done: set[tuple[int, int]] = set()
-    for i, tile in enumerate(rows):
-        run = _key_run(tile)
-        if i and _key_run(rows[i - 1]) == run:
-            if tile[1] != rows[i - 1][1] + 1:
-                raise RuntimeError(f"key tile {tile} follows block {rows[i - 1][1]} of its run: not in block order")
-        else:
-            if run in done or tile[1] != 0:
-                raise RuntimeError(f"key tile {tile} (row {i}): a run's tiles must be adjacent from block 0 to be "
-                                   "paired (node-major order)")
-            done.add(run)
-            if len(out) % 2:
-                out.append(list(NULL_TILE))
-        out.append(tile)
-    if len(out) % 2:
-        out.append(list(NULL_TILE))
-    return np.asarray(out, dtype=np.int32).reshape(-1, 4)
-
-
-def check_pairs(tiles, segments: np.ndarray, group: int = 1) -> None:
-    """Raise unless ``tiles`` is paired as the DKV_DQ_PAIRS kernel needs: an even number of rows; each lower row a
-    real tile; each upper row null or the next block of the lower one's run, whose walk is a prefix of the lower
-    one's."""
-    rows = np.asarray(tiles).reshape(-1, 4).tolist()
-    if len(rows) % 2:
-        raise RuntimeError(f"a paired key-tile table needs an even number of rows, got {len(rows)}")
-    for j in range(0, len(rows), 2):
-        lo, hi = rows[j], rows[j + 1]
-        if is_null(lo):
-            raise RuntimeError(f"row {j} of a paired table is a null tile: only an upper row may be")
-        if is_null(hi):
-            continue
-        if _key_run(hi) != _key_run(lo) or hi[2:] != lo[2:] or hi[1] != lo[1] + 1:
-            raise RuntimeError(f"rows {j}, {j + 1} ({lo}, {hi}) are not blocks b, b + 1 of one key run")
-        lo_walk, hi_walk = walk(lo, segments, group), walk(hi, segments, group)
-        if lo_walk[:len(hi_walk)] != hi_walk:
-            raise RuntimeError(f"the walk of {hi} is not a prefix of the walk of {lo}: the pair cannot add dQ "
-                               "step by step")
-
-
 def check_dq_order(tiles: np.ndarray, segments: np.ndarray, group: int = 1, tree: TreeRanks | None = None,
-                   geo: Geometry = WS, shared_first: bool = False, pairs: bool = False) -> None:
+                   geo: Geometry = WS, shared_first: bool = False) -> None:
     """Raise unless every dQ counter receives ranks 0, 1, ..., k - 1 in launch order (see the module docstring)."""
-    for key, ranks in dq_contributors(tiles, segments, group, tree, geo, shared_first, pairs).items():
+    for key, ranks in dq_contributors(tiles, segments, group, tree, geo, shared_first).items():
         if ranks != list(range(len(ranks))):
             raise RuntimeError(f"dQ counter {key} would receive ranks {ranks}: not 0..k-1 in launch order")
 
@@ -365,8 +291,6 @@ def numeric_backward(q, k_ctx, v_ctx, k_own, v_own, dout, segments: np.ndarray, 
     dk_own, dv_own = torch.zeros_like(k_own), torch.zeros_like(v_own)
     dk_ctx, dv_ctx = torch.zeros_like(k_ctx), torch.zeros_like(v_ctx)
     for tile in np.asarray(tiles).reshape(-1, 4).tolist():
-        if is_null(tile):
-            continue
         own_seg, blk, dep_begin, dep_end = tile
         key_seg = own_seg if own_seg >= 0 else dep_begin
         q0k, qlk, c0k, clk = (int(x) for x in seg[key_seg])

@@ -33,22 +33,12 @@ VARIANTS = {
     "stages3": "TILE=stages=3",
     "nored": "DKV_DBG_NORED=1",  # wrong dQ: the dQ warp's counters without the reduce-adds
     "nobar": "DKV_DBG_NOBAR=1",  # wrong dQ: no barrier of the two consumer warpgroups before dQ_step
-    "pair": "DQADD=pair",  # CTA pairs add dQ once per pair (DUALKV_WS_DQ_ADD=pair, DKV_DQ_PAIRS)
-    "pair_tile": "DQADD=pair;ORDER=tile",  # the same, tile-major CTA order
-    "pair_nored": "DQADD=pair;DKV_DBG_NORED=1",  # wrong dQ: pairs without the reduce-adds
-    "pair_nodq": "DQADD=pair;DKV_DBG_NODQ=1",  # wrong dQ: clusters of two with no dQ hand-off at all
-    "pair_nosem": "DQADD=pair;DKV_DBG_NOSEM=1",  # unordered dQ adds: pairs without the counters' waits
-    "pair_blockidx": "DQADD=pair;DKV_DQ_PAIR_TICKET=0",  # clusters numbered by blockIdx instead of a ticket
-    "pair_nosum": "DQADD=pair;DKV_DBG_PAIR_NOSUM=1",  # wrong dQ: the lower CTA does not add the upper one's part
-    "pair_nocopy": "DQADD=pair;DKV_DBG_PAIR_NOCOPY=1",  # wrong dQ: no DSMEM copies (the sums still run)
-    "pair_nocopy_nosum": "DQADD=pair;DKV_DBG_PAIR_NOCOPY=1,DKV_DBG_PAIR_NOSUM=1",  # wrong dQ: hand-off signals only
 }
 
 CASES = {
     "one_tile": ([64], [[65]], 4, 1),
     "two_keys": ([300], [[129, 2]], 4, 2),
     "multi": ([64, 127, 65], [[65, 127, 1], [64, 127], [1, 65, 129]], 4, 1),
-    "long": ([2000, 257], [[700, 1, 300], [513]], 8, 2),
 }
 
 
@@ -124,11 +114,7 @@ def run(variant: str, defines: str, case: str, sanitizer: bool, timeout: int, ti
     if not timing:
         env["CUDA_LAUNCH_BLOCKING"] = "1"
     for item in defines.split(";"):
-        if item.startswith("DQADD="):
-            env["DUALKV_WS_DQ_ADD"] = item.split("=", 1)[1]
-        elif item.startswith("ORDER="):
-            env["DUALKV_WS_CTA_ORDER"] = item.split("=", 1)[1]
-        elif item.startswith("FAMILY="):
+        if item.startswith("FAMILY="):
             env["DUALKV_KERNELS"] = item.split("=", 1)[1]
         elif item.startswith("TILE="):
             env["DUALKV_WS_TILE"] = item.split("=", 1)[1]

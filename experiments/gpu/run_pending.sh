@@ -36,8 +36,6 @@
 #   bash experiments/gpu/run_pending.sh final      # Table 1 and head dims 96 / 64 vs the cuDNN cascade, last commit
 #   bash experiments/gpu/run_pending.sh floortests # GPU tests of deterministic=False, the cascade, the hybrid, d=96
 #   bash experiments/gpu/run_pending.sh floorjson  # head dims 96 / 64: default, deterministic=False, hybrid, cascade
-#   bash experiments/gpu/run_pending.sh pairs      # CTA-pair dQ adds (#12): smoke cases, their GPU tests, bwd timing
-#   bash experiments/gpu/run_pending.sh pairtable  # Table 1 with DUALKV_WS_DQ_ADD=pair vs the cuDNN cascade
 #   bash experiments/gpu/run_pending.sh ws96       # the same at head dim 96 (128-column tiles), and dualkv verify
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
@@ -319,21 +317,8 @@ floorjson)
     # cuDNN cascade, one process per head dim (a call returns at most 8 files: keep this part's output small)
     TAIL=4 head_dim_bench floorjson 150 dualkv,dualkv_atomic,dualkv_hybrid,cudnn_cascade fwd,bwd,fwdbwd 96 64
     ;;
-pairs)
-    # CTA-pair dQ adds (#12): small cases in own processes (default, pairs head-major and tile-major), the pair GPU
-    # tests (both dQ adds, both CTA orders, head dims 64 / 96 / 128), then the bwd time of each (own processes)
-    TAIL=8 step pairs_smoke 150 python3 experiments/gpu/debug_ws_bwd.py --cases two_keys,long \
-        --variants base,pair,pair_tile --out "$OUT"
-    TAIL=4 step pytest_pairs 260 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_ws_dq_pairs.py
-    TAIL=7 step pairs_timing 260 python3 experiments/gpu/debug_ws_bwd.py --timing 16:32768,8:8192,28:4096 \
-        --variants base,pair,pair_nored,base,pair --out "$OUT"
-    ;;
-pairtable)
-    # Table 1 with the CTA-pair dQ adds (DUALKV_WS_DQ_ADD=pair) against the cuDNN cascade, one process per half
-    DUALKV_WS_DQ_ADD=pair table1_bench pairtable "${SYSTEMS:-dualkv,dualkv_atomic,cudnn_cascade}" 10 8
-    ;;
 *) echo "unknown part $1 (tests, mma, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
-        "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson, pairs, pairtable)"
+        "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson)"
    exit 2 ;;
 esac

@@ -27,16 +27,12 @@
 // where ptxas serializes every wgmma (C7515); with every product waited for before the back edge it runs out of
 // registers (C7511).
 //
-// DKV_DQ_PAIRS=1 (two-level layouts; dualkv/cuda/ws_schedule.py's pair_tiles): clusters of two CTAs on the key
-// blocks 2p and 2p + 1 of one run and KV head (the table holds them as adjacent rows, a null row after a run's odd
-// last block). Their walks agree step for step until the upper one's ends (its causal own walk stops two query tiles
-// earlier), so dQ is added once per pair: the upper CTA's dQ warp copies each dQ_step into a peer buffer of the lower
-// CTA (cp.async.bulk over DSMEM); the lower CTA's warp 3 adds it to its own dQ_step in smem and frees the peer
-// buffer (a remote mbarrier arrival), and its dQ warp issues ONE reduce-add, at rank p (blocks 2p, 2p + 1 count as one 256-key block;
-// ranks as above with 256-key blocks). That halves the fp32 traffic into L2, which bounded the backward (the
-// DKV_DBG_NORED bisection). The consumers of both CTAs never wait for the other CTA's data: adding in the lower
-// CTA's consumer registers instead put each copy's latency on their critical path (1.56x slower at (16, 32K),
-// experiments/results/checks/ws-bwd-pairs-h100-20261127T1131Z.json).
+// Tried and removed (#12): CTA pairs (clusters of two on key blocks 2p, 2p + 1; the upper CTA's dQ_step copied over
+// DSMEM to the lower one, one reduce-add per pair: half the fp32 traffic into L2). Clusters cost nothing by themselves
+// (66 of 132 SMs' pairs active; with no dQ hand-off 119.4 against 118.7 ms at (16, 32K)), but adding the two parts
+// did: 205 ms in the lower CTA's consumer registers (each copy's latency on their path), 265 ms summed in smem by a
+// producer warp, against 131 ms; with that sum skipped (wrong dQ) 134 ms, so even a free sum only ties
+// (experiments/results/checks/ws-bwd-pairs-*-20261127T11*.json).
 //
 // DKV_TREE=1 (prefix trees, dualkv/cuda/tree_schedule.py): segment rows are tree nodes (q_start, q_len, runs, pos)
 // and a key tile (i, blk, i + 1, end) owns keys of node i, seen causally by its own queries (pos plays ctx_len's part,
@@ -96,15 +92,6 @@ constexpr int kDqCols = kHeadDimAcc / 2;
 #define DKV_DQ_FROM_KT (DKV_HEAD_DIM == 64)  // a macro: the head-dim-128 build keeps its exact code
 constexpr int kKtBytes = DKV_DQ_FROM_KT ? kHeadDim * kBlockKeys * 2 : 0;
 constexpr int kBarConsumers = 1;
-constexpr int kBarDqSum = 2;  // DKV_DQ_PAIRS: warp 3's sum of a step's two dQ parts, then warp 2's reduce-add
-#ifndef DKV_DQ_PAIRS
-#define DKV_DQ_PAIRS 0
-#endif
-constexpr int kPair = DKV_DQ_PAIRS ? 2 : 1;  // key blocks per dQ rank
-static_assert(!DKV_DQ_PAIRS || (kDqBuffers == 1 && !DKV_TREE && !DKV_TREE_ROOT_FIRST),
-              "CTA pairs: one dQ buffer, the two-level own-first order");
-constexpr unsigned kDqStepBytes = kStep * kDqRowBytes;  // one dQ buffer: what the upper CTA of a pair copies
-constexpr int kPeerBuffers = DKV_DQ_PAIRS ? 1 : 0;      // the lower CTA's buffer for the upper one's dQ_step
 // Bisection switches (DUALKV_EXTRA_DEFINES): skip the dQ counters' waits / the whole dQ hand-off; register split.
 #ifndef DKV_DBG_NOSEM
 #define DKV_DBG_NOSEM 0
@@ -117,12 +104,6 @@ constexpr int kPeerBuffers = DKV_DQ_PAIRS ? 1 : 0;      // the lower CTA's buffe
 #endif
 #ifndef DKV_DBG_NOBAR  // 1: no barrier between dS to smem and dQ_step (wrong dQ: times the warpgroups' lockstep)
 #define DKV_DBG_NOBAR 0
-#endif
-#ifndef DKV_DBG_PAIR_NOSUM  // DKV_DQ_PAIRS, 1: warp 3 skips the sum (wrong dQ: times the copies and hand-offs)
-#define DKV_DBG_PAIR_NOSUM 0
-#endif
-#ifndef DKV_DBG_PAIR_NOCOPY  // DKV_DQ_PAIRS, 1: no DSMEM copies, peer_full completes at once (wrong dQ)
-#define DKV_DBG_PAIR_NOCOPY 0
 #endif
 // 1: the dQ warp keeps one add in flight (releases a counter one step late); 0: it waits for each add to complete.
 #ifndef DKV_DQ_INFLIGHT
@@ -139,23 +120,12 @@ constexpr bool kDqInFlight = DKV_DQ_INFLIGHT != 0;
 #ifndef DKV_HEAD_MAJOR
 #define DKV_HEAD_MAJOR 0
 #endif
-// With DKV_DQ_PAIRS the table has an even number of rows and CTA 2c + r is rank r of cluster c: head-major keeps a
-// pair's tiles adjacent as it is; tile-major puts the KV heads of a PAIR of tiles adjacent. Clusters are not
-// started in blockIdx order, so with DKV_DQ_PAIR_TICKET (the default) c is a ticket the lower CTA draws from a global
-// counter when it starts (the int after the dQ counters): a CTA then only ever waits on clusters already running.
-// (Numbered by blockIdx the pairs measured 1.9x slower at (16, 32K) with the reduce-adds off, H100.)
-#ifndef DKV_DQ_PAIR_TICKET
-#define DKV_DQ_PAIR_TICKET 1
-#endif
 #if DKV_HEAD_MAJOR
-#define DKV_CTA_HEAD(cta, kv_heads) ((cta) / (gridDim.x / (kv_heads)))
-#define DKV_CTA_TILE(cta, kv_heads) ((cta) % (gridDim.x / (kv_heads)))
-#elif DKV_DQ_PAIRS
-#define DKV_CTA_HEAD(cta, kv_heads) (((cta) >> 1) % (kv_heads))
-#define DKV_CTA_TILE(cta, kv_heads) ((((cta) >> 1) / (kv_heads)) * 2 + ((cta) & 1))
+#define DKV_CTA_HEAD(kv_heads) (blockIdx.x / (gridDim.x / (kv_heads)))
+#define DKV_CTA_TILE(kv_heads) (blockIdx.x % (gridDim.x / (kv_heads)))
 #else
-#define DKV_CTA_HEAD(cta, kv_heads) ((cta) % (kv_heads))
-#define DKV_CTA_TILE(cta, kv_heads) ((cta) / (kv_heads))
+#define DKV_CTA_HEAD(kv_heads) (blockIdx.x % (kv_heads))
+#define DKV_CTA_TILE(kv_heads) (blockIdx.x / (kv_heads))
 #endif
 #ifndef DKV_PRODUCER_REGS
 #define DKV_PRODUCER_REGS 24  // 32 (with 240 for the consumers: exactly the register file) hangs in setmaxnreg
@@ -238,13 +208,6 @@ __device__ __forceinline__ WsWalk make_ws_walk(const int* key_tiles, int tile, c
     return w;
 }
 
-// DKV_DQ_PAIRS: the steps both CTAs of tile's pair walk, the upper one's whole walk (a prefix of the lower one's;
-// a null upper tile walks none). The pair is rows tile & ~1 and tile | 1 of the table.
-__device__ __forceinline__ int pair_steps(const int* key_tiles, int tile, const int* segments, int group) {
-    int token0;
-    return walk_steps(make_ws_walk(key_tiles, tile | 1, segments, group, token0));
-}
-
 // DKV_TREE: the blocks of the nodes strictly between a dependent node j and the key's node i (A[j] - A[i] -
 // blocks(i)), added by the dQ warp to a dependent step's rank; tree_rank_skip is A[i] + blocks(i).
 __device__ __forceinline__ int tree_rank_skip(const WsWalk& w) {
@@ -270,20 +233,14 @@ __device__ __forceinline__ StepInfo step_info(const WsWalk& w, const StepCursor&
     si.q_pos0 = seg.ctx_len + pos0;
     si.key_base = (si.own ? seg.ctx_len : 0) + w.key0;
     si.need_mask = w.count < kBlockKeys || (si.own && si.key_base + kBlockKeys - 1 > si.q_pos0);
-    // a dependent's tile first receives its own causal blocks 0 .. (last row of the tile) / kBlockKeys (pairs of
-    // blocks with DKV_DQ_PAIRS)
-    si.rank = w.kt.blk / kPair + (si.own ? 0 : (c.qt * kStep + kStep - 1) / (kBlockKeys * kPair) + 1);
+    // a dependent's tile first receives its own causal blocks 0 .. (last row of the tile) / kBlockKeys
+    si.rank = w.kt.blk + (si.own ? 0 : (c.qt * kStep + kStep - 1) / kBlockKeys + 1);
     return si;
 }
 
 }  // namespace
 
-#if DKV_DQ_PAIRS
-#define DKV_CLUSTER __cluster_dims__(2, 1, 1)
-#else
-#define DKV_CLUSTER
-#endif
-extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128, 1) dualkv_bwd_sm90_ws(
+extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_bwd_sm90_ws(
     const __grid_constant__ TmaDesc tm_q, const __grid_constant__ TmaDesc tm_do, const __grid_constant__ TmaDesc tm_kd,
     const __grid_constant__ TmaDesc tm_vd, const __grid_constant__ TmaDesc tm_kc, const __grid_constant__ TmaDesc tm_vc,
     const float* __restrict__ lse2, const float* __restrict__ delta, long long lse_sh, elem_t* __restrict__ dkc,
@@ -300,36 +257,17 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
     const unsigned sdo0 = sq0 + kStages * kStepBytes;       // dO stage s
     const unsigned sds0 = sdo0 + kStages * kStepBytes;      // dS (rows = queries, K-major over keys)
     const unsigned sdq0 = sds0 + kDsBuffers * kDsBytes;     // dQ_step fp32, kHeadDim wide; buffer b at + b * kStep rows
-    const unsigned sdq_peer = sdq0 + kDqBuffers * kDqStepBytes;  // DKV_DQ_PAIRS: the upper CTA's dQ_step (lower CTA)
-    float* s_lse = reinterpret_cast<float*>(base + (sdq_peer - sk) + kPeerBuffers * kDqStepBytes);  // [kStages][kStep]
+    float* s_lse = reinterpret_cast<float*>(base + (sdq0 - sk) + kDqBuffers * kStep * kDqRowBytes);  // [kStages][kStep]
     float* s_delta = s_lse + kStages * kStep;
     // per stage: (key_base, q_pos0, need_mask, token & 7 of the step's first row) for the consumers
     int4* s_info = reinterpret_cast<int4*>(s_delta + kStages * kStep);
     const unsigned bar0 = smem_addr(s_info + kStages);
     const unsigned bar_kv = bar0, bar_full = bar0 + 8, bar_empty = bar0 + 8 + 8 * kStages;
     const unsigned bar_dq_full = bar0 + 8 + 16 * kStages, bar_dq_empty = bar_dq_full + 8 * kDqBuffers;
-    // DKV_DQ_PAIRS: the lower CTA's peer_full completes when the upper one's dQ_step has landed in its peer buffer;
-    // the upper CTA's peer_done when the lower one has added that step to its own (so both may be rewritten).
-    const unsigned bar_peer_full = bar_dq_empty + 8 * kDqBuffers, bar_peer_done = bar_peer_full + 8;
-    // DKV_DQ_PAIRS: the cluster's ticket (DKV_DQ_PAIR_TICKET), written by the lower CTA into both CTAs' smem
-    const unsigned s_ticket = bar_peer_done + 8;
-    // DKV_DQ_PAIRS: 0, the lower CTA of the pair (it adds dQ), 1 the upper one (it copies its dQ_step to the lower).
-    const int pair_rank = DKV_DQ_PAIRS ? int(blockIdx.x & 1) : 0;
-#if DKV_DQ_PAIRS && DKV_DQ_PAIR_TICKET
-    if (threadIdx.x == 0 && pair_rank == 0) {
-        const int ticket = atomicAdd(sems + (long long)kv_heads * group_size * n_qtiles, 1);
-        st_shared_cluster(s_ticket, ticket);                      // own smem (rank 0 maps to itself)
-        st_shared_cluster(cluster_map(s_ticket, 1), ticket);
-    }
-    cluster_sync();  // the ticket is in both CTAs
-#define DKV_CTA (2 * ld_shared_int(s_ticket) + int(blockIdx.x & 1))
-#else
-#define DKV_CTA int(blockIdx.x)
-#endif
 
     int key_token0;
-    const int kv_head = DKV_CTA_HEAD(DKV_CTA, kv_heads);
-    const WsWalk w = make_ws_walk(key_tiles, DKV_CTA_TILE(DKV_CTA, kv_heads), segments, group_size, key_token0);
+    const int kv_head = DKV_CTA_HEAD(kv_heads);
+    const WsWalk w = make_ws_walk(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size, key_token0);
     const bool has_own = w.kt.own_seg >= 0;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
@@ -342,22 +280,9 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
             mbar_init(bar_dq_full + 8 * b, kWarps);
             mbar_init(bar_dq_empty + 8 * b, 1);
         }
-        if (DKV_DQ_PAIRS) {
-            mbar_init(bar_peer_full, 1);  // the lower CTA's dQ warp (with the copy's bytes)
-            mbar_init(bar_peer_done, 1);  // the lower CTA's dQ warp, remotely
-        }
         mbar_init_fence();
-        // the first copy's bytes, announced before the cluster barrier below lets the upper CTA issue it
-        if (DKV_DQ_PAIRS && pair_rank == 0 &&
-            pair_steps(key_tiles, DKV_CTA_TILE(DKV_CTA, kv_heads), segments, group_size) > 0)
-            mbar_arrive_expect_tx(bar_peer_full, DKV_DBG_PAIR_NOCOPY ? 0 : kDqStepBytes);
     }
-#if DKV_DQ_PAIRS
-    cluster_sync();  // the partner's barriers are initialised before any copy or remote arrival reaches them
-    if (w.kt.own_seg < 0 && w.kt.dep_end <= w.kt.dep_begin) return;  // the null partner of a run's odd last block
-#else
     __syncthreads();
-#endif
 
     if (warp < 4) {  // ---------------------------------------------------------------------------- producer
         regs_dealloc<DKV_PRODUCER_REGS>();
@@ -399,47 +324,7 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
                 __syncwarp();
                 if (lane == 0) mbar_arrive(bar_full + 8 * s);
             }
-        } else if (warp == 2 && !DKV_DBG_NODQ && DKV_DQ_PAIRS && pair_rank == 1) {  // dQ_step to the lower CTA
-            const int n_steps = walk_steps(w);
-            const unsigned peer_dq = cluster_map(sdq_peer, 0), peer_full = cluster_map(bar_peer_full, 0);
-            for (int i = 0; i < n_steps; ++i) {
-                mbar_wait(bar_dq_full, i & 1);  // the consumers waited for peer_done of step i - 1 before writing
-                if (lane == 0 && !DKV_DBG_PAIR_NOCOPY) bulk_copy_to_cluster(peer_dq, sdq0, kDqStepBytes, peer_full);
-                __syncwarp();
-            }
-            // the lower CTA's last arrival here must land before this CTA exits
-            if (n_steps > 0) mbar_wait(bar_peer_done, (n_steps - 1) & 1);
-        } else if (warp == 3 && !DKV_DBG_NODQ && DKV_DQ_PAIRS && pair_rank == 0) {  // + the upper block's dQ_step
-            const int n_pair = pair_steps(key_tiles, DKV_CTA_TILE(DKV_CTA, kv_heads), segments, group_size);
-            const unsigned peer_done = cluster_map(bar_peer_done, 1);
-            float4* own = reinterpret_cast<float4*>(base + (sdq0 - sk));
-            const float4* peer = reinterpret_cast<const float4*>(base + (sdq_peer - sk));
-            for (int i = 0; i < n_pair; ++i) {
-                mbar_wait(bar_dq_full, i & 1);
-                mbar_wait(bar_peer_full, i & 1);
-                // every row (rows past the segment are zero in both), in the buffers' common chunk order
-#pragma unroll 4
-                for (int c = lane; c < (DKV_DBG_PAIR_NOSUM ? 0 : int(kDqStepBytes / 16)); c += 32) {
-                    float4 a = own[c];
-                    const float4 b = peer[c];
-                    a.x += b.x;
-                    a.y += b.y;
-                    a.z += b.z;
-                    a.w += b.w;
-                    own[c] = a;
-                }
-                fence_async_smem();  // the sums before the dQ warp's reduce-add (async proxy) reads them
-                __syncwarp();
-                if (lane == 0) {  // the upper CTA may copy step i + 1 (its bytes announced first)
-                    if (i + 1 < n_pair) mbar_arrive_expect_tx(bar_peer_full, DKV_DBG_PAIR_NOCOPY ? 0 : kDqStepBytes);
-                    mbar_arrive_cluster(peer_done);
-                }
-                named_arrive(kBarDqSum, 64);
-            }
         } else if (warp == 2 && !DKV_DBG_NODQ) {  // dQ: fixed-order bulk reduce-adds into the accumulator
-            // DKV_DQ_PAIRS: steps walked by the pair (warp 3 adds the upper CTA's dQ_step into the buffer first)
-            const int n_pair =
-                DKV_DQ_PAIRS ? pair_steps(key_tiles, DKV_CTA_TILE(DKV_CTA, kv_heads), segments, group_size) : 0;
             int* pending = nullptr;  // the counter of the add in flight, released once it has completed
             int pending_rank = 0;
             int i = 0;
@@ -461,8 +346,6 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
                 const int b = i % kDqBuffers;
                 const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
                 mbar_wait(bar_dq_full + 8 * b, (i / kDqBuffers) & 1);
-                if (DKV_DQ_PAIRS && i < n_pair)  // warp 3 has added the upper block's dQ_step to this buffer
-                    named_sync(kBarDqSum, 64);
                 if (lane == 0) {
                     if (!DKV_DBG_NOSEM) {
                         wait_flag(sem, si.rank);
@@ -612,12 +495,8 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
 
         const int b = i % kDqBuffers;
         const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
-        if (i >= kDqBuffers && !DKV_DBG_NODQ) {  // the dQ warp has read this buffer's previous step
-            if (DKV_DQ_PAIRS && pair_rank == 1)  // (the upper CTA: its copy to the lower CTA has been added there)
-                mbar_wait(bar_peer_done, (i - 1) & 1);
-            else
-                mbar_wait(bar_dq_empty + 8 * b, ((i / kDqBuffers) + 1) & 1);
-        }
+        if (i >= kDqBuffers && !DKV_DBG_NODQ)  // the dQ warp has read this buffer's previous step
+            mbar_wait(bar_dq_empty + 8 * b, ((i / kDqBuffers) + 1) & 1);
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const int row = (cw % 4) * 16 + g + 8 * hh;
@@ -658,7 +537,7 @@ extern "C" __global__ void DKV_CLUSTER __launch_bounds__(kConsumerThreads + 128,
     }
     named_sync(kBarConsumers, kConsumerThreads);
     int token0_again;  // the walk again (cheap): keeping it live across the loop cost registers
-    const WsWalk we = make_ws_walk(key_tiles, DKV_CTA_TILE(DKV_CTA, kv_heads), segments, group_size, token0_again);
+    const WsWalk we = make_ws_walk(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size, token0_again);
     const bool own_keys = we.kt.own_seg >= 0;
     const Segment key_seg = load_segment(segments, own_keys ? we.kt.own_seg : we.kt.dep_begin);
     const long long row0 = own_keys ? key_seg.q_start + we.key0 : key_seg.ctx_start + we.key0;

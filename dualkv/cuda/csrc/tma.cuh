@@ -83,41 +83,6 @@ __device__ __forceinline__ void bulk_wait_read() {
 // Orders this thread's async-proxy global writes (bulk copies) before its later generic-proxy accesses.
 __device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
-// ---- Thread-block clusters (sm_90): another CTA's shared memory (DSMEM) by its rank in the cluster.
-// The shared::cluster address of `addr` (a shared::cta address of this CTA's layout) in the CTA of rank `rank`.
-__device__ __forceinline__ unsigned cluster_map(unsigned addr, unsigned rank) {
-    unsigned out;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
-    return out;
-}
-// A 32-bit store into shared memory of this or another CTA of the cluster (`addr`: from cluster_map, or this CTA's
-// shared::cta address, which is also its shared::cluster address), and a plain 32-bit shared-memory load.
-__device__ __forceinline__ void st_shared_cluster(unsigned addr, int value) {
-    asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(addr), "r"(value) : "memory");
-}
-__device__ __forceinline__ int ld_shared_int(unsigned addr) {
-    int value;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(value) : "r"(addr) : "memory");
-    return value;
-}
-// Every thread of every CTA of the cluster (also a CTA-wide barrier); makes earlier writes (mbarrier inits
-// included, after mbar_init_fence) visible cluster-wide before any CTA goes on.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// One arrival on a barrier of another CTA of the cluster (`bar`: from cluster_map), ordered after this thread's
-// earlier memory operations.
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Bulk copy of `bytes` (multiple of 16, 16-byte aligned) of this CTA's shared memory into another CTA's (`dst`,
-// `bar`: from cluster_map); completion (its bytes) is signalled on that CTA's barrier `bar`.
-__device__ __forceinline__ void bulk_copy_to_cluster(unsigned dst, unsigned src, unsigned bytes, unsigned bar) {
-    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(dst), "r"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-
 // ---- stmatrix: four 8x8 16-bit matrices from mma C-fragment registers (thread l: row l / 4, columns 2 (l % 4), +1
 // of each) to shared memory, transposed; lanes 8j .. 8j + 7 give the addresses of matrix j's 8 (transposed) rows.
 __device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, const unsigned (&r)[4]) {
