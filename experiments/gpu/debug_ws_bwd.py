@@ -33,11 +33,6 @@ VARIANTS = {
     "stages3": "TILE=stages=3",
     "nored": "DKV_DBG_NORED=1",  # wrong dQ: the dQ warp's counters without the reduce-adds
     "nobar": "DKV_DBG_NOBAR=1",  # wrong dQ: no barrier of the two consumer warpgroups before dQ_step
-    "l2dq_last": "DKV_L2_DQ=1",  # L2 cache policies (1 evict_last, 2 evict_first) of the dQ adds / K, V / Q, dO loads
-    "l2dq_first": "DKV_L2_DQ=2",
-    "l2kv_first": "DKV_L2_KV=2",
-    "l2qdo_last": "DKV_L2_QDO=1",
-    "l2mix": "DKV_L2_DQ=1,DKV_L2_KV=2,DKV_L2_QDO=1",
 }
 
 CASES = {

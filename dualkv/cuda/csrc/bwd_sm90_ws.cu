@@ -32,7 +32,8 @@
 // (66 of 132 SMs' pairs active; with no dQ hand-off 119.4 against 118.7 ms at (16, 32K)), but adding the two parts
 // did: 205 ms in the lower CTA's consumer registers (each copy's latency on their path), 265 ms summed in smem by a
 // producer warp, against 131 ms; with that sum skipped (wrong dQ) 134 ms, so even a free sum only ties
-// (experiments/results/checks/ws-bwd-pairs-*-20261127T11*.json).
+// (experiments/results/checks/ws-bwd-pairs-*-20261127T11*.json). L2 cache policies (evict_last / evict_first on the
+// reduce-adds, evict_first on K / V, evict_last on Q / dO) moved nothing beyond noise (ws-bwd-l2hints-*.json).
 //
 // DKV_TREE=1 (prefix trees, dualkv/cuda/tree_schedule.py): segment rows are tree nodes (q_start, q_len, runs, pos)
 // and a key tile (i, blk, i + 1, end) owns keys of node i, seen causally by its own queries (pos plays ctx_len's part,
@@ -104,16 +105,6 @@ constexpr int kBarConsumers = 1;
 #endif
 #ifndef DKV_DBG_NOBAR  // 1: no barrier between dS to smem and dQ_step (wrong dQ: times the warpgroups' lockstep)
 #define DKV_DBG_NOBAR 0
-#endif
-// L2 cache policies (0: none; 1: evict_last; 2: evict_first) of the dQ reduce-adds, the K / V loads, the Q / dO loads.
-#ifndef DKV_L2_DQ
-#define DKV_L2_DQ 0
-#endif
-#ifndef DKV_L2_KV
-#define DKV_L2_KV 0
-#endif
-#ifndef DKV_L2_QDO
-#define DKV_L2_QDO 0
 #endif
 // 1: the dQ warp keeps one add in flight (releases a counter one step late); 0: it waits for each add to complete.
 #ifndef DKV_DQ_INFLIGHT
@@ -302,15 +293,8 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             mbar_arrive_expect_tx(bar_kv, 2 * kKeyBytes);
 #pragma unroll
             for (int a = 0; a < kAtoms; ++a) {
-#if DKV_L2_KV
-                tma_load_3d_hint(sk + a * kBlockKeys * 128, tk, a * 64, kv_head, key_token0, bar_kv,
-                                 make_l2_policy<DKV_L2_KV>());
-                tma_load_3d_hint(sv + a * kBlockKeys * 128, tv, a * 64, kv_head, key_token0, bar_kv,
-                                 make_l2_policy<DKV_L2_KV>());
-#else
                 tma_load_3d(sk + a * kBlockKeys * 128, tk, a * 64, kv_head, key_token0, bar_kv);
                 tma_load_3d(sv + a * kBlockKeys * 128, tv, a * 64, kv_head, key_token0, bar_kv);
-#endif
             }
             int i = 0;
             for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
@@ -320,16 +304,9 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                 mbar_arrive_expect_tx(bar_full + 8 * s, 2 * kStepBytes);
 #pragma unroll
                 for (int a = 0; a < kAtoms; ++a) {
-#if DKV_L2_QDO
-                    tma_load_3d_hint(sq0 + s * kStepBytes + a * kStep * 128, &tm_q, a * 64, si.head, si.tok0,
-                                     bar_full + 8 * s, make_l2_policy<DKV_L2_QDO>());
-                    tma_load_3d_hint(sdo0 + s * kStepBytes + a * kStep * 128, &tm_do, a * 64, si.head, si.tok0,
-                                     bar_full + 8 * s, make_l2_policy<DKV_L2_QDO>());
-#else
                     tma_load_3d(sq0 + s * kStepBytes + a * kStep * 128, &tm_q, a * 64, si.head, si.tok0, bar_full + 8 * s);
                     tma_load_3d(sdo0 + s * kStepBytes + a * kStep * 128, &tm_do, a * 64, si.head, si.tok0,
                                 bar_full + 8 * s);
-#endif
                 }
             }
         } else if (warp == 1) {  // LSE (log2) and D of each step's rows; rows past the segment: P = 0, D = 0
@@ -375,15 +352,9 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                         wait_flag(sem, si.rank);
                         fence_async_global();  // the add below (async proxy) after the acquire
                     }
-#if DKV_L2_DQ
-                    if (!DKV_DBG_NORED)
-                        bulk_reduce_add_f32_hint(dq_acc + si.head * dqa_head + (long long)si.tok0 * kHeadDim, sdq,
-                                                 si.n * kDqRowBytes, make_l2_policy<DKV_L2_DQ>());
-#else
                     if (!DKV_DBG_NORED)
                         bulk_reduce_add_f32(dq_acc + si.head * dqa_head + (long long)si.tok0 * kHeadDim, sdq,
                                             si.n * kDqRowBytes);
-#endif
                     bulk_commit();
                     if (kDqInFlight && pending) {  // the previous add has completed: publish it
                         bulk_wait<1>();

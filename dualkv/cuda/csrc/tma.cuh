@@ -59,25 +59,6 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaDesc* map, in
         "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
-// The same with an L2 cache policy (make_l2_policy).
-__device__ __forceinline__ void tma_load_3d_hint(unsigned dst, const TmaDesc* map, int c0, int c1, int c2, unsigned bar,
-                                                 unsigned long long policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, "
-        "{%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
-        : "memory");
-}
-// An L2 cache policy for the cache_hint forms: kind 1 evict_last, 2 evict_first (for all of the accessed lines).
-template <int kKind>
-__device__ __forceinline__ unsigned long long make_l2_policy() {
-    unsigned long long policy;
-    if (kKind == 1)
-        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-    else
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    return policy;
-}
 __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
 }
@@ -87,12 +68,6 @@ __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, unsigned bytes) {
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
                  "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_reduce_add_f32_hint(float* dst, unsigned src, unsigned bytes,
-                                                         unsigned long long policy) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, %3;\n"
-                 ::"l"(dst), "r"(src), "r"(bytes), "l"(policy)
                  : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
