@@ -40,7 +40,7 @@ def test_kernel_and_layer_fa2_ncopy_share_one_implementation(monkeypatch):
 
 
 def test_switched_systems_hold_their_kernels_through_the_backward(monkeypatch):
-    """The backward picks its kernels when it runs: dualkv_mma / dualkv_mma_ordered / dualkv_v1 / dualkv_hybrid keep
+    """The backward picks its kernels when it runs: dualkv_mma(_ordered, _atomic) / dualkv_v1 / dualkv_hybrid keep
     their switches in force for it too, and restore the process's choice after each call. dualkv_hybrid chooses its
     path in process (configs.path_override), over a $DUALKV_PATH that says otherwise, and never writes os.environ."""
     import os
@@ -63,6 +63,7 @@ def test_switched_systems_hold_their_kernels_through_the_backward(monkeypatch):
     q = torch.randn(layout.total_tokens, 2, 16)
     for name, expected in (("dualkv_mma_ordered", ("mma", "ordered", "fused")),
                            ("dualkv_mma", ("mma", before[1], "fused")),
+                           ("dualkv_mma_atomic", ("mma", before[1], "fused")),
                            ("dualkv_v1", ("wgmma_v1", before[1], "fused")),
                            ("dualkv_hybrid", (before[0], before[1], "hybrid"))):
         seen.clear()

@@ -169,6 +169,15 @@ class DualKVMmaOrdered(_Switched):
     switches = (("kernel_family", "mma"), ("mma_backward", "ordered"))
 
 
+class DualKVMmaAtomic(_Switched):
+    """The mma.sync kernels with ``deterministic=False`` on the fused path (``path_override("fused")``: not Hopper's
+    dispatch floor): dQ added by fp32 atomics inside the dK/dV kernel, five products, FlashAttention-2's scheme."""
+
+    name = "dualkv_mma_atomic"
+    deterministic = False
+    switches = (("kernel_family", "mma"), ("path_override", "fused"))
+
+
 class DualKVV1(_Switched):
     """dualkv with the first-generation Hopper wgmma kernels (cp.async loads, no warp specialisation)."""
 
@@ -406,7 +415,7 @@ class FlexDynamic(Flex):
 
 #: The kernel-level implementations of the one registry (dualkv.bench.registry).
 SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVTree, DualKVAtomic, DualKVHybrid, DualKVMma, DualKVMmaOrdered,
-                                     DualKVV1, FA2NCopy, Cascade, CudnnCascade, CudnnNCopy, Flex, FlexDynamic,
+                                     DualKVMmaAtomic, DualKVV1, FA2NCopy, Cascade, CudnnCascade, CudnnNCopy, Flex, FlexDynamic,
                                      Reference)}
 if set(SYSTEMS) != set(kernel_systems()):
     raise RuntimeError(f"kernel systems {tuple(SYSTEMS)} and the registry's {kernel_systems()} disagree")

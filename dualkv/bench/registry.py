@@ -32,6 +32,8 @@ REGISTRY: dict[str, SystemInfo] = {info.name: info for info in (
     SystemInfo("dualkv_mma", "dualkv with the mma.sync kernels (what sm_80 runs)", True, False),
     SystemInfo("dualkv_mma_ordered", "dualkv_mma with the ordered-dQ backward (five products, deterministic)", True,
                False),
+    SystemInfo("dualkv_mma_atomic", "dualkv_mma with deterministic=False on the fused path (atomic dQ, five "
+               "products)", True, False),
     SystemInfo("dualkv_v1", "dualkv with the first wgmma kernels", True, False),
     SystemInfo("fa2_ncopy", "N-copy varlen layout, PyTorch's FlashAttention-2 (varlen_attn)", True, True),
     SystemInfo("cudnn_ncopy", "N-copy layout as a padded batch, cuDNN attention", True, False),
