@@ -1,4 +1,5 @@
-"""One backward of dualkv's default kernels or of the cuDNN cascade at one shape, after a warm-up, between
+"""One backward of dualkv's kernels (``--family``: default or ``mma``), the cuDNN cascade or the FA2 cascade at one
+shape, after a warm-up, between
 cudaProfilerStart and cudaProfilerStop (process-wide: the backward's kernels are launched from autograd's device
 thread, which NVTX ranges pushed here would not cover), for Nsight Compute to profile:
 
@@ -22,7 +23,8 @@ import torch  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="16:32768", help="N:P")
-    ap.add_argument("--systems", default="dualkv,cudnn")
+    ap.add_argument("--systems", default="dualkv,cudnn", help="comma list of dualkv, cudnn, fa2")
+    ap.add_argument("--family", default="auto", help="dualkv's kernel family (configs.kernel_family)")
     args = ap.parse_args()
     import dualkv
     from dualkv import cascade
@@ -32,8 +34,24 @@ def main() -> int:
     layout = dualkv.GroupLayout.single(p, [2048] * n)
     q, k, v = (t.requires_grad_() for t in random_inputs(layout, 32, 8, 128, torch.bfloat16, 0))
     dout = torch.randn_like(q)
+    from dualkv.bench.baselines import SYSTEMS
+    from dualkv.cuda.configs import kernel_family
+
+    kernel_family(args.family)
     fns = {"dualkv": dualkv.shared_prefix_attention, "cudnn": cascade.shared_prefix_attention}
     for name in args.systems.split(","):
+        if name == "fa2":  # the benchmark's FA2 cascade (three varlen FlashAttention-2 calls merged by LSE)
+            system = SYSTEMS["cascade"](q.detach(), k.detach(), v.detach(), layout)
+            system.prepare()
+            for _ in range(3):
+                system.forward(True)
+                system.backward(system.upstream(dout))
+                if _ == 1:
+                    torch.cuda.synchronize()
+                    torch.cuda.cudart().cudaProfilerStart()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+            continue
         out = fns[name](q, k, v, layout)
         for _ in range(2):
             torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
