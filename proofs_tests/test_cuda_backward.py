@@ -76,19 +76,24 @@ def test_ws_backward_is_bitwise_deterministic(head_dim):
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
 
 
+@pytest.mark.parametrize("mode", ["split", "atomic"])
 @pytest.mark.parametrize("head_dim", (32, 64, 96, 128))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_atomic_dq_mode(head_dim, dtype):
-    """The non-deterministic mode (the hybrid path — fused forward, cuDNN cascade backward — where that is faster:
-    Hopper, d = 64, 128, no window; on Hopper at d = 96 without a window the deterministic warp-specialised
-    backward; else dQ by fp32 atomics in the dK/dV kernel) meets the same bounds."""
+def test_atomic_dq_mode(head_dim, dtype, mode, launched_specs):
+    """deterministic=False meets the same bounds: the hybrid path (fused forward, cuDNN cascade backward) where that is
+    faster (Hopper, d = 64, 128, no window), else the deterministic kernels, or under mma_backward("atomic") dQ by
+    fp32 atomics in the mma.sync dK/dV kernel wherever that kernel serves (here: the windowed case, and d = 32)."""
     import functools
 
+    from dualkv.cuda.configs import mma_backward
+
     fn = functools.partial(dualkv.shared_prefix_attention, deterministic=False)
-    case = AttentionCase((129, 70), ((1, 63, 200), (5, 64)), 8, 2, head_dim, window=(-1, -1))
-    assert_rows_pass(shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=fn))
-    case = AttentionCase((300,), ((65, 127),), 4, 4, head_dim, window=(50, 0))
-    assert_rows_pass(shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=fn))
+    with mma_backward(mode):
+        case = AttentionCase((129, 70), ((1, 63, 200), (5, 64)), 8, 2, head_dim, window=(-1, -1))
+        assert_rows_pass(shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=fn))
+        case = AttentionCase((300,), ((65, 127),), 4, 4, head_dim, window=(50, 0))
+        assert_rows_pass(shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=fn))
+    assert any(s.dq_atomic for s in launched_specs) == (mode == "atomic"), launched_specs
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)

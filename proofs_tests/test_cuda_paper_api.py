@@ -84,12 +84,15 @@ def test_windows_with_prompt_rows(window):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "non_causal"])
 def test_atomic_dq_and_mma_kernels(causal):
-    """deterministic=False (atomic dQ) and the mma.sync family on a Hopper GPU, both non-causal and causal."""
-    from dualkv.cuda.configs import kernel_family
+    """deterministic=False (default and mma_backward("atomic")) and the mma.sync family on a Hopper GPU, both
+    non-causal and causal."""
+    from dualkv.cuda.configs import kernel_family, mma_backward
 
     _check_call2("mixed", 64, torch.bfloat16, causal=causal, deterministic=False)
     with kernel_family("mma"):
         _check_call2("mixed", 128, torch.bfloat16, causal=causal)
+        with mma_backward("atomic"):
+            _check_call2("mixed", 128, torch.bfloat16, causal=causal, deterministic=False)
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])

@@ -16,13 +16,15 @@ PLAN_ARGS = dict(head_dim=128, group_size=2, window_left=-1, device=torch.device
 
 
 class _Recorder:
-    """Stands in for a loaded kernel: records each launch's grid and the data pointers among its arguments."""
+    """Stands in for a loaded kernel: records each launch's kernel (":atomic" added for the atomic-dQ dK/dV build),
+    grid and the data pointers among its arguments."""
 
     def __init__(self, spec, log):
         self.spec, self.log = spec, log
 
     def launch(self, grid, args):
-        self.log.append((self.spec.kernel, grid, [a for a in args if isinstance(a, int)]))
+        name = self.spec.kernel + (":atomic" if getattr(self.spec, "dq_atomic", False) else "")
+        self.log.append((name, grid, [a for a in args if isinstance(a, int)]))
 
 
 @pytest.fixture
@@ -47,17 +49,25 @@ def _backward(plan, ws: bool, deterministic: bool, monkeypatch):
                         dkdv_key_tiles_t=plan.dkdv_key_tiles)
 
 
+@pytest.mark.parametrize("mode", ["split", "atomic"])
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_dkdv_kernel_gets_the_heaviest_first_table(deterministic, launches, monkeypatch):
+def test_dkdv_kernel_gets_the_heaviest_first_table(deterministic, mode, launches, monkeypatch):
+    """The dK/dV kernel runs the heaviest-first table; the separate dQ kernel runs unless mma_backward("atomic") and
+    deterministic=False put dQ into the dK/dV kernel (the split backward serves deterministic=False by default)."""
+    from dualkv.cuda.configs import mma_backward
+
     plan = launch.make_plan(GroupLayout.from_lengths([300], [[129, 5, 64]]).segment_table, **PLAN_ARGS)
     assert not torch.equal(plan.key_tiles, plan.dkdv_key_tiles)   # else the check below could not tell them apart
-    _backward(plan, ws=False, deterministic=deterministic, monkeypatch=monkeypatch)
+    with mma_backward(mode):
+        _backward(plan, ws=False, deterministic=deterministic, monkeypatch=monkeypatch)
     dkdv = [entry for entry in launches if "dkdv" in entry[0]]
     assert len(dkdv) == 1
     _, grid, pointers = dkdv[0]
     assert grid == (plan.dkdv_key_tiles.shape[0], 2, 1)
     assert plan.dkdv_key_tiles.data_ptr() in pointers and plan.key_tiles.data_ptr() not in pointers
-    assert any("dq" in e[0] for e in launches) == deterministic     # atomic: dQ comes from the dK/dV kernel
+    atomic = mode == "atomic" and not deterministic
+    assert any("dq" in e[0] for e in launches) == (not atomic)     # atomic: dQ comes from the dK/dV kernel
+    assert any("dkdv" in e[0] and "atomic" in e[0] for e in launches) == atomic
 
 
 def test_warp_specialised_backward_gets_the_launch_order(launches, monkeypatch):

@@ -114,8 +114,8 @@ class DualKVTree(DualKV):
 
 class DualKVAtomic(DualKV):
     """dualkv with ``deterministic=False``: on Hopper the path :data:`dualkv.cuda.configs.CASCADE_FASTER` names
-    (d = 64, 128: the fused forward with the cuDNN cascade's backward; d = 96: the fused kernels), elsewhere dQ
-    accumulated by fp32 atomics inside the mma.sync dK/dV kernel (FlashAttention-2's scheme)."""
+    (d = 64, 128: the fused forward with the cuDNN cascade's backward; d = 96: the fused kernels), elsewhere the
+    deterministic kernels (the faster: :data:`dualkv.cuda.configs.MMA_BACKWARDS`)."""
 
     name = "dualkv_atomic"
     deterministic = False
@@ -170,12 +170,13 @@ class DualKVMmaOrdered(_Switched):
 
 
 class DualKVMmaAtomic(_Switched):
-    """The mma.sync kernels with ``deterministic=False`` on the fused path (``path_override("fused")``: not Hopper's
-    dispatch floor): dQ added by fp32 atomics inside the dK/dV kernel, five products, FlashAttention-2's scheme."""
+    """The mma.sync kernels' atomic dQ (``mma_backward("atomic")``, ``deterministic=False``) on the fused path
+    (``path_override("fused")``: not Hopper's dispatch floor): dQ added by fp32 atomics inside the dK/dV kernel, five
+    products, FlashAttention-2's scheme."""
 
     name = "dualkv_mma_atomic"
     deterministic = False
-    switches = (("kernel_family", "mma"), ("path_override", "fused"))
+    switches = (("kernel_family", "mma"), ("mma_backward", "atomic"), ("path_override", "fused"))
 
 
 class DualKVV1(_Switched):
@@ -415,7 +416,7 @@ class FlexDynamic(Flex):
 
 #: The kernel-level implementations of the one registry (dualkv.bench.registry).
 SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVTree, DualKVAtomic, DualKVHybrid, DualKVMma, DualKVMmaOrdered,
-                                     DualKVMmaAtomic, DualKVV1, FA2NCopy, Cascade, CudnnCascade, CudnnNCopy, Flex, FlexDynamic,
-                                     Reference)}
+                                     DualKVMmaAtomic, DualKVV1, FA2NCopy, Cascade, CudnnCascade, CudnnNCopy, Flex,
+                                     FlexDynamic, Reference)}
 if set(SYSTEMS) != set(kernel_systems()):
     raise RuntimeError(f"kernel systems {tuple(SYSTEMS)} and the registry's {kernel_systems()} disagree")

@@ -25,15 +25,15 @@ class SystemInfo:
 REGISTRY: dict[str, SystemInfo] = {info.name: info for info in (
     SystemInfo("dualkv", "P+ΣR packing, dualkv.shared_prefix_attention (the default kernels)", True, True),
     SystemInfo("dualkv_tree", "dualkv's prefix-tree kernels on the layout as a depth-1 forest", True, False),
-    SystemInfo("dualkv_atomic", "dualkv with deterministic=False (on Hopper d=64, 128: the hybrid path)", True,
-               False),
+    SystemInfo("dualkv_atomic", "dualkv with deterministic=False (on Hopper d=64, 128: the hybrid path; elsewhere "
+               "the deterministic kernels)", True, False),
     SystemInfo("dualkv_hybrid", "dualkv, deterministic=False: the fused forward with the cuDNN cascade's backward",
                True, False),
     SystemInfo("dualkv_mma", "dualkv with the mma.sync kernels (what sm_80 runs)", True, False),
     SystemInfo("dualkv_mma_ordered", "dualkv_mma with the ordered-dQ backward (five products, deterministic)", True,
                False),
-    SystemInfo("dualkv_mma_atomic", "dualkv_mma with deterministic=False on the fused path (atomic dQ, five "
-               "products)", True, False),
+    SystemInfo("dualkv_mma_atomic", "dualkv_mma with mma_backward('atomic'), deterministic=False, on the fused path "
+               "(atomic dQ, five products)", True, False),
     SystemInfo("dualkv_v1", "dualkv with the first wgmma kernels", True, False),
     SystemInfo("fa2_ncopy", "N-copy varlen layout, PyTorch's FlashAttention-2 (varlen_attn)", True, True),
     SystemInfo("cudnn_ncopy", "N-copy layout as a padded batch, cuDNN attention", True, False),

@@ -2,12 +2,11 @@
 fp16/bf16 tensors.
 
 Differentiable (custom ops with autograd, see :mod:`dualkv.cuda.ops`). The default backward is deterministic —
-every gradient row is summed by one CTA in a fixed order, with no atomics; ``deterministic=False`` selects the
-atomic-dQ mode where it exists (head dims :data:`~dualkv.cuda.configs.ATOMIC_HEAD_DIMS`) and no faster path
-serves the call: where the cuDNN cascade's backward is the faster (:func:`~dualkv.cuda.configs.attention_path`:
-Hopper, head dims 64 and 128: the fused forward with the cascade's backward, :mod:`dualkv.cuda.hybrid`), or, on the
-fused path, where the deterministic warp-specialised backward serves it (Hopper, head dims 64, 96, 128, causal, no
-window: :func:`~dualkv.cuda.configs.ws_backward_for`).
+every gradient row is summed by one CTA in a fixed order, with no atomics. ``deterministic=False`` changes the path
+only where a non-deterministic one is faster: the cuDNN cascade's backward (:func:`~dualkv.cuda.configs.attention_path`:
+Hopper, head dims 64 and 128: the fused forward with the cascade's backward, :mod:`dualkv.cuda.hybrid`); elsewhere the
+deterministic kernels run, being the faster (the warp-specialised backward on Hopper; the split mma.sync backward,
+whose atomic-dQ alternative, ``mma_backward("atomic")``, measured slower: :data:`~dualkv.cuda.configs.MMA_BACKWARDS`).
 
 Head dims: any multiple of 8 up to 512. A head dim that is not a kernel head dim (e.g. 80) is zero-padded to the
 next one (:func:`~dualkv.cuda.configs.kernel_head_dim`) with the softmax scale of the original; the padded output
@@ -58,24 +57,24 @@ def _pad_head_dim(tensors, padded: int) -> list[torch.Tensor]:
     return [t if t.shape[-1] == padded else F.pad(t, (0, padded - t.shape[-1])) for t in tensors]
 
 
-#: Backward mode when the caller does not choose: the deterministic two-kernel backward, unless measurements say
-#: the atomic mode is worth its run-to-run differences (see README, "Deterministic backward").
+#: Backward mode when the caller does not choose: deterministic, unless measurements say a non-deterministic path is
+#: worth its run-to-run differences (see README, "Deterministic backward").
 DEFAULT_DETERMINISTIC = True
 
 
 def resolve_deterministic(deterministic: bool | None, head_dim: int | None = None) -> bool:
     """``None`` means: deterministic if ``torch.are_deterministic_algorithms_enabled()``, else the default mode.
 
-    ``False`` selects a non-deterministic backward: the atomic-dQ one, which exists for head dims
-    :data:`ATOMIC_HEAD_DIMS` (or the hybrid path or the cascade where :func:`~dualkv.cuda.configs.attention_path`
-    routes to them; where the warp-specialised backward serves a fused call it runs, deterministic, being the
-    faster); at other head dims the backward stays deterministic, and a warning says so (once).
+    ``False`` allows a non-deterministic backward where one is faster (the hybrid path or the cascade where
+    :func:`~dualkv.cuda.configs.attention_path` routes to them; ``mma_backward("atomic")``'s atomic dQ, opt-in); the
+    deterministic kernels run otherwise, being the faster. Beyond head dims :data:`ATOMIC_HEAD_DIMS` no
+    non-deterministic mode exists, and a warning says so (once).
     """
     if check_deterministic(deterministic) is None:
         return torch.are_deterministic_algorithms_enabled() or DEFAULT_DETERMINISTIC
     if not deterministic and head_dim is not None and head_dim not in ATOMIC_HEAD_DIMS:
-        warn_once(f"deterministic=False has no effect at head dim {head_dim}: the CUDA backward's atomic-dQ mode "
-                  f"exists for head dims {ATOMIC_HEAD_DIMS}; the deterministic backward runs", stacklevel=5)
+        warn_once(f"deterministic=False has no effect at head dim {head_dim}: the CUDA backward's non-deterministic "
+                  f"modes exist for head dims {ATOMIC_HEAD_DIMS}; the deterministic backward runs", stacklevel=5)
     return deterministic
 
 

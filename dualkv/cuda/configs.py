@@ -261,18 +261,24 @@ def current_kernel_family() -> str:
     return _family[0]
 
 
-#: The deterministic backward of the mma.sync kernels: "split" (the default: the dQ kernel and the dK/dV kernel,
-#: seven products per query tile x key block) or "ordered" (dQ inside the dK/dV kernel, five products, added in a
-#: fixed order: DKV_DQ_ORDERED; head dims :data:`ORDERED_HEAD_DIMS`, no window).
-MMA_BACKWARDS = ("split", "ordered")
+#: The backward of the mma.sync kernels: "split" (the default, for ``deterministic=False`` calls too: the dQ kernel
+#: and the dK/dV kernel, seven products per query tile x key block), "ordered" (dQ inside the dK/dV kernel, five
+#: products, added in a fixed order: DKV_DQ_ORDERED; head dims :data:`ORDERED_HEAD_DIMS`, no window; every call) or
+#: "atomic" (``deterministic=False`` calls add dQ by fp32 atomics inside the dK/dV kernel, five products,
+#: FlashAttention-2's scheme; head dims :data:`ATOMIC_HEAD_DIMS`; deterministic calls run the split backward). The
+#: atomic dQ is not the ``deterministic=False`` default because it was slower than the split backward at every head
+#: dim measured (H100 under ``kernel_family("mma")``, the Ampere stand-in; fwd+bwd ms, atomic against split, at
+#: (8, 8K): d = 32 20.1 / 18.7, 64 29.7 / 26.5, 96 43.2 / 40.2, 128 52.2 / 44.3; at (16, 32K), d = 128: 425.8 /
+#: 380.1; experiments/results/checks/mma-atomic-*h100-20261127T115*.json), with about twice its peak memory.
+MMA_BACKWARDS = ("split", "ordered", "atomic")
 _mma_backward = [os.environ.get("DUALKV_MMA_BWD", "split")]
 
 
 class mma_backward(_Switch):  # noqa: N801 - used like a function: mma_backward("ordered")
-    """Choose the mma.sync kernels' deterministic backward (one of :data:`MMA_BACKWARDS`; the initial value comes
-    from ``$DUALKV_MMA_BWD``). It applies wherever the mma.sync dK/dV kernel runs (sm_80/86/89; on sm_90 the head
-    dims without wgmma kernels, or everything under ``kernel_family("mma")``); ``deterministic=False`` keeps the
-    atomic dQ. A plain call sets it for the process; a ``with`` block restores the previous choice."""
+    """Choose the mma.sync kernels' backward (one of :data:`MMA_BACKWARDS`; the initial value comes from
+    ``$DUALKV_MMA_BWD``). It applies wherever the mma.sync dK/dV kernel runs (sm_80/86/89; on sm_90 the head dims
+    and windows without wgmma kernels, or everything under ``kernel_family("mma")``). A plain call sets it for the
+    process; a ``with`` block restores the previous choice."""
 
     _value, _choices, _what = _mma_backward, MMA_BACKWARDS, "mma backward"
 
@@ -356,8 +362,17 @@ def current_mma_backward() -> str:
     return _mma_backward[0]
 
 
+def dq_atomic_for(head_dim: int, deterministic: bool) -> bool:
+    """Whether a backward served by the mma.sync dK/dV kernel adds dQ by fp32 atomics: ``deterministic=False``, a
+    head dim of :data:`ATOMIC_HEAD_DIMS` and ``mma_backward("atomic")`` chosen (see :data:`MMA_BACKWARDS`)."""
+    choice = current_mma_backward()
+    if choice not in MMA_BACKWARDS:
+        raise ValueError(f"DUALKV_MMA_BWD must be one of {MMA_BACKWARDS}, got {choice!r}")
+    return not deterministic and head_dim in ATOMIC_HEAD_DIMS and choice == "atomic"
+
+
 def dq_ordered_for(head_dim: int, arch: str, window: bool) -> bool:
-    """Whether a deterministic backward runs the ordered dQ mode: chosen (:class:`mma_backward`), a head dim of
+    """Whether a backward runs the ordered dQ mode: chosen (:class:`mma_backward`), a head dim of
     :data:`ORDERED_HEAD_DIMS`, no window, and the mma.sync dK/dV kernel serving the call (two-level layouts and
     prefix trees alike)."""
     choice = current_mma_backward()

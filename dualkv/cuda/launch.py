@@ -13,10 +13,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .configs import (ATOMIC_HEAD_DIMS, DKDV_TILES, DQ_TILES, KEY_TILES_NODE_MAJOR, TMA_KERNELS,
-                      TREE_DQ_ROOT_FIRST, TWO_LEVEL_SHARED_FIRST, KeyTileConfig, TileConfig, dkdv_spec, dq_cast_spec,
-                      dq_ordered_for, dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for, prep_spec, ws_backward_for,
-                      ws_bwd_spec)
+from .configs import (DKDV_TILES, DQ_TILES, KEY_TILES_NODE_MAJOR, TMA_KERNELS, TREE_DQ_ROOT_FIRST,
+                      TWO_LEVEL_SHARED_FIRST, KeyTileConfig, TileConfig, dkdv_spec, dq_atomic_for, dq_cast_spec,
+                      dq_ordered_for, dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for, prep_spec,
+                      ws_backward_for, ws_bwd_spec)
 from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
 from . import ws_schedule
 from .schedule import check_block_order, key_tiles, tile_table
@@ -197,11 +197,12 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
 
     ``d_lse`` (H, T_q), the gradient reaching the returned LSE, enters as dS = P (dP - D + dLSE): it is folded into D.
     Where :func:`ws_backward_for` says so (sm_90, head dims 64, 96, 128, causal, no window, the ``auto`` family) the
-    deterministic warp-specialised backward runs whatever ``deterministic`` says (it is the faster one there). Elsewhere
-    ``deterministic=False`` (head dims <= 128): dQ is added by the dK/dV kernel with fp32 atomics (one kernel, five
-    products, run-to-run rounding differences in dQ); otherwise the separate query-tile dQ kernel sums every dQ row in a
-    fixed order, or, where :func:`dualkv.cuda.configs.dq_ordered_for` says so (``mma_backward("ordered")``), the dK/dV
-    kernel adds dQ in a fixed order (:func:`_run_dkdv_ordered`; default tiles only). ``kernels`` and the tile arguments
+    deterministic warp-specialised backward runs whatever ``deterministic`` says (it is the faster one there).
+    Elsewhere the separate query-tile dQ kernel sums every dQ row in a fixed order, whatever ``deterministic`` says
+    (the faster there too, :data:`dualkv.cuda.configs.MMA_BACKWARDS`), unless :class:`~dualkv.cuda.configs.mma_backward`
+    chooses otherwise: ``"ordered"``, the dK/dV kernel adds dQ in a fixed order (:func:`_run_dkdv_ordered`; default
+    tiles only); ``"atomic"``, ``deterministic=False`` calls (head dims <= 128) add dQ by fp32 atomics in the dK/dV
+    kernel (one kernel, five products, run-to-run rounding differences in dQ). ``kernels`` and the tile arguments
     exist for tuning. ``tree``: the segments are a tree table and the key tiles in its launch order
     (:func:`make_tree_plan`): the DKV_TREE=1 warp-specialised backward where :func:`ws_backward_for` says so (sm_90,
     head dims 64, 96, 128, the ``auto`` family), else the DKV_TREE=1 dQ kernel and the dK/dV kernel
@@ -233,11 +234,11 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
             lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0))]
     scalars = [i32(group), f32(scale * LOG2E), f32(scale), i32(window_left)]
     grads = [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own)]
-    if (deterministic and not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv")
+    if (not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv")
             and dq_ordered_for(head_dim, arch, window)):  # its dQ ranks need key_tiles_t's launch order
         _run_dkdv_ordered(grads, scalars, q, dq, segments, key_tiles_t, k_own.shape[1], causal, scale, tree)
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
-    atomic = not deterministic and head_dim in ATOMIC_HEAD_DIMS
+    atomic = dq_atomic_for(head_dim, deterministic)
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
     dq_kspec = dq_spec(head_dim, q.dtype, group, window, arch, kernel="bwd_dq" if dq_tile else None, causal=causal,
                        tree=tree)
