@@ -207,6 +207,20 @@ def test_switch_is_off_by_default_and_picks_the_mma_kernel_only():
     assert not dq_ordered_for(128, "sm_80", window=False)            # restored after the block
 
 
+def test_atomic_dq_is_opt_in_and_for_non_deterministic_calls_only():
+    from dualkv.cuda.configs import ATOMIC_HEAD_DIMS, dq_atomic_for
+
+    assert not any(dq_atomic_for(d, deterministic=False) for d in ATOMIC_HEAD_DIMS)  # default "split"
+    with mma_backward("atomic"):
+        assert all(dq_atomic_for(d, deterministic=False) for d in ATOMIC_HEAD_DIMS)
+        assert not dq_atomic_for(128, deterministic=True)            # deterministic calls keep the split backward
+        assert not dq_atomic_for(192, deterministic=False)           # no atomic kernel above 128
+        assert not dq_ordered_for(128, "sm_80", window=False)
+    with mma_backward("ordered"):
+        assert not dq_atomic_for(128, deterministic=False)           # the ordered mode serves every call
+    assert not dq_atomic_for(128, deterministic=False)               # restored after the blocks
+
+
 def test_bad_switch_values_are_refused_by_name(monkeypatch):
     from dualkv.cuda import configs
 
@@ -215,6 +229,8 @@ def test_bad_switch_values_are_refused_by_name(monkeypatch):
     monkeypatch.setattr(configs, "_mma_backward", ["fast"])           # what DUALKV_MMA_BWD=fast leaves at import
     with pytest.raises(ValueError, match="DUALKV_MMA_BWD must be one of"):
         dq_ordered_for(128, "sm_80", window=False)
+    with pytest.raises(ValueError, match="DUALKV_MMA_BWD must be one of"):
+        configs.dq_atomic_for(128, deterministic=False)
 
 
 def test_unsupported_ordered_specs_are_refused():

@@ -58,7 +58,7 @@ def _pad_head_dim(tensors, padded: int) -> list[torch.Tensor]:
 
 
 #: Backward mode when the caller does not choose: deterministic, unless measurements say a non-deterministic path is
-#: worth its run-to-run differences (see README, "Deterministic backward").
+#: worth its run-to-run differences (docs/api.md, the ``deterministic`` option).
 DEFAULT_DETERMINISTIC = True
 
 
@@ -223,7 +223,8 @@ def shared_prefix_attention(q, k, v, layout: GroupLayout | PrefixTreeLayout, sof
     h, hk, d = check_layout_tensors(q, k, v, layout)
     window = check_window(window_size, True)
     padded = _kernel_head_dim(q, d, True, window)
-    path = attention_path(arch_of(device_index(q.device)), d, window[0] >= 0, resolve_deterministic(deterministic, d))
+    path = attention_path(arch_of(device_index(q.device)), d, window[0] >= 0,
+                          resolve_deterministic(deterministic, padded))
     if path == "cascade":
         from ..cascade import shared_prefix_attention as cascade
 

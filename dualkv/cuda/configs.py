@@ -268,7 +268,7 @@ def current_kernel_family() -> str:
 #: FlashAttention-2's scheme; head dims :data:`ATOMIC_HEAD_DIMS`; deterministic calls run the split backward). The
 #: atomic dQ is not the ``deterministic=False`` default because it was slower than the split backward at every head
 #: dim measured (H100 under ``kernel_family("mma")``, the Ampere stand-in; fwd+bwd ms, atomic against split, at
-#: (8, 8K): d = 32 20.1 / 18.7, 64 29.7 / 26.5, 96 43.2 / 40.2, 128 52.2 / 44.3; at (16, 32K), d = 128: 425.8 /
+#: (8, 8K): d = 32 20.1 / 18.7, 64 29.6 / 26.5, 96 43.2 / 40.2, 128 52.2 / 44.3; at (16, 32K), d = 128: 425.8 /
 #: 380.1; experiments/results/checks/mma-atomic-*h100-20261127T115*.json), with about twice its peak memory.
 MMA_BACKWARDS = ("split", "ordered", "atomic")
 _mma_backward = [os.environ.get("DUALKV_MMA_BWD", "split")]
@@ -276,9 +276,10 @@ _mma_backward = [os.environ.get("DUALKV_MMA_BWD", "split")]
 
 class mma_backward(_Switch):  # noqa: N801 - used like a function: mma_backward("ordered")
     """Choose the mma.sync kernels' backward (one of :data:`MMA_BACKWARDS`; the initial value comes from
-    ``$DUALKV_MMA_BWD``). It applies wherever the mma.sync dK/dV kernel runs (sm_80/86/89; on sm_90 the head dims
-    and windows without wgmma kernels, or everything under ``kernel_family("mma")``). A plain call sets it for the
-    process; a ``with`` block restores the previous choice."""
+    ``$DUALKV_MMA_BWD``). "ordered" applies wherever the mma.sync dK/dV kernel runs (sm_80/86/89; on sm_90 d = 32,
+    or everything under ``kernel_family("mma")``); "atomic" to every ``deterministic=False`` call that neither the
+    warp-specialised backward nor the hybrid path serves (on sm_90 it then replaces the first wgmma dQ + dK/dV pair,
+    e.g. with a window). A plain call sets it for the process; a ``with`` block restores the previous choice."""
 
     _value, _choices, _what = _mma_backward, MMA_BACKWARDS, "mma backward"
 
@@ -363,8 +364,9 @@ def current_mma_backward() -> str:
 
 
 def dq_atomic_for(head_dim: int, deterministic: bool) -> bool:
-    """Whether a backward served by the mma.sync dK/dV kernel adds dQ by fp32 atomics: ``deterministic=False``, a
-    head dim of :data:`ATOMIC_HEAD_DIMS` and ``mma_backward("atomic")`` chosen (see :data:`MMA_BACKWARDS`)."""
+    """Whether a backward that the warp-specialised kernel does not serve adds dQ by fp32 atomics in the mma.sync
+    dK/dV kernel: ``deterministic=False``, a head dim of :data:`ATOMIC_HEAD_DIMS` and ``mma_backward("atomic")``
+    chosen (see :data:`MMA_BACKWARDS`)."""
     choice = current_mma_backward()
     if choice not in MMA_BACKWARDS:
         raise ValueError(f"DUALKV_MMA_BWD must be one of {MMA_BACKWARDS}, got {choice!r}")

@@ -39,7 +39,7 @@ def _note_deterministic(deterministic: bool | None) -> None:
     with the CUDA backend) but has no effect, and says so once."""
     if check_deterministic(deterministic) is False:
         warn_once("deterministic=False has no effect on dualkv's reference backend: it is always deterministic "
-                  "(only the CUDA kernels have a non-deterministic atomic-dQ mode)", stacklevel=4)
+                  "(only the CUDA backend has non-deterministic paths)", stacklevel=4)
 
 
 def _finish(out: torch.Tensor, lse: torch.Tensor, return_lse: bool):

@@ -29,11 +29,11 @@
 //
 // Tried and removed (#12): CTA pairs (clusters of two on key blocks 2p, 2p + 1; the upper CTA's dQ_step copied over
 // DSMEM to the lower one, one reduce-add per pair: half the fp32 traffic into L2). Clusters cost nothing by themselves
-// (66 of 132 SMs' pairs active; with no dQ hand-off 119.4 against 118.7 ms at (16, 32K)), but adding the two parts
-// did: 205 ms in the lower CTA's consumer registers (each copy's latency on their path), 265 ms summed in smem by a
-// producer warp, against 131 ms; with that sum skipped (wrong dQ) 134 ms, so even a free sum only ties
-// (experiments/results/checks/ws-bwd-pairs-*-20261127T11*.json). L2 cache policies (evict_last / evict_first on the
-// reduce-adds, evict_first on K / V, evict_last on Q / dO) moved nothing beyond noise (ws-bwd-l2hints-*.json).
+// (66 clusters of two on 132 SMs: full occupancy; with no dQ hand-off 119.4 against 118.7 ms at (16, 32K)), but the
+// sum of the two parts did: 205 ms in the lower CTA's consumer registers (each copy's latency on their path), 265 ms
+// summed in smem by a producer warp, against 131 ms; with that sum skipped (wrong dQ) 134 ms, so even a free sum only
+// ties (experiments/results/checks/ws-bwd-pairs-*-20261127T11*.json). L2 cache policies (evict_last / evict_first on
+// the reduce-adds, evict_first on K / V, evict_last on Q / dO) moved nothing beyond noise (ws-bwd-l2hints-*.json).
 //
 // DKV_TREE=1 (prefix trees, dualkv/cuda/tree_schedule.py): segment rows are tree nodes (q_start, q_len, runs, pos)
 // and a key tile (i, blk, i + 1, end) owns keys of node i, seen causally by its own queries (pos plays ctx_len's part,
