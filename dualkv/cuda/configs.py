@@ -359,28 +359,25 @@ WS_HEAD_MAJOR = _ws_cta_order_from_env() == "head"
 
 
 def current_mma_backward() -> str:
-    """The mma.sync backward in force (see :class:`mma_backward`)."""
-    return _mma_backward[0]
+    """The mma.sync backward in force (see :class:`mma_backward`); an unknown ``$DUALKV_MMA_BWD`` raises, naming it."""
+    choice = _mma_backward[0]
+    if choice not in MMA_BACKWARDS:
+        raise ValueError(f"DUALKV_MMA_BWD must be one of {MMA_BACKWARDS}, got {choice!r}")
+    return choice
 
 
 def dq_atomic_for(head_dim: int, deterministic: bool) -> bool:
     """Whether a backward that the warp-specialised kernel does not serve adds dQ by fp32 atomics in the mma.sync
     dK/dV kernel: ``deterministic=False``, a head dim of :data:`ATOMIC_HEAD_DIMS` and ``mma_backward("atomic")``
     chosen (see :data:`MMA_BACKWARDS`)."""
-    choice = current_mma_backward()
-    if choice not in MMA_BACKWARDS:
-        raise ValueError(f"DUALKV_MMA_BWD must be one of {MMA_BACKWARDS}, got {choice!r}")
-    return not deterministic and head_dim in ATOMIC_HEAD_DIMS and choice == "atomic"
+    return not deterministic and head_dim in ATOMIC_HEAD_DIMS and current_mma_backward() == "atomic"
 
 
 def dq_ordered_for(head_dim: int, arch: str, window: bool) -> bool:
     """Whether a backward runs the ordered dQ mode: chosen (:class:`mma_backward`), a head dim of
     :data:`ORDERED_HEAD_DIMS`, no window, and the mma.sync dK/dV kernel serving the call (two-level layouts and
     prefix trees alike)."""
-    choice = current_mma_backward()
-    if choice not in MMA_BACKWARDS:
-        raise ValueError(f"DUALKV_MMA_BWD must be one of {MMA_BACKWARDS}, got {choice!r}")
-    return (choice == "ordered" and head_dim in ORDERED_HEAD_DIMS and not window
+    return (current_mma_backward() == "ordered" and head_dim in ORDERED_HEAD_DIMS and not window
             and dkdv_kernel_for(head_dim, arch) == "bwd_dkdv")
 
 

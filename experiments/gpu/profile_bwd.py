@@ -20,6 +20,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 
+def _system(name: str, q, k, v, dout, layout):
+    """(forward, backward) of one system: ``backward(forward())`` runs one backward of a fresh forward."""
+    import dualkv
+    from dualkv import cascade
+
+    if name == "fa2":  # the benchmark's FA2 cascade (three varlen FlashAttention-2 calls merged by LSE)
+        from dualkv.bench.baselines import SYSTEMS
+
+        system = SYSTEMS["cascade"](q.detach(), k.detach(), v.detach(), layout)
+        system.prepare()
+        return (lambda: system.forward(True)), (lambda _: system.backward(system.upstream(dout)))
+    fn = {"dualkv": dualkv.shared_prefix_attention, "cudnn": cascade.shared_prefix_attention}[name]
+    return (lambda: fn(q, k, v, layout)), (lambda out: torch.autograd.grad(out, (q, k, v), dout))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="16:32768", help="N:P")
@@ -27,40 +42,25 @@ def main() -> int:
     ap.add_argument("--family", default="auto", help="dualkv's kernel family (configs.kernel_family)")
     args = ap.parse_args()
     import dualkv
-    from dualkv import cascade
     from dualkv.bench.kernel import random_inputs
 
     n, p = (int(x) for x in args.shape.split(":"))
     layout = dualkv.GroupLayout.single(p, [2048] * n)
     q, k, v = (t.requires_grad_() for t in random_inputs(layout, 32, 8, 128, torch.bfloat16, 0))
     dout = torch.randn_like(q)
-    from dualkv.bench.baselines import SYSTEMS
     from dualkv.cuda.configs import kernel_family
 
     kernel_family(args.family)
-    fns = {"dualkv": dualkv.shared_prefix_attention, "cudnn": cascade.shared_prefix_attention}
     for name in args.systems.split(","):
-        if name == "fa2":  # the benchmark's FA2 cascade (three varlen FlashAttention-2 calls merged by LSE)
-            system = SYSTEMS["cascade"](q.detach(), k.detach(), v.detach(), layout)
-            system.prepare()
-            for rep in range(3):  # two warm-ups, then the backward alone between start and stop
-                system.forward(True)
-                if rep == 2:
-                    torch.cuda.synchronize()
-                    torch.cuda.cudart().cudaProfilerStart()
-                system.backward(system.upstream(dout))
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStop()
-            continue
-        out = fns[name](q, k, v, layout)
-        for _ in range(2):
-            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStart()
-        torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        forward, backward = _system(name, q, k, v, dout, layout)
+        for rep in range(3):  # two warm-ups, then the third backward alone between start and stop
+            state = forward()
+            if rep == 2:
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaProfilerStart()
+            backward(state)
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
-        del out
     print("profiled", args.systems, args.shape)
     return 0
 

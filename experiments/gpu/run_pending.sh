@@ -250,9 +250,7 @@ ws96)
     # (two-level, trees, the head-dim-96 file), head dim 96 against the cuDNN cascade, dualkv verify
     TAIL=4 step pytest_ws96 220 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_hd96.py \
         proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda_ws.py -k "ws_backward or other_head_dims or 96"
-    mkdir -p "$OUT/bench"
-    TAIL=16 step ws96bench 130 python3 -m dualkv bench kernel --head-dim 96 --shapes 16:4096,8:8192,16:32768 \
-        --systems dualkv,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    TAIL=16 head_dim_bench ws96bench 130 dualkv,cudnn_cascade fwd,bwd,fwdbwd 96
     TAIL=2 step verify 80 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100.json"
     ;;
 wsfwd96)
@@ -262,9 +260,7 @@ wsfwd96)
     TAIL=4 step pytest_wsfwd96 240 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_hd96.py \
         proofs_tests/test_cuda_backward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_forward.py \
         proofs_tests/test_tree_cuda.py proofs_tests/test_tree_cuda_ws.py -k "96 or other_head_dims"
-    mkdir -p "$OUT/bench"
-    TAIL=20 step wsfwd96bench 200 python3 -m dualkv bench kernel --head-dim 96 --shapes 16:4096,8:8192,16:32768 \
-        --systems dualkv,dualkv_v1,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    TAIL=20 head_dim_bench wsfwd96bench 200 dualkv,dualkv_v1,cudnn_cascade fwd,bwd,fwdbwd 96
     TAIL=2 step verify 80 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100.json"
     ;;
 table1dq)
@@ -295,9 +291,7 @@ dq96)
     # cascade (one process)
     TAIL=3 step pytest_dq96 240 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_hd96.py \
         proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda_ws.py -k "96 or other_head_dims or ws_backward"
-    mkdir -p "$OUT/bench"
-    TAIL=12 step dq96bench 200 python3 -m dualkv bench kernel --head-dim 96 --shapes 16:4096,8:8192,16:32768 \
-        --systems dualkv,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    TAIL=12 head_dim_bench dq96bench 200 dualkv,cudnn_cascade fwd,bwd,fwdbwd 96
     ;;
 final)
     # the session's last commit: Table 1 and head dims 96 and 64 against the cuDNN cascade (deterministic default and
