@@ -36,7 +36,6 @@ NAMES = {"dualkv": "dualkv", "dualkv_atomic": "dualkv, deterministic=False", "du
          "dualkv_v1": "dualkv, first wgmma kernels",
          "dualkv_mma": "dualkv, mma.sync kernels", "dualkv_mma_ordered": "dualkv, mma.sync kernels, ordered dQ",
          "dualkv_mma_atomic": "dualkv, mma.sync kernels, atomic dQ",
-         "dualkv_mma_rows": "dualkv, mma.sync kernels, dK/dV rows layout",
          "cudnn_cascade": "cuDNN cascade", "cudnn_ncopy": "cuDNN N-copy",
          "flex": "FlexAttention",
          "flex_dynamic": "FlexAttention, dynamic shapes", "cascade": "FA2 cascade", "fa2_ncopy": "FA2 N-copy",

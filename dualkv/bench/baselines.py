@@ -161,14 +161,6 @@ class DualKVMma(_Switched):
     switches = (("kernel_family", "mma"),)
 
 
-class DualKVMmaRows(_Switched):
-    """The mma.sync kernels with the split backward's earlier dK/dV warp layout (``dkdv_layout("rows")``: each warp
-    owns 16 keys for all four products; the default stages P^T and dS^T through shared memory)."""
-
-    name = "dualkv_mma_rows"
-    switches = (("kernel_family", "mma"), ("dkdv_layout", "rows"))
-
-
 class DualKVMmaOrdered(_Switched):
     """The mma.sync kernels with the ordered-dQ backward: dQ inside the dK/dV kernel, five products, deterministic
     (``mma_backward("ordered")``)."""
@@ -423,8 +415,8 @@ class FlexDynamic(Flex):
 
 
 #: The kernel-level implementations of the one registry (dualkv.bench.registry).
-SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVTree, DualKVAtomic, DualKVHybrid, DualKVMma, DualKVMmaRows,
-                                     DualKVMmaOrdered, DualKVMmaAtomic, DualKVV1, FA2NCopy, Cascade, CudnnCascade, CudnnNCopy, Flex,
+SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVTree, DualKVAtomic, DualKVHybrid, DualKVMma, DualKVMmaOrdered,
+                                     DualKVMmaAtomic, DualKVV1, FA2NCopy, Cascade, CudnnCascade, CudnnNCopy, Flex,
                                      FlexDynamic, Reference)}
 if set(SYSTEMS) != set(kernel_systems()):
     raise RuntimeError(f"kernel systems {tuple(SYSTEMS)} and the registry's {kernel_systems()} disagree")

@@ -30,8 +30,6 @@ REGISTRY: dict[str, SystemInfo] = {info.name: info for info in (
     SystemInfo("dualkv_hybrid", "dualkv, deterministic=False: the fused forward with the cuDNN cascade's backward",
                True, False),
     SystemInfo("dualkv_mma", "dualkv with the mma.sync kernels (what sm_80 runs)", True, False),
-    SystemInfo("dualkv_mma_rows", "dualkv_mma with the split backward's earlier dK/dV warp layout "
-               "(dkdv_layout('rows'))", True, False),
     SystemInfo("dualkv_mma_ordered", "dualkv_mma with the ordered-dQ backward (five products, deterministic)", True,
                False),
     SystemInfo("dualkv_mma_atomic", "dualkv_mma with mma_backward('atomic'), deterministic=False, on the fused path "

@@ -86,7 +86,6 @@ class KeyTileConfig:
     stages: int = 2
     producer_warps: int = 0  # warp-specialised kernels: a producer warpgroup beside the consumer warps
     dq_buffers: int = 1      # warp-specialised backward: dQ hand-off buffers (2: dS single-buffered)
-    staged_scores: bool = False  # bwd_dkdv, split backward: P^T / dS^T through smem (DKV_STAGED_SCORES, bwd_dkdv.cu)
 
     @property
     def block_keys(self) -> int:
@@ -108,7 +107,7 @@ DQ_TILES: dict[int, TileConfig] = {
     512: TileConfig(block_n=32, warps=4, mslabs=1, dsplit=2),
 }
 
-#: dK/dV kernel (key-block parallel, no atomics); the split backward's is :func:`split_dkdv_tile`.
+#: dK/dV kernel (key-block parallel, no atomics).
 DKDV_TILES: dict[int, KeyTileConfig] = {
     32: KeyTileConfig(block_m=64, warps=8),
     64: KeyTileConfig(block_m=64, warps=8),
@@ -470,56 +469,6 @@ def dq_kernel_for(head_dim: int, arch: str) -> str:
     return "bwd_dq_sm90" if _use_sm90("bwd_dq_sm90", head_dim, arch) else "bwd_dq"
 
 
-#: The mma.sync dK/dV kernel's warp layout in the split backward (no dQ inside): "staged" (P^T and dS^T through
-#: smem; each warp owns 32 keys and half of a step's queries, then half of the head dim: DKV_STAGED_SCORES, at head
-#: dims :data:`STAGED_HEAD_DIMS`) or "rows" (each warp owns 16 keys for all four products, P^T and dS^T stay in
-#: registers). The initial value comes from ``$DUALKV_DKDV_LAYOUT``.
-DKDV_LAYOUTS = ("staged", "rows")
-STAGED_HEAD_DIMS = (32, 64, 96, 128)
-_dkdv_layout = [os.environ.get("DUALKV_DKDV_LAYOUT", "staged")]
-
-
-class dkdv_layout(_Switch):  # noqa: N801 - used like a function: dkdv_layout("rows")
-    """Choose the split backward's dK/dV warp layout (one of :data:`DKDV_LAYOUTS`); a plain call sets it for the
-    process, a ``with`` block restores the previous choice."""
-
-    _value, _choices, _what = _dkdv_layout, DKDV_LAYOUTS, "dK/dV layout"
-
-
-def current_dkdv_layout() -> str:
-    """The layout in force (see :class:`dkdv_layout`); an unknown ``$DUALKV_DKDV_LAYOUT`` raises, naming it."""
-    choice = _dkdv_layout[0]
-    if choice not in DKDV_LAYOUTS:
-        raise ValueError(f"DUALKV_DKDV_LAYOUT must be one of {DKDV_LAYOUTS}, got {choice!r}")
-    return choice
-
-
-#: Opt-in dynamic shared memory per block (bytes) of the architectures the mma.sync kernels are built for.
-MAX_SMEM = {"sm_80": 166912, "sm_86": 101376, "sm_87": 166912, "sm_89": 101376, "sm_90": 232448}
-
-
-def split_dkdv_tile(head_dim: int, arch: str) -> KeyTileConfig:
-    """The mma.sync dK/dV kernel's tile in the split backward: :data:`DKDV_TILES`, staged (:class:`dkdv_layout`) at
-    :data:`STAGED_HEAD_DIMS`, with one Q/dO stage where two would not fit the architecture's shared memory
-    (:data:`MAX_SMEM`; e.g. staged at head dim 128 on sm_80)."""
-    tile = DKDV_TILES[head_dim]
-    if head_dim in STAGED_HEAD_DIMS and current_dkdv_layout() == "staged":
-        tile = replace(tile, staged_scores=True)
-    limit = MAX_SMEM.get(arch)
-    if limit is not None and tile.stages == 2 and _dkdv_smem(head_dim, tile) > limit:
-        tile = replace(tile, stages=1)
-    return tile
-
-
-def _dkdv_smem(head_dim: int, t: KeyTileConfig, dq_tile: bool = False) -> int:
-    """Dynamic shared memory of the mma.sync dK/dV kernel: K, V, ``stages`` Q/dO tiles and LSE/D rows, and the
-    [block_keys][block_m + 8] 16-bit tiles (dS^T in the dQ modes; P^T and dS^T staged)."""
-    row = (head_dim + 8) * 2
-    score_tiles = 2 if t.staged_scores else (1 if dq_tile else 0)
-    return ((2 * t.block_keys + 2 * t.stages * t.block_m) * row + 2 * t.stages * t.block_m * 4
-            + score_tiles * t.block_keys * (t.block_m + 8) * 2)
-
-
 def dkdv_kernel_for(head_dim: int, arch: str, dq_atomic: bool = False) -> str:
     """``"bwd_dkdv_sm90"`` where the wgmma dK/dV kernel exists and is chosen (deterministic mode), else
     ``"bwd_dkdv"``."""
@@ -630,7 +579,8 @@ class KernelSpec:
         if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + `stages` stages of Q, dO, LSE, D; 1 KB alignment slack
             return ((2 * t.block_keys + 2 * t.stages * t.block_m) * self.tile_head_dim * 2
                     + 2 * t.stages * t.block_m * 4 + 1024)
-        return _dkdv_smem(self.head_dim, t, self.dq_atomic or self.dq_ordered)
+        ds_tile = t.block_keys * (t.block_m + 8) * 2 if self.dq_atomic or self.dq_ordered else 0
+        return (2 * t.block_keys + 2 * t.stages * t.block_m) * row + 2 * t.stages * t.block_m * 4 + ds_tile
 
     @property
     def tile_head_dim(self) -> int:
@@ -654,8 +604,6 @@ class KernelSpec:
                              ("DKV_DQ_ATOMIC", "1" if self.dq_atomic else "0")]
             if self.dq_ordered:  # absent otherwise: the other specs keep their compile options
                 keys += [("DKV_DQ_ORDERED", "1")] + ([("DKV_TREE", "1")] if self.tree else [])
-            if getattr(t, "staged_scores", False):
-                keys += [("DKV_STAGED_SCORES", "1")]
             if self.kernel == "bwd_sm90_ws":
                 keys += [("DKV_DQ_BUFFERS", str(t.dq_buffers))] + ([("DKV_TREE", "1")] if self.tree else [])
             if self.root_first:
@@ -742,9 +690,7 @@ def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_ato
     kernel = kernel or ("bwd_dkdv" if dq_ordered else dkdv_kernel_for(head_dim, arch, dq_atomic))
     if kernel == "bwd_dkdv_sm90":
         return KernelSpec(kernel, head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a", causal=causal)
-    split = not (dq_atomic or dq_ordered)
-    tile = split_dkdv_tile(head_dim, arch) if split else DKDV_TILES[head_dim]
-    return KernelSpec(kernel, head_dim, name, tile, 1, window, arch, dq_atomic, causal, tree=tree,
+    return KernelSpec(kernel, head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic, causal, tree=tree,
                       dq_ordered=dq_ordered, root_first=root_first)
 
 
@@ -799,7 +745,7 @@ def all_specs(arch: str) -> list[KernelSpec]:
                                     causal=causal))
         if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES and not window and causal:
             specs.append(ws_bwd_spec(head_dim, dtype, root_first=TWO_LEVEL_SHARED_FIRST))
-        specs.append(dkdv_spec(head_dim, dtype, window, arch, kernel="bwd_dkdv", causal=causal))
+        specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, causal=causal))
         if head_dim in ATOMIC_HEAD_DIMS:
             specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, True, causal))
         if head_dim in ORDERED_HEAD_DIMS and not window:

@@ -1,14 +1,22 @@
 """Condense ``ncu --import REPORT --page details`` text into JSON: per profiled kernel, its launch line and every
 "Metric Name / Unit / Value" row of its sections (numbers parsed), so a profile can be committed as a small file.
+With ``--source``, the inputs are ``--page source --print-source sass --csv`` exports (plain or gzipped) of the
+SourceCounters section instead: per kernel, the warp-stall samples by reason and by opcode, local-memory and
+shared-memory counts, and the instructions with the most samples.
 
     python experiments/gpu/ncu_summary.py ncu_dualkv_bwd.txt [more.txt ...] --out checks/ncu-....json
+    python experiments/gpu/ncu_summary.py --source ncusrc_rows.csv.gz --out checks/ncu-...-source.json
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import gzip
+import io
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 _KERNEL = re.compile(r"^  (\S.*?) \((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\), Context")
@@ -53,12 +61,96 @@ def headline(kernel: dict) -> dict:
     return out
 
 
+_SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def parse_source(text: str) -> list[dict]:
+    """The source page's CSV: a "Kernel Name" line, a header row starting with "Address", then one row per SASS
+    instruction, for each profiled kernel. Returns one {kernel, rows} per kernel (rows: dicts keyed by the header)."""
+    kernels: list[dict] = []
+    header = None
+    for row in csv.reader(io.StringIO(text)):
+        if row and row[0] == "Kernel Name":
+            kernels.append({"kernel": row[1][:160], "rows": []})
+            header = None
+        elif row and row[0] == "Address":
+            header = row
+        elif kernels and header and len(row) == len(header):
+            kernels[-1]["rows"].append(dict(zip(header, row)))
+    return kernels
+
+
+def _opcode(sass: str) -> str:
+    words = sass.split()
+    if words and words[0].startswith("@"):  # a predicate guard
+        words = words[1:]
+    return words[0].split(".")[0] if words else "?"
+
+
+def source_summary(kernel: dict, top: int = 25) -> dict:
+    """Warp-stall samples of one kernel by reason (% of all samples) and by opcode (% of samples, % of executed
+    warp instructions, main reasons), local-memory instructions and their executions, shared wavefronts (all and
+    excessive, i.e. bank conflicts), and the ``top`` instructions with the most samples, in program order."""
+    rows = kernel["rows"]
+    reasons = [k for k in (rows[0] if rows else {}) if k.startswith("stall_") and "(Not Issued)" not in k]
+    samples = sum(_number(r[_SAMPLES]) for r in rows) or 1.0
+    executed = sum(_number(r["Instructions Executed"]) for r in rows) or 1.0
+    by_reason = Counter({k[6:]: sum(_number(r[k]) for r in rows) for k in reasons})
+    by_op: dict[str, list] = {}
+    for r in rows:
+        entry = by_op.setdefault(_opcode(r["Source"]), [0.0, 0.0, Counter()])
+        entry[0] += _number(r[_SAMPLES])
+        entry[1] += _number(r["Instructions Executed"])
+        for k in reasons:
+            entry[2][k[6:]] += _number(r[k])
+    local = [r for r in rows if re.search(r"\b(LDL|STL)\b", r["Source"])]
+    ranked = sorted(range(len(rows)), key=lambda i: -_number(rows[i][_SAMPLES]))[:top]
+    pct = lambda v: round(100 * v / samples, 2)  # noqa: E731
+    return {
+        "kernel": kernel["kernel"][:90], "instructions": len(rows), "samples": samples,
+        "executed_warp_instructions": executed,
+        "stall_pct": {k: pct(v) for k, v in by_reason.most_common() if v},
+        "opcodes": [{"opcode": op, "samples_pct": pct(s), "executed_pct": round(100 * e / executed, 2),
+                     "stalls_pct": {k: pct(v) for k, v in c.most_common(3) if v}}
+                    for op, (s, e, c) in sorted(by_op.items(), key=lambda x: -x[1][0])[:16]],
+        "local_instructions": len(local),
+        "local_executed": sum(_number(r["Instructions Executed"]) for r in local),
+        "shared_wavefronts": sum(_number(r.get("L1 Wavefronts Shared", "0")) for r in rows),
+        "shared_wavefronts_excessive": sum(_number(r.get("L1 Wavefronts Shared Excessive", "0")) for r in rows),
+        "top": [{"index": i, "sass": rows[i]["Source"].strip()[:100], "samples_pct": pct(_number(rows[i][_SAMPLES])),
+                 "executed": _number(rows[i]["Instructions Executed"]),
+                 "stalls_pct": {k[6:]: pct(_number(rows[i][k])) for k in
+                                sorted(reasons, key=lambda k: -_number(rows[i][k]))[:3] if _number(rows[i][k])}}
+                for i in sorted(ranked)],
+    }
+
+
+def _read(path: Path) -> str:
+    return gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("reports", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--note", default="")
+    ap.add_argument("--source", action="store_true", help="the inputs are source-page CSV exports")
     args = ap.parse_args()
+    if args.source:
+        data = {"note": args.note, **{p.name.split(".")[0]: [source_summary(k) for k in parse_source(_read(p))]
+                                      for p in args.reports}}
+        args.out.write_text(json.dumps(data, indent=1))
+        for stem, kernels in data.items():
+            for k in kernels if stem != "note" else ():
+                print(f"{stem}: {k['kernel'][:60]:<60} stalls {dict(list(k['stall_pct'].items())[:4])}")
+        return 0
     parsed = {p.stem: parse(p.read_text()) for p in args.reports}
     data = {"note": args.note, **{stem: [headline(k) for k in kernels] for stem, kernels in parsed.items()},
             "metrics": {stem: kernels for stem, kernels in parsed.items()}}

@@ -6,7 +6,7 @@
 #                                               # (DUALKV_MMA_BWD=ordered)
 #   bash experiments/gpu/run_pending.sh mma     # Table (branch mmaord): mma.sync split vs ordered backward vs the FA2
 #                                               # cascade (#13)
-#   bash experiments/gpu/run_pending.sh staged  # #13: the staged dK/dV layout's mma.sync tests; it vs rows vs FA2
+#   bash experiments/gpu/run_pending.sh dqorder # #13: the dQ kernel's load order: tests, vs the previous order, ncu
 #   bash experiments/gpu/run_pending.sh trees   # tree bench with the forward timed alone (#14: where (a)/(c) lose)
 #   bash experiments/gpu/run_pending.sh hd96    # on a checkout with branch hd96 merged: its tests and benchmark
 #   bash experiments/gpu/run_pending.sh orders  # the GPU tests under the opt-in orders (DUALKV_TREE_DQ_ORDER=root,
@@ -312,16 +312,26 @@ floorjson)
     # cuDNN cascade, one process per head dim (a call returns at most 8 files: keep this part's output small)
     TAIL=4 head_dim_bench floorjson 150 dualkv,dualkv_atomic,dualkv_hybrid,cudnn_cascade fwd,bwd,fwdbwd 96 64
     ;;
-staged)
-    # #13: the split backward's staged dK/dV layout (DKV_STAGED_SCORES, the default) under the mma.sync family: its GPU
-    # tests, then it against the earlier rows layout and the FA2 cascade in one process
-    DUALKV_KERNELS=mma TAIL=4 step pytest_staged 270 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
-        proofs_tests/test_cuda_backward.py -k "not ws_backward and not prep_kernel and not opcheck and not compile"
-    step table_staged 300 python3 experiments/gpu/hopper_session.py --sections table \
-        --systems dualkv_mma,dualkv_mma_rows,cascade --shapes "${SHAPES:-8:8192,28:4096,16:32768}" \
-        --modes bwd,fwdbwd --out "$OUT" --tag mma-staged
+dqorder)
+    # #13: the mma.sync dQ kernel with dP first (each block's K / V loads issued a product ahead): its GPU tests under
+    # the mma.sync family, then it against the previous order (DKV_DQ_K_FIRST=1, own process) and the FA2 cascade,
+    # and the new kernel's per-instruction stalls
+    DUALKV_KERNELS=mma TAIL=4 step pytest_dqorder 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py \
+        -k "not ws_backward and not prep_kernel and not opcheck and not compile"
+    mkdir -p "$OUT/bench_new" "$OUT/bench_old"
+    for v in new old; do
+        DUALKV_EXTRA_DEFINES=$([ $v = old ] && echo DKV_DQ_K_FIRST=1) TAIL=8 step bench_$v 150 python3 -m dualkv \
+            bench kernel --systems dualkv_mma,cascade --shapes 8:8192,28:4096,16:32768 --mode bwd,fwdbwd \
+            --out "$OUT/bench_$v"
+    done
+    TAIL=2 step ncusrc_dq 120 ncu --clock-control none --profile-from-start off -k "regex:bwd_dq$" \
+        --section SourceCounters --section WarpStateStats -f -o "$OUT/ncusrc_dq" \
+        python3 experiments/gpu/profile_bwd.py --family mma --shape 8:8192 --systems dualkv
+    ncu --import "$OUT/ncusrc_dq.ncu-rep" --page source --print-source sass --csv | gzip > "$OUT/ncusrc_dq.csv.gz"
+    rm -f "$OUT/ncusrc_dq.ncu-rep"
     ;;
-*) echo "unknown part $1 (tests, mma, staged, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
+*) echo "unknown part $1 (tests, mma, dqorder, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson)"
    exit 2 ;;

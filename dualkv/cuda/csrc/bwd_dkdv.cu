@@ -31,17 +31,9 @@
 // ranks), and the counters are indexed by the query tile's first token; DKV_TREE_ROOT_FIRST=1 takes the root-first
 // order (bwd_sm90_ws.cu).
 //
-// DKV_STAGED_SCORES (the split backward, no dQ here; 8 warps, DKV_DSPLIT 1) changes how the warps tile a step. The
-// layout above has each warp read the whole step's Q and dO tiles twice (8 warps x 4 reads of 64 x d), and the
-// products are bound by shared-memory reads on H100 (ncu: L1 throughput about 70% in this kernel, the dQ kernel and
-// FlashAttention-2's backward alike). Staged, a warp owns 32 keys (two slabs) and half of the step's queries for
-// S^T and dP^T, writes P^T and dS^T (16-bit) to smem, and after a barrier owns its 32 keys and half of the head
-// dim for dV += P^T dO and dK += dS^T Q, with P^T / dS^T read back as A fragments: 60 instead of 72 KB of smem reads
-// per warp per step at d = 128 (FlashAttention-2's backward tiles its warps this way).
-//
 // Tile macros: DKV_BLOCK_M (query positions per step), DKV_DSPLIT (warps sharing 16 keys, each owning
 // HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles), DKV_DQ_ATOMIC,
-// DKV_DQ_ORDERED, DKV_STAGED_SCORES.
+// DKV_DQ_ORDERED.
 #include "flags.cuh"
 #include "kernel_params.cuh"
 #include "keywalk.cuh"
@@ -60,9 +52,6 @@
 // d = 128 builds then spill).
 #ifndef DKV_DQ_PREFETCH
 #define DKV_DQ_PREFETCH 0
-#endif
-#ifndef DKV_STAGED_SCORES
-#define DKV_STAGED_SCORES 0
 #endif
 
 using namespace dkv;
@@ -96,41 +85,6 @@ constexpr int kDsStride = kBlockM + 8;  // padded row stride of the transposed d
 static_assert(!kDqHere || (kDqColParts * kDqRowSlabs == kWarps && kDqCols % 16 == 0), "dQ warp layout");
 
 using KeyWalk = Walk<kBlockM, kDqOrdered>;
-
-// DKV_STAGED_SCORES: warp w owns keys (w % 4) * 32 .. + 32 and, for S^T / dP^T, queries (w / 4) * kBlockM / 2 .. of a
-// step, for dK / dV columns (w / 4) * HEAD_DIM / 2 ..; P^T and dS^T go through two [kBlockKeys][kDsStride] tiles.
-constexpr bool kStaged = DKV_STAGED_SCORES != 0;
-static_assert(!kStaged || (!kDqHere && kDSplit == 1 && kWarps == 8 && kBlockM % 32 == 0 && kHeadDim % 32 == 0),
-              "staged scores: the split backward's 8-warp tiles");
-constexpr int kAccSlabs = kStaged ? 2 : 1;                  // 16-key slabs of dK/dV per warp
-constexpr int kAccCols = kStaged ? kHeadDim / 2 : kCols;    // dK/dV columns per warp
-constexpr int kHalfM = kBlockM / 2;                         // staged: queries per warp in S^T and dP^T
-
-// A fragments (kSlabs 16-row slabs from row0, K columns) of a padded smem tile with row stride `stride`.
-template <int kSlabs, int K>
-__device__ __forceinline__ void load_a_frags(unsigned (&frag)[kSlabs][K / 16][4], const elem_t* tile, int stride,
-                                             int row0, int lrow, int lmat) {
-#pragma unroll
-    for (int sl = 0; sl < kSlabs; ++sl)
-#pragma unroll
-        for (int kk = 0; kk < K / 16; ++kk)
-            ldmatrix_x4(frag[sl][kk], tile + (row0 + sl * 16 + (lmat % 2) * 8 + lrow) * stride + kk * 16 + (lmat / 2) * 8);
-}
-
-// A warp's C fragments (kSlabs slabs from row0, N columns from col0) as 16-bit values into a tile of row stride
-// `stride`.
-template <int kSlabs, int N>
-__device__ __forceinline__ void stage_c_frags(elem_t* tile, int stride, const float (&acc)[kSlabs][N / 8][4], int row0,
-                                              int col0, int g, int t4) {
-#pragma unroll
-    for (int sl = 0; sl < kSlabs; ++sl)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-            for (int nt = 0; nt < N / 8; ++nt)
-                *reinterpret_cast<unsigned*>(tile + (row0 + sl * 16 + g + 8 * hh) * stride + col0 + nt * 8 + 2 * t4) =
-                    pack2(acc[sl][nt][2 * hh], acc[sl][nt][2 * hh + 1]);
-}
 
 // The fp32 dQ accumulator's slot of (token tok, column col) from the token's (head's) row: (T, H, d) rows as they
 // are in the atomic mode; in the ordered mode bwd_dq_cast.cu's (H, T, d) rows, whose 4-float chunks are permuted
@@ -181,7 +135,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     float* sLse = reinterpret_cast<float*>(sdO + kStages * kBlockM * kRowStride);  // [kStages][kBlockM]
     float* sDelta = sLse + kStages * kBlockM;                                     // [kStages][kBlockM]
     elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);          // [kBlockKeys][kDsStride] (dQ modes)
-    elem_t* sP = sdS + kBlockKeys * kDsStride;  // kStaged: P^T beside dS^T, [kBlockKeys][kDsStride]
 
     const int tile = kDqOrdered ? blockIdx.x / kv_heads : blockIdx.x;
     const int kv_head = kDqOrdered ? blockIdx.x % kv_heads : blockIdx.y;
@@ -209,14 +162,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     const int warp_key0 = key_warp * 16;
     const int col0 = dsplit * kCols;
 
-    float acc_dk[kAccSlabs][kAccCols / 8][4], acc_dv[kAccSlabs][kAccCols / 8][4];
-#pragma unroll
-    for (int sl = 0; sl < kAccSlabs; ++sl) {
-        zero_acc(acc_dk[sl]);
-        zero_acc(acc_dv[sl]);
-    }
-    // kStaged: this warp's 32 keys, and its half of a step's queries (S^T, dP^T) and of the head dim (dK, dV)
-    const int staged_key0 = (warp % 4) * 32, staged_half = warp / 4;
+    float acc_dk[1][kCols / 8][4], acc_dv[1][kCols / 8][4];
+    zero_acc(acc_dk[0]);
+    zero_acc(acc_dv[0]);
 
     int* pending = nullptr;  // ordered dQ (thread 0): the counter of the adds last issued, released one step late
     int pending_rank = 0;
@@ -242,116 +190,85 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         const float* bDelta = sDelta + buf * kBlockM;
         const StepGeometry sg = step_geometry(w, cur, kBlockKeys);
 
-        if constexpr (kStaged) {
-            float acc_s[2][kHalfM / 8][4], acc_dp[2][kHalfM / 8][4];
-            const int q0 = staged_half * kHalfM;
-            gemm_rows_rows<2, kHalfM>(acc_s, sK, bQ + q0 * kRowStride, staged_key0, lrow, lmat);  // S^T = K Q^T
-#pragma unroll
-            for (int sl = 0; sl < 2; ++sl)  // P^T
-                probs_t(acc_s[sl], bLse + q0, sg.need_mask, sg.key_base + staged_key0 + sl * 16, sg.query_pos0 + q0,
-                        window_left, g, t4, scale_log2);
-            stage_c_frags<2, kHalfM>(sP, kDsStride, acc_s, staged_key0, q0, g, t4);
-            gemm_rows_rows<2, kHalfM>(acc_dp, sV, bdO + q0 * kRowStride, staged_key0, lrow, lmat);  // dP^T = V dO^T
-#pragma unroll
-            for (int sl = 0; sl < 2; ++sl) dscores_t(acc_dp[sl], acc_s[sl], bDelta + q0, t4);  // dS^T
-            stage_c_frags<2, kHalfM>(sdS, kDsStride, acc_dp, staged_key0, q0, g, t4);
-            __syncthreads();  // P^T and dS^T of the whole step are in smem
-            const int c0 = staged_half * kAccCols;
-            {
-                unsigned a[kAccSlabs][kBlockM / 16][4];
-                load_a_frags<kAccSlabs, kBlockM>(a, sP, kDsStride, staged_key0, lrow, lmat);
-                gemm_frag_rows<kAccSlabs, kBlockM, kAccCols>(acc_dv, a, bdO, c0, lrow, lmat);  // dV += P^T dO
-            }
-            {
-                unsigned a[kAccSlabs][kBlockM / 16][4];
-                load_a_frags<kAccSlabs, kBlockM>(a, sdS, kDsStride, staged_key0, lrow, lmat);
-                gemm_frag_rows<kAccSlabs, kBlockM, kAccCols>(acc_dk, a, bQ, c0, lrow, lmat);  // dK += dS^T Q
-            }
-        } else {
-            // The accumulators as one slab of kCols columns (their type when !kStaged; the branch must compile for
-            // both layouts, being outside a template).
-            auto& dv1 = reinterpret_cast<float(&)[1][kCols / 8][4]>(acc_dv);
-            auto& dk1 = reinterpret_cast<float(&)[1][kCols / 8][4]>(acc_dk);
-            float acc_s[1][kBlockM / 8][4];
-            gemm_rows_rows<1, kBlockM>(acc_s, sK, bQ, warp_key0, lrow, lmat);  // S^T = K Q^T
-            probs_t(acc_s[0], bLse, sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
-                    scale_log2);  // P^T
-            unsigned p_frag[1][kBlockM / 16][4];
-            to_a_frag<1, kBlockM>(p_frag, acc_s);
-            gemm_frag_rows<1, kBlockM, kCols>(dv1, p_frag, bdO, col0, lrow, lmat);  // dV += P^T dO
+        float acc_s[1][kBlockM / 8][4];
+        gemm_rows_rows<1, kBlockM>(acc_s, sK, bQ, warp_key0, lrow, lmat);  // S^T = K Q^T
+        probs_t(acc_s[0], bLse, sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
+                scale_log2);  // P^T
+        unsigned p_frag[1][kBlockM / 16][4];
+        to_a_frag<1, kBlockM>(p_frag, acc_s);
+        gemm_frag_rows<1, kBlockM, kCols>(acc_dv, p_frag, bdO, col0, lrow, lmat);  // dV += P^T dO
 
-            float acc_dp[1][kBlockM / 8][4];
-            gemm_rows_rows<1, kBlockM>(acc_dp, sV, bdO, warp_key0, lrow, lmat);  // dP^T = V dO^T
-            dscores_t(acc_dp[0], acc_s[0], bDelta, t4);  // dS^T
-            unsigned ds_frag[1][kBlockM / 16][4];
-            to_a_frag<1, kBlockM>(ds_frag, acc_dp);
-            gemm_frag_rows<1, kBlockM, kCols>(dk1, ds_frag, bQ, col0, lrow, lmat);  // dK += dS^T Q
+        float acc_dp[1][kBlockM / 8][4];
+        gemm_rows_rows<1, kBlockM>(acc_dp, sV, bdO, warp_key0, lrow, lmat);  // dP^T = V dO^T
+        dscores_t(acc_dp[0], acc_s[0], bDelta, t4);  // dS^T
+        unsigned ds_frag[1][kBlockM / 16][4];
+        to_a_frag<1, kBlockM>(ds_frag, acc_dp);
+        gemm_frag_rows<1, kBlockM, kCols>(acc_dk, ds_frag, bQ, col0, lrow, lmat);  // dK += dS^T Q
 
-            if (kDqHere) {
-                if (kDqOrdered) __threadfence();  // the previous step's adds land before thread 0 releases them below
-                // dS^T (this warp's 16 keys x kBlockM queries) to smem; then dQ_step = dS K, added in fp32.
-                if (dsplit == 0) {
+        if (kDqHere) {
+            if (kDqOrdered) __threadfence();  // the previous step's adds land before thread 0 releases them below
+            // dS^T (this warp's 16 keys x kBlockM queries) to smem; then dQ_step = dS K, added in fp32.
+            if (dsplit == 0) {
 #pragma unroll
-                    for (int nt = 0; nt < kBlockM / 8; ++nt)
+                for (int nt = 0; nt < kBlockM / 8; ++nt)
 #pragma unroll
-                        for (int hh = 0; hh < 2; ++hh)
-                            *reinterpret_cast<unsigned*>(sdS + (warp_key0 + g + 8 * hh) * kDsStride + nt * 8 + 2 * t4) =
-                                pack2(acc_dp[0][nt][2 * hh], acc_dp[0][nt][2 * hh + 1]);
+                    for (int hh = 0; hh < 2; ++hh)
+                        *reinterpret_cast<unsigned*>(sdS + (warp_key0 + g + 8 * hh) * kDsStride + nt * 8 + 2 * t4) =
+                            pack2(acc_dp[0][nt][2 * hh], acc_dp[0][nt][2 * hh + 1]);
+            }
+            __syncthreads();
+            const int head = kv_head * group_size + cur.h;
+            auto take_counter = [&]() {  // thread 0: this step's counter and rank
+                pending = dq_sems + head * static_cast<long long>(n_qtiles) +
+                          dq_counter(w, cur, qtile_offset, sg.seg.q_start);
+                pending_rank = dq_rank(w, cur);
+            };
+            int seen = -1;  // DKV_DQ_PREFETCH (thread 0): the counter as read before the dQ product
+            if (kDqOrdered && threadIdx.x == 0) {
+                if (pending != nullptr) st_release(pending, pending_rank + 1);
+                if (kDqPrefetch) {
+                    take_counter();
+                    seen = ld_relaxed(pending);
                 }
-                __syncthreads();
-                const int head = kv_head * group_size + cur.h;
-                auto take_counter = [&]() {  // thread 0: this step's counter and rank
-                    pending = dq_sems + head * static_cast<long long>(n_qtiles) +
-                              dq_counter(w, cur, qtile_offset, sg.seg.q_start);
-                    pending_rank = dq_rank(w, cur);
-                };
-                int seen = -1;  // DKV_DQ_PREFETCH (thread 0): the counter as read before the dQ product
-                if (kDqOrdered && threadIdx.x == 0) {
-                    if (pending != nullptr) st_release(pending, pending_rank + 1);
+            }
+            const int dq_slab = warp % kDqRowSlabs, dq_part = warp / kDqRowSlabs;
+            float acc_dq[1][kDqCols / 8][4];
+            zero_acc(acc_dq[0]);
+#pragma unroll
+            for (int kk = 0; kk < kBlockKeys / 16; ++kk) {
+                unsigned a[1][1][4];  // dS rows (queries) x 16 keys, read transposed from sdS
+                ldmatrix_x4_trans(a[0][0], sdS + (kk * 16 + (lmat / 2) * 8 + lrow) * kDsStride + dq_slab * 16 +
+                                               (lmat % 2) * 8);
+                gemm_frag_rows<1, 16, kDqCols>(acc_dq, a, sK + kk * 16 * kRowStride, dq_part * kDqCols, lrow, lmat);
+            }
+            if (kDqOrdered) {
+                if (threadIdx.x == 0) {
                     if (kDqPrefetch) {
+                        acquire_flag(pending, pending_rank, seen);
+                    } else {
                         take_counter();
-                        seen = ld_relaxed(pending);
+                        wait_flag(pending, pending_rank);
                     }
                 }
-                const int dq_slab = warp % kDqRowSlabs, dq_part = warp / kDqRowSlabs;
-                float acc_dq[1][kDqCols / 8][4];
-                zero_acc(acc_dq[0]);
+                // Every earlier contribution to this (head, query tile) has landed; this barrier also follows every
+                // read of this step's smem buffers, so the step needs no other one at its end.
+                __syncthreads();
+            }
 #pragma unroll
-                for (int kk = 0; kk < kBlockKeys / 16; ++kk) {
-                    unsigned a[1][1][4];  // dS rows (queries) x 16 keys, read transposed from sdS
-                    ldmatrix_x4_trans(a[0][0], sdS + (kk * 16 + (lmat / 2) * 8 + lrow) * kDsStride + dq_slab * 16 +
-                                                   (lmat % 2) * 8);
-                    gemm_frag_rows<1, 16, kDqCols>(acc_dq, a, sK + kk * 16 * kRowStride, dq_part * kDqCols, lrow, lmat);
-                }
-                if (kDqOrdered) {
-                    if (threadIdx.x == 0) {
-                        if (kDqPrefetch) {
-                            acquire_flag(pending, pending_rank, seen);
-                        } else {
-                            take_counter();
-                            wait_flag(pending, pending_rank);
-                        }
-                    }
-                    // Every earlier contribution to this (head, query tile) has landed; this barrier also follows every
-                    // read of this step's smem buffers, so the step needs no other one at its end.
-                    __syncthreads();
-                }
+            for (int hh = 0; hh < 2; ++hh) {
+                const int r = dq_slab * 16 + g + 8 * hh;
+                if (cur.pos + r > cur.p_hi) continue;
+                const long long tok = sg.seg.q_start + cur.pos + r;
+                float* row = dq_acc + tok * dqa_st + head * dqa_sh;
 #pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int r = dq_slab * 16 + g + 8 * hh;
-                    if (cur.pos + r > cur.p_hi) continue;
-                    const long long tok = sg.seg.q_start + cur.pos + r;
-                    float* row = dq_acc + tok * dqa_st + head * dqa_sh;
-#pragma unroll
-                    for (int nt = 0; nt < kDqCols / 8; ++nt) {
-                        float* slot = dq_slot(row, dq_part * kDqCols + nt * 8 + 2 * t4, tok);
-                        atomicAdd(slot, acc_dq[0][nt][2 * hh]);
-                        atomicAdd(slot + 1, acc_dq[0][nt][2 * hh + 1]);
-                    }
+                for (int nt = 0; nt < kDqCols / 8; ++nt) {
+                    float* slot = dq_slot(row, dq_part * kDqCols + nt * 8 + 2 * t4, tok);
+                    atomicAdd(slot, acc_dq[0][nt][2 * hh]);
+                    atomicAdd(slot + 1, acc_dq[0][nt][2 * hh + 1]);
                 }
             }
-
         }
+
         if (!kDqOrdered) __syncthreads();  // every warp is done with this buffer
         if (kStages == 1 && nxt.valid) {
             load_step(nxt, 0);
@@ -366,13 +283,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     if (kDqOrdered && threadIdx.x == 0 && pending != nullptr) st_release(pending, pending_rank + 1);
 
     // dK (scaled) and dV through smem (the K/V tiles are free now), coalesced 16-byte stores of valid keys.
-#pragma unroll
-    for (int sl = 0; sl < kAccSlabs; ++sl) {
-        const int key_row = kStaged ? staged_key0 + sl * 16 : warp_key0;
-        const int acc_col0 = kStaged ? staged_half * kAccCols : col0;
-        stage_acc_rows(sK, acc_dk[sl], key_row, acc_col0, g, t4, scale);
-        stage_acc_rows(sV, acc_dv[sl], key_row, acc_col0, g, t4, 1.f);
-    }
+    stage_acc_rows(sK, acc_dk[0], warp_key0, col0, g, t4, scale);
+    stage_acc_rows(sV, acc_dv[0], warp_key0, col0, g, t4, 1.f);
     __syncthreads();
     const StridedRows<elem_t> dk_rows = kb.rows(dkd, dkd_st, dkd_sh, dkc, dkc_st, dkc_sh, kv_head);
     const StridedRows<elem_t> dv_rows = kb.rows(dvd, dvd_st, dvd_sh, dvc, dvc_st, dvc_sh, kv_head);
