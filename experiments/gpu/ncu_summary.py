@@ -94,7 +94,7 @@ def _opcode(sass: str) -> str:
     return words[0].split(".")[0] if words else "?"
 
 
-def source_summary(kernel: dict, top: int = 25) -> dict:
+def source_summary(kernel: dict, top: int = 12) -> dict:
     """Warp-stall samples of one kernel by reason (% of all samples) and by opcode (% of samples, % of executed
     warp instructions, main reasons), local-memory instructions and their executions, shared wavefronts (all and
     excessive, i.e. bank conflicts), and the ``top`` instructions with the most samples, in program order."""

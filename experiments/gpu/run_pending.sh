@@ -314,17 +314,14 @@ floorjson)
     ;;
 dqorder)
     # #13: the mma.sync dQ kernel with dP first (each block's K / V loads issued a product ahead): its GPU tests under
-    # the mma.sync family, then it against the previous order (DKV_DQ_K_FIRST=1, own process) and the FA2 cascade,
-    # and the new kernel's per-instruction stalls
+    # the mma.sync family, a timing against the FA2 cascade and the kernel's per-instruction stalls. (At 4315cc5 this
+    # part also timed the previous order, DKV_DQ_K_FIRST=1, since removed: checks/mma-dqorder-h100-*.json.)
     DUALKV_KERNELS=mma TAIL=4 step pytest_dqorder 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
         proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py \
         -k "not ws_backward and not prep_kernel and not opcheck and not compile"
-    mkdir -p "$OUT/bench_new" "$OUT/bench_old"
-    for v in new old; do
-        DUALKV_EXTRA_DEFINES=$([ $v = old ] && echo DKV_DQ_K_FIRST=1) TAIL=8 step bench_$v 150 python3 -m dualkv \
-            bench kernel --systems dualkv_mma,cascade --shapes 8:8192,28:4096,16:32768 --mode bwd,fwdbwd \
-            --out "$OUT/bench_$v"
-    done
+    mkdir -p "$OUT/bench"
+    TAIL=8 step bench_dq 150 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
+        --shapes 8:8192,28:4096,16:32768 --mode bwd,fwdbwd --out "$OUT/bench"
     TAIL=2 step ncusrc_dq 120 ncu --clock-control none --profile-from-start off -k "regex:bwd_dq$" \
         --section SourceCounters --section WarpStateStats -f -o "$OUT/ncusrc_dq" \
         python3 experiments/gpu/profile_bwd.py --family mma --shape 8:8192 --systems dualkv

@@ -1,16 +1,12 @@
 // DualKV backward, dQ: query-tile parallel like the forward (qtile.cuh), so every dQ row is summed by one CTA in a
 // fixed order — deterministic, no atomics, fp32 accumulation in registers, one cast at the end.
 //
-// Per key block: S = Q K^T, P = exp(S * scale - LSE) (masked like the forward), dP = dO V^T,
+// Per key block: dP = dO V^T, S = Q K^T, P = exp(S * scale - LSE) (masked like the forward),
 // dS = P * (dP - D) with D = rowsum(dO * O), dQ += dS K. Finally dQ *= softmax_scale.
 #include "kernel_params.cuh"
 #include "qtile.cuh"
 
 using namespace dkv;
-
-#ifndef DKV_DQ_K_FIRST
-#define DKV_DQ_K_FIRST 0
-#endif
 
 extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq(DKV_DQ_PARAMS) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -22,7 +18,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq(DKV_DQ_PARA
     const QTile t = make_qtile(segments, tiles, group_size, window_left);
     load_query_rows(sQ, q, q_st, q_sh, t);
     load_query_rows(sdO, dout, do_st, do_sh, t);
-    if (t.n_iter > 0 && !DKV_DQ_K_FIRST) load_key_block(sV, t, 0, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q);
+    if (t.n_iter > 0) load_key_block(sV, t, 0, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q);
     cp_async_commit();
     if (t.n_iter > 0) load_key_block(sK, t, 0, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
     cp_async_commit();
@@ -39,38 +35,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq(DKV_DQ_PARA
 
     // dP (V only) comes first, so each block's loads are issued a product or more before they are waited on: V[it + 1]
     // once every warp is done with V[it], during S, dS and the dQ product; K[it + 1] after the dQ product, during the
-    // next dP. (With K[it + 1] issued after the dQ product and waited on right away, the dQ kernel spent about 10% of
-    // its warp-stall samples at that wait: ncu source counters on H100, checks/ncu-mma-bwd-source-*.)
-#if DKV_DQ_K_FIRST  // TEMPORARY A/B: the previous order (V[0] not preloaded: see the prologue)
-    for (int it = 0; it < t.n_iter; ++it) {
-        cp_async_wait<0>();
-        __syncthreads();  // K[it] (and Q, dO) landed; every warp is done with V[it-1] and K[it-1]
-        load_key_block(sV, t, it, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q);
-        cp_async_commit();
-
-        bool is_own;
-        const int k0 = block_start(t, it, is_own);
-        const int count = block_count(t, is_own, k0);
-        const int key_base = block_key_base(t, is_own, k0);
-
-        float acc_s[kMSlabs][kBlockN / 8][4];
-        gemm_rows_rows<kMSlabs, kBlockN>(acc_s, sQ, sK, warp_row0, lrow, lmat);  // S = Q K^T
-        probs_rows(acc_s, row_lse, t, is_own, count, key_base, window_left, warp_row0, g, t4, scale_log2);  // P
-
-        cp_async_wait<0>();
-        __syncthreads();  // V[it] landed
-        float acc_dp[kMSlabs][kBlockN / 8][4];
-        gemm_rows_rows<kMSlabs, kBlockN>(acc_dp, sdO, sV, warp_row0, lrow, lmat);  // dP = dO V^T
-        dscores_rows(acc_dp, acc_s, row_delta);  // dS
-        unsigned ds_frag[kMSlabs][kBlockN / 16][4];
-        to_a_frag<kMSlabs, kBlockN>(ds_frag, acc_dp);
-        gemm_frag_rows<kMSlabs, kBlockN, kOutCols>(acc_dq, ds_frag, sK, col0, lrow, lmat);  // dQ += dS K
-
-        __syncthreads();  // every warp is done with K[it] before it is overwritten
-        if (it + 1 < t.n_iter) load_key_block(sK, t, it + 1, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
-        cp_async_commit();
-    }
-#else
+    // next dP. (With S first and K[it + 1] issued after the dQ product, then waited on at once, 10% of this kernel's
+    // warp-stall samples sat at that wait; dP first made the mma.sync backward 1.4-1.7% faster on H100:
+    // checks/ncu-mma-bwd-source-h100-20261127T1341Z.json, mma-dqorder-h100-20261127T1349Z.json.)
     for (int it = 0; it < t.n_iter; ++it) {
         cp_async_wait<1>();
         __syncthreads();  // V[it] (and Q, dO) landed
@@ -99,7 +66,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq(DKV_DQ_PARA
         if (it + 1 < t.n_iter) load_key_block(sK, t, it + 1, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
         cp_async_commit();
     }
-#endif
 
     float scale_rows[kMSlabs][2];
 #pragma unroll
