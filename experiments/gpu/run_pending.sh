@@ -7,6 +7,7 @@
 #   bash experiments/gpu/run_pending.sh mma     # Table (branch mmaord): mma.sync split vs ordered backward vs the FA2
 #                                               # cascade (#13)
 #   bash experiments/gpu/run_pending.sh dqorder # #13: the dQ kernel's load order: tests, vs the previous order, ncu
+#   bash experiments/gpu/run_pending.sh lsecp   # #13: LSE / D staged by cp.async: tests, vs plain loads
 #   bash experiments/gpu/run_pending.sh trees   # tree bench with the forward timed alone (#14: where (a)/(c) lose)
 #   bash experiments/gpu/run_pending.sh hd96    # on a checkout with branch hd96 merged: its tests and benchmark
 #   bash experiments/gpu/run_pending.sh orders  # the GPU tests under the opt-in orders (DUALKV_TREE_DQ_ORDER=root,
@@ -328,7 +329,23 @@ dqorder)
     ncu --import "$OUT/ncusrc_dq.ncu-rep" --page source --print-source sass --csv | gzip > "$OUT/ncusrc_dq.csv.gz"
     rm -f "$OUT/ncusrc_dq.ncu-rep"
     ;;
-*) echo "unknown part $1 (tests, mma, dqorder, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
+lsecp)
+    # #13: the dK/dV kernels stage LSE / D by cp.async: the mma.sync tests (every head dim, windows, trees), the first
+    # wgmma pair's (kernel_family("wgmma_v1")) and Hopper's default path, then the mma.sync backward against the plain
+    # loads (DKV_LSE_PLAIN=1, own process) and the FA2 cascade
+    DUALKV_KERNELS=mma TAIL=3 step pytest_lse_mma 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py \
+        -k "not ws_backward and not prep_kernel and not opcheck and not compile"
+    TAIL=3 step pytest_lse_hopper 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_backward.py -k "ws_backward_family or atomic_dq or five_gradients or windows"
+    for v in new old; do
+        mkdir -p "$OUT/bench_$v"
+        DUALKV_EXTRA_DEFINES=$([ $v = old ] && echo DKV_LSE_PLAIN=1) TAIL=7 step bench_$v 120 python3 -m dualkv \
+            bench kernel --systems dualkv_mma,cascade --shapes 8:8192,28:4096,16:32768 --mode bwd \
+            --out "$OUT/bench_$v"
+    done
+    ;;
+*) echo "unknown part $1 (tests, mma, dqorder, lsecp, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson)"
    exit 2 ;;
