@@ -331,19 +331,16 @@ dqorder)
     ;;
 lsecp)
     # #13: the dK/dV kernels stage LSE / D by cp.async: the mma.sync tests (every head dim, windows, trees), the first
-    # wgmma pair's (kernel_family("wgmma_v1")) and Hopper's default path, then the mma.sync backward against the plain
-    # loads (DKV_LSE_PLAIN=1, own process) and the FA2 cascade
+    # wgmma pair's (kernel_family("wgmma_v1")) and Hopper's default path, then the mma.sync backward against the FA2
+    # cascade. (At ec9b987 it also timed the plain loads, DKV_LSE_PLAIN=1, since removed: checks/mma-lsecp-*.json.)
     DUALKV_KERNELS=mma TAIL=3 step pytest_lse_mma 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
         proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py \
         -k "not ws_backward and not prep_kernel and not opcheck and not compile"
     TAIL=3 step pytest_lse_hopper 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
         proofs_tests/test_cuda_backward.py -k "ws_backward_family or atomic_dq or five_gradients or windows"
-    for v in new old; do
-        mkdir -p "$OUT/bench_$v"
-        DUALKV_EXTRA_DEFINES=$([ $v = old ] && echo DKV_LSE_PLAIN=1) TAIL=7 step bench_$v 120 python3 -m dualkv \
-            bench kernel --systems dualkv_mma,cascade --shapes 8:8192,28:4096,16:32768 --mode bwd \
-            --out "$OUT/bench_$v"
-    done
+    mkdir -p "$OUT/bench"
+    TAIL=7 step bench_lse 120 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
+        --shapes 8:8192,28:4096,16:32768 --mode bwd --out "$OUT/bench"
     ;;
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\

@@ -161,7 +161,7 @@ __device__ __forceinline__ StepGeometry step_geometry(const Walk<kStep, kRankOrd
 
 // Stage one step's Q and dO rows (kStep positions of one query head; smem tiles padded, or swizzled for wgmma) and
 // their LSE / D (rows beyond the segment: LSE = +inf so P = 0, D = 0) into the buffers given, by cp.async (the
-// caller commits the group and waits for it; only the rows beyond the segment are plain stores).
+// caller commits the group and waits for it; the rows beyond the segment, and kRankOrder's LSE / D, are plain).
 template <int kStep, bool kSwizzle, bool kRankOrder>
 __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w, const Cursor& c, int kv_head,
                                                const elem_t* __restrict__ q, long long q_st, long long q_sh,
@@ -177,20 +177,17 @@ __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w,
     load_strided_rows<kStep, kSwizzle>(sdO, dout + tok0 * do_st + head * do_sh, do_st, n, q);
     // LSE and D of valid rows by cp.async, in the step's copy group: plain loads here made the threads that stage
     // them (warps 0-1 of the mma.sync kernel) reach the next barrier a global-load latency late, every step (ncu
-    // source counters on H100: checks/ncu-mma-bwd-source-h100-20261127T1341Z.json).
+    // source counters: checks/ncu-mma-bwd-source-h100-20261127T1341Z.json); cp.async made the mma.sync backward
+    // 3.5-4.2% faster on H100 (checks/mma-lsecp-h100-20261127T1402Z.json). The ordered dQ mode (kRankOrder) keeps
+    // plain loads: at 255 registers the copies' addresses made its d = 128 builds spill 32-44 bytes.
     for (int r = threadIdx.x; r < kStep; r += kThreads) {
         const long long idx = head * lse_sh + tok0 + r;
-#if defined(DKV_LSE_PLAIN) && DKV_LSE_PLAIN  // TEMPORARY A/B: the previous plain loads
-        sLse[r] = r < n ? lse2[idx] : kInf;
-        sDelta[r] = r < n ? delta[idx] : 0.f;
-        continue;
-#endif
-        if (r < n) {
+        if (kRankOrder || r >= n) {
+            sLse[r] = r < n ? lse2[idx] : kInf;
+            sDelta[r] = r < n ? delta[idx] : 0.f;
+        } else {
             cp_async_4(sLse + r, lse2 + idx);
             cp_async_4(sDelta + r, delta + idx);
-        } else {
-            sLse[r] = kInf;
-            sDelta[r] = 0.f;
         }
     }
 }
