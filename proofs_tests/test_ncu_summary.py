@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from experiment_scripts import load_script
 
 PAGE = """\
@@ -54,8 +56,8 @@ SOURCE_CSV = """\
 "Kernel Name","dualkv_bwd_dq",
 "Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","L1 Wavefronts Shared","L1 Wavefronts Shared Excessive","stall_long_sb","stall_wait","stall_long_sb (Not Issued)"
 "0x0","      DEPBAR.LE SB0, 0x0","10","100","0","0","0","10","0"
-"0x10","      ULOP3.LUT UR5, URZ, UR4, URZ, 0x33, !UPT","60","100","0","0","58","2","50"
-"0x20","      HMMA.16816.F32.BF16 R152, R196, R192, RZ","25","400","0","0","0","25","0"
+"0x10","      HMMA.16816.F32.BF16 R152, R196, R192, RZ","25","400","0","0","0","25","0"
+"0x20","      ULOP3.LUT UR5, URZ, UR4, URZ, 0x33, !UPT","60","100","0","0","58","2","50"
 "0x30","  @P0 LDL R4, [R1+0x8]","5","50","0","0","5","0","0"
 "Kernel Name","dualkv_bwd_dkdv",
 "Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","L1 Wavefronts Shared","L1 Wavefronts Shared Excessive","stall_long_sb","stall_wait","stall_long_sb (Not Issued)"
@@ -76,8 +78,8 @@ def test_source_counters_summary(tmp_path):
     ops = {o["opcode"]: o for o in dq["opcodes"]}
     assert ops["ULOP3"]["samples_pct"] == 60.0 and ops["HMMA"]["executed_pct"] == round(100 * 400 / 650, 2)
     assert ops["LDL"]["samples_pct"] == 5.0 and dq["local_instructions"] == 1 and dq["local_executed"] == 50
-    assert [t["index"] for t in dq["top"]] == [1, 2]  # the two most sampled, in program order
-    assert dq["top"][0]["stalls_pct"] == {"long_sb": 58.0, "wait": 2.0}
+    assert [t["index"] for t in dq["top"]] == [1, 2]  # the two most sampled (2 before 1), in program order
+    assert dq["top"][1]["stalls_pct"] == {"long_sb": 58.0, "wait": 2.0}
     dkdv = ncu.source_summary(kernels[1])
     assert dkdv["shared_wavefronts"] == 40 and dkdv["shared_wavefronts_excessive"] == 8
     path = tmp_path / "ncusrc_rows.csv.gz"
@@ -91,3 +93,15 @@ def test_source_counters_summary(tmp_path):
         sys.argv = argv
     data = json.loads(out.read_text())
     assert data["note"] == "n" and [k["kernel"] for k in data["ncusrc_rows"]] == ["dualkv_bwd_dq", "dualkv_bwd_dkdv"]
+    empty = ncu.source_summary({"kernel": "k", "rows": []})
+    assert empty["samples"] == 0 and empty["stall_pct"] == {} and empty["top"] == []
+    other = tmp_path / "sub"
+    other.mkdir()
+    (other / "ncusrc_rows.csv").write_text(SOURCE_CSV)  # the same key as the first input
+    argv, sys.argv = sys.argv, ["ncu_summary.py", "--source", str(path), str(other / "ncusrc_rows.csv"), "--out",
+                                str(out)]
+    try:
+        with pytest.raises(SystemExit, match="must differ"):
+            ncu.main()
+    finally:
+        sys.argv = argv

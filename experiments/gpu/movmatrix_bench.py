@@ -11,7 +11,10 @@ same pipe as ldmatrix. Each mode runs the same number of iterations in 8-warp CT
   ldsm2      two ldmatrix.x4 per iteration (the unfused pass's mix)
 
 If ldsm+movm takes about as long as ldsm, movmatrix is nearly free beside ldmatrix; if it takes as long as ldsm2,
-it costs a shared-memory read. Writes ``$OUT/movmatrix-<gpu>.json`` (or ``--out``).
+it costs a shared-memory read. That reading needs the pipes saturated: a run whose time per warp-iteration still
+falls as ``--ctas-per-sm`` grows measures latency, not throughput (the first H100 run, at 1 and 2 CTAs per SM, did:
+checks/movmatrix-h100-20261127T1322Z.json). The movmatrix results feed no later iteration, so no mode is a serial
+chain of them. Writes ``$OUT/movmatrix-<gpu>.json`` (or ``--out``).
 
     python experiments/gpu/movmatrix_bench.py
 """
@@ -34,7 +37,7 @@ extern "C" __global__ void __launch_bounds__(256) bench(unsigned* out, int iters
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     // each lane points at one 16-byte row of an 8x8 matrix; rows of different lanes hit different banks
     unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem)) + warp * 4096 + lane * 16;
-    unsigned r0 = lane, r1 = lane * 3, r2 = lane * 5, r3 = lane * 7, acc = 0;
+    unsigned r0 = lane, r1 = lane * 3, r2 = lane * 5, r3 = lane * 7, acc_m = 0;
     for (int it = 0; it < iters; ++it) {
         const unsigned addr = base + ((it & 7) << 9);
         if (mode == 0 || mode == 2 || mode == 3) {
@@ -51,15 +54,16 @@ extern "C" __global__ void __launch_bounds__(256) bench(unsigned* out, int iters
         }
         if (mode == 1 || mode == 2) {
             unsigned a, b, c, d;
-            asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(a) : "r"(r0));
-            asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(b) : "r"(r1));
-            asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(c) : "r"(r2));
-            asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(r3));
-            r0 = a + 1; r1 = b + 1; r2 = c + 1; r3 = d + 1;
+            // sources independent of earlier movmatrix results (the loop counter), results only accumulated
+            const unsigned src = it * 0x9e3779b9u;
+            asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(a) : "r"(src ^ lane));
+            asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(b) : "r"(src + lane));
+            asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(c) : "r"(src - lane));
+            asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(src | lane));
+            acc_m ^= a ^ b ^ c ^ d;
         }
     }
-    acc = r0 ^ r1 ^ r2 ^ r3;
-    out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+    out[blockIdx.x * blockDim.x + threadIdx.x] = r0 ^ r1 ^ r2 ^ r3 ^ acc_m;
 }
 """
 
@@ -68,8 +72,8 @@ MODES = {"ldsm": 0, "movm": 1, "ldsm+movm": 2, "ldsm2": 3}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iters", type=int, default=20000)
-    parser.add_argument("--ctas-per-sm", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=200000)
+    parser.add_argument("--ctas-per-sm", type=int, default=6, help="32 KB smem and 256 threads each: up to 8 fit")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()

@@ -100,8 +100,8 @@ def source_summary(kernel: dict, top: int = 12) -> dict:
     excessive, i.e. bank conflicts), and the ``top`` instructions with the most samples, in program order."""
     rows = kernel["rows"]
     reasons = [k for k in (rows[0] if rows else {}) if k.startswith("stall_") and "(Not Issued)" not in k]
-    samples = sum(_number(r[_SAMPLES]) for r in rows) or 1.0
-    executed = sum(_number(r["Instructions Executed"]) for r in rows) or 1.0
+    samples = sum(_number(r[_SAMPLES]) for r in rows)
+    executed = sum(_number(r["Instructions Executed"]) for r in rows)
     by_reason = Counter({k[6:]: sum(_number(r[k]) for r in rows) for k in reasons})
     by_op: dict[str, list] = {}
     for r in rows:
@@ -112,12 +112,12 @@ def source_summary(kernel: dict, top: int = 12) -> dict:
             entry[2][k[6:]] += _number(r[k])
     local = [r for r in rows if re.search(r"\b(LDL|STL)\b", r["Source"])]
     ranked = sorted(range(len(rows)), key=lambda i: -_number(rows[i][_SAMPLES]))[:top]
-    pct = lambda v: round(100 * v / samples, 2)  # noqa: E731
+    pct = lambda v: round(100 * v / samples, 2) if samples else 0.0  # noqa: E731
     return {
         "kernel": kernel["kernel"][:90], "instructions": len(rows), "samples": samples,
         "executed_warp_instructions": executed,
         "stall_pct": {k: pct(v) for k, v in by_reason.most_common() if v},
-        "opcodes": [{"opcode": op, "samples_pct": pct(s), "executed_pct": round(100 * e / executed, 2),
+        "opcodes": [{"opcode": op, "samples_pct": pct(s), "executed_pct": round(100 * e / executed, 2) if executed else 0.0,
                      "stalls_pct": {k: pct(v) for k, v in c.most_common(3) if v}}
                     for op, (s, e, c) in sorted(by_op.items(), key=lambda x: -x[1][0])[:16]],
         "local_instructions": len(local),
@@ -144,8 +144,11 @@ def main() -> int:
     ap.add_argument("--source", action="store_true", help="the inputs are source-page CSV exports")
     args = ap.parse_args()
     if args.source:
-        data = {"note": args.note, **{p.name.split(".")[0]: [source_summary(k) for k in parse_source(_read(p))]
-                                      for p in args.reports}}
+        keys = [p.name.split(".")[0] for p in args.reports]  # ncusrc_rows.csv.gz -> ncusrc_rows
+        if len(set(keys)) < len(keys) or "note" in keys:
+            raise SystemExit(f"input names must differ before their first dot and not be 'note': {keys}")
+        data = {"note": args.note, **{key: [source_summary(k) for k in parse_source(_read(p))]
+                                      for key, p in zip(keys, args.reports)}}
         args.out.write_text(json.dumps(data, indent=1))
         for stem, kernels in data.items():
             for k in kernels if stem != "note" else ():

@@ -327,7 +327,8 @@ dqorder)
     TAIL=2 step ncusrc_dq 120 ncu --clock-control none --profile-from-start off -k "regex:bwd_dq$" \
         --section SourceCounters --section WarpStateStats -f -o "$OUT/ncusrc_dq" \
         python3 experiments/gpu/profile_bwd.py --family mma --shape 8:8192 --systems dualkv
-    ncu --import "$OUT/ncusrc_dq.ncu-rep" --page source --print-source sass --csv | gzip > "$OUT/ncusrc_dq.csv.gz"
+    [ -f "$OUT/ncusrc_dq.ncu-rep" ] && ncu --import "$OUT/ncusrc_dq.ncu-rep" --page source --print-source sass --csv \
+        | gzip > "$OUT/ncusrc_dq.csv.gz"
     rm -f "$OUT/ncusrc_dq.ncu-rep"
     ;;
 lsecp)
