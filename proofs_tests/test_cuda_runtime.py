@@ -121,3 +121,44 @@ def test_tma_launches_run_on_the_kernels_device_too(monkeypatch):
     assert fake.ctx == "primary0" and torch.cuda.current_device() == 0
     with pytest.raises(ValueError, match="stream is on cuda:0"):
         tma.launch_raw(kernel, (3, 2, 1), [], stream=FakeCuda._stream(0))
+
+
+@pytest.mark.parametrize("limit", [101376, None, 232448])
+def test_a_kernel_over_the_gpus_shared_memory_is_refused_by_name(monkeypatch, limit):
+    """When the driver refuses a kernel's shared-memory size, get_kernel names the kernel, its head dim and both sizes
+    (sm_86 / sm_89 allow 99 KB, the d=128 dK/dV kernel needs 137 KB); a refusal of a size within the limit (or an
+    unknown limit: named as refused) is not misreported as a shared-memory shortfall."""
+    import cuda.bindings.driver as driver
+    import cuda.core
+
+    from dualkv.cuda.configs import dkdv_spec
+
+    FakeCuda(monkeypatch, current=0)
+    spec = dkdv_spec(128, torch.bfloat16, False, "sm_86", kernel="bwd_dkdv")
+    assert spec.smem_bytes > 101376
+    monkeypatch.setattr(runtime, "_loaded", {})
+    monkeypatch.setattr(runtime, "compile_spec", lambda s: types.SimpleNamespace(cubin=b""))
+    kernel = types.SimpleNamespace(handle=1)
+    monkeypatch.setattr(cuda.core, "ObjectCode", types.SimpleNamespace(
+        from_cubin=lambda cubin: types.SimpleNamespace(get_kernel=lambda name: kernel)))
+    monkeypatch.setattr(driver, "cuKernelSetAttribute", lambda *a: ("refused",))
+
+    def check(result, what):
+        if result == ("refused",):
+            raise RuntimeError(f"{what} failed: CUDA_ERROR_INVALID_VALUE")
+
+    monkeypatch.setattr(runtime, "_check", check)
+
+    def no_limit(index):
+        raise RuntimeError("no driver")
+
+    monkeypatch.setattr(runtime, "max_dynamic_smem", (lambda index: limit) if limit is not None else no_limit)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA L40S")
+    if limit is not None and limit >= spec.smem_bytes:
+        with pytest.raises(RuntimeError, match="cuKernelSetAttribute.*INVALID_VALUE"):
+            runtime.get_kernel(spec, 0)
+        return
+    allows = f"allows {limit}" if limit is not None else "refused it"
+    with pytest.raises(RuntimeError, match=f"bwd_dkdv kernel at head dim 128 needs {spec.smem_bytes} bytes of shared "
+                                           f"memory per block, but NVIDIA L40S \\(cuda:0\\) {allows}"):
+        runtime.get_kernel(spec, 0)

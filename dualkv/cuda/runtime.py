@@ -149,8 +149,30 @@ def _core_stream(device, stream: torch.cuda.Stream):
     return core
 
 
+def max_dynamic_smem(device_index: int) -> int:
+    """The opt-in dynamic shared memory a block may use on ``device_index`` (bytes; 227 KB on sm_90, 163 KB on
+    sm_80 / sm_87, 99 KB on sm_86 / sm_89)."""
+    from cuda.bindings import driver
+
+    attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    return int(_check(driver.cuDeviceGetAttribute(attr, driver.CUdevice(device_index)),
+                      "cuDeviceGetAttribute(max shared memory per block)")[0])
+
+
+def smem_error(spec: KernelSpec, limit: int | None, device: str) -> RuntimeError:
+    """The error for a specialization whose shared memory ``device`` (a label) refused, naming the kernel, its head
+    dim and both sizes (``limit`` None: unknown). Today the 99 KB GPUs (sm_86, sm_89) have no tiles for the backward
+    at head dims >= 96 or the forward at >= 192."""
+    allows = f"allows {limit}" if limit is not None else "refused it"
+    return RuntimeError(
+        f"dualkv's {spec.kernel} kernel at head dim {spec.head_dim} needs {spec.smem_bytes} bytes of shared memory per "
+        f"block, but {device} {allows}: dualkv has no {spec.kernel} tile for this GPU at this head dim yet "
+        "(DUALKV_BACKEND=reference runs the PyTorch reference instead)")
+
+
 def get_kernel(spec: KernelSpec, device_index: int) -> LoadedKernel:
-    """Compile (disk-cached), load onto ``device_index`` and configure one specialization (memoised per device)."""
+    """Compile (disk-cached), load onto ``device_index`` and configure one specialization (memoised per device); a
+    specialization over the device's shared memory is refused by name (:func:`smem_error`)."""
     key = (spec, device_index)
     with _lock:
         if key in _loaded:
@@ -162,9 +184,19 @@ def get_kernel(spec: KernelSpec, device_index: int) -> LoadedKernel:
     with device_context(device_index):
         kernel = ObjectCode.from_cubin(built.cubin).get_kernel(spec.entry)
         if spec.smem_bytes > 48 * 1024:
-            _check(driver.cuKernelSetAttribute(
-                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.smem_bytes,
-                kernel.handle, driver.CUdevice(device_index)), f"cuKernelSetAttribute(smem={spec.smem_bytes})")
+            try:
+                _check(driver.cuKernelSetAttribute(
+                    driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, spec.smem_bytes,
+                    kernel.handle, driver.CUdevice(device_index)), f"cuKernelSetAttribute(smem={spec.smem_bytes})")
+            except RuntimeError as err:
+                try:
+                    limit = max_dynamic_smem(device_index)
+                except Exception:  # noqa: BLE001 - the message names what is known
+                    limit = None
+                if limit is None or spec.smem_bytes > limit:
+                    raise smem_error(spec, limit, f"{torch.cuda.get_device_name(device_index)} "
+                                                  f"(cuda:{device_index})") from err
+                raise
     loaded = LoadedKernel(spec, kernel, device_index)
     with _lock:
         _loaded[key] = loaded
