@@ -100,34 +100,35 @@ def source_summary(kernel: dict, top: int = 12) -> dict:
     excessive, i.e. bank conflicts), and the ``top`` instructions with the most samples, in program order."""
     rows = kernel["rows"]
     reasons = [k for k in (rows[0] if rows else {}) if k.startswith("stall_") and "(Not Issued)" not in k]
-    samples = sum(_number(r[_SAMPLES]) for r in rows)
-    executed = sum(_number(r["Instructions Executed"]) for r in rows)
-    by_reason = Counter({k[6:]: sum(_number(r[k]) for r in rows) for k in reasons})
+    # each row's samples per reason ("stall_" dropped), counted once and summed by opcode and overall below
+    row_stalls = [Counter({k[6:]: _number(r[k]) for k in reasons}) for r in rows]
+    row_samples = [_number(r[_SAMPLES]) for r in rows]
+    row_executed = [_number(r["Instructions Executed"]) for r in rows]
+    samples, executed = sum(row_samples), sum(row_executed)
     by_op: dict[str, list] = {}
-    for r in rows:
+    for r, stalls, smp, ex in zip(rows, row_stalls, row_samples, row_executed):
         entry = by_op.setdefault(_opcode(r["Source"]), [0.0, 0.0, Counter()])
-        entry[0] += _number(r[_SAMPLES])
-        entry[1] += _number(r["Instructions Executed"])
-        for k in reasons:
-            entry[2][k[6:]] += _number(r[k])
-    local = [r for r in rows if re.search(r"\b(LDL|STL)\b", r["Source"])]
-    ranked = sorted(range(len(rows)), key=lambda i: -_number(rows[i][_SAMPLES]))[:top]
+        entry[0] += smp
+        entry[1] += ex
+        entry[2].update(stalls)
+    by_reason = sum((c for _, _, c in by_op.values()), Counter())
+    local = [i for i, r in enumerate(rows) if re.search(r"\b(LDL|STL)\b", r["Source"])]
+    ranked = sorted(range(len(rows)), key=lambda i: -row_samples[i])[:top]
     pct = lambda v: round(100 * v / samples, 2) if samples else 0.0  # noqa: E731
+    main_stalls = lambda c: {k: pct(v) for k, v in c.most_common(3) if v}  # noqa: E731
     return {
         "kernel": kernel["kernel"][:90], "instructions": len(rows), "samples": samples,
         "executed_warp_instructions": executed,
         "stall_pct": {k: pct(v) for k, v in by_reason.most_common() if v},
-        "opcodes": [{"opcode": op, "samples_pct": pct(s), "executed_pct": round(100 * e / executed, 2) if executed else 0.0,
-                     "stalls_pct": {k: pct(v) for k, v in c.most_common(3) if v}}
-                    for op, (s, e, c) in sorted(by_op.items(), key=lambda x: -x[1][0])[:16]],
+        "opcodes": [{"opcode": op, "samples_pct": pct(smp),
+                     "executed_pct": round(100 * ex / executed, 2) if executed else 0.0, "stalls_pct": main_stalls(c)}
+                    for op, (smp, ex, c) in sorted(by_op.items(), key=lambda x: -x[1][0])[:16]],
         "local_instructions": len(local),
-        "local_executed": sum(_number(r["Instructions Executed"]) for r in local),
+        "local_executed": sum(row_executed[i] for i in local),
         "shared_wavefronts": sum(_number(r.get("L1 Wavefronts Shared", "0")) for r in rows),
         "shared_wavefronts_excessive": sum(_number(r.get("L1 Wavefronts Shared Excessive", "0")) for r in rows),
-        "top": [{"index": i, "sass": rows[i]["Source"].strip()[:100], "samples_pct": pct(_number(rows[i][_SAMPLES])),
-                 "executed": _number(rows[i]["Instructions Executed"]),
-                 "stalls_pct": {k[6:]: pct(_number(rows[i][k])) for k in
-                                sorted(reasons, key=lambda k: -_number(rows[i][k]))[:3] if _number(rows[i][k])}}
+        "top": [{"index": i, "sass": rows[i]["Source"].strip()[:100], "samples_pct": pct(row_samples[i]),
+                 "executed": row_executed[i], "stalls_pct": main_stalls(row_stalls[i])}
                 for i in sorted(ranked)],
     }
 

@@ -69,6 +69,12 @@ head_dim_bench() {  # head_dim_bench PREFIX SECONDS SYSTEMS MODES DIM...: (16, 4
             --systems $systems --mode $modes --out "$OUT/bench"
     done
 }
+mma_backward_tests() {  # mma_backward_tests NAME: the backward and tree GPU tests under the mma.sync family (step
+    # NAME; the warp-specialised, prep, opcheck and torch.compile tests left out)
+    DUALKV_KERNELS=mma step "$1" 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py \
+        -k "not ws_backward and not prep_kernel and not opcheck and not compile"
+}
 case "${1:-tests}" in
 tests)
     # test_cuda_ordered_dq.py exists where branch mmaord is merged (the gpu-pending checkout)
@@ -318,9 +324,7 @@ dqorder)
     # #13: the mma.sync dQ kernel with dP first (each block's K / V loads issued a product ahead): its GPU tests under
     # the mma.sync family, a timing against the FA2 cascade and the kernel's per-instruction stalls. (At 4315cc5 this
     # part also timed the previous order, DKV_DQ_K_FIRST=1, since removed: checks/mma-dqorder-h100-*.json.)
-    DUALKV_KERNELS=mma TAIL=4 step pytest_dqorder 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
-        proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py \
-        -k "not ws_backward and not prep_kernel and not opcheck and not compile"
+    TAIL=4 mma_backward_tests pytest_dqorder
     mkdir -p "$OUT/bench"
     TAIL=8 step bench_dq 150 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
         --shapes 8:8192,28:4096,16:32768 --mode bwd,fwdbwd --out "$OUT/bench"
@@ -335,9 +339,7 @@ lsecp)
     # #13: the dK/dV kernels stage LSE / D by cp.async: the mma.sync tests (every head dim, windows, trees), the first
     # wgmma pair's (kernel_family("wgmma_v1")) and Hopper's default path, then the mma.sync backward against the FA2
     # cascade. (At ec9b987 it also timed the plain loads, DKV_LSE_PLAIN=1, since removed: checks/mma-lsecp-*.json.)
-    DUALKV_KERNELS=mma TAIL=3 step pytest_lse_mma 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
-        proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py \
-        -k "not ws_backward and not prep_kernel and not opcheck and not compile"
+    TAIL=3 mma_backward_tests pytest_lse_mma
     TAIL=3 step pytest_lse_hopper 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
         proofs_tests/test_cuda_backward.py -k "ws_backward_family or atomic_dq or five_gradients or windows"
     mkdir -p "$OUT/bench"
