@@ -334,9 +334,7 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, step, tree)
     rows = tokens + step  # a step's tile may reach past the last token
     acc_cols = head_dim  # the kernel's dQ rows hold the head dim's columns only (not its 128-column tiles' zeros)
-    import os  # TEMPORARY A/B (DKV_DQ_STORE_FIRST through DUALKV_EXTRA_DEFINES): no zero fill
-    fill = torch.empty if "DKV_DQ_STORE_FIRST=1" in os.environ.get("DUALKV_EXTRA_DEFINES", "") else torch.zeros
-    dq_acc = fill((heads, rows, acc_cols), dtype=torch.float32, device=q.device)
+    dq_acc = torch.zeros((heads, rows, acc_cols), dtype=torch.float32, device=q.device)
     maps = [tensor_map_3d(q, step), tensor_map_3d(dout, step), tensor_map_3d(k_own, keys), tensor_map_3d(v_own, keys),
             tensor_map_3d(k_ctx, keys), tensor_map_3d(v_ctx, keys)]
     launch_raw(kern, (key_tiles_t.shape[0] * kv_heads, 1, 1),

@@ -33,7 +33,6 @@ VARIANTS = {
     "stages3": "TILE=stages=3",
     "nored": "DKV_DBG_NORED=1",  # wrong dQ: the dQ warp's counters without the reduce-adds
     "nobar": "DKV_DBG_NOBAR=1",  # wrong dQ: no barrier of the two consumer warpgroups before dQ_step
-    "store_first": "DKV_DQ_STORE_FIRST=1",  # rank 0 stores its dQ_step; the accumulator is not zero-filled
 }
 
 CASES = {

@@ -352,6 +352,10 @@ mmatable)
     TAIL=18 step mmatable 300 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
         --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
     ;;
+host)
+    # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
+    TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
+    ;;
 storefirst)
     # #12: where the backward's time goes (kernels, fills, casts) for dualkv and the cuDNN cascade at (16, 32K); the
     # WS backward's rank-0 dQ store (no zero fill) against the default (own processes) and on float64-checked cases

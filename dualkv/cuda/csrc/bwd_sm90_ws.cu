@@ -107,11 +107,6 @@ constexpr int kBarConsumers = 1;
 #define DKV_DBG_NOBAR 0
 #endif
 // 1: the dQ warp keeps one add in flight (releases a counter one step late); 0: it waits for each add to complete.
-// 1: rank 0 of every (query head, query tile) stores its dQ_step (bulk copy) and the launcher leaves the accumulator
-// unfilled; 0: every contribution adds into a zero-filled accumulator.
-#ifndef DKV_DQ_STORE_FIRST
-#define DKV_DQ_STORE_FIRST 0
-#endif
 #ifndef DKV_DQ_INFLIGHT
 #define DKV_DQ_INFLIGHT 1
 #endif
@@ -357,11 +352,9 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                         wait_flag(sem, si.rank);
                         fence_async_global();  // the add below (async proxy) after the acquire
                     }
-                    float* dst = dq_acc + si.head * dqa_head + (long long)si.tok0 * kHeadDim;
-                    if (DKV_DQ_STORE_FIRST && si.rank == 0)  // the first contribution: no zero fill to add to
-                        bulk_store(dst, sdq, si.n * kDqRowBytes);
-                    else if (!DKV_DBG_NORED)
-                        bulk_reduce_add_f32(dst, sdq, si.n * kDqRowBytes);
+                    if (!DKV_DBG_NORED)
+                        bulk_reduce_add_f32(dq_acc + si.head * dqa_head + (long long)si.tok0 * kHeadDim, sdq,
+                                            si.n * kDqRowBytes);
                     bulk_commit();
                     if (kDqInFlight && pending) {  // the previous add has completed: publish it
                         bulk_wait<1>();

@@ -70,12 +70,6 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, un
                  "r"(bytes)
                  : "memory");
 }
-// A plain bulk copy (the same group and waits): the first of a row's fixed-order contributions stores instead of adding,
-// so the accumulator needs no zero fill.
-__device__ __forceinline__ void bulk_store(float* dst, unsigned src, unsigned bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
-                 : "memory");
-}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Until at most kPending of this thread's groups are incomplete / still reading their shared-memory source.
 template <int kPending>
