@@ -33,7 +33,6 @@ VARIANTS = {
     "stages3": "TILE=stages=3",
     "nored": "DKV_DBG_NORED=1",  # wrong dQ: the dQ warp's counters without the reduce-adds
     "nobar": "DKV_DBG_NOBAR=1",  # wrong dQ: no barrier of the two consumer warpgroups before dQ_step
-    "dqw2": "TILE=dq_buffers=2;DKV_DQ_WARPS=2",  # two dQ warps on alternate steps, each add published on completion
 }
 
 CASES = {

@@ -111,14 +111,6 @@ constexpr int kBarConsumers = 1;
 #define DKV_DQ_INFLIGHT 1
 #endif
 constexpr bool kDqInFlight = DKV_DQ_INFLIGHT != 0;
-// dQ warps: 1, warp 2 adds every step (one add in flight, above); 2, warps 2 and 3 take alternate steps, each with
-// its own hand-off buffer, and each waits for its add to complete and publishes it at once (two adds in flight, no
-// counter held back until the next step's hand-off).
-#ifndef DKV_DQ_WARPS
-#define DKV_DQ_WARPS 1
-#endif
-constexpr int kDqWarps = DKV_DQ_WARPS;
-static_assert(kDqWarps == 1 || (kDqWarps == 2 && kDqBuffers == 2), "two dQ warps need two dQ buffers");
 // (Freeing the smem buffer before publishing the previous add measured 6% slower at (16, 32K): the adds then come
 // faster than L2 absorbs them; checks/ws-bwd-dqpath-h100-20261127T0840Z.json.)
 // CTA order (the spec's head_major, configs.WS_CTA_ORDERS): 0, the KV heads of a key tile adjacent (blockIdx.x =
@@ -333,12 +325,11 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                 __syncwarp();
                 if (lane == 0) mbar_arrive(bar_full + 8 * s);
             }
-        } else if (warp >= 2 && warp < 2 + kDqWarps && !DKV_DBG_NODQ) {  // dQ: fixed-order bulk reduce-adds
+        } else if (warp == 2 && !DKV_DBG_NODQ) {  // dQ: fixed-order bulk reduce-adds into the accumulator
             int* pending = nullptr;  // the counter of the add in flight, released once it has completed
             int pending_rank = 0;
             int i = 0;
             for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
-                if (kDqWarps == 2 && i % 2 != warp - 2) continue;  // the other dQ warp's step
                 StepInfo si = step_info(w, c, kv_head);
 #if DKV_TREE_ROOT_FIRST && DKV_TREE  // A[key node] + block, re-read per step: a value live across the loop spills
                 si.rank = tree_rank_base(segments, load_segment(segments, w.kt.own_seg)) + w.kt.blk;
@@ -365,19 +356,19 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                         bulk_reduce_add_f32(dq_acc + si.head * dqa_head + (long long)si.tok0 * kHeadDim, sdq,
                                             si.n * kDqRowBytes);
                     bulk_commit();
-                    if (kDqWarps == 2 || !kDqInFlight) {  // the add completes, is published, frees the buffer
-                        bulk_wait<0>();
+                    if (kDqInFlight && pending) {  // the previous add has completed: publish it
+                        bulk_wait<1>();
                         fence_async_global();
-                        if (!DKV_DBG_NOSEM) st_release(sem, si.rank + 1);
-                    } else {
-                        if (pending) {  // the previous add has completed: publish it
-                            bulk_wait<1>();
-                            fence_async_global();
-                            if (!DKV_DBG_NOSEM) st_release(pending, pending_rank + 1);
-                        }
+                        if (!DKV_DBG_NOSEM) st_release(pending, pending_rank + 1);
+                    }
+                    if (kDqInFlight) {
                         bulk_wait_read<0>();  // the smem buffer has been read
                         pending = sem;
                         pending_rank = si.rank;
+                    } else {
+                        bulk_wait<0>();
+                        fence_async_global();
+                        if (!DKV_DBG_NOSEM) st_release(sem, si.rank + 1);
                     }
                     mbar_arrive(bar_dq_empty + 8 * b);
                 }
