@@ -352,24 +352,9 @@ mmatable)
     TAIL=18 step mmatable 300 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
         --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
     ;;
-dqwarps)
-    # #12: two dQ warps (alternate steps, each add published as soon as it completes) against one: float64-checked
-    # cases, then bwd time (own processes)
-    TAIL=4 step dqw2_cases 120 python3 experiments/gpu/debug_ws_bwd.py --variants dqw2 --out "$OUT"
-    TAIL=7 step dqw2_timing 300 python3 experiments/gpu/debug_ws_bwd.py --timing 16:32768,8:8192 \
-        --variants base,dqw2,dq2,nosem,base,dqw2 --out "$OUT"
-    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
-    ;;
-storefirst)
-    # #12: where the backward's time goes (kernels, fills, casts) for dualkv and the cuDNN cascade at (16, 32K); the
-    # WS backward's rank-0 dQ store (no zero fill) against the default (own processes) and on float64-checked cases
-    TAIL=24 step breakdown 150 python3 experiments/gpu/kernel_breakdown.py --shape 16:32768 --out "$OUT"
-    TAIL=4 step storefirst_cases 120 python3 experiments/gpu/debug_ws_bwd.py --variants store_first --out "$OUT"
-    TAIL=4 step storefirst_timing 200 python3 experiments/gpu/debug_ws_bwd.py --timing 16:32768,8:8192 \
-        --variants base,store_first,base,store_first --out "$OUT"
     ;;
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
