@@ -33,8 +33,6 @@ VARIANTS = {
     "stages3": "TILE=stages=3",
     "nored": "DKV_DBG_NORED=1",  # wrong dQ: the dQ warp's counters without the reduce-adds
     "nobar": "DKV_DBG_NOBAR=1",  # wrong dQ: no barrier of the two consumer warpgroups before dQ_step
-    "red": "DKV_DQ_RED=1",  # the dQ warp adds with vector reds (ld.shared + red.global.add.v4.f32), not a bulk copy
-    "red_dq2": "TILE=dq_buffers=2;DKV_DQ_RED=1",
 }
 
 CASES = {

@@ -352,13 +352,6 @@ mmatable)
     TAIL=18 step mmatable 300 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
         --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
     ;;
-dqred)
-    # #12: the dQ warp's adds as vector reds through the load/store path (DKV_DQ_RED=1) against the bulk reduce-add:
-    # float64-checked cases, then bwd time (own processes)
-    TAIL=4 step red_cases 120 python3 experiments/gpu/debug_ws_bwd.py --variants red,red_dq2 --out "$OUT"
-    TAIL=7 step red_timing 300 python3 experiments/gpu/debug_ws_bwd.py --timing 16:32768,8:8192 \
-        --variants base,red,red_dq2,base,red --out "$OUT"
-    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"

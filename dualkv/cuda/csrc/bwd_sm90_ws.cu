@@ -111,12 +111,6 @@ constexpr int kBarConsumers = 1;
 #define DKV_DQ_INFLIGHT 1
 #endif
 constexpr bool kDqInFlight = DKV_DQ_INFLIGHT != 0;
-// 1: the dQ warp adds a step with vector reds (ld.shared + red.global.add.v4.f32, 16 bytes a lane), frees the buffer
-// once it has read it, and publishes the counter after a fence (the bulk-copy engine then only loads Q and dO);
-// 0: one bulk reduce-add per step.
-#ifndef DKV_DQ_RED
-#define DKV_DQ_RED 0
-#endif
 // (Freeing the smem buffer before publishing the previous add measured 6% slower at (16, 32K): the adds then come
 // faster than L2 absorbs them; checks/ws-bwd-dqpath-h100-20261127T0840Z.json.)
 // CTA order (the spec's head_major, configs.WS_CTA_ORDERS): 0, the KV heads of a key tile adjacent (blockIdx.x =
@@ -353,25 +347,6 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                 const int b = i % kDqBuffers;
                 const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
                 mbar_wait(bar_dq_full + 8 * b, (i / kDqBuffers) & 1);
-#if DKV_DQ_RED
-                if (lane == 0 && !DKV_DBG_NOSEM) wait_flag(sem, si.rank);
-                __syncwarp();  // every lane's reds after lane 0's acquire
-                {  // the buffer's rows are laid out as they land: a flat copy, 16 bytes a lane
-                    float* dst = dq_acc + si.head * dqa_head + (long long)si.tok0 * kHeadDim;
-                    const float* src = reinterpret_cast<const float*>(base + (sdq - sk));
-#pragma unroll 2
-                    for (int idx = lane * 4; idx < si.n * kHeadDim; idx += 128) {
-                        const float4 v = *reinterpret_cast<const float4*>(src + idx);
-                        if (!DKV_DBG_NORED) red_add_v4(dst + idx, v);
-                    }
-                }
-                __syncwarp();
-                if (lane == 0) mbar_arrive(bar_dq_empty + 8 * b);  // read: the consumers may overwrite it
-                __threadfence();  // this lane's reds are performed
-                __syncwarp();
-                if (lane == 0 && !DKV_DBG_NOSEM) st_release(sem, si.rank + 1);
-                continue;
-#endif
                 if (lane == 0) {
                     if (!DKV_DBG_NOSEM) {
                         wait_flag(sem, si.rank);
@@ -535,7 +510,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                     make_float2(acc_dq[nt][2 * hh], acc_dq[nt][2 * hh + 1]);
             }
         }
-        if (!DKV_DQ_RED) fence_async_smem();  // the bulk copy reads the buffer through the async proxy
+        fence_async_smem();
         __syncwarp();
         if (lane == 0 && !DKV_DBG_NODQ) mbar_arrive(bar_dq_full + 8 * b);
         wgmma_wait<0>();

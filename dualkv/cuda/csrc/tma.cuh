@@ -70,11 +70,6 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, un
                  "r"(bytes)
                  : "memory");
 }
-// fp32 reduce-add of 4 floats (sm_90 vector red), through the load/store path rather than the bulk-copy engine.
-__device__ __forceinline__ void red_add_v4(float* dst, float4 v) {
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-                 : "memory");
-}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Until at most kPending of this thread's groups are incomplete / still reading their shared-memory source.
 template <int kPending>
