@@ -352,6 +352,15 @@ mmatable)
     TAIL=18 step mmatable 300 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
         --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
     ;;
+wide)
+    # #12 item 4 / dispatch floor: head dims 192 and 256 on Hopper (forward warp-specialised, backward mma.sync)
+    # against the cuDNN and FA2 cascades, deterministic default and deterministic=False, one process per head dim
+    mkdir -p "$OUT/bench"
+    for d in 256 192; do
+        TAIL=14 step wide$d 280 python3 -m dualkv bench kernel --head-dim $d --shapes 8:8192,16:16384 \
+            --systems dualkv,dualkv_atomic,cudnn_cascade,cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    done
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
