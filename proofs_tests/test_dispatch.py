@@ -130,6 +130,60 @@ def test_deterministic_false_without_an_atomic_mode_warns():
         assert resolve_deterministic(True, 256) is True
 
 
+def test_dualkv_deterministic_sets_the_default_mode(monkeypatch):
+    """$DUALKV_DETERMINISTIC: unset, empty or 1 -> deterministic; 0 -> not; anything else refused by name; an explicit
+    argument and torch's deterministic-algorithms switch win over it."""
+    from dualkv.cuda.api import resolve_deterministic
+
+    for text, want in ((None, True), ("", True), ("1", True), ("0", False)):
+        if text is None:
+            monkeypatch.delenv("DUALKV_DETERMINISTIC", raising=False)
+        else:
+            monkeypatch.setenv("DUALKV_DETERMINISTIC", text)
+        assert resolve_deterministic(None) is want
+    assert resolve_deterministic(True) is True       # the argument wins (DUALKV_DETERMINISTIC=0 still set)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert resolve_deterministic(None) is True
+    finally:
+        torch.use_deterministic_algorithms(before)
+    for bad in ("yes", "false", "2"):
+        monkeypatch.setenv("DUALKV_DETERMINISTIC", bad)
+        with pytest.raises(ValueError, match=f"DUALKV_DETERMINISTIC must be 1 .* or 0; got '{bad}'"):
+            resolve_deterministic(None)
+
+
+def test_a_slow_deterministic_default_warns_once(monkeypatch):
+    """Where the deterministic backward is far slower than the routed non-deterministic path (Hopper, head dims 192
+    and 256), a call that left the mode to the default warns once, naming the setting; a chosen mode, the variable
+    set, torch's deterministic switch, other archs and head dims stay silent."""
+    from dualkv.cuda.api import _warn_slow_default
+
+    monkeypatch.delenv("DUALKV_DETERMINISTIC", raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_slow_default("sm_90", 256, True)
+        _warn_slow_default("sm_90", 256, False)
+        _warn_slow_default("sm_90", 128, None)
+        _warn_slow_default("sm_80", 256, None)
+        monkeypatch.setenv("DUALKV_DETERMINISTIC", "1")
+        _warn_slow_default("sm_90", 256, None)
+        monkeypatch.delenv("DUALKV_DETERMINISTIC")
+        before = torch.are_deterministic_algorithms_enabled()
+        try:
+            torch.use_deterministic_algorithms(True)
+            _warn_slow_default("sm_90", 256, None)
+        finally:
+            torch.use_deterministic_algorithms(before)
+    for d in (256, 192):
+        with pytest.warns(_warnings.DualKVWarning, match=f"head dim {d} on sm_90 .*DUALKV_DETERMINISTIC=0"):
+            _warn_slow_default("sm_90", d, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_slow_default("sm_90", 256, None)       # once
+
+
 def test_kernel_family_as_a_plain_call_and_as_a_context_manager():
     assert configs.current_kernel_family() == "auto"
     try:

@@ -18,6 +18,7 @@ from dualkv.cascade import ReferenceEngine, cascade_backward
 from dualkv.testing import assert_rows_pass
 from dualkv.verify.cases import attention_cases, random_cases
 from dualkv.verify.checks import shared_prefix_check
+from test_cascade import skip_unless_cudnn_serves
 
 NO_WINDOW = [c for c in attention_cases() if c.window == (-1, -1)]
 CPU_CASES = NO_WINDOW + [replace(c, window=(-1, -1)) for c in random_cases(
@@ -111,11 +112,14 @@ def test_hybrid_path_rule(monkeypatch):
     assert attention_path("sm_90", 128, False, deterministic=False) == "hybrid"
     assert attention_path("sm_80", 64, False, deterministic=True) == "hybrid"
     assert attention_path("sm_90", 128, True, deterministic=False) == "fused"   # no window in the cascade
-    assert attention_path("sm_90", 256, False, deterministic=False) == "fused"  # no cuDNN head dim 256
+    assert attention_path("sm_90", 256, False, deterministic=False) == "hybrid"  # cuDNN serves 256 on Hopper
+    assert attention_path("sm_80", 256, False, deterministic=False) == "fused"   # not taken elsewhere
+    assert attention_path("sm_90", 512, False, deterministic=False) == "fused"   # wider than cuDNN's attention
 
 
 # ---------------------------------------------------------------------------------------------- GPU
 GPU_CASES = [replace(c, head_dim=d) for c in NO_WINDOW[:5] for d in (64, 96, 128)] + [
+    replace(c, head_dim=d) for c in NO_WINDOW[:3] for d in (192, 256)] + [
     replace(c, window=(-1, -1)) for c in random_cases(6, 11, prompt_lens=(1, 63, 65, 129, 1000),
                                                       response_lens=(1, 63, 64, 65, 127, 129), group_sizes=(1, 2, 8))]
 
@@ -147,8 +151,7 @@ def test_cudnn_backward_rows_equals_the_backward_after_its_own_forward(layout_of
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.name)
 def test_hybrid_gpu(case, dtype, monkeypatch):
-    if case.head_dim > 128:
-        pytest.skip("cuDNN attention covers head dims <= 128")
+    skip_unless_cudnn_serves(case.head_dim)
     monkeypatch.setenv("DUALKV_PATH", "hybrid")
 
     def fn(q, k, v, layout, window_size=(-1, -1), return_lse=False):
@@ -165,3 +168,27 @@ def test_hybrid_refuses_an_lse_gradient(monkeypatch):
     out, lse = _hybrid_on_reference(monkeypatch)(q, k, v, layout, return_lse=True)
     with pytest.raises(NotImplementedError, match="deterministic=True or set DUALKV_PATH=fused"):
         (out.sum() + lse.sum()).backward()
+
+
+@pytest.mark.gpu
+def test_wide_heads_route_deterministic_false_to_the_hybrid(monkeypatch):
+    """Hopper, head dim 256: deterministic=False runs the hybrid (cuDNN's backward; the deterministic one there is
+    mma.sync, 2.3-2.6x slower), the default stays deterministic and says once how to change it."""
+    from dualkv import _warnings
+    from dualkv.cuda.runtime import arch_of
+
+    if arch_of(torch.cuda.current_device()) != "sm_90":
+        pytest.skip("the head-dim-256 routing is Hopper's")
+    for name in ("DUALKV_PATH", "DUALKV_DETERMINISTIC"):
+        monkeypatch.delenv(name, raising=False)
+    _warnings.reset()
+    layout = GroupLayout.single(70, [33, 5])
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(layout.total_tokens, h, 256, device="cuda", dtype=torch.bfloat16, generator=gen,
+                           requires_grad=True) for h in (4, 2, 2))
+    out = dualkv.shared_prefix_attention(q, k, v, layout, deterministic=False)
+    assert type(out.grad_fn).__name__ == "FusedForwardCascadeBackwardBackward"
+    with pytest.warns(_warnings.DualKVWarning, match="head dim 256 on sm_90 .*DUALKV_DETERMINISTIC=0"):
+        out = dualkv.shared_prefix_attention(q, k, v, layout)
+    assert "FusedForwardCascade" not in type(out.grad_fn).__name__
+    _warnings.reset()

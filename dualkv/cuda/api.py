@@ -2,11 +2,12 @@
 fp16/bf16 tensors.
 
 Differentiable (custom ops with autograd, see :mod:`dualkv.cuda.ops`). The default backward is deterministic —
-every gradient row is summed by one CTA in a fixed order, with no atomics. ``deterministic=False`` changes the path
-only where a non-deterministic one is faster: the cuDNN cascade's backward (:func:`~dualkv.cuda.configs.attention_path`:
-Hopper, head dims 64 and 128: the fused forward with the cascade's backward, :mod:`dualkv.cuda.hybrid`); elsewhere the
-deterministic kernels run, being the faster (the warp-specialised backward on Hopper; the split mma.sync backward,
-whose atomic-dQ alternative, ``mma_backward("atomic")``, measured slower: :data:`~dualkv.cuda.configs.MMA_BACKWARDS`).
+every gradient row is summed by one CTA in a fixed order, with no atomics (``$DUALKV_DETERMINISTIC=0`` changes the
+default). ``deterministic=False`` changes the path only where a non-deterministic one is faster: the cuDNN cascade's
+backward (:func:`~dualkv.cuda.configs.attention_path`: Hopper, head dims 64, 128, 192, 256: the fused forward with the
+cascade's backward, :mod:`dualkv.cuda.hybrid`); elsewhere the deterministic kernels run, being the faster (the
+warp-specialised backward on Hopper; the split mma.sync backward, whose atomic-dQ alternative,
+``mma_backward("atomic")``, measured slower: :data:`~dualkv.cuda.configs.MMA_BACKWARDS`).
 
 Head dims: any multiple of 8 up to 512. A head dim that is not a kernel head dim (e.g. 80) is zero-padded to the
 next one (:func:`~dualkv.cuda.configs.kernel_head_dim`) with the softmax scale of the original; the padded output
@@ -17,6 +18,7 @@ onto the segment table by :mod:`dualkv.cuda.call2`.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import torch
@@ -28,7 +30,8 @@ from .._warnings import warn_once
 from ..layout import GroupLayout
 from ..tree import PrefixTreeLayout
 from .call2 import gather_inputs, map_call2, scatter_outputs
-from .configs import ATOMIC_HEAD_DIMS, DTYPES, WINDOW_HEAD_DIMS, attention_path, forward_kernel_for, kernel_head_dim
+from .configs import (ATOMIC_HEAD_DIMS, DTYPES, SLOW_DETERMINISTIC_BACKWARD, WINDOW_HEAD_DIMS, attention_path,
+                      forward_kernel_for, kernel_head_dim)
 from . import launch
 from .launch import Plan, make_plan, make_tree_plan
 from .ops import fwd as _fwd_op
@@ -57,13 +60,21 @@ def _pad_head_dim(tensors, padded: int) -> list[torch.Tensor]:
     return [t if t.shape[-1] == padded else F.pad(t, (0, padded - t.shape[-1])) for t in tensors]
 
 
-#: Backward mode when the caller does not choose: deterministic, unless measurements say a non-deterministic path is
-#: worth its run-to-run differences (docs/api.md, the ``deterministic`` option).
-DEFAULT_DETERMINISTIC = True
+def default_deterministic() -> bool:
+    """The backward mode when the caller does not choose: ``$DUALKV_DETERMINISTIC`` (read at every call), ``1``
+    (deterministic; also unset or empty) or ``0`` (the faster non-deterministic paths where they exist: the setting
+    for integrations that call :func:`shared_prefix_attention` without the argument, such as the HF backend)."""
+    text = os.environ.get("DUALKV_DETERMINISTIC", "")
+    if text in ("", "1"):
+        return True
+    if text == "0":
+        return False
+    raise ValueError(f"DUALKV_DETERMINISTIC must be 1 (deterministic, the default) or 0; got {text!r}")
 
 
 def resolve_deterministic(deterministic: bool | None, head_dim: int | None = None) -> bool:
-    """``None`` means: deterministic if ``torch.are_deterministic_algorithms_enabled()``, else the default mode.
+    """``None`` means: deterministic if ``torch.are_deterministic_algorithms_enabled()``, else
+    :func:`default_deterministic`.
 
     ``False`` allows a non-deterministic backward where one is faster (the hybrid path or the cascade where
     :func:`~dualkv.cuda.configs.attention_path` routes to them; ``mma_backward("atomic")``'s atomic dQ, opt-in); the
@@ -71,11 +82,25 @@ def resolve_deterministic(deterministic: bool | None, head_dim: int | None = Non
     non-deterministic mode exists, and a warning says so (once).
     """
     if check_deterministic(deterministic) is None:
-        return torch.are_deterministic_algorithms_enabled() or DEFAULT_DETERMINISTIC
+        return torch.are_deterministic_algorithms_enabled() or default_deterministic()
     if not deterministic and head_dim is not None and head_dim not in ATOMIC_HEAD_DIMS:
-        warn_once(f"deterministic=False has no effect at head dim {head_dim}: the CUDA backward's non-deterministic "
-                  f"modes exist for head dims {ATOMIC_HEAD_DIMS}; the deterministic backward runs", stacklevel=5)
+        warn_once(f"deterministic=False has no effect at head dim {head_dim} here: the fused kernels' non-deterministic"
+                  f" modes exist for head dims {ATOMIC_HEAD_DIMS} (shared_prefix_attention on Hopper also routes it to "
+                  f"the cuDNN cascade's backward, dualkv.cuda.configs.CASCADE_FASTER); the deterministic backward runs",
+                  stacklevel=5)
     return deterministic
+
+
+def _warn_slow_default(arch: str, head_dim: int, deterministic: bool | None) -> None:
+    """Once: the caller left the mode to the default, which is deterministic, and on this arch and head dim the
+    deterministic backward is far slower than the non-deterministic path (:data:`SLOW_DETERMINISTIC_BACKWARD`)."""
+    if (deterministic is None and (arch, head_dim) in SLOW_DETERMINISTIC_BACKWARD
+            and not os.environ.get("DUALKV_DETERMINISTIC") and not torch.are_deterministic_algorithms_enabled()):
+        warn_once(f"dualkv: at head dim {head_dim} on {arch} the deterministic backward (the default) runs the "
+                  f"mma.sync kernels, {SLOW_DETERMINISTIC_BACKWARD[arch, head_dim]}x or more slower than cuDNN's "
+                  f"backward (measured on an H100). DUALKV_DETERMINISTIC=0 (or deterministic=False) runs dualkv's "
+                  f"forward with the cuDNN cascade's backward: exact, not bitwise reproducible run to run. "
+                  f"DUALKV_DETERMINISTIC=1 keeps the deterministic backward without this warning.", stacklevel=4)
 
 
 def _run(q, k_ctx, v_ctx, k_own, v_own, plan: Plan, scale: float, window_left: int, deterministic: bool | None):
@@ -223,8 +248,10 @@ def shared_prefix_attention(q, k, v, layout: GroupLayout | PrefixTreeLayout, sof
     h, hk, d = check_layout_tensors(q, k, v, layout)
     window = check_window(window_size, True)
     padded = _kernel_head_dim(q, d, True, window)
-    path = attention_path(arch_of(device_index(q.device)), d, window[0] >= 0,
-                          resolve_deterministic(deterministic, padded))
+    arch = arch_of(device_index(q.device))
+    path = attention_path(arch, padded, window[0] >= 0, resolve_deterministic(deterministic))
+    if path == "fused":
+        _warn_slow_default(arch, padded, deterministic)
     if path == "cascade":
         from ..cascade import shared_prefix_attention as cascade
 

@@ -1,6 +1,6 @@
 """The fused forward with the cuDNN cascade's backward (``DUALKV_PATH=hybrid``): for ``deterministic=False`` calls
-where dualkv's forward is the faster one and the cuDNN cascade's backward is (Hopper, head dims 64 and 128; see
-:func:`dualkv.cuda.configs.attention_path`).
+where dualkv's forward is the faster one (or as fast) and the cuDNN cascade's backward is (Hopper, head dims 64, 128,
+192 and 256; see :func:`dualkv.cuda.configs.attention_path`).
 
 An attention backward needs only the output and the full softmax's log-sum-exp (D = rowsum(dO * O),
 P = exp(S - LSE)); the fused forward returns both, so :func:`dualkv.cascade.cascade_backward` runs each cascade part's
@@ -23,7 +23,7 @@ class FusedForwardCascadeBackward(torch.autograd.Function):
     def forward(ctx, q, k, v, layout: GroupLayout, plan, scale: float):
         from .api import _run
 
-        out, lse = _run(q, k, v, k, v, plan, scale, -1, False)   # grad mode is off here: no fused backward state
+        out, lse = _run(q, k, v, k, v, plan, scale, -1, True)   # grad mode is off here: the mode picks nothing
         ctx.layout, ctx.scale = layout, scale
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.set_materialize_grads(False)

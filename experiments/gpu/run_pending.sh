@@ -352,6 +352,18 @@ mmatable)
     TAIL=18 step mmatable 300 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
         --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
     ;;
+widefloor)
+    # #12 dispatch floor at head dims 192 / 256 on Hopper: the cascade / hybrid GPU tests there and the routing test,
+    # then deterministic=False (routed: the hybrid) against the deterministic default, the hybrid forced and the
+    # cuDNN cascade, one process per head dim
+    TAIL=3 step pytest_wide 240 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cascade.py \
+        proofs_tests/test_hybrid_path.py -k "d192 or d256 or wide_heads"
+    mkdir -p "$OUT/bench"
+    for d in 256 192; do
+        TAIL=14 step widefloor$d 200 python3 -m dualkv bench kernel --head-dim $d --shapes 8:8192,16:16384 \
+            --systems dualkv,dualkv_atomic,dualkv_hybrid,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    done
+    ;;
 wide)
     # #12 item 4 / dispatch floor: head dims 192 and 256 on Hopper (forward warp-specialised, backward mma.sync)
     # against the cuDNN and FA2 cascades, deterministic default and deterministic=False, one process per head dim
