@@ -412,7 +412,11 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
 #:   2.3-2.6x slower than the cuDNN cascade's; the fused forward is as fast as cuDNN's or faster. H100, same process,
 #:   (8, 8K) and (16, 16K), fwd / bwd ms, fused kernels against the cuDNN cascade (experiments/results/
 #:   kernel-h32-8-d256-20261127-154517.json, -d192-20261127-154616.json): d = 256 11.8 / 101.5 against 12.0 / 44.7, 45.4 / 392.6 against
-#:   41.7 / 165.7; d = 192 8.1 / 80.7 against 9.1 / 39.2, 30.6 / 300.8 against 31.8 / 147.0.
+#:   41.7 / 165.7; d = 192 8.1 / 80.7 against 9.1 / 39.2, 30.6 / 300.8 against 31.8 / 147.0. With the routing, at
+#:   c2a0898, fwd+bwd ms deterministic=False (the hybrid) / cuDNN cascade / deterministic default, same process:
+#:   d = 256 56.8 / 57.7 / 112.4, 210.4 / 204.3 / 428.9; d = 192 47.5 / 49.5 / 88.4, 177.9 / 178.6 / 333.1
+#:   (kernel-h32-8-d256-20261127-155144.json, -d192-20261127-155233.json; the cascade's forward is 10% faster at
+#:   d = 256, (16, 16K), the hybrid's peak memory lower at all four).
 CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 64): "hybrid", ("sm_90", 192): "hybrid",
                   ("sm_90", 256): "hybrid"}
 #: (arch, head dim) -> how many times slower the deterministic backward measured than the non-deterministic path
