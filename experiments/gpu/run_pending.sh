@@ -352,6 +352,17 @@ mmatable)
     TAIL=18 step mmatable 300 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
         --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
     ;;
+loadmid)
+    # #13: the mma.sync dK/dV kernel issuing the next step's walk and copies after the S^T product (DKV_LOAD_MID=1)
+    # against the default, own processes, then the mma.sync backward tests under it
+    mkdir -p "$OUT/bench"
+    for v in base mid base mid; do
+        defs=""; [ $v = mid ] && defs="DKV_LOAD_MID=1"
+        DUALKV_EXTRA_DEFINES=$defs TAIL=3 step loadmid_$v 150 python3 -m dualkv bench kernel --systems dualkv_mma \
+            --shapes 8:8192,28:4096,16:32768 --mode bwd --out "$OUT/bench/$v"
+    done
+    DUALKV_EXTRA_DEFINES=DKV_LOAD_MID=1 TAIL=3 mma_backward_tests pytest_loadmid
+    ;;
 widefloor)
     # #12 dispatch floor at head dims 192 / 256 on Hopper: the cascade / hybrid GPU tests there and the routing test,
     # then deterministic=False (routed: the hybrid) against the deterministic default, the hybrid forced and the
