@@ -340,8 +340,8 @@ def refuse_lse_gradient(d_lse: Tensor | None, what: str) -> None:
     """Raise if a caller differentiates through the returned LSE: the stock attention backwards take none."""
     if d_lse is not None and bool((d_lse != 0).any()):
         raise NotImplementedError(f"{what} cannot differentiate through the returned LSE (the stock attention "
-                                  "backwards have no LSE gradient); pass deterministic=True or set DUALKV_PATH=fused "
-                                  "to run the fused kernels' backward")
+                                  "backwards have no LSE gradient); pass deterministic=True (or unset "
+                                  "DUALKV_DETERMINISTIC=0) or set DUALKV_PATH=fused to run the fused kernels' backward")
 
 
 #: part_backward(group index, group, part, dout, q, k, v, out, causal) -> (dq, dk, dv): see _backward_groups.

@@ -81,8 +81,9 @@ def resolve_deterministic(deterministic: bool | None, head_dim: int | None = Non
     deterministic kernels run otherwise, being the faster. Beyond head dims :data:`ATOMIC_HEAD_DIMS` no
     non-deterministic mode exists, and a warning says so (once).
     """
+    default = default_deterministic()  # checked on every call, also where the argument or torch decides
     if check_deterministic(deterministic) is None:
-        return torch.are_deterministic_algorithms_enabled() or default_deterministic()
+        return torch.are_deterministic_algorithms_enabled() or default
     if not deterministic and head_dim is not None and head_dim not in ATOMIC_HEAD_DIMS:
         warn_once(f"deterministic=False has no effect at head dim {head_dim} here: the fused kernels' non-deterministic"
                   f" modes exist for head dims {ATOMIC_HEAD_DIMS} (shared_prefix_attention on Hopper also routes it to "
@@ -91,11 +92,14 @@ def resolve_deterministic(deterministic: bool | None, head_dim: int | None = Non
     return deterministic
 
 
-def _warn_slow_default(arch: str, head_dim: int, deterministic: bool | None) -> None:
-    """Once: the caller left the mode to the default, which is deterministic, and on this arch and head dim the
-    deterministic backward is far slower than the non-deterministic path (:data:`SLOW_DETERMINISTIC_BACKWARD`)."""
-    if (deterministic is None and (arch, head_dim) in SLOW_DETERMINISTIC_BACKWARD
-            and not os.environ.get("DUALKV_DETERMINISTIC") and not torch.are_deterministic_algorithms_enabled()):
+def _warn_slow_default(arch: str, head_dim: int, window: bool, deterministic: bool | None,
+                       needs_grad: bool) -> None:
+    """Once: a call that will be differentiated left the mode to the default, which is deterministic, and on this arch
+    and head dim (the caller's, not padded) the deterministic backward is far slower than the path that
+    ``deterministic=False`` would take (:data:`SLOW_DETERMINISTIC_BACKWARD`; not with a window or a path override)."""
+    if (needs_grad and deterministic is None and (arch, head_dim) in SLOW_DETERMINISTIC_BACKWARD
+            and not os.environ.get("DUALKV_DETERMINISTIC") and not torch.are_deterministic_algorithms_enabled()
+            and attention_path(arch, head_dim, window, False) != "fused"):
         warn_once(f"dualkv: at head dim {head_dim} on {arch} the deterministic backward (the default) runs the "
                   f"mma.sync kernels, {SLOW_DETERMINISTIC_BACKWARD[arch, head_dim]}x or more slower than cuDNN's "
                   f"backward (measured on an H100). DUALKV_DETERMINISTIC=0 (or deterministic=False) runs dualkv's "
@@ -249,9 +253,10 @@ def shared_prefix_attention(q, k, v, layout: GroupLayout | PrefixTreeLayout, sof
     window = check_window(window_size, True)
     padded = _kernel_head_dim(q, d, True, window)
     arch = arch_of(device_index(q.device))
-    path = attention_path(arch, padded, window[0] >= 0, resolve_deterministic(deterministic))
+    path = attention_path(arch, d, window[0] >= 0, resolve_deterministic(deterministic))
     if path == "fused":
-        _warn_slow_default(arch, padded, deterministic)
+        _warn_slow_default(arch, d, window[0] >= 0, deterministic,
+                           torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
     if path == "cascade":
         from ..cascade import shared_prefix_attention as cascade
 

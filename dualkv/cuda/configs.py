@@ -409,9 +409,11 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
 #:   cascade: 19.7 / 19.6 / 21.6, 19.5 / 19.6 / 20.7, 159.5 / 166.9 / 168.2; peak 2.6 / 3.5 / 3.7 GiB at (16, 32K)
 #:   (kernel-h32-8-d96-20261127-093739.json; c51933e alike, checks/kernel-d96-h100-20261127T0926Z-c51933e.log).
 #: - head dims 192 and 256: "hybrid". The fused backward there is the mma.sync one (no warp-specialised kernel yet),
-#:   2.3-2.6x slower than the cuDNN cascade's; the fused forward is as fast as cuDNN's or faster. H100, same process,
+#:   2.0-2.4x slower than the cuDNN cascade's; the fused forward is faster than cuDNN's at d = 192 and up to 10%
+#:   slower at d = 256. H100, same process,
 #:   (8, 8K) and (16, 16K), fwd / bwd ms, fused kernels against the cuDNN cascade (experiments/results/
-#:   kernel-h32-8-d256-20261127-154517.json, -d192-20261127-154616.json): d = 256 11.8 / 101.5 against 12.0 / 44.7, 45.4 / 392.6 against
+#:   kernel-h32-8-d256-20261127-154517.json, -d192-20261127-154616.json): d = 256 11.8 / 101.5 against 11.9 / 44.7,
+#:   45.4 / 392.6 against
 #:   41.7 / 165.7; d = 192 8.1 / 80.7 against 9.1 / 39.2, 30.6 / 300.8 against 31.8 / 147.0. With the routing, at
 #:   c2a0898, fwd+bwd ms deterministic=False (the hybrid) / cuDNN cascade / deterministic default, same process:
 #:   d = 256 56.8 / 57.7 / 112.4, 210.4 / 204.3 / 428.9; d = 192 47.5 / 49.5 / 88.4, 177.9 / 178.6 / 333.1
@@ -420,14 +422,19 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
 CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 64): "hybrid", ("sm_90", 192): "hybrid",
                   ("sm_90", 256): "hybrid"}
 #: (arch, head dim) -> how many times slower the deterministic backward measured than the non-deterministic path
-#: that :data:`CASCADE_FASTER` names (the smallest measured ratio of backward times): a call that leaves
-#: ``deterministic`` to the default warns once there (dualkv.cuda.api). Same runs as above.
+#: that :data:`CASCADE_FASTER` names (the smallest ratio of backward times in the runs above, rounded down to a
+#: tenth: 2.02 and 2.27): a call that leaves ``deterministic`` to the default warns once there (dualkv.cuda.api).
 SLOW_DETERMINISTIC_BACKWARD = {("sm_90", 192): 2.0, ("sm_90", 256): 2.2}
-#: The widest head dim the cuDNN cascade serves on an arch (cuDNN's attention: 256 on Hopper, measured; 128 taken
-#: elsewhere).
-CASCADE_MAX_HEAD_DIM = {"sm_90": 256}
+#: Head dims above 128 that the cuDNN cascade serves on an arch (measured and GPU-tested: 192 and 256 on Hopper);
+#: up to 128 it serves every head dim, and any other is left to the fused kernels.
+CASCADE_WIDE_HEAD_DIMS = {"sm_90": (192, 256)}
+
+
+def cascade_serves(arch: str, head_dim: int) -> bool:
+    """Whether the cuDNN cascade (and so the hybrid) takes this head dim on this arch."""
+    return head_dim <= 128 or head_dim in CASCADE_WIDE_HEAD_DIMS.get(arch, ())
 #: ``$DUALKV_PATH``: "auto" (the rule above), "fused" (always the kernels), "cascade" (always the cascade where it
-#: applies: CUDA fp16/bf16, head dims up to :data:`CASCADE_MAX_HEAD_DIM` (128 where unlisted), no window), "hybrid"
+#: applies: CUDA fp16/bf16, :func:`cascade_serves`' head dims, no window), "hybrid"
 #: (the fused forward with the cascade's cuDNN backward, dualkv.cuda.hybrid, where the cascade applies).
 PATHS = ("auto", "fused", "cascade", "hybrid")
 _path: list[str | None] = [None]  # set by path_override; None: $DUALKV_PATH decides (read at every call)
@@ -458,7 +465,7 @@ def attention_path(arch: str, head_dim: int, window: bool, deterministic: bool) 
     choice = current_path()
     if choice not in PATHS:
         raise ValueError(f"DUALKV_PATH must be one of {PATHS}, got {choice!r}")
-    if window or head_dim > CASCADE_MAX_HEAD_DIM.get(arch, 128) or choice == "fused":
+    if window or not cascade_serves(arch, head_dim) or choice == "fused":
         return "fused"
     if choice in ("cascade", "hybrid"):
         return choice

@@ -1,6 +1,6 @@
 """The fused forward with the cuDNN cascade's backward (``DUALKV_PATH=hybrid``): for ``deterministic=False`` calls
-where dualkv's forward is the faster one (or as fast) and the cuDNN cascade's backward is (Hopper, head dims 64, 128,
-192 and 256; see :func:`dualkv.cuda.configs.attention_path`).
+where the cuDNN cascade's backward is the faster one and dualkv's forward is faster or close (Hopper, head dims 64,
+128, 192 and 256; see :func:`dualkv.cuda.configs.attention_path`).
 
 An attention backward needs only the output and the full softmax's log-sum-exp (D = rowsum(dO * O),
 P = exp(S - LSE)); the fused forward returns both, so :func:`dualkv.cascade.cascade_backward` runs each cascade part's

@@ -6,6 +6,10 @@ pass (forward, backward) is timed three ways, median of ``--reps``:
   the GPU reaches it: the GPU time alone;
 * ``host_ms``: the host's wall time to return from the call while the GPU is busy (launch cost, Python work).
 
+Caveat: on an H100 ``events_ms - gpu_ms`` came out larger than ``host_ms`` (3.8-5.8 against 1.0-2.0 ms at (16, 32K)),
+so the gap is not host time alone; the GPU sleep before each ``gpu_ms`` run likely also changes clocks or power
+headroom, which would make ``gpu_ms`` optimistic. Compare systems within one column, not across columns.
+
     python3 experiments/gpu/host_overhead.py --shapes 16:32768,4:1024 --out $OUT
 """
 

@@ -85,11 +85,6 @@ constexpr int kDsStride = kBlockM + 8;  // padded row stride of the transposed d
 static_assert(!kDqHere || (kDqColParts * kDqRowSlabs == kWarps && kDqCols % 16 == 0), "dQ warp layout");
 
 using KeyWalk = Walk<kBlockM, kDqOrdered>;
-// 1: the next step's walk and copies are issued after this step's S^T product rather than before it (two stages).
-#ifndef DKV_LOAD_MID
-#define DKV_LOAD_MID 0
-#endif
-constexpr bool kLoadMid = DKV_LOAD_MID != 0;
 
 // The fp32 dQ accumulator's slot of (token tok, column col) from the token's (head's) row: (T, H, d) rows as they
 // are in the atomic mode; in the ordered mode bwd_dq_cast.cu's (H, T, d) rows, whose 4-float chunks are permuted
@@ -179,18 +174,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     cp_async_commit();
     int buf = 0;
     while (cur.valid) {
-#if DKV_LOAD_MID
-        Cursor nxt;
-#else
-        const Cursor nxt = w.next(cur);
-#endif
-        if (kStages == 2 && !kLoadMid) {
-            if (nxt.valid) load_step(nxt, buf ^ 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        cp_async_wait<0>();
         __syncthreads();  // this step's Q/dO/LSE/D (and the K/V block) are in smem
 
         const elem_t* bQ = sQ + buf * kBlockM * kRowStride;
@@ -201,13 +185,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
 
         float acc_s[1][kBlockM / 8][4];
         gemm_rows_rows<1, kBlockM>(acc_s, sK, bQ, warp_key0, lrow, lmat);  // S^T = K Q^T
-#if DKV_LOAD_MID
-        nxt = w.next(cur);  // the walk's segment loads and the next step's copies behind the products in flight
+        // The next step's walk (segment-table loads) and copies go out here, behind the S^T product's MMAs, not
+        // before it, where every warp waited on the walk's loads with no product in flight: the mma.sync backward
+        // ran 4.9-5.5% faster on H100 (checks/mma-loadmid-h100-20261127T1556Z.json). (Two stages: the other buffer
+        // was last read in the previous step, before this step's first barrier.)
+        const Cursor nxt = w.next(cur);
         if (kStages == 2) {
             if (nxt.valid) load_step(nxt, buf ^ 1);
             cp_async_commit();
         }
-#endif
         probs_t(acc_s[0], bLse, sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
                 scale_log2);  // P^T
         unsigned p_frag[1][kBlockM / 16][4];
