@@ -401,17 +401,6 @@ host)
     ;;
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
-        "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson, host, wide, widefloor, final13)
-    # after the mma.sync dK/dV kernel's new load order became the default: the ordered-dQ mode's GPU tests (its
-    # kernel changed too), the two-level/tree routing tests of this session, the mma.sync family against the FA2
-    # cascade at #13's four shapes (one process), dualkv verify
-    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordered 240 python3 -m pytest -q -x -m gpu \
-        -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_tree_cuda.py
-    mkdir -p "$OUT/bench"
-    TAIL=18 step mmatable 300 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
-        --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
-    TAIL=2 step verify 120 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100.json"
-    ;;
-loadmid)"
+        "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson, host, wide, widefloor, loadmid, final13)"
    exit 2 ;;
 esac
