@@ -85,6 +85,9 @@ constexpr int kDsStride = kBlockM + 8;  // padded row stride of the transposed d
 static_assert(!kDqHere || (kDqColParts * kDqRowSlabs == kWarps && kDqCols % 16 == 0), "dQ warp layout");
 
 using KeyWalk = Walk<kBlockM, kDqOrdered>;
+#ifndef DKV_KEEP_END_BARRIER
+#define DKV_KEEP_END_BARRIER 0  // A/B switch (temporary): 1 keeps the end-of-step barrier with two stages
+#endif
 
 // The fp32 dQ accumulator's slot of (token tok, column col) from the token's (head's) row: (T, H, d) rows as they
 // are in the atomic mode; in the ordered mode bwd_dq_cast.cu's (H, T, d) rows, whose 4-float chunks are permuted
@@ -174,7 +177,19 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     cp_async_commit();
     int buf = 0;
     while (cur.valid) {
-        cp_async_wait<0>();
+        Cursor nxt;
+        if constexpr (kDqOrdered) {  // its walk and copies before the products (its d = 128 builds spill otherwise)
+            nxt = w.next(cur);
+            if (kStages == 2) {
+                if (nxt.valid) load_step(nxt, buf ^ 1);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+        } else {
+            cp_async_wait<0>();
+        }
         __syncthreads();  // this step's Q/dO/LSE/D (and the K/V block) are in smem
 
         const elem_t* bQ = sQ + buf * kBlockM * kRowStride;
@@ -189,10 +204,12 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         // before it, where every warp waited on the walk's loads with no product in flight: the mma.sync backward
         // ran 4.9-5.5% faster on H100 (checks/mma-loadmid-h100-20261127T1556Z.json). (Two stages: the other buffer
         // was last read in the previous step, before this step's first barrier.)
-        const Cursor nxt = w.next(cur);
-        if (kStages == 2) {
-            if (nxt.valid) load_step(nxt, buf ^ 1);
-            cp_async_commit();
+        if constexpr (!kDqOrdered) {
+            nxt = w.next(cur);
+            if (kStages == 2) {
+                if (nxt.valid) load_step(nxt, buf ^ 1);
+                cp_async_commit();
+            }
         }
         probs_t(acc_s[0], bLse, sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
                 scale_log2);  // P^T
@@ -271,7 +288,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             }
         }
 
-        if (!kDqOrdered) __syncthreads();  // every warp is done with this buffer
+        // One stage: every warp is done with the buffer before the next step's copies overwrite it. Two stages need no
+        // barrier here: the next step's copies (into this step's buffer) and dS stores come after its first barrier.
+        if (!kDqOrdered && (kStages == 1 || DKV_KEEP_END_BARRIER)) __syncthreads();
         if (kStages == 1 && nxt.valid) {
             load_step(nxt, 0);
             cp_async_commit();
