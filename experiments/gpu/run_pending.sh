@@ -352,17 +352,6 @@ mmatable)
     TAIL=18 step mmatable 300 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
         --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
     ;;
-endbar)
-    # #13: the mma.sync dK/dV kernel without its end-of-step barrier (two stages) against with it
-    # (DKV_KEEP_END_BARRIER=1), own processes, then the mma.sync backward tests without it
-    mkdir -p "$OUT/bench"
-    for v in keep drop keep drop; do
-        defs=""; [ $v = keep ] && defs="DKV_KEEP_END_BARRIER=1"
-        DUALKV_EXTRA_DEFINES=$defs TAIL=4 step endbar_$v 150 python3 -m dualkv bench kernel --systems dualkv_mma \
-            --shapes 8:8192,28:4096,16:32768 --mode bwd --out "$OUT/bench/$v"
-    done
-    TAIL=3 mma_backward_tests pytest_endbar
-    ;;
 final13)
     # after the mma.sync dK/dV kernel's new load order became the default: the ordered-dQ mode's GPU tests (its
     # kernel changed too), the two-level/tree routing tests of this session, the mma.sync family against the FA2
@@ -373,17 +362,6 @@ final13)
     TAIL=18 step mmatable 300 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
         --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
     TAIL=2 step verify 120 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100.json"
-    ;;
-loadmid)
-    # #13: the mma.sync dK/dV kernel issuing the next step's walk and copies after the S^T product (DKV_LOAD_MID=1)
-    # against the default, own processes, then the mma.sync backward tests under it
-    mkdir -p "$OUT/bench"
-    for v in base mid base mid; do
-        defs=""; [ $v = mid ] && defs="DKV_LOAD_MID=1"
-        DUALKV_EXTRA_DEFINES=$defs TAIL=3 step loadmid_$v 150 python3 -m dualkv bench kernel --systems dualkv_mma \
-            --shapes 8:8192,28:4096,16:32768 --mode bwd --out "$OUT/bench/$v"
-    done
-    DUALKV_EXTRA_DEFINES=DKV_LOAD_MID=1 TAIL=3 mma_backward_tests pytest_loadmid
     ;;
 widefloor)
     # #12 dispatch floor at head dims 192 / 256 on Hopper: the cascade / hybrid GPU tests there and the routing test,
@@ -412,6 +390,6 @@ host)
     ;;
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
-        "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson, host, wide, widefloor, loadmid, final13, endbar)"
+        "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson, host, wide, widefloor, final13)"
    exit 2 ;;
 esac
