@@ -44,6 +44,9 @@ class TileConfig:
     producer_warps: int = 0
     stages: int = 2
     pingpong: bool = False
+    # mma.sync dQ kernel: K/V blocks in ``kv_stages`` shared-memory buffers (2: the next block loads during this one,
+    # one barrier per block instead of three)
+    kv_stages: int = 1
 
     @property
     def block_m(self) -> int:
@@ -588,7 +591,7 @@ class KernelSpec:
         if self.kernel == "fwd_sm90_ws":  # swizzled Q + `stages` stages of K and V, mbarriers, 1 KB alignment slack
             return (t.block_m + 2 * t.stages * t.block_n) * self.tile_head_dim * 2 + 8 * (1 + 3 * t.stages) + 1024
         if self.kernel == "bwd_dq":
-            return (2 * t.block_m + 2 * t.block_n) * row
+            return (2 * t.block_m + 2 * t.kv_stages * t.block_n) * row
         if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V (whole atoms); 1 KB slack
             return (2 * t.block_m + 4 * t.block_n) * self.tile_head_dim * 2 + 1024
         if self.kernel == "bwd_sm90_ws":  # K, V (and K transposed: WS_TRANSPOSED_K_HEAD_DIMS); Q/dO/LSE/D/step-record
@@ -641,6 +644,8 @@ class KernelSpec:
             query += [("DKV_TREE", "1")]
         if self.kernel == "fwd_sm90_ws":
             query += [("DKV_STAGES", str(t.stages)), ("DKV_PINGPONG", "1" if t.pingpong else "0")]
+        if self.kernel == "bwd_dq" and t.kv_stages != 1:  # absent for one buffer: those builds keep their options
+            query += [("DKV_KV_STAGES", str(t.kv_stages))]
         return query
 
     def with_arch(self, arch: str) -> "KernelSpec":
@@ -687,6 +692,8 @@ def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, ar
     _check_head_dim(head_dim)
     kernel = kernel or dq_kernel_for(head_dim, arch)
     tile = (SM90_DQ_TILES if kernel == "bwd_dq_sm90" else DQ_TILES)[head_dim]
+    if kernel == "bwd_dq" and os.environ.get("DUALKV_DQ_KV_STAGES") and head_dim != 512:  # TEMPORARY A/B switch
+        tile = replace(tile, kv_stages=int(os.environ["DUALKV_DQ_KV_STAGES"]))
     return KernelSpec(kernel, head_dim, name, tile, pack_for(group_size, tile), window,
                       "sm_90a" if kernel == "bwd_dq_sm90" else arch, causal=causal, tree=tree)
 
