@@ -129,6 +129,25 @@ def test_unsupported_shapes_are_refused_with_names():
     assert set(FWD_TILES) == {32, 64, 96, 128, 192, 256, 512}
 
 
+def test_mma_dq_tiles_fit_an_a100_and_do_not_spill():
+    """The mma.sync dQ kernel at every head dim: two K/V buffers up to 256 (DKV_KV_STAGES=2 in its options), one at
+    512, where two would not fit an A100's 164 KB; no spills on sm_80 or sm_90."""
+    from dataclasses import replace
+
+    from dualkv.cuda.configs import DQ_TILES, dq_spec
+
+    for d, tile in DQ_TILES.items():
+        assert tile.kv_stages == (1 if d == 512 else 2), (d, tile)
+        for arch in ("sm_80", "sm_90"):
+            spec = dq_spec(d, torch.bfloat16, 4, False, arch, kernel="bwd_dq")
+            assert spec.smem_bytes <= 164 * 1024, spec
+            assert (("DKV_KV_STAGES", "2") in spec.defines()) == (tile.kv_stages == 2)
+            usage = resource_usage(compile_spec(spec, use_cache=False, verbose=True).log)
+            assert usage["spill_stores"] == 0, (spec, usage)
+    wide = dq_spec(512, torch.bfloat16, 4, False, "sm_80", kernel="bwd_dq")
+    assert replace(wide, tile=replace(wide.tile, kv_stages=2)).smem_bytes > 164 * 1024   # why 512 keeps one
+
+
 #: Spill bytes the ordered dQ mode may exceed the atomic mode's by, per (arch, head dim, causal, tree): at 255
 #: registers ptxas spills the non-causal d = 128 Hopper build of the ordered kernel by 44 bytes (the atomic one by
 #: none since the atomic mode issues its next step's copies after the S^T product; by 8 before) and the d = 128 tree

@@ -100,13 +100,15 @@ class KeyTileConfig:
 
 
 #: Deterministic dQ kernel (query-tile parallel): three products per key block, so smaller key blocks than fwd.
+#: Two K/V buffers (kv_stages=2) up to head dim 256: backward 0.2-0.9% faster on H100 under kernel_family("mma")
+#: (experiments/results/checks/mma-dqkv2-h100-20261127T1634Z.json); at 512 two would need 200 KB of shared memory.
 DQ_TILES: dict[int, TileConfig] = {
-    32: TileConfig(block_n=64, warps=4, mslabs=2),
-    64: TileConfig(block_n=64, warps=4, mslabs=2),
-    96: TileConfig(block_n=32, warps=4, mslabs=2),
-    128: TileConfig(block_n=32, warps=4, mslabs=2),
-    192: TileConfig(block_n=32, warps=8, mslabs=1),
-    256: TileConfig(block_n=32, warps=4, mslabs=1),
+    32: TileConfig(block_n=64, warps=4, mslabs=2, kv_stages=2),
+    64: TileConfig(block_n=64, warps=4, mslabs=2, kv_stages=2),
+    96: TileConfig(block_n=32, warps=4, mslabs=2, kv_stages=2),
+    128: TileConfig(block_n=32, warps=4, mslabs=2, kv_stages=2),
+    192: TileConfig(block_n=32, warps=8, mslabs=1, kv_stages=2),
+    256: TileConfig(block_n=32, warps=4, mslabs=1, kv_stages=2),
     512: TileConfig(block_n=32, warps=4, mslabs=1, dsplit=2),
 }
 
@@ -692,8 +694,6 @@ def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, ar
     _check_head_dim(head_dim)
     kernel = kernel or dq_kernel_for(head_dim, arch)
     tile = (SM90_DQ_TILES if kernel == "bwd_dq_sm90" else DQ_TILES)[head_dim]
-    if kernel == "bwd_dq" and os.environ.get("DUALKV_DQ_KV_STAGES") and head_dim != 512:  # TEMPORARY A/B switch
-        tile = replace(tile, kv_stages=int(os.environ["DUALKV_DQ_KV_STAGES"]))
     return KernelSpec(kernel, head_dim, name, tile, pack_for(group_size, tile), window,
                       "sm_90a" if kernel == "bwd_dq_sm90" else arch, causal=causal, tree=tree)
 

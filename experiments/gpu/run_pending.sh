@@ -352,17 +352,6 @@ mmatable)
     TAIL=18 step mmatable 300 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
         --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
     ;;
-dqkv2)
-    # #13: the mma.sync dQ kernel with two K/V buffers (DUALKV_DQ_KV_STAGES=2, temporary switch: one barrier per key
-    # block instead of three) against one, own processes, then the mma.sync backward tests with two
-    mkdir -p "$OUT/bench"
-    for v in one two one two; do
-        stages=1; [ $v = two ] && stages=2
-        DUALKV_DQ_KV_STAGES=$stages TAIL=4 step dqkv_$v 150 python3 -m dualkv bench kernel --systems dualkv_mma \
-            --shapes 8:8192,28:4096,16:32768 --mode bwd --out "$OUT/bench/$v"
-    done
-    (export DUALKV_DQ_KV_STAGES=2; TAIL=3 mma_backward_tests pytest_dqkv2)
-    ;;
 final13)
     # after the mma.sync dK/dV kernel's new load order became the default: the ordered-dQ mode's GPU tests (its
     # kernel changed too), the two-level/tree routing tests of this session, the mma.sync family against the FA2
@@ -401,6 +390,6 @@ host)
     ;;
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
-        "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson, host, wide, widefloor, final13, dqkv2)"
+        "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson, host, wide, widefloor, final13)"
    exit 2 ;;
 esac
