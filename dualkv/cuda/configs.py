@@ -415,11 +415,10 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
 #:   (kernel-h32-8-d96-20261127-093739.json; c51933e alike, checks/kernel-d96-h100-20261127T0926Z-c51933e.log).
 #: - head dims 192 and 256: "hybrid". The fused backward there is the mma.sync one (no warp-specialised kernel yet),
 #:   2.0-2.4x slower than the cuDNN cascade's; the fused forward is faster than cuDNN's at d = 192 and up to 10%
-#:   slower at d = 256. H100, same process,
-#:   (8, 8K) and (16, 16K), fwd / bwd ms, fused kernels against the cuDNN cascade (experiments/results/
-#:   kernel-h32-8-d256-20261127-154517.json, -d192-20261127-154616.json): d = 256 11.8 / 101.5 against 11.9 / 44.7,
-#:   45.4 / 392.6 against
-#:   41.7 / 165.7; d = 192 8.1 / 80.7 against 9.1 / 39.2, 30.6 / 300.8 against 31.8 / 147.0. With the routing, at
+#:   slower at d = 256. H100, same process, (8, 8K) and (16, 16K), fwd / bwd ms, fused kernels against the cuDNN
+#:   cascade (experiments/results/kernel-h32-8-d256-20261127-154517.json, -d192-20261127-154616.json): d = 256
+#:   11.8 / 101.5 against 11.9 / 44.7, 45.4 / 392.6 against 41.7 / 165.7; d = 192 8.1 / 80.7 against 9.1 / 39.2,
+#:   30.6 / 300.8 against 31.8 / 147.0. With the routing, at
 #:   c2a0898, fwd+bwd ms deterministic=False (the hybrid) / cuDNN cascade / deterministic default, same process:
 #:   d = 256 56.8 / 57.7 / 112.4, 210.4 / 204.3 / 428.9; d = 192 47.5 / 49.5 / 88.4, 177.9 / 178.6 / 333.1
 #:   (kernel-h32-8-d256-20261127-155144.json, -d192-20261127-155233.json; the cascade's forward is 10% faster at
@@ -438,6 +437,8 @@ CASCADE_WIDE_HEAD_DIMS = {"sm_90": (192, 256)}
 def cascade_serves(arch: str, head_dim: int) -> bool:
     """Whether the cuDNN cascade (and so the hybrid) takes this head dim on this arch."""
     return head_dim <= 128 or head_dim in CASCADE_WIDE_HEAD_DIMS.get(arch, ())
+
+
 #: ``$DUALKV_PATH``: "auto" (the rule above), "fused" (always the kernels), "cascade" (always the cascade where it
 #: applies: CUDA fp16/bf16, :func:`cascade_serves`' head dims, no window), "hybrid"
 #: (the fused forward with the cascade's cuDNN backward, dualkv.cuda.hybrid, where the cascade applies).

@@ -14,25 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
-
-
-def _events_ms(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
 
 
 def _activities(fn) -> list[dict]:
@@ -62,6 +49,7 @@ def main() -> int:
     args = ap.parse_args()
     import dualkv
     from dualkv import cascade
+    from dualkv.bench.harness import measure
     from dualkv.bench.kernel import random_inputs
 
     n, p = (int(x) for x in args.shape.split(":"))
@@ -74,15 +62,11 @@ def main() -> int:
         fn = fns[name]
         with torch.no_grad():
             forward = lambda: fn(q, k, v, layout)  # noqa: E731
-            for _ in range(2):
-                forward()
-            fwd_ms = _events_ms(forward, args.reps)
+            fwd_ms = measure(forward, q.device, warmup=2, reps=args.reps).ms
             fwd_acts = _activities(forward)
         out = fn(q, k, v, layout)
         backward = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
-        for _ in range(2):
-            backward()
-        bwd_ms = _events_ms(backward, args.reps)
+        bwd_ms = measure(backward, q.device, warmup=2, reps=args.reps).ms
         bwd_acts = _activities(backward)
         result["systems"][name] = {
             "fwd_ms": round(fwd_ms, 3), "fwd_gpu_ms": round(sum(a["ms"] for a in fwd_acts), 3), "fwd": fwd_acts,

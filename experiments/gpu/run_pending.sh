@@ -60,12 +60,12 @@ table1_bench() {  # table1_bench PREFIX SYSTEMS TAIL_A TAIL_B: the seed's Table 
     TAIL=$4 step ${1}b 230 python3 -m dualkv bench kernel --shapes 16:65536,4:131072 \
         --systems $2 --mode fwd,bwd,fwdbwd --out "$OUT/bench"
 }
-head_dim_bench() {  # head_dim_bench PREFIX SECONDS SYSTEMS MODES DIM...: (16, 4K), (8, 8K), (16, 32K) at each head
-    # dim, one process (step PREFIX<dim>) each
+head_dim_bench() {  # head_dim_bench PREFIX SECONDS SYSTEMS MODES DIM...: $SHAPES (default (16, 4K), (8, 8K),
+    # (16, 32K)) at each head dim, one process (step PREFIX<dim>) each
     local prefix=$1 limit=$2 systems=$3 modes=$4; shift 4
     mkdir -p "$OUT/bench"
     for d in "$@"; do
-        step $prefix$d $limit python3 -m dualkv bench kernel --head-dim $d --shapes 16:4096,8:8192,16:32768 \
+        step $prefix$d $limit python3 -m dualkv bench kernel --head-dim $d --shapes ${SHAPES:-16:4096,8:8192,16:32768} \
             --systems $systems --mode $modes --out "$OUT/bench"
     done
 }
@@ -369,20 +369,14 @@ widefloor)
     # cuDNN cascade, one process per head dim
     TAIL=3 step pytest_wide 240 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cascade.py \
         proofs_tests/test_hybrid_path.py -k "d192 or d256 or wide_heads"
-    mkdir -p "$OUT/bench"
-    for d in 256 192; do
-        TAIL=14 step widefloor$d 200 python3 -m dualkv bench kernel --head-dim $d --shapes 8:8192,16:16384 \
-            --systems dualkv,dualkv_atomic,dualkv_hybrid,cudnn_cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
-    done
+    SHAPES=8:8192,16:16384 TAIL=14 head_dim_bench widefloor 200 dualkv,dualkv_atomic,dualkv_hybrid,cudnn_cascade \
+        fwd,bwd,fwdbwd 256 192
     ;;
 wide)
     # #12 item 4 / dispatch floor: head dims 192 and 256 on Hopper (forward warp-specialised, backward mma.sync)
     # against the cuDNN and FA2 cascades, deterministic default and deterministic=False, one process per head dim
-    mkdir -p "$OUT/bench"
-    for d in 256 192; do
-        TAIL=14 step wide$d 280 python3 -m dualkv bench kernel --head-dim $d --shapes 8:8192,16:16384 \
-            --systems dualkv,dualkv_atomic,cudnn_cascade,cascade --mode fwd,bwd,fwdbwd --out "$OUT/bench"
-    done
+    SHAPES=8:8192,16:16384 TAIL=14 head_dim_bench wide 280 dualkv,dualkv_atomic,cudnn_cascade,cascade fwd,bwd,fwdbwd \
+        256 192
     ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
@@ -390,6 +384,7 @@ host)
     ;;
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
-        "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson, host, wide, widefloor, final13)"
+        "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
+        "host, wide, widefloor, final13)"
    exit 2 ;;
 esac

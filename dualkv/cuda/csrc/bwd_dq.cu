@@ -44,11 +44,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq(DKV_DQ_PARA
     // next dP. (With S first and K[it + 1] issued after the dQ product, then waited on at once, 10% of this kernel's
     // warp-stall samples sat at that wait; dP first made the mma.sync backward 1.4-1.7% faster on H100:
     // checks/ncu-mma-bwd-source-h100-20261127T1341Z.json, mma-dqorder-h100-20261127T1349Z.json.)
-    if constexpr (kKvStages == 2) {
-        // Two buffers: block it + 1 loads into the other buffer while block it is used, so one barrier per block
-        // (block it's copies landed, and every warp is done with block it - 1, whose buffer the copies reuse).
-        for (int it = 0; it < t.n_iter; ++it) {
-            const int off = (it % 2) * kBlockN * kRowStride;
+    // With two buffers (kKvStages == 2) block it + 1 loads into the other buffer while block it is used: one barrier
+    // per block (block it's copies landed, and every warp is done with block it - 1, whose buffer they reuse).
+    for (int it = 0; it < t.n_iter; ++it) {
+        const int off = kKvStages == 2 ? (it % 2) * kBlockN * kRowStride : 0;  // this block's K/V buffer
+        if constexpr (kKvStages == 2) {
             cp_async_wait<0>();
             __syncthreads();
             if (it + 1 < t.n_iter) {
@@ -57,31 +57,19 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq(DKV_DQ_PARA
                 load_key_block(sK + nxt, t, it + 1, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
             }
             cp_async_commit();
-            float acc_dp[kMSlabs][kBlockN / 8][4];
-            gemm_rows_rows<kMSlabs, kBlockN>(acc_dp, sdO, sV + off, warp_row0, lrow, lmat);  // dP = dO V^T
-            bool is_own;
-            const int k0 = block_start(t, it, is_own);
-            const int count = block_count(t, is_own, k0);
-            const int key_base = block_key_base(t, is_own, k0);
-            float acc_s[kMSlabs][kBlockN / 8][4];
-            gemm_rows_rows<kMSlabs, kBlockN>(acc_s, sQ, sK + off, warp_row0, lrow, lmat);  // S = Q K^T
-            probs_rows(acc_s, row_lse, t, is_own, count, key_base, window_left, warp_row0, g, t4, scale_log2);  // P
-            dscores_rows(acc_dp, acc_s, row_delta);  // dS
-            unsigned ds_frag[kMSlabs][kBlockN / 16][4];
-            to_a_frag<kMSlabs, kBlockN>(ds_frag, acc_dp);
-            gemm_frag_rows<kMSlabs, kBlockN, kOutCols>(acc_dq, ds_frag, sK + off, col0, lrow, lmat);  // dQ += dS K
+        } else {
+            cp_async_wait<1>();
+            __syncthreads();  // V[it] (and Q, dO) landed
         }
-    }
-    for (int it = 0; kKvStages == 1 && it < t.n_iter; ++it) {
-        cp_async_wait<1>();
-        __syncthreads();  // V[it] (and Q, dO) landed
         float acc_dp[kMSlabs][kBlockN / 8][4];
-        gemm_rows_rows<kMSlabs, kBlockN>(acc_dp, sdO, sV, warp_row0, lrow, lmat);  // dP = dO V^T
+        gemm_rows_rows<kMSlabs, kBlockN>(acc_dp, sdO, sV + off, warp_row0, lrow, lmat);  // dP = dO V^T
 
-        cp_async_wait<0>();
-        __syncthreads();  // K[it] landed; every warp is done with V[it]
-        if (it + 1 < t.n_iter) load_key_block(sV, t, it + 1, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q);
-        cp_async_commit();
+        if constexpr (kKvStages == 1) {
+            cp_async_wait<0>();
+            __syncthreads();  // K[it] landed; every warp is done with V[it]
+            if (it + 1 < t.n_iter) load_key_block(sV, t, it + 1, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q);
+            cp_async_commit();
+        }
 
         bool is_own;
         const int k0 = block_start(t, it, is_own);
@@ -89,16 +77,18 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq(DKV_DQ_PARA
         const int key_base = block_key_base(t, is_own, k0);
 
         float acc_s[kMSlabs][kBlockN / 8][4];
-        gemm_rows_rows<kMSlabs, kBlockN>(acc_s, sQ, sK, warp_row0, lrow, lmat);  // S = Q K^T
+        gemm_rows_rows<kMSlabs, kBlockN>(acc_s, sQ, sK + off, warp_row0, lrow, lmat);  // S = Q K^T
         probs_rows(acc_s, row_lse, t, is_own, count, key_base, window_left, warp_row0, g, t4, scale_log2);  // P
         dscores_rows(acc_dp, acc_s, row_delta);  // dS
         unsigned ds_frag[kMSlabs][kBlockN / 16][4];
         to_a_frag<kMSlabs, kBlockN>(ds_frag, acc_dp);
-        gemm_frag_rows<kMSlabs, kBlockN, kOutCols>(acc_dq, ds_frag, sK, col0, lrow, lmat);  // dQ += dS K
+        gemm_frag_rows<kMSlabs, kBlockN, kOutCols>(acc_dq, ds_frag, sK + off, col0, lrow, lmat);  // dQ += dS K
 
-        __syncthreads();  // every warp is done with K[it] before it is overwritten
-        if (it + 1 < t.n_iter) load_key_block(sK, t, it + 1, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
-        cp_async_commit();
+        if constexpr (kKvStages == 1) {
+            __syncthreads();  // every warp is done with K[it] before it is overwritten
+            if (it + 1 < t.n_iter) load_key_block(sK, t, it + 1, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
+            cp_async_commit();
+        }
     }
 
     float scale_rows[kMSlabs][2];
