@@ -40,10 +40,10 @@ def test_mma_backward_on_hopper_too(case, head_dim):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("case", [c for c in _sweep() if c.window == (-1, -1)][::2], ids=lambda c: c.name)
 def test_ws_backward_family(case, head_dim, dtype, launched_specs):
-    """The one-kernel warp-specialised backward (the sm_90 default at d = 64, 96 and 128 without a window) meets the
+    """The one-kernel warp-specialised backward (the sm_90 default at d = 64 to 256 without a window) meets the
     bounds, and the launch record shows it ran; the first wgmma backward (kernel_family("wgmma_v1")) stays correct
     beside it."""
     from dataclasses import replace
@@ -59,7 +59,7 @@ def test_ws_backward_family(case, head_dim, dtype, launched_specs):
         assert_rows_pass(shared_prefix_check(replace(case, head_dim=head_dim), dtype=dtype, device="cuda"))
 
 
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 def test_ws_backward_is_bitwise_deterministic(head_dim):
     from dualkv.cuda.runtime import arch_of
 

@@ -53,12 +53,15 @@ def _schedule(layout: PrefixTreeLayout, root_first: bool = False, node_major: bo
 
 
 def test_block_size_matches_the_kernels():
-    from dualkv.cuda.configs import DKDV_TILES, SM90_WS_BWD_TILES
+    from dualkv.cuda.configs import DKDV_TILES, SM90_WS_BWD_TILES, WS_WIDE_HEAD_DIMS
 
     # the tree plan's key tiles (dK/dV tiles) are the WS kernel's tiles, and A counts blocks of that size
-    for d, tile in SM90_WS_BWD_TILES.items():  # the kernel hard-codes 128-key tiles and 64-query steps
-        assert BLOCK_KEYS == RANK_BLOCK_KEYS == tile.block_keys == DKDV_TILES[d].block_keys, d
+    for d, tile in SM90_WS_BWD_TILES.items():  # 128-key tiles (64 at the wide head dims) and 64-query steps
+        assert tile.block_keys == DKDV_TILES[d].block_keys, d  # the plan's key tiles are the dK/dV kernel's
+        if d not in WS_WIDE_HEAD_DIMS:  # the only builds with a tree mode
+            assert BLOCK_KEYS == RANK_BLOCK_KEYS == tile.block_keys, d
         assert STEP == tile.block_m, d
+    assert {d: SM90_WS_BWD_TILES[d].block_keys for d in WS_WIDE_HEAD_DIMS} == {192: 64, 256: 64}
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -306,6 +309,10 @@ def test_ws_backward_serves_trees_where_it_serves_group_layouts():
     assert ws_backward_for(128, "sm_90", False, True, tree=True)
     assert ws_backward_for(64, "sm_90", False, True, tree=True) and ws_backward_for(96, "sm_90", False, True, tree=True)
     assert not ws_backward_for(32, "sm_90", False, True, tree=True)   # no WS backward at head dim 32
+    for d in (192, 256):  # the wide build (64-key CTAs) has no tree mode: trees run the two-kernel backward there
+        assert ws_backward_for(d, "sm_90", False, True) and not ws_backward_for(d, "sm_90", False, True, tree=True)
+        with pytest.raises(ValueError, match="no prefix-tree build"):
+            ws_bwd_spec(d, torch.bfloat16, tree=True)
     assert not ws_backward_for(128, "sm_80", False, True, tree=True)
     with kernel_family("wgmma_v1"):  # the way to run the two-kernel wgmma backward on a tree, for comparison
         assert not ws_backward_for(128, "sm_90", False, True, tree=True)

@@ -166,7 +166,14 @@ SM90_WS_BWD_TILES: dict[int, KeyTileConfig] = {
     64: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
     96: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
     128: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
+    # wide heads (csrc/bwd_sm90_ws_wide.cuh): 64-key CTAs (dsplit 2: the consumer warpgroups share the keys, one
+    # accumulating dV, the other dK); at 256 one Q/dO stage (two would need 280 KB of shared memory)
+    192: KeyTileConfig(block_m=64, warps=8, dsplit=2, stages=2, producer_warps=4),
+    256: KeyTileConfig(block_m=64, warps=8, dsplit=2, stages=1, producer_warps=4),
 }
+#: Head dims of the warp-specialised backward's wide build (64-key CTAs): no prefix-tree build (the tree ranks count
+#: blocks of RANK_BLOCK_KEYS = 128 keys).
+WS_WIDE_HEAD_DIMS = (192, 256)
 
 #: Hopper dQ kernel (wgmma, sm_90a): two warpgroups of 64 query rows, 64-key blocks, double-buffered K/V.
 SM90_DQ_TILES: dict[int, TileConfig] = {
@@ -491,7 +498,8 @@ def ws_backward_for(head_dim: int, arch: str, window: bool, causal: bool = True,
     """Whether the fused warp-specialised backward (dK, dV and dQ in one kernel; causal, no window) serves this
     call: the same rule for prefix trees (``tree``: its DKV_TREE=1 build) as for the two-level layouts. The
     ``wgmma_v1`` family (:class:`kernel_family`) keeps the two-kernel wgmma dQ + dK/dV backward, for comparison."""
-    return causal and not window and _use_sm90("bwd_sm90_ws", head_dim, arch)
+    return (causal and not window and _use_sm90("bwd_sm90_ws", head_dim, arch)
+            and not (tree and head_dim in WS_WIDE_HEAD_DIMS))
 
 
 def dq_kernel_for(head_dim: int, arch: str) -> str:
@@ -544,6 +552,8 @@ class KernelSpec:
                           or self.window or not self.causal):
             raise ValueError(f"prefix-tree specializations exist for the kernels {TREE_KERNELS}, causal, "
                              f"without a window (got {self.kernel}, window={self.window}, causal={self.causal})")
+        if self.tree and self.kernel == "bwd_sm90_ws" and self.head_dim in WS_WIDE_HEAD_DIMS:
+            raise ValueError(f"the warp-specialised backward has no prefix-tree build at head dims {WS_WIDE_HEAD_DIMS}")
         if self.kernel in SM90_KERNELS and (self.arch != "sm_90a" or self.head_dim not in SM90_KERNELS[self.kernel]):
             raise ValueError(f"{self.kernel} is built for sm_90a at head dims {SM90_KERNELS[self.kernel]}")
         if self.root_first and not (self.kernel == "bwd_sm90_ws" or self.dq_ordered):
@@ -600,9 +610,10 @@ class KernelSpec:
         if self.kernel == "bwd_sm90_ws":  # K, V (and K transposed: WS_TRANSPOSED_K_HEAD_DIMS); Q/dO/LSE/D/step-record
             # stages; dS; fp32 dQ rows; mbarriers
             key_tiles = 3 if self.head_dim in WS_TRANSPOSED_K_HEAD_DIMS else 2
+            ds_tiles = 3 if t.dsplit == 2 else 3 - t.dq_buffers  # wide (dsplit 2): P^T, dS^T and dS
             return (key_tiles * t.block_keys * self.tile_head_dim * 2
                     + 2 * t.stages * t.block_m * self.tile_head_dim * 2
-                    + (3 - t.dq_buffers) * t.block_m * t.block_keys * 2
+                    + ds_tiles * t.block_m * t.block_keys * 2
                     + t.dq_buffers * t.block_m * self.head_dim * 4
                     + 2 * t.stages * t.block_m * 4 + 16 * t.stages + 8 * (1 + 2 * t.stages + 2 * t.dq_buffers)
                     + 1024)
@@ -766,7 +777,7 @@ def all_specs(arch: str) -> list[KernelSpec]:
                                             causal=causal, tree=tree))
         if tree:  # of the key-side kernels the warp-specialised backward and the ordered dQ mode have tree builds
             # (in this process's tree dQ order, TREE_DQ_ORDER)
-            if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES:
+            if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES and head_dim not in WS_WIDE_HEAD_DIMS:
                 specs.append(ws_bwd_spec(head_dim, dtype, tree=True, root_first=TREE_DQ_ROOT_FIRST))
             if head_dim in ORDERED_HEAD_DIMS:
                 specs.append(dkdv_spec(head_dim, dtype, False, arch, dq_ordered=True, tree=True,

@@ -40,6 +40,7 @@
 #   bash experiments/gpu/run_pending.sh floortests # GPU tests of deterministic=False, the cascade, the hybrid, d=96
 #   bash experiments/gpu/run_pending.sh floorjson  # head dims 96 / 64: default, deterministic=False, hybrid, cascade
 #   bash experiments/gpu/run_pending.sh ws96       # the same at head dim 96 (128-column tiles), and dualkv verify
+#   bash experiments/gpu/run_pending.sh wswide     # #12: the WS backward at head dims 192 / 256: tests, vs cuDNN
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
 #                                               # of the warp-specialised backward on workload a, default vs NOSEM)
@@ -378,6 +379,14 @@ wide)
     SHAPES=8:8192,16:16384 TAIL=14 head_dim_bench wide 280 dualkv,dualkv_atomic,cudnn_cascade,cascade fwd,bwd,fwdbwd \
         256 192
     ;;
+wswide)
+    # #12 item 4: the warp-specialised backward at head dims 192 / 256 (64-key CTAs, bwd_sm90_ws_wide.cuh): its GPU
+    # tests at every head dim (bitwise determinism too), then the deterministic default (now that kernel) against
+    # deterministic=False (the hybrid) and the cuDNN cascade, one process per head dim
+    TAIL=4 step pytest_wswide 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+        -k "ws_backward"
+    SHAPES=8:8192,16:16384 TAIL=14 head_dim_bench wswide 150 dualkv,dualkv_hybrid,cudnn_cascade fwd,bwd,fwdbwd 256 192
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -385,6 +394,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13)"
+        "host, wide, widefloor, final13, wswide)"
    exit 2 ;;
 esac

@@ -60,7 +60,10 @@ namespace {
 #endif
 
 constexpr int kStep = DKV_BLOCK_M;  // queries per step
-constexpr int kBlockKeys = 128;
+// DKV_WIDE (head dims 192, 256; tiles of dsplit 2): CTAs of 64 keys whose two consumer warpgroups split dV and dK
+// (bwd_sm90_ws_wide.cuh); otherwise 128 keys, 64 per consumer warpgroup.
+#define DKV_WIDE (DKV_DSPLIT == 2)
+constexpr int kBlockKeys = DKV_WIDE ? 64 : 128;
 constexpr int kStages = DKV_STAGES;
 constexpr int kConsumerThreads = 256;
 // Tiles and accumulators have kHeadDimAcc columns (head dim 96: 128, as in the wgmma_v1 kernels, sm90.cuh); the TMA
@@ -79,11 +82,13 @@ __device__ __forceinline__ int dq_chunk(int chunk, int token) { return chunk ^ (
 // dQ hand-off buffers: with 2 the consumers write step i + 1's dQ while the dQ warp still adds step i's; the smem
 // for the second comes from dS, then single-buffered (one more consumer barrier per step).
 constexpr int kDqBuffers = DKV_DQ_BUFFERS;
-constexpr int kDsBuffers = 3 - kDqBuffers;
+constexpr int kDsBuffers = DKV_WIDE ? 3 : 3 - kDqBuffers;  // wide: P^T, dS^T and dS
 static_assert(kDqBuffers == 1 || kDqBuffers == 2, "one or two dQ buffers");
-static_assert(kWarps == 8 && DKV_DSPLIT == 1 && kStep == 64 && !kWindow &&
-                  (kHeadDim == 128 || kHeadDim == 64 || (kHeadDim == 96 && kHeadDimAcc == 128)),
-              "two consumer warpgroups of 64 keys, 64-query steps, head dim 64, 96 (tiles of 128) or 128, no window");
+static_assert(kWarps == 8 && kStep == 64 && !kWindow &&
+                  ((DKV_DSPLIT == 1 && (kHeadDim == 128 || kHeadDim == 64 || (kHeadDim == 96 && kHeadDimAcc == 128))) ||
+                   (DKV_WIDE && (kHeadDim == 192 || kHeadDim == 256) && kHeadDimAcc == kHeadDim && kDqBuffers == 1)),
+              "two consumer warpgroups of 64 keys (head dim 64, 96 with tiles of 128, 128) or sharing 64 keys (192, "
+              "256, one dQ buffer), 64-query steps, no window");
 // dQ_step = dS K: each consumer warpgroup computes half the head dim's columns, kDqCols from column wg * kDqCols.
 // Head dim 128: B is K's 64-column atom wg, N-major. Head dim 64: half an atom (N = 32) is narrower than the N-major
 // 128-byte swizzle's 64 columns, so each CTA first copies K transposed (head dim x keys, K-major over keys, two
@@ -241,6 +246,8 @@ __device__ __forceinline__ StepInfo step_info(const WsWalk& w, const StepCursor&
 
 }  // namespace
 
+#include "bwd_sm90_ws_wide.cuh"
+
 extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_bwd_sm90_ws(
     const __grid_constant__ TmaDesc tm_q, const __grid_constant__ TmaDesc tm_do, const __grid_constant__ TmaDesc tm_kd,
     const __grid_constant__ TmaDesc tm_vd, const __grid_constant__ TmaDesc tm_kc, const __grid_constant__ TmaDesc tm_vc,
@@ -389,6 +396,26 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     const int cw = ct / 32;                                  // consumer warp 0..7
     const int wg = __shfl_sync(0xffffffff, cw / 4, 0);      // its warpgroup (64 keys each)
     const int g = lane / 4, t4 = lane % 4;
+#if DKV_WIDE
+    {
+        float acc[kHeadDimAcc / 8][4];  // warpgroup 0: dV; warpgroup 1: dK (unscaled)
+        zero_acc(acc);
+        mbar_wait(bar_kv, 0);
+        wide_consumer_loop(acc, walk_steps(w), w.count, wg, cw, lane, base, sk, sv, sq0, sdo0, sds0, sdq0, s_lse,
+                           s_delta, s_info, bar_full, bar_empty, bar_dq_full, bar_dq_empty, scale_log2);
+        named_sync(kBarConsumers, kConsumerThreads);  // K and V are no longer read: dK into K's tile, dV into V's
+        const float acc_scale = wg ? scale : 1.f;
+        unsigned char* tile = base + (wg ? 0 : kKeyBytes);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int r = (cw % 4) * 16 + g + 8 * hh;
+#pragma unroll
+            for (int nt = 0; nt < kHeadDim / 8; ++nt)
+                *reinterpret_cast<unsigned*>(tile + swizzled_offset<kBlockKeys>(r, nt) + t4 * 4) =
+                    pack2(acc[nt][2 * hh] * acc_scale, acc[nt][2 * hh + 1] * acc_scale);
+        }
+    }
+#else
     const int wkey0 = wg * 64 + (cw % 4) * 16;              // this warp's first key in the block
     const unsigned long long k_desc = kmajor_tile(sk, wg * 64), v_desc = kmajor_tile(sv, wg * 64);
 #if DKV_DQ_FROM_KT
@@ -536,6 +563,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             *reinterpret_cast<unsigned*>(base + kKeyBytes + off) = pack2(acc_dv[nt][2 * hh], acc_dv[nt][2 * hh + 1]);
         }
     }
+#endif
     named_sync(kBarConsumers, kConsumerThreads);
     int token0_again;  // the walk again (cheap): keeping it live across the loop cost registers
     const WsWalk we = make_ws_walk(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size, token0_again);

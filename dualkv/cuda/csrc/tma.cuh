@@ -91,6 +91,13 @@ __device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, const unsigned 
                  : "memory");
 }
 
+// The same without the transpose: matrix j's 8 rows as the fragments hold them (lanes 8j .. 8j + 7: their addresses).
+__device__ __forceinline__ void stmatrix_x4(unsigned addr, const unsigned (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+                 "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
 // ---- Named barriers (id 0 is __syncthreads): sync waits for `count` threads; arrive signals without waiting.
 __device__ __forceinline__ void named_sync(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
