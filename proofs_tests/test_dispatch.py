@@ -155,44 +155,6 @@ def test_dualkv_deterministic_sets_the_default_mode(monkeypatch):
                 resolve_deterministic(arg)
 
 
-def test_a_slow_deterministic_default_warns_once(monkeypatch):
-    """Where the deterministic backward is far slower than the path deterministic=False takes (Hopper, head dims 192
-    and 256), a call to be differentiated that left the mode to the default warns once, naming the setting; a chosen
-    mode, the variable set, torch's deterministic switch, no gradient, a window, DUALKV_PATH=fused, other archs and
-    head dims (a padded 200 included) stay silent."""
-    from dualkv.cuda.api import _warn_slow_default
-
-    monkeypatch.delenv("DUALKV_DETERMINISTIC", raising=False)
-    monkeypatch.delenv("DUALKV_PATH", raising=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        _warn_slow_default("sm_90", 256, False, True, True)
-        _warn_slow_default("sm_90", 256, False, False, True)
-        _warn_slow_default("sm_90", 256, False, None, False)   # no backward will run
-        _warn_slow_default("sm_90", 256, True, None, True)     # a window: deterministic=False changes nothing
-        _warn_slow_default("sm_90", 200, False, None, True)    # padded to 256: no cascade path either
-        _warn_slow_default("sm_90", 128, False, None, True)
-        _warn_slow_default("sm_80", 256, False, None, True)
-        monkeypatch.setenv("DUALKV_PATH", "fused")
-        _warn_slow_default("sm_90", 256, False, None, True)
-        monkeypatch.delenv("DUALKV_PATH")
-        monkeypatch.setenv("DUALKV_DETERMINISTIC", "1")
-        _warn_slow_default("sm_90", 256, False, None, True)
-        monkeypatch.delenv("DUALKV_DETERMINISTIC")
-        before = torch.are_deterministic_algorithms_enabled()
-        try:
-            torch.use_deterministic_algorithms(True)
-            _warn_slow_default("sm_90", 256, False, None, True)
-        finally:
-            torch.use_deterministic_algorithms(before)
-    for d in (256, 192):
-        with pytest.warns(_warnings.DualKVWarning, match=f"head dim {d} on sm_90 .*DUALKV_DETERMINISTIC=0"):
-            _warn_slow_default("sm_90", d, False, None, True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        _warn_slow_default("sm_90", 256, False, None, True)   # once
-
-
 def test_kernel_family_as_a_plain_call_and_as_a_context_manager():
     assert configs.current_kernel_family() == "auto"
     try:

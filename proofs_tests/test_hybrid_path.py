@@ -171,16 +171,33 @@ def test_hybrid_refuses_an_lse_gradient(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_wide_heads_route_deterministic_false_to_the_hybrid(monkeypatch):
-    """Hopper, head dim 256: deterministic=False runs the hybrid (cuDNN's backward; the deterministic one there is
-    mma.sync, 2.0-2.4x slower), the default stays deterministic and says once how to change it."""
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_wide_heads_stay_on_the_fused_kernels(head_dim, monkeypatch, launched_specs):
+    """Hopper, head dims 192 and 256: the warp-specialised backward (deterministic) is as fast as cuDNN's or faster,
+    so the default and deterministic=False both run the fused kernels (no hybrid), and the default says nothing."""
+    import warnings
+
     from dualkv import _warnings
     from dualkv.cuda.runtime import arch_of
 
     if arch_of(torch.cuda.current_device()) != "sm_90":
-        pytest.skip("the head-dim-256 routing is Hopper's")
+        pytest.skip("the wide head dims' warp-specialised backward is Hopper's")
     for name in ("DUALKV_PATH", "DUALKV_DETERMINISTIC"):
         monkeypatch.delenv(name, raising=False)
+    _warnings.reset()
+    layout = GroupLayout.single(70, [33, 5])
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(layout.total_tokens, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen,
+                           requires_grad=True) for h in (4, 2, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", _warnings.DualKVWarning)
+        out = dualkv.shared_prefix_attention(q, k, v, layout)
+        out.sum().backward()
+    out = dualkv.shared_prefix_attention(q, k, v, layout, deterministic=False)
+    assert "FusedForwardCascade" not in type(out.grad_fn).__name__
+    out.sum().backward()
+    ws = [s for s in launched_specs if s.kernel == "bwd_sm90_ws"]
+    assert len(ws) == 2 and {s.head_dim for s in ws} == {head_dim}, launched_specs
     _warnings.reset()
     layout = GroupLayout.single(70, [33, 5])
     gen = torch.Generator(device="cuda").manual_seed(0)

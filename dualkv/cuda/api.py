@@ -30,7 +30,7 @@ from .._warnings import warn_once
 from ..layout import GroupLayout
 from ..tree import PrefixTreeLayout
 from .call2 import gather_inputs, map_call2, scatter_outputs
-from .configs import (ATOMIC_HEAD_DIMS, DTYPES, SLOW_DETERMINISTIC_BACKWARD, WINDOW_HEAD_DIMS, attention_path,
+from .configs import (ATOMIC_HEAD_DIMS, DTYPES, WINDOW_HEAD_DIMS, attention_path,
                       forward_kernel_for, kernel_head_dim)
 from . import launch
 from .launch import Plan, make_plan, make_tree_plan
@@ -90,21 +90,6 @@ def resolve_deterministic(deterministic: bool | None, head_dim: int | None = Non
                   f"the cuDNN cascade's backward, dualkv.cuda.configs.CASCADE_FASTER); the deterministic backward runs",
                   stacklevel=5)
     return deterministic
-
-
-def _warn_slow_default(arch: str, head_dim: int, window: bool, deterministic: bool | None,
-                       needs_grad: bool) -> None:
-    """Once: a call that will be differentiated left the mode to the default, which is deterministic, and on this arch
-    and head dim (the caller's, not padded) the deterministic backward is far slower than the path that
-    ``deterministic=False`` would take (:data:`SLOW_DETERMINISTIC_BACKWARD`; not with a window or a path override)."""
-    if (needs_grad and deterministic is None and (arch, head_dim) in SLOW_DETERMINISTIC_BACKWARD
-            and not os.environ.get("DUALKV_DETERMINISTIC") and not torch.are_deterministic_algorithms_enabled()
-            and attention_path(arch, head_dim, window, False) != "fused"):
-        warn_once(f"dualkv: at head dim {head_dim} on {arch} the deterministic backward (the default) runs the "
-                  f"mma.sync kernels, {SLOW_DETERMINISTIC_BACKWARD[arch, head_dim]}x or more slower than cuDNN's "
-                  f"backward (measured on an H100). DUALKV_DETERMINISTIC=0 (or deterministic=False) runs dualkv's "
-                  f"forward with the cuDNN cascade's backward: exact, not bitwise reproducible run to run. "
-                  f"DUALKV_DETERMINISTIC=1 keeps the deterministic backward without this warning.", stacklevel=4)
 
 
 def _run(q, k_ctx, v_ctx, k_own, v_own, plan: Plan, scale: float, window_left: int, deterministic: bool | None):
@@ -254,9 +239,6 @@ def shared_prefix_attention(q, k, v, layout: GroupLayout | PrefixTreeLayout, sof
     padded = _kernel_head_dim(q, d, True, window)
     arch = arch_of(device_index(q.device))
     path = attention_path(arch, d, window[0] >= 0, resolve_deterministic(deterministic))
-    if path == "fused":
-        _warn_slow_default(arch, d, window[0] >= 0, deterministic,
-                           torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
     if path == "cascade":
         from ..cascade import shared_prefix_attention as cascade
 

@@ -88,7 +88,8 @@ class KeyTileConfig:
     dsplit: int = 1
     stages: int = 2
     producer_warps: int = 0  # warp-specialised kernels: a producer warpgroup beside the consumer warps
-    dq_buffers: int = 1      # warp-specialised backward: dQ hand-off buffers (2: dS single-buffered)
+    dq_buffers: int = 1      # warp-specialised backward: dQ hand-off buffers (2: dS single-buffered; 0, the wide
+                             # build: dQ_step in the step's Q/dO stage)
 
     @property
     def block_keys(self) -> int:
@@ -167,9 +168,10 @@ SM90_WS_BWD_TILES: dict[int, KeyTileConfig] = {
     96: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
     128: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
     # wide heads (csrc/bwd_sm90_ws_wide.cuh): 64-key CTAs (dsplit 2: the consumer warpgroups share the keys, one
-    # accumulating dV, the other dK); at 256 one Q/dO stage (two would need 280 KB of shared memory)
-    192: KeyTileConfig(block_m=64, warps=8, dsplit=2, stages=2, producer_warps=4),
-    256: KeyTileConfig(block_m=64, warps=8, dsplit=2, stages=1, producer_warps=4),
+    # accumulating dV, the other dK); dq_buffers 0: each step's dQ_step overwrites its own Q/dO stage (at 256 a
+    # separate buffer would leave room for one stage only)
+    192: KeyTileConfig(block_m=64, warps=8, dsplit=2, stages=3, producer_warps=4, dq_buffers=0),
+    256: KeyTileConfig(block_m=64, warps=8, dsplit=2, stages=2, producer_warps=4, dq_buffers=0),
 }
 #: Head dims of the warp-specialised backward's wide build (64-key CTAs): no prefix-tree build (the tree ranks count
 #: blocks of RANK_BLOCK_KEYS = 128 keys).
@@ -420,22 +422,15 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
 #:   as fast as the hybrid or faster, deterministic, with the lower peak memory. At f13e26b, fused / hybrid / cuDNN
 #:   cascade: 19.7 / 19.6 / 21.6, 19.5 / 19.6 / 20.7, 159.5 / 166.9 / 168.2; peak 2.6 / 3.5 / 3.7 GiB at (16, 32K)
 #:   (kernel-h32-8-d96-20261127-093739.json; c51933e alike, checks/kernel-d96-h100-20261127T0926Z-c51933e.log).
-#: - head dims 192 and 256: "hybrid". The fused backward there is the mma.sync one (no warp-specialised kernel yet),
-#:   2.0-2.4x slower than the cuDNN cascade's; the fused forward is faster than cuDNN's at d = 192 and up to 10%
-#:   slower at d = 256. H100, same process, (8, 8K) and (16, 16K), fwd / bwd ms, fused kernels against the cuDNN
-#:   cascade (experiments/results/kernel-h32-8-d256-20261127-154517.json, -d192-20261127-154616.json): d = 256
-#:   11.8 / 101.5 against 11.9 / 44.7, 45.4 / 392.6 against 41.7 / 165.7; d = 192 8.1 / 80.7 against 9.1 / 39.2,
-#:   30.6 / 300.8 against 31.8 / 147.0. With the routing, at
-#:   c2a0898, fwd+bwd ms deterministic=False (the hybrid) / cuDNN cascade / deterministic default, same process:
-#:   d = 256 56.8 / 57.7 / 112.4, 210.4 / 204.3 / 428.9; d = 192 47.5 / 49.5 / 88.4, 177.9 / 178.6 / 333.1
-#:   (kernel-h32-8-d256-20261127-155144.json, -d192-20261127-155233.json; the cascade's forward is 10% faster at
-#:   d = 256, (16, 16K), the hybrid's peak memory lower at all four).
-CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 64): "hybrid", ("sm_90", 192): "hybrid",
-                  ("sm_90", 256): "hybrid"}
-#: (arch, head dim) -> how many times slower the deterministic backward measured than the non-deterministic path
-#: that :data:`CASCADE_FASTER` names (the smallest ratio of backward times in the runs above, rounded down to a
-#: tenth: 2.02 and 2.27): a call that leaves ``deterministic`` to the default warns once there (dualkv.cuda.api).
-SLOW_DETERMINISTIC_BACKWARD = {("sm_90", 192): 2.0, ("sm_90", 256): 2.2}
+#: - head dims 192 and 256: no entry since the warp-specialised backward serves them (csrc/bwd_sm90_ws_wide.cuh).
+#:   Before it, the fused backward there was the mma.sync one, 2.0-2.4x slower than the cuDNN cascade's, and these
+#:   head dims routed to the hybrid (kernel-h32-8-d256-20261127-154517.json, -d192-20261127-154616.json). H100, same
+#:   process, bwd / fwd+bwd ms at (8, 8K) and (16, 16K), fused (deterministic) against the cuDNN cascade: d = 192
+#:   fwd+bwd 41.2 / 154.8 against 49.5 / 176.5, bwd 120.7 against 141.7 at (16, 16K) (kernel-h32-8-d192-20261127-
+#:   183334.json); d = 256 fwd+bwd 56.4 / 206.2 against 58.2 / 205.4, bwd 161.6 against 161.9 (checks/wsstage3-d256-
+#:   h100-20261127T1834Z.log), the hybrid 58.1 / 209.5 in an earlier process (checks/wsstage-d256-h100-
+#:   20261127T1827Z.log). See docs/RESULTS.md for the wider table.
+CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 64): "hybrid"}
 #: Head dims above 128 that the cuDNN cascade serves on an arch (measured and GPU-tested: 192 and 256 on Hopper);
 #: up to 128 it serves every head dim, and any other is left to the fused kernels.
 CASCADE_WIDE_HEAD_DIMS = {"sm_90": (192, 256)}
@@ -615,7 +610,7 @@ class KernelSpec:
                     + 2 * t.stages * t.block_m * self.tile_head_dim * 2
                     + ds_tiles * t.block_m * t.block_keys * 2
                     + t.dq_buffers * t.block_m * self.head_dim * 4
-                    + 2 * t.stages * t.block_m * 4 + 16 * t.stages + 8 * (1 + 2 * t.stages + 2 * t.dq_buffers)
+                    + 2 * t.stages * t.block_m * 4 + 16 * t.stages + 8 * (1 + 2 * t.stages + 2 * (t.dq_buffers or t.stages))
                     + 1024)
         if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + `stages` stages of Q, dO, LSE, D; 1 KB alignment slack
             return ((2 * t.block_keys + 2 * t.stages * t.block_m) * self.tile_head_dim * 2

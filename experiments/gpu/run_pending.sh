@@ -387,6 +387,15 @@ wswide)
         -k "ws_backward"
     SHAPES=8:8192,16:16384 TAIL=14 head_dim_bench wswide 150 dualkv,dualkv_hybrid,cudnn_cascade fwd,bwd,fwdbwd 256 192
     ;;
+wsfinal2)
+    # #12 item 4, after the wide WS backward landed: its routing test, dualkv verify, then head dims 256 and 192 at
+    # three shapes: the deterministic default (fused), deterministic=False forced to the hybrid, the cuDNN cascade
+    TAIL=3 step pytest_wide 200 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_hybrid_path.py \
+        -k "wide_heads"
+    TAIL=2 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100.json"
+    SHAPES=8:8192,16:16384,16:32768 TAIL=12 head_dim_bench wsfinal 200 dualkv,dualkv_hybrid,cudnn_cascade \
+        fwd,bwd,fwdbwd 256 192
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -394,6 +403,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide)"
+        "host, wide, widefloor, final13, wswide, wsfinal2)"
    exit 2 ;;
 esac

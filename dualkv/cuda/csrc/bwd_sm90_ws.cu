@@ -81,12 +81,24 @@ static_assert(kHeadDim % 32 == 0, "dQ rows of whole groups of 8 16-byte chunks")
 __device__ __forceinline__ int dq_chunk(int chunk, int token) { return chunk ^ (token & 7); }
 // dQ hand-off buffers: with 2 the consumers write step i + 1's dQ while the dQ warp still adds step i's; the smem
 // for the second comes from dS, then single-buffered (one more consumer barrier per step).
+// 0 (wide builds): no buffer of its own; each step's dQ_step (fp32, 64 x head dim: exactly the bytes of its bf16 Q
+// and dO tiles) overwrites the step's own Q/dO stage once every product has read it, and the dQ warp frees the stage
+// for the producer once its add has read it. That smem pays for a second Q/dO stage at head dim 256.
 constexpr int kDqBuffers = DKV_DQ_BUFFERS;
+constexpr bool kDqInStage = kDqBuffers == 0;
 constexpr int kDsBuffers = DKV_WIDE ? 3 : 3 - kDqBuffers;  // wide: P^T, dS^T and dS
-static_assert(kDqBuffers == 1 || kDqBuffers == 2, "one or two dQ buffers");
+// a stage: Q then dO, adjacent when dQ_step takes their place (one bulk add reads it), else Q tiles then dO tiles
+constexpr int kStageStride = kDqInStage ? 2 * kStepBytes : kStepBytes;
+// dQ hand-off barriers (full / empty pairs): one per buffer, or with dQ_step in the stage one per stage. A single one
+// would let the consumers complete its phase twice (the stage ring, not the dQ warp, paces them) before the dQ warp,
+// still waiting on an earlier step's counter, reads the parity: it would then wait forever.
+constexpr int kDqRing = kDqInStage ? kStages : kDqBuffers;
+static_assert(kDqBuffers == 1 || kDqBuffers == 2 || (kDqInStage && DKV_WIDE),
+              "one or two dQ buffers, or (wide builds) dQ_step in the step's Q/dO stage");
+static_assert(!kDqInStage || kStep * kHeadDim * 4 == 2 * kStepBytes, "dQ_step fills exactly a Q/dO stage");
 static_assert(kWarps == 8 && kStep == 64 && !kWindow &&
                   ((DKV_DSPLIT == 1 && (kHeadDim == 128 || kHeadDim == 64 || (kHeadDim == 96 && kHeadDimAcc == 128))) ||
-                   (DKV_WIDE && (kHeadDim == 192 || kHeadDim == 256) && kHeadDimAcc == kHeadDim && kDqBuffers == 1)),
+                   (DKV_WIDE && (kHeadDim == 192 || kHeadDim == 256) && kHeadDimAcc == kHeadDim && kDqBuffers <= 1)),
               "two consumer warpgroups of 64 keys (head dim 64, 96 with tiles of 128, 128) or sharing 64 keys (192, "
               "256, one dQ buffer), 64-query steps, no window");
 // dQ_step = dS K: each consumer warpgroup computes half the head dim's columns, kDqCols from column wg * kDqCols.
@@ -105,6 +117,7 @@ constexpr int kBarConsumers = 1;
 #ifndef DKV_DBG_NODQ
 #define DKV_DBG_NODQ 0
 #endif
+static_assert(!(kDqInStage && DKV_DBG_NODQ), "with dQ_step in the stage the dQ warp frees the stages");
 #ifndef DKV_DBG_NORED  // 1: the dQ warp keeps its counters but adds nothing (wrong dQ: times the reduce-adds)
 #define DKV_DBG_NORED 0
 #endif
@@ -261,9 +274,9 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     unsigned char* base = align_1024(smem_raw);
     const unsigned sk = smem_addr(base), sv = sk + kKeyBytes;
     const unsigned skt = sv + kKeyBytes;                    // K transposed (head dim 64 only: kKtBytes)
-    const unsigned sq0 = skt + kKtBytes;                    // Q stage s at sq0 + s * kStepBytes
-    const unsigned sdo0 = sq0 + kStages * kStepBytes;       // dO stage s
-    const unsigned sds0 = sdo0 + kStages * kStepBytes;      // dS (rows = queries, K-major over keys)
+    const unsigned sq0 = skt + kKtBytes;                    // Q stage s at sq0 + s * kStageStride
+    const unsigned sdo0 = sq0 + (kDqInStage ? kStepBytes : kStages * kStepBytes);  // dO stage s, + s * kStageStride
+    const unsigned sds0 = sq0 + 2 * kStages * kStepBytes;   // dS (rows = queries, K-major over keys)
     const unsigned sdq0 = sds0 + kDsBuffers * kDsBytes;     // dQ_step fp32, kHeadDim wide; buffer b at + b * kStep rows
     float* s_lse = reinterpret_cast<float*>(base + (sdq0 - sk) + kDqBuffers * kStep * kDqRowBytes);  // [kStages][kStep]
     float* s_delta = s_lse + kStages * kStep;
@@ -271,7 +284,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     int4* s_info = reinterpret_cast<int4*>(s_delta + kStages * kStep);
     const unsigned bar0 = smem_addr(s_info + kStages);
     const unsigned bar_kv = bar0, bar_full = bar0 + 8, bar_empty = bar0 + 8 + 8 * kStages;
-    const unsigned bar_dq_full = bar0 + 8 + 16 * kStages, bar_dq_empty = bar_dq_full + 8 * kDqBuffers;
+    const unsigned bar_dq_full = bar0 + 8 + 16 * kStages, bar_dq_empty = bar_dq_full + 8 * kDqRing;
 
     int key_token0;
     const int kv_head = DKV_CTA_HEAD(kv_heads);
@@ -282,9 +295,9 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         mbar_init(bar_kv, 1);
         for (int s = 0; s < kStages; ++s) {
             mbar_init(bar_full + 8 * s, 2);       // the TMA thread (with its bytes) and the LSE/D warp
-            mbar_init(bar_empty + 8 * s, kWarps);  // lane 0 of every consumer warp
+            mbar_init(bar_empty + 8 * s, kDqInStage ? 1 : kWarps);  // the dQ warp, or every consumer warp's lane 0
         }
-        for (int b = 0; b < kDqBuffers; ++b) {
+        for (int b = 0; b < kDqRing; ++b) {
             mbar_init(bar_dq_full + 8 * b, kWarps);
             mbar_init(bar_dq_empty + 8 * b, 1);
         }
@@ -311,8 +324,9 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                 mbar_arrive_expect_tx(bar_full + 8 * s, 2 * kStepBytes);
 #pragma unroll
                 for (int a = 0; a < kAtoms; ++a) {
-                    tma_load_3d(sq0 + s * kStepBytes + a * kStep * 128, &tm_q, a * 64, si.head, si.tok0, bar_full + 8 * s);
-                    tma_load_3d(sdo0 + s * kStepBytes + a * kStep * 128, &tm_do, a * 64, si.head, si.tok0,
+                    tma_load_3d(sq0 + s * kStageStride + a * kStep * 128, &tm_q, a * 64, si.head, si.tok0,
+                                bar_full + 8 * s);
+                    tma_load_3d(sdo0 + s * kStageStride + a * kStep * 128, &tm_do, a * 64, si.head, si.tok0,
                                 bar_full + 8 * s);
                 }
             }
@@ -351,9 +365,9 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
 #else
                 int* sem = sems + si.head * (long long)n_qtiles + qtile_offset[si.seg] + c.qt;
 #endif
-                const int b = i % kDqBuffers;
-                const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
-                mbar_wait(bar_dq_full + 8 * b, (i / kDqBuffers) & 1);
+                const int b = i % kDqRing;
+                const unsigned sdq = kDqInStage ? sq0 + (i % kStages) * kStageStride : sdq0 + b * kStep * kDqRowBytes;
+                mbar_wait(bar_dq_full + 8 * b, (i / kDqRing) & 1);
                 if (lane == 0) {
                     if (!DKV_DBG_NOSEM) {
                         wait_flag(sem, si.rank);
@@ -377,7 +391,8 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                         fence_async_global();
                         if (!DKV_DBG_NOSEM) st_release(sem, si.rank + 1);
                     }
-                    mbar_arrive(bar_dq_empty + 8 * b);
+                    // the stage goes back to the producer (dQ_step in the stage), or the buffer to the consumers
+                    mbar_arrive(kDqInStage ? bar_empty + 8 * (i % kStages) : bar_dq_empty + 8 * b);
                 }
                 __syncwarp();
             }

@@ -38,7 +38,7 @@ __device__ __forceinline__ void wide_consumer_loop(float (&acc)[kHeadDimAcc / 8]
     const unsigned long long ds_desc = kmajor_tile(s_ds, 0);  // dQ's A: dS (queries x keys), K-major over the keys
     for (int i = 0; i < n_steps; ++i) {
         const int s = i % kStages;
-        const unsigned q_addr = sq0 + s * kStepBytes, do_addr = sdo0 + s * kStepBytes;
+        const unsigned q_addr = sq0 + s * kStageStride, do_addr = sdo0 + s * kStageStride;
         const float* lse = s_lse + s * kStep + wq0;
         const float* dlt = s_delta + s * kStep + wq0;
         mbar_wait(bar_full + 8 * s, (i / kStages) & 1);
@@ -117,11 +117,23 @@ __device__ __forceinline__ void wide_consumer_loop(float (&acc)[kHeadDimAcc / 8]
                 wgmma_ss_nb(acc, kmajor_desc<kBlockKeys>(role_a, kk), nmajor_desc(role_b, kk), 1);
             wgmma_commit();
         }
-        if (i >= 1) mbar_wait(bar_dq_empty, (i + 1) & 1);  // the dQ warp has read the previous step's dQ_step
+        // where dQ_step goes: this step's Q/dO stage once both warpgroups' products are done with it, or the
+        // buffer once the dQ warp has read the previous step's
+        unsigned sdq = sdq0;
+        if constexpr (kDqInStage) {
+            wgmma_wait<0>();
+            fence_regs(acc);
+            named_sync(kBarConsumers, kConsumerThreads);
+            sdq = q_addr;
+        } else if (i >= 1) {
+            mbar_wait(bar_dq_empty, (i + 1) & 1);
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            if (h == 0) wgmma_wait<2>();
-            else wgmma_wait<1>();
+            if constexpr (!kDqInStage) {
+                if (h == 0) wgmma_wait<2>();
+                else wgmma_wait<1>();
+            }
             fence_regs(acc_dq[h]);
             if (h == 1 && !second) break;
             const int atom = wg + 2 * h;
@@ -131,7 +143,7 @@ __device__ __forceinline__ void wide_consumer_loop(float (&acc)[kHeadDimAcc / 8]
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt) {
                     const int col = atom * 64 + nt * 8 + 2 * t4;  // fp32 column; chunk col / 4, offset col % 4
-                    *reinterpret_cast<float2*>(base + (sdq0 - sk) + row * kDqRowBytes +
+                    *reinterpret_cast<float2*>(base + (sdq - sk) + row * kDqRowBytes +
                                                (dq_chunk(col / 4, tok7 + row) * 4 + col % 4) * 4) =
                         make_float2(acc_dq[h][nt][2 * hh], acc_dq[h][nt][2 * hh + 1]);
                 }
@@ -139,11 +151,13 @@ __device__ __forceinline__ void wide_consumer_loop(float (&acc)[kHeadDimAcc / 8]
         }
         fence_async_smem();
         __syncwarp();
-        if (lane == 0) mbar_arrive(bar_dq_full);
-        wgmma_wait<0>();
-        fence_regs(acc);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_empty + 8 * s);  // Q, dO, LSE, D of this stage are no longer read
+        if (lane == 0) mbar_arrive(bar_dq_full + 8 * (kDqInStage ? s : 0));
+        if constexpr (!kDqInStage) {
+            wgmma_wait<0>();
+            fence_regs(acc);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(bar_empty + 8 * s);  // Q, dO, LSE, D of this stage are no longer read
+        }  // else the dQ warp frees the stage once its add has read dQ_step
     }
 }
 
