@@ -596,7 +596,7 @@ class KernelSpec:
         if self.kernel == "fwd_sm90":  # swizzled Q + two stages of K and V (whole atoms), 1 KB alignment slack
             return (t.block_m + 4 * t.block_n) * self.tile_head_dim * 2 + 1024
         if self.kernel == "fwd_sm90_ws":  # swizzled Q + `stages` stages of K and V, mbarriers, 1 KB alignment slack
-            return (t.block_m + 2 * t.stages * t.block_n) * self.tile_head_dim * 2 + 8 * (1 + 3 * t.stages) + 1024
+            return (t.block_m + 2 * t.stages * t.block_n) * self.tile_head_dim * 2 + 8 * (1 + 4 * t.stages) + 1024
         if self.kernel == "bwd_dq":
             return (2 * t.block_m + 2 * t.kv_stages * t.block_n) * row
         if self.kernel == "bwd_dq_sm90":  # swizzled Q, dO + two stages of K and V (whole atoms); 1 KB slack

@@ -396,6 +396,12 @@ wsfinal2)
     SHAPES=8:8192,16:16384,16:32768 TAIL=12 head_dim_bench wsfinal 200 dualkv,dualkv_hybrid,cudnn_cascade \
         fwd,bwd,fwdbwd 256 192
     ;;
+wide256)
+    # #12: head dim 256 after the forward's split K / V release: the deterministic default, deterministic=False forced
+    # to the hybrid and the cuDNN cascade, three shapes, one process
+    SHAPES=8:8192,16:16384,16:32768 TAIL=12 head_dim_bench wide256_ 200 dualkv,dualkv_hybrid,cudnn_cascade \
+        fwd,bwd,fwdbwd 256
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -403,6 +409,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256)"
    exit 2 ;;
 esac

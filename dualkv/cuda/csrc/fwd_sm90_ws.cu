@@ -38,8 +38,20 @@ static_assert(kPosPerTile % 8 == 0, "each packed head's rows start on a swizzle 
 constexpr int kBarTurn0 = 2;      // ping-pong: warpgroup 0's turn to issue (+1: warpgroup 1's)
 constexpr int kBarWg0 = 4;        // one consumer warpgroup (+wg)
 
+// DKV_SPLIT_RELEASE (the default with two stages, head dim 256): a stage's K and V slots are freed separately, K once
+// S = Q K^T of its block has completed, V once P V has (an iteration later), so the producer refills the K slot an
+// iteration earlier. Freed together after P V, two stages left the next K block only the softmax to arrive in: H100,
+// head dim 256, forward ms at (8, 8K), (16, 16K), (16, 32K) 9.9 / 36.7 / 84.2 against 11.7 / 45.0 / 103.1 (own
+// processes, twice each; experiments/results/checks/fwd-split-release-h100-20261127T1846Z.log). With three stages
+// (head dims 64 to 192) it measured the same (128: 8.9 / 44.7 against 8.6 / 44.6 ms at (28, 4K), (16, 32K); 192:
+// 13.7 / 70.0 against 13.9 / 69.8), so those builds keep the joint release.
+#ifndef DKV_SPLIT_RELEASE
+#define DKV_SPLIT_RELEASE (DKV_STAGES < 3)
+#endif
+constexpr bool kSplitRelease = DKV_SPLIT_RELEASE != 0;
+
 struct Barriers {
-    unsigned q, full_k, full_v, empty;  // shared addresses; stage s at +8 s
+    unsigned q, full_k, full_v, empty, empty_v;  // shared addresses; stage s at +8 s (empty: K's, or the stage's)
 };
 
 __device__ __forceinline__ void issue_qk(float (&acc_s)[kBlockN / 8][4], unsigned long long q_desc, unsigned k_addr) {
@@ -69,7 +81,7 @@ __device__ __forceinline__ void produce(const QTile& t, const Barriers& bar, uns
             tma_load_3d(sq + a * kBlockM * 128 + h * kPosPerTile * 128, tm_q, a * 64, t.head0 + h, q_tok, bar.q);
     for (int it = 0; it < t.n_iter; ++it) {
         const int s = it % kStages;
-        if (it >= kStages) mbar_wait(bar.empty + 8 * s, ((it / kStages) + 1) & 1);
+        if (it >= kStages) mbar_wait(bar.empty + 8 * s, ((it / kStages) + 1) & 1);  // K[it - kStages] read
         bool is_own;
         const int k0 = block_start(t, it, is_own);
         const int tok = block_row(t, is_own, k0);
@@ -79,6 +91,7 @@ __device__ __forceinline__ void produce(const QTile& t, const Barriers& bar, uns
         mbar_arrive_expect_tx(bar.full_k + 8 * s, kTileBytesKV);
 #pragma unroll
         for (int a = 0; a < kAtoms; ++a) tma_load_3d(k_dst + a * kBlockN * 128, tk, a * 64, t.kv_head, tok, bar.full_k + 8 * s);
+        if (kSplitRelease && it >= kStages) mbar_wait(bar.empty_v + 8 * s, ((it / kStages) + 1) & 1);
         mbar_arrive_expect_tx(bar.full_v + 8 * s, kTileBytesKV);
 #pragma unroll
         for (int a = 0; a < kAtoms; ++a) tma_load_3d(v_dst + a * kBlockN * 128, tv, a * 64, t.kv_head, tok, bar.full_v + 8 * s);
@@ -97,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_f
     const unsigned sq = smem_addr(base);
     const unsigned skv = sq + kTileBytesQ;
     const unsigned bar0 = skv + 2 * kStages * kTileBytesKV;
-    const Barriers bar{bar0, bar0 + 8, bar0 + 8 + 8 * kStages, bar0 + 8 + 16 * kStages};
+    const Barriers bar{bar0, bar0 + 8, bar0 + 8 + 8 * kStages, bar0 + 8 + 16 * kStages, bar0 + 8 + 24 * kStages};
 
     const QTile t = make_qtile(segments, tiles, group_size, window_left);
     const int warp = threadIdx.x / 32;
@@ -107,6 +120,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_f
             mbar_init(bar.full_k + 8 * s, 1);
             mbar_init(bar.full_v + 8 * s, 1);
             mbar_init(bar.empty + 8 * s, kWarps);  // lane 0 of every consumer warp
+            if (kSplitRelease) mbar_init(bar.empty_v + 8 * s, kWarps);
         }
         mbar_init_fence();
     }
@@ -164,7 +178,13 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_f
         fence_regs(acc_s[0]);
         fence_regs(acc_o[0]);
         fence_regs(p_frag[0]);
-        if (it > 0) {
+        if (kSplitRelease) {
+            __syncwarp();
+            if (lane == 0) {
+                mbar_arrive(bar.empty + 8 * s);                     // block it's K is no longer read
+                if (it > 0) mbar_arrive(bar.empty_v + 8 * sp);      // block it - 1's V
+            }
+        } else if (it > 0) {
             __syncwarp();
             if (lane == 0) mbar_arrive(bar.empty + 8 * sp);  // block it - 1's K and V are no longer read
         }
