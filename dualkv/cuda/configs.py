@@ -424,11 +424,11 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
 #:   (kernel-h32-8-d96-20261127-093739.json; c51933e alike, checks/kernel-d96-h100-20261127T0926Z-c51933e.log).
 #: - head dims 192 and 256: no entry since the warp-specialised backward serves them (csrc/bwd_sm90_ws_wide.cuh).
 #:   Before it, the fused backward there was the mma.sync one, 2.0-2.4x slower than the cuDNN cascade's, and these
-#:   head dims routed to the hybrid (kernel-h32-8-d256-20261127-154517.json, -d192-20261127-154616.json). H100,
-#:   cdb0def, one process per head dim, fwd+bwd ms at (8, 8K), (16, 16K), (16, 32K), fused (deterministic) / hybrid /
-#:   cuDNN cascade: d = 192 43.2 / 48.1 / 50.2, 154.0 / 178.9 / 180.9, 360.0 / 415.1 / 412.4; d = 256 57.2 / 57.5 /
-#:   57.9, 209.6 / 210.2 / 206.7, 483.6 / 493.8 / 473.9 (the fused backward is the fastest at all six, the forward
-#:   3-22% slower than cuDNN's at 256; kernel-h32-8-d192-20261127-184057.json, -d256-20261127-183946.json).
+#:   head dims routed to the hybrid (kernel-h32-8-d256-20261127-154517.json, -d192-20261127-154616.json). H100, one
+#:   process per head dim, fwd+bwd ms at (8, 8K), (16, 16K), (16, 32K), fused (deterministic) / hybrid / cuDNN
+#:   cascade: d = 192 43.2 / 48.1 / 50.2, 154.0 / 178.9 / 180.9, 360.0 / 415.1 / 412.4 (cdb0def, kernel-h32-8-d192-
+#:   20261127-184057.json); d = 256 54.7 / 55.6 / 57.7, 202.7 / 204.5 / 207.5, 463.6 / 467.2 / 471.6 (e77ca1a,
+#:   kernel-h32-8-d256-20261127-185057.json); the fused backward the fastest at all six.
 CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 64): "hybrid"}
 #: Head dims above 128 that the cuDNN cascade serves on an arch (measured and GPU-tested: 192 and 256 on Hopper);
 #: up to 128 it serves every head dim, and any other is left to the fused kernels.
