@@ -122,6 +122,10 @@ def test_deterministic_false_on_the_reference_warns_that_it_has_no_effect():
 def test_deterministic_false_without_an_atomic_mode_warns():
     from dualkv.cuda.api import resolve_deterministic
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # the warp-specialised backward serves the call (Hopper, 192 / 256): as fast as cuDNN's, nothing to say
+        assert resolve_deterministic(False, 256, ws_backward=True) is False
     with pytest.warns(_warnings.DualKVWarning, match="no effect at head dim 256"):
         assert resolve_deterministic(False, 256) is False
     with warnings.catch_warnings():

@@ -4,7 +4,7 @@ fp16/bf16 tensors.
 Differentiable (custom ops with autograd, see :mod:`dualkv.cuda.ops`). The default backward is deterministic —
 every gradient row is summed by one CTA in a fixed order, with no atomics (``$DUALKV_DETERMINISTIC=0`` changes the
 default). ``deterministic=False`` changes the path only where a non-deterministic one is faster: the cuDNN cascade's
-backward (:func:`~dualkv.cuda.configs.attention_path`: Hopper, head dims 64, 128, 192, 256: the fused forward with the
+backward (:func:`~dualkv.cuda.configs.attention_path`: Hopper, head dims 64 and 128: the fused forward with the
 cascade's backward, :mod:`dualkv.cuda.hybrid`); elsewhere the deterministic kernels run, being the faster (the
 warp-specialised backward on Hopper; the split mma.sync backward, whose atomic-dQ alternative,
 ``mma_backward("atomic")``, measured slower: :data:`~dualkv.cuda.configs.MMA_BACKWARDS`).
@@ -30,7 +30,7 @@ from .._warnings import warn_once
 from ..layout import GroupLayout
 from ..tree import PrefixTreeLayout
 from .call2 import gather_inputs, map_call2, scatter_outputs
-from .configs import (ATOMIC_HEAD_DIMS, DTYPES, WINDOW_HEAD_DIMS, attention_path,
+from .configs import (ATOMIC_HEAD_DIMS, DTYPES, WINDOW_HEAD_DIMS, attention_path, ws_backward_for,
                       forward_kernel_for, kernel_head_dim)
 from . import launch
 from .launch import Plan, make_plan, make_tree_plan
@@ -72,19 +72,21 @@ def default_deterministic() -> bool:
     raise ValueError(f"DUALKV_DETERMINISTIC must be 1 (deterministic, the default) or 0; got {text!r}")
 
 
-def resolve_deterministic(deterministic: bool | None, head_dim: int | None = None) -> bool:
+def resolve_deterministic(deterministic: bool | None, head_dim: int | None = None, ws_backward: bool = False) -> bool:
     """``None`` means: deterministic if ``torch.are_deterministic_algorithms_enabled()``, else
     :func:`default_deterministic`.
 
     ``False`` allows a non-deterministic backward where one is faster (the hybrid path or the cascade where
     :func:`~dualkv.cuda.configs.attention_path` routes to them; ``mma_backward("atomic")``'s atomic dQ, opt-in); the
     deterministic kernels run otherwise, being the faster. Beyond head dims :data:`ATOMIC_HEAD_DIMS` no
-    non-deterministic mode exists, and a warning says so (once).
+    non-deterministic mode exists, and a warning says so (once), except where the warp-specialised backward serves
+    the call (``ws_backward``; Hopper, 192 and 256): it is as fast as cuDNN's or faster, so nothing is lost there.
     """
     default = default_deterministic()  # checked on every call, also where the argument or torch decides
     if check_deterministic(deterministic) is None:
         return torch.are_deterministic_algorithms_enabled() or default
-    if not deterministic and head_dim is not None and head_dim not in ATOMIC_HEAD_DIMS:
+    if (not deterministic and head_dim is not None and head_dim not in ATOMIC_HEAD_DIMS
+            and not ws_backward):
         warn_once(f"deterministic=False has no effect at head dim {head_dim} here: the fused kernels' non-deterministic"
                   f" modes exist for head dims {ATOMIC_HEAD_DIMS} (shared_prefix_attention on Hopper also routes it to "
                   f"the cuDNN cascade's backward, dualkv.cuda.configs.CASCADE_FASTER); the deterministic backward runs",
@@ -95,7 +97,10 @@ def resolve_deterministic(deterministic: bool | None, head_dim: int | None = Non
 def _run(q, k_ctx, v_ctx, k_own, v_own, plan: Plan, scale: float, window_left: int, deterministic: bool | None):
     return _fwd_op(q, k_ctx, v_ctx, k_own, v_own, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles,
                    plan.dkdv_key_tiles, plan.fwd_kernel, plan.fwd_pack, plan.dq_pack, plan.ctx_shared, scale,
-                   window_left, plan.causal, resolve_deterministic(deterministic, q.shape[-1]), plan.tree)
+                   window_left, plan.causal,
+                   resolve_deterministic(deterministic, q.shape[-1], ws_backward_for(
+                       q.shape[-1], arch_of(device_index(q.device)), window_left >= 0, plan.causal, plan.tree)),
+                   plan.tree)
 
 
 def _finish(out, lse, return_lse):

@@ -490,7 +490,8 @@ def forward_kernel_for(head_dim: int, arch: str) -> str:
 
 def ws_backward_for(head_dim: int, arch: str, window: bool, causal: bool = True, tree: bool = False) -> bool:
     """Whether the fused warp-specialised backward (dK, dV and dQ in one kernel; causal, no window) serves this
-    call: the same rule for prefix trees (``tree``: its DKV_TREE=1 build) as for the two-level layouts. The
+    call: the same rule for prefix trees (``tree``: its DKV_TREE=1 build) as for the two-level layouts, except at
+    :data:`WS_WIDE_HEAD_DIMS` (64-key tiles), which have no tree build. The
     ``wgmma_v1`` family (:class:`kernel_family`) keeps the two-kernel wgmma dQ + dK/dV backward, for comparison."""
     return (causal and not window and _use_sm90("bwd_sm90_ws", head_dim, arch)
             and not (tree and head_dim in WS_WIDE_HEAD_DIMS))

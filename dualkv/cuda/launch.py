@@ -196,7 +196,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     own rows of the same tensors and dk_ctx/dv_ctx are empty (their gradient is inside dk_own/dv_own).
 
     ``d_lse`` (H, T_q), the gradient reaching the returned LSE, enters as dS = P (dP - D + dLSE): it is folded into D.
-    Where :func:`ws_backward_for` says so (sm_90, head dims 64, 96, 128, causal, no window, the ``auto`` family) the
+    Where :func:`ws_backward_for` says so (sm_90, head dims 64 to 256, causal, no window, the ``auto`` family) the
     deterministic warp-specialised backward runs whatever ``deterministic`` says (it is the faster one there).
     Elsewhere the separate query-tile dQ kernel sums every dQ row in a fixed order, whatever ``deterministic`` says
     (the faster there too, :data:`dualkv.cuda.configs.MMA_BACKWARDS`), unless :class:`~dualkv.cuda.configs.mma_backward`
@@ -205,7 +205,8 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     kernel (one kernel, five products, run-to-run rounding differences in dQ). ``kernels`` and the tile arguments
     exist for tuning. ``tree``: the segments are a tree table and the key tiles in its launch order
     (:func:`make_tree_plan`): the DKV_TREE=1 warp-specialised backward where :func:`ws_backward_for` says so (sm_90,
-    head dims 64, 96, 128, the ``auto`` family), else the DKV_TREE=1 dQ kernel and the dK/dV kernel
+    head dims 64, 96, 128: the wide builds have no tree mode; the ``auto`` family), else the DKV_TREE=1 dQ kernel and
+    the dK/dV kernel
     (``kernel_family("wgmma_v1")`` forces that pair on sm_90). ``key_tiles_t`` is in the warp-specialised launch order;
     the dK/dV kernel runs ``dkdv_key_tiles_t`` (the same tiles heaviest first, :attr:`Plan.dkdv_key_tiles`) where given,
     else ``key_tiles_t`` (correct in any order, only slower on a tree).

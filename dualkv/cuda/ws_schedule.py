@@ -78,7 +78,8 @@ class Geometry:
             raise ValueError(f"block_keys ({self.block_keys}) must be a positive multiple of step ({self.step})")
 
 
-#: The warp-specialised Hopper backward's geometry (csrc/bwd_sm90_ws.cu: 64-query steps, 128-key tiles, causal).
+#: The warp-specialised Hopper backward's geometry (csrc/bwd_sm90_ws.cu: 64-query steps, 128-key tiles, causal; its
+#: wide builds, head dims 192 and 256, rank per 64-key tile: ``Geometry(block_keys=64)``).
 WS = Geometry()
 
 

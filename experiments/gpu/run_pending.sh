@@ -41,6 +41,8 @@
 #   bash experiments/gpu/run_pending.sh floorjson  # head dims 96 / 64: default, deterministic=False, hybrid, cascade
 #   bash experiments/gpu/run_pending.sh ws96       # the same at head dim 96 (128-column tiles), and dualkv verify
 #   bash experiments/gpu/run_pending.sh wswide     # #12: the WS backward at head dims 192 / 256: tests, vs cuDNN
+#   bash experiments/gpu/run_pending.sh wsfinal2   # #12: its routing test, dualkv verify, d = 256 / 192 vs cuDNN
+#   bash experiments/gpu/run_pending.sh wide256    # #12: head dim 256 vs the hybrid and the cuDNN cascade
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
 #                                               # of the warp-specialised backward on workload a, default vs NOSEM)
@@ -402,6 +404,13 @@ wide256)
     SHAPES=8:8192,16:16384,16:32768 TAIL=12 head_dim_bench wide256_ 200 dualkv,dualkv_hybrid,cudnn_cascade \
         fwd,bwd,fwdbwd 256
     ;;
+wsreview)
+    # after review: the wide WS backward without its first consumer barrier in the in-stage mode, and
+    # deterministic=False silent there: the wide GPU tests, then bwd at 256 / 192 beside the cuDNN cascade
+    TAIL=3 step pytest_wsreview 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+        proofs_tests/test_hybrid_path.py -k "(ws_backward and (192 or 256)) or wide_heads"
+    SHAPES=8:8192,16:16384 TAIL=6 head_dim_bench wsreview 120 dualkv,cudnn_cascade bwd,fwdbwd 256 192
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -409,6 +418,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview)"
    exit 2 ;;
 esac

@@ -1,5 +1,8 @@
 // DualKV backward for Hopper, warp-specialised (sm_90a): dK, dV and dQ in ONE kernel, five products per step, with
-// a deterministic dQ.
+// a deterministic dQ. What follows describes head dims 64 to 128; at 192 and 256 (DKV_WIDE) the CTA owns 64 keys, the
+// two consumer warpgroups split the work by role and exchange P^T / dS^T / dS through smem, and dQ_step is handed
+// over in the step's own Q/dO stage (bwd_sm90_ws_wide.cuh); the producer warpgroup, the walk and the dQ order are
+// the same.
 //
 // CTA = one key tile (128 keys of one K/V head, keywalk.cuh's KeyTile) walking every query that sees it, 64 queries
 // of one query head per step. Warpgroup 0 is the producer: warp 0 issues the TMA copies (K and V once; each step's Q
@@ -100,7 +103,8 @@ static_assert(kWarps == 8 && kStep == 64 && !kWindow &&
                   ((DKV_DSPLIT == 1 && (kHeadDim == 128 || kHeadDim == 64 || (kHeadDim == 96 && kHeadDimAcc == 128))) ||
                    (DKV_WIDE && (kHeadDim == 192 || kHeadDim == 256) && kHeadDimAcc == kHeadDim && kDqBuffers <= 1)),
               "two consumer warpgroups of 64 keys (head dim 64, 96 with tiles of 128, 128) or sharing 64 keys (192, "
-              "256, one dQ buffer), 64-query steps, no window");
+              "256, dQ_step in the stage or one buffer), 64-query steps, no window");
+static_assert(!(DKV_WIDE && DKV_TREE), "the wide build has no tree mode: the tree ranks count 128-key blocks");
 // dQ_step = dS K: each consumer warpgroup computes half the head dim's columns, kDqCols from column wg * kDqCols.
 // Head dim 128: B is K's 64-column atom wg, N-major. Head dim 64: half an atom (N = 32) is narrower than the N-major
 // 128-byte swizzle's 64 columns, so each CTA first copies K transposed (head dim x keys, K-major over keys, two

@@ -11,10 +11,14 @@
 //   P^T, dS^T -> smem as (keys x queries); dS -> smem as (queries x keys)   (stmatrix; both warpgroups' halves)
 //   warpgroup 0: dV += P^T dO;  warpgroup 1: dK += dS^T Q             (wgmma m64 n{head dim}, A and B from smem)
 //   dQ_step[:, atom a] = dS K[:, atom a] for the 64-column atoms a = w, w + 2, ...   (wgmma m64 n64)
-// and dQ_step goes to the producer's dQ warp through the one fp32 buffer, as at head dim 128. Two consumer barriers
-// a step: before the smem writes (the other warpgroup has finished reading the previous step's tiles) and after them.
-// Shared memory at 256: K, V 64 KB, one Q/dO stage 64 KB, P^T / dS^T / dS 24 KB, dQ_step 64 KB (two stages would not
-// fit in 227 KB); at 192 two stages (configs.SM90_WS_BWD_TILES).
+// and dQ_step goes to the producer's dQ warp, which adds it as at head dim 128. By default (dq_buffers 0,
+// bwd_sm90_ws.cu's kDqInStage) dQ_step overwrites the step's own Q/dO stage once both warpgroups' products are done
+// (its fp32 bytes are exactly the bf16 Q and dO tiles'), and the dQ warp frees the stage for the producer once its
+// add has read it: shared memory at 256 is K, V 64 KB, two Q/dO stages 128 KB, P^T / dS^T / dS 24 KB; at 192 three
+// stages (configs.SM90_WS_BWD_TILES). With a separate dQ buffer (dq_buffers 1) 256 would have room for one stage.
+// Consumer barriers per step: after the P^T / dS^T / dS writes, and before dQ_step overwrites the stage (which
+// also orders the next step's writes after every read of these tiles); with a separate buffer, one before the
+// writes instead (the other warpgroup has finished reading the previous step's tiles).
 #pragma once
 #if DKV_WIDE
 
@@ -77,7 +81,8 @@ __device__ __forceinline__ void wide_consumer_loop(float (&acc)[kHeadDimAcc / 8]
         to_a_frag<1, kHalfStep>(p_frag, acc_s);
         to_a_frag<1, kHalfStep>(ds_frag, acc_dp);
 
-        named_sync(kBarConsumers, kConsumerThreads);  // both warpgroups are done with the previous step's tiles
+        if constexpr (!kDqInStage)  // (in-stage: the previous step's last barrier followed every read of the tiles)
+            named_sync(kBarConsumers, kConsumerThreads);  // both warpgroups are done with the previous step's tiles
         {
             const int j = lane / 8, r = lane % 8;
 #pragma unroll
