@@ -69,12 +69,14 @@ def test_tree_ws_backward_meets_the_rule(shape, dtype, launched):
     assert_ws_tree_backward_ran(launched)
 
 
-@pytest.mark.parametrize("head_dim", [64, 96])
-@pytest.mark.parametrize("shape", ["awkward", "chain of blocks"])
+@pytest.mark.parametrize("head_dim", [64, 96, 192, 256])
+@pytest.mark.parametrize("shape", ["awkward", "chain of blocks", "wide and deep"])
 def test_tree_ws_backward_other_head_dims(shape, head_dim, launched):
-    """The head-dim-64 build (dQ's B from a transposed copy of K) and the head-dim-96 one (128-column tiles) on
-    trees."""
-    assert_pass(ws_rows(WS_SHAPES[shape], head_dim=head_dim), f"{shape} d={head_dim} (WS tree backward)")
+    """The head-dim-64 build (dQ's B from a transposed copy of K), the head-dim-96 one (128-column tiles) and the wide
+    ones (192, 256: 64-key tiles, so the tree table's ancestor blocks and the ranks count 64-key blocks) on trees."""
+    layout = WS_SHAPES[shape]
+    ref_device = "cuda" if layout.total_tokens > 4096 else "cpu"
+    assert_pass(ws_rows(layout, head_dim=head_dim, ref_device=ref_device), f"{shape} d={head_dim} (WS tree backward)")
     assert_ws_tree_backward_ran(launched)
     assert any(s.kernel == "bwd_sm90_ws" and s.head_dim == head_dim for s in launched), launched
 
@@ -97,9 +99,10 @@ def test_from_sequences_multi_turn(launched):
     assert_ws_tree_backward_ran(launched)
 
 
-def test_tree_ws_backward_is_bitwise_deterministic(launched):
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_tree_ws_backward_is_bitwise_deterministic(head_dim, launched):
     layout = WS_SHAPES["wide and deep"]
-    q, k, v, g = _inputs(layout, 8, 2, 128)
+    q, k, v, g = _inputs(layout, 8, 2, head_dim)
     first = _run(layout, q, k, v, g, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
         again = _run(layout, q, k, v, g, device="cuda", dtype=torch.bfloat16)

@@ -57,8 +57,9 @@ def test_block_size_matches_the_kernels():
 
     # the tree plan's key tiles (dK/dV tiles) are the WS kernel's tiles, and A counts blocks of that size
     for d, tile in SM90_WS_BWD_TILES.items():  # 128-key tiles (64 at the wide head dims) and 64-query steps
-        assert tile.block_keys == DKDV_TILES[d].block_keys, d  # the plan's key tiles are the dK/dV kernel's
-        if d not in WS_WIDE_HEAD_DIMS:  # the only builds with a tree mode
+        # the plan's key tiles, its tree table's ancestor blocks and its ranks are in the dK/dV kernel's blocks
+        assert tile.block_keys == DKDV_TILES[d].block_keys, d
+        if d not in WS_WIDE_HEAD_DIMS:
             assert BLOCK_KEYS == RANK_BLOCK_KEYS == tile.block_keys, d
         assert STEP == tile.block_m, d
     assert {d: SM90_WS_BWD_TILES[d].block_keys for d in WS_WIDE_HEAD_DIMS} == {192: 64, 256: 64}
@@ -75,6 +76,34 @@ def test_tree_table_carries_the_ancestor_blocks(seed):
         assert [rank_base(table, i) for i in range(layout.num_nodes)] == expected
         assert ancestor_key_blocks(layout).tolist() == expected
         assert TreeRanks.of(layout).ancestor_blocks.tolist() == expected
+
+
+@pytest.mark.parametrize("root_first", [False, True], ids=["nearest", "root-first"])
+@pytest.mark.parametrize("seed", range(4))
+def test_wide_tree_plans_rank_64_key_blocks(seed, root_first):
+    """Head dims 192 / 256 (the wide build: 64-key tiles): the tree table's ancestor blocks and the ranks count 64-key
+    blocks, and every dQ counter still receives ranks 0..k-1 in launch order, each query tile exactly the blocks it
+    sees. Ranks counted in 128-key blocks on 64-key tiles would not be (a known-wrong variant, caught)."""
+    geo = ws_schedule.Geometry(block_keys=64)
+    caught = 0
+    for layout in _forests(seed, 25):
+        table = tree_segments(layout, 64)
+        expected = [sum(-(-layout.node_lens[a] // 64) for a in layout.ancestors(i)) for i in range(layout.num_nodes)]
+        assert [rank_base(table, i) for i in range(layout.num_nodes)] == expected
+        ranks = TreeRanks.of(layout, root_first, block_keys=64)
+        rows = tree_rows(table, layout.num_nodes)
+        tiles = launch_order(tree_key_tiles(layout, 64), rows, ranks)
+        check_launch_order(tiles, rows, ranks)
+        check_dq_order(tiles, rows, group=2, tree=ranks, geo=geo)
+        got = dq_contributors(tiles, rows, 2, ranks, geo)
+        for j in range(layout.num_nodes):
+            for qt in range(-(-layout.node_lens[j] // STEP)):
+                assert len(got[(j, qt, 0)]) == ws_schedule.own_reach(qt, geo) + ranks.ancestor_blocks[j]
+        try:
+            check_dq_order(tiles, rows, group=2, tree=TreeRanks.of(layout, root_first), geo=geo)
+        except RuntimeError:
+            caught += 1
+    assert caught  # some forest has a node longer than 64 keys below the root
 
 
 @pytest.mark.parametrize("root_first,node_major", [(False, False), (False, True), (True, False)],
@@ -309,10 +338,9 @@ def test_ws_backward_serves_trees_where_it_serves_group_layouts():
     assert ws_backward_for(128, "sm_90", False, True, tree=True)
     assert ws_backward_for(64, "sm_90", False, True, tree=True) and ws_backward_for(96, "sm_90", False, True, tree=True)
     assert not ws_backward_for(32, "sm_90", False, True, tree=True)   # no WS backward at head dim 32
-    for d in (192, 256):  # the wide build (64-key CTAs) has no tree mode: trees run the two-kernel backward there
-        assert ws_backward_for(d, "sm_90", False, True) and not ws_backward_for(d, "sm_90", False, True, tree=True)
-        with pytest.raises(ValueError, match="no prefix-tree build"):
-            ws_bwd_spec(d, torch.bfloat16, tree=True)
+    for d in (192, 256):  # the wide build (64-key CTAs) serves trees too, ranking 64-key blocks
+        assert ws_backward_for(d, "sm_90", False, True) and ws_backward_for(d, "sm_90", False, True, tree=True)
+        assert ("DKV_TREE", "1") in ws_bwd_spec(d, torch.bfloat16, tree=True).defines()
     assert not ws_backward_for(128, "sm_80", False, True, tree=True)
     with kernel_family("wgmma_v1"):  # the way to run the two-kernel wgmma backward on a tree, for comparison
         assert not ws_backward_for(128, "sm_90", False, True, tree=True)

@@ -173,8 +173,8 @@ SM90_WS_BWD_TILES: dict[int, KeyTileConfig] = {
     192: KeyTileConfig(block_m=64, warps=8, dsplit=2, stages=3, producer_warps=4, dq_buffers=0),
     256: KeyTileConfig(block_m=64, warps=8, dsplit=2, stages=2, producer_warps=4, dq_buffers=0),
 }
-#: Head dims of the warp-specialised backward's wide build (64-key CTAs): no prefix-tree build (the tree ranks count
-#: blocks of RANK_BLOCK_KEYS = 128 keys).
+#: Head dims of the warp-specialised backward's wide build (64-key CTAs; on a prefix tree its dQ ranks and the tree
+#: table's ancestor blocks count 64-key blocks: launch.make_tree_plan).
 WS_WIDE_HEAD_DIMS = (192, 256)
 
 #: Hopper dQ kernel (wgmma, sm_90a): two warpgroups of 64 query rows, 64-key blocks, double-buffered K/V.
@@ -490,11 +490,9 @@ def forward_kernel_for(head_dim: int, arch: str) -> str:
 
 def ws_backward_for(head_dim: int, arch: str, window: bool, causal: bool = True, tree: bool = False) -> bool:
     """Whether the fused warp-specialised backward (dK, dV and dQ in one kernel; causal, no window) serves this
-    call: the same rule for prefix trees (``tree``: its DKV_TREE=1 build) as for the two-level layouts, except at
-    :data:`WS_WIDE_HEAD_DIMS` (64-key tiles), which have no tree build. The
+    call: the same rule for prefix trees (``tree``: its DKV_TREE=1 build) as for the two-level layouts. The
     ``wgmma_v1`` family (:class:`kernel_family`) keeps the two-kernel wgmma dQ + dK/dV backward, for comparison."""
-    return (causal and not window and _use_sm90("bwd_sm90_ws", head_dim, arch)
-            and not (tree and head_dim in WS_WIDE_HEAD_DIMS))
+    return causal and not window and _use_sm90("bwd_sm90_ws", head_dim, arch)
 
 
 def dq_kernel_for(head_dim: int, arch: str) -> str:
@@ -547,8 +545,6 @@ class KernelSpec:
                           or self.window or not self.causal):
             raise ValueError(f"prefix-tree specializations exist for the kernels {TREE_KERNELS}, causal, "
                              f"without a window (got {self.kernel}, window={self.window}, causal={self.causal})")
-        if self.tree and self.kernel == "bwd_sm90_ws" and self.head_dim in WS_WIDE_HEAD_DIMS:
-            raise ValueError(f"the warp-specialised backward has no prefix-tree build at head dims {WS_WIDE_HEAD_DIMS}")
         if self.kernel in SM90_KERNELS and (self.arch != "sm_90a" or self.head_dim not in SM90_KERNELS[self.kernel]):
             raise ValueError(f"{self.kernel} is built for sm_90a at head dims {SM90_KERNELS[self.kernel]}")
         if self.root_first and not (self.kernel == "bwd_sm90_ws" or self.dq_ordered):
@@ -772,7 +768,7 @@ def all_specs(arch: str) -> list[KernelSpec]:
                                             causal=causal, tree=tree))
         if tree:  # of the key-side kernels the warp-specialised backward and the ordered dQ mode have tree builds
             # (in this process's tree dQ order, TREE_DQ_ORDER)
-            if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES and head_dim not in WS_WIDE_HEAD_DIMS:
+            if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES:
                 specs.append(ws_bwd_spec(head_dim, dtype, tree=True, root_first=TREE_DQ_ROOT_FIRST))
             if head_dim in ORDERED_HEAD_DIMS:
                 specs.append(dkdv_spec(head_dim, dtype, False, arch, dq_ordered=True, tree=True,

@@ -109,13 +109,14 @@ def make_tree_plan(layout, *, head_dim: int, group_size: int, device: torch.devi
     fwd_pack = pack_for(group_size, fwd_tile)
     dq_tile, dkdv_tile = DQ_TILES[head_dim], DKDV_TILES[head_dim]
     dq_pack = pack_for(group_size, dq_tile)
-    ranks = ws_schedule.TreeRanks.of(layout, root_first=TREE_DQ_ROOT_FIRST)
+    # the dQ ranks count the key tiles of the warp-specialised backward (the dK/dV kernel's: 128 keys, 64 at 192 / 256)
+    ranks = ws_schedule.TreeRanks.of(layout, root_first=TREE_DQ_ROOT_FIRST, block_keys=dkdv_tile.block_keys)
     heaviest = tree_key_tiles(layout, dkdv_tile.block_keys)
     keys = ws_schedule.launch_order(heaviest, None, ranks, node_major_tiles=KEY_TILES_NODE_MAJOR)
     check_block_order(keys)
     ws_schedule.check_launch_order(keys, None, ranks)
     return Plan(
-        segments=_to_device(tree_segments(layout), device),
+        segments=_to_device(tree_segments(layout, dkdv_tile.block_keys), device),
         fwd_kernel=fwd_kernel,
         fwd_tiles=_to_device(tree_tile_table(layout, fwd_tile.block_m // fwd_pack, fwd_tile.block_n), device),
         fwd_pack=fwd_pack,
@@ -205,8 +206,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     kernel (one kernel, five products, run-to-run rounding differences in dQ). ``kernels`` and the tile arguments
     exist for tuning. ``tree``: the segments are a tree table and the key tiles in its launch order
     (:func:`make_tree_plan`): the DKV_TREE=1 warp-specialised backward where :func:`ws_backward_for` says so (sm_90,
-    head dims 64, 96, 128: the wide builds have no tree mode; the ``auto`` family), else the DKV_TREE=1 dQ kernel and
-    the dK/dV kernel
+    head dims 64 to 256, the ``auto`` family), else the DKV_TREE=1 dQ kernel and the dK/dV kernel
     (``kernel_family("wgmma_v1")`` forces that pair on sm_90). ``key_tiles_t`` is in the warp-specialised launch order;
     the dK/dV kernel runs ``dkdv_key_tiles_t`` (the same tiles heaviest first, :attr:`Plan.dkdv_key_tiles`) where given,
     else ``key_tiles_t`` (correct in any order, only slower on a tree).

@@ -113,15 +113,16 @@ def tree_runs(layout: PrefixTreeLayout, node: int) -> list[tuple[int, int]]:
     return [(s, n) for s, n in runs]
 
 
-def tree_segments(layout: PrefixTreeLayout) -> np.ndarray:
+def tree_segments(layout: PrefixTreeLayout, rank_block_keys: int = RANK_BLOCK_KEYS) -> np.ndarray:
     """int32 (4 S + 2 (S + R),) the kernels' table for a preorder tree of S nodes and R context runs: S rows
     ``(q_start, q_len, runs, pos)`` then, node after node, ``(n_runs, A)`` and the node's runs ``(k_start, k_len)``
-    (``runs`` is the int2 index of that header from the start of the table; ``A`` its :func:`ancestor_key_blocks`)."""
+    (``runs`` is the int2 index of that header from the start of the table; ``A`` its :func:`ancestor_key_blocks` in
+    blocks of ``rank_block_keys``: the warp-specialised backward's key tile, 64 in its wide builds)."""
     check_preorder(layout)
     n = layout.num_nodes
     rows = np.zeros((n, 4), dtype=np.int64)
     lists: list[tuple[int, int]] = []
-    ancestors = ancestor_key_blocks(layout)
+    ancestors = ancestor_key_blocks(layout, rank_block_keys)
     for i in range(n):
         runs = tree_runs(layout, i)
         rows[i] = (layout.node_starts[i], layout.node_lens[i], 2 * n + len(lists), layout.node_positions[i])

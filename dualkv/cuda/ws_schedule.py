@@ -101,11 +101,12 @@ class TreeRanks:
     root_first: bool = False     # the root-first dQ order (module docstring); default: nearest ancestor first
 
     @classmethod
-    def of(cls, layout, root_first: bool = False) -> "TreeRanks":
-        """From a :class:`dualkv.PrefixTreeLayout` (A as the tree table stores it)."""
+    def of(cls, layout, root_first: bool = False, block_keys: int = BLOCK_KEYS) -> "TreeRanks":
+        """From a :class:`dualkv.PrefixTreeLayout` (A as the tree table stores it), in key blocks of ``block_keys``
+        (the kernel's key tile)."""
         return cls(np.asarray(layout.depths, dtype=np.int64),
-                   -(-np.asarray(layout.node_lens, dtype=np.int64) // BLOCK_KEYS), ancestor_key_blocks(layout),
-                   root_first)
+                   -(-np.asarray(layout.node_lens, dtype=np.int64) // block_keys),
+                   ancestor_key_blocks(layout, block_keys), root_first)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@
 #   bash experiments/gpu/run_pending.sh wswide     # #12: the WS backward at head dims 192 / 256: tests, vs cuDNN
 #   bash experiments/gpu/run_pending.sh wsfinal2   # #12: its routing test, dualkv verify, d = 256 / 192 vs cuDNN
 #   bash experiments/gpu/run_pending.sh wide256    # #12: head dim 256 vs the hybrid and the cuDNN cascade
+#   bash experiments/gpu/run_pending.sh widetrees  # the wide WS backward on prefix trees: GPU tests, both dQ orders
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
 #                                               # of the warp-specialised backward on workload a, default vs NOSEM)
@@ -411,6 +412,19 @@ wsreview)
         proofs_tests/test_hybrid_path.py -k "(ws_backward and (192 or 256)) or wide_heads"
     SHAPES=8:8192,16:16384 TAIL=6 head_dim_bench wsreview 120 dualkv,cudnn_cascade bwd,fwdbwd 256 192
     ;;
+widetrees)
+    # the wide WS backward (192 / 256) on prefix trees (ranks in 64-key blocks): the tree WS GPU tests at every head
+    # dim, then the wide ones under the root-first tree dQ order
+    TAIL=3 step pytest_widetrees 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda_ws.py
+    DUALKV_TREE_DQ_ORDER=root TAIL=3 step pytest_widetrees_root 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_tree_cuda_ws.py -k "other_head_dims or deterministic"
+    ;;
+widetreebench)
+    # the #14 tree workloads at head dim 256: the warp-specialised tree backward against the two-kernel one it
+    # replaces there (dualkv_bwd_v1) and the cuDNN tree cascade, one process
+    TAIL=14 step widetreebench 400 python3 experiments/gpu/tree_bench.py --head-dim 256 --workloads a,b,c \
+        --systems dualkv,dualkv_bwd_v1,cudnn_cascade --no-changing-trees --out "$OUT"
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -418,6 +432,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench)"
    exit 2 ;;
 esac

@@ -104,7 +104,6 @@ static_assert(kWarps == 8 && kStep == 64 && !kWindow &&
                    (DKV_WIDE && (kHeadDim == 192 || kHeadDim == 256) && kHeadDimAcc == kHeadDim && kDqBuffers <= 1)),
               "two consumer warpgroups of 64 keys (head dim 64, 96 with tiles of 128, 128) or sharing 64 keys (192, "
               "256, dQ_step in the stage or one buffer), 64-query steps, no window");
-static_assert(!(DKV_WIDE && DKV_TREE), "the wide build has no tree mode: the tree ranks count 128-key blocks");
 // dQ_step = dS K: each consumer warpgroup computes half the head dim's columns, kDqCols from column wg * kDqCols.
 // Head dim 128: B is K's 64-column atom wg, N-major. Head dim 64: half an atom (N = 32) is narrower than the N-major
 // 128-byte swizzle's 64 columns, so each CTA first copies K transposed (head dim x keys, K-major over keys, two
