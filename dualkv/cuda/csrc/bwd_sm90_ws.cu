@@ -101,9 +101,9 @@ static_assert(kDqBuffers == 1 || kDqBuffers == 2 || (kDqInStage && DKV_WIDE),
 static_assert(!kDqInStage || kStep * kHeadDim * 4 == 2 * kStepBytes, "dQ_step fills exactly a Q/dO stage");
 static_assert(kWarps == 8 && kStep == 64 && !kWindow &&
                   ((DKV_DSPLIT == 1 && (kHeadDim == 128 || kHeadDim == 64 || (kHeadDim == 96 && kHeadDimAcc == 128))) ||
-                   (DKV_WIDE && (kHeadDim == 192 || kHeadDim == 256) && kHeadDimAcc == kHeadDim && kDqBuffers <= 1)),
+                   (DKV_WIDE && (kHeadDim == 192 || kHeadDim == 256) && kHeadDimAcc == kHeadDim && kDqInStage)),
               "two consumer warpgroups of 64 keys (head dim 64, 96 with tiles of 128, 128) or sharing 64 keys (192, "
-              "256, dQ_step in the stage or one buffer), 64-query steps, no window");
+              "256, dQ_step in the stage), 64-query steps, no window");
 // dQ_step = dS K: each consumer warpgroup computes half the head dim's columns, kDqCols from column wg * kDqCols.
 // Head dim 128: B is K's 64-column atom wg, N-major. Head dim 64: half an atom (N = 32) is narrower than the N-major
 // 128-byte swizzle's 64 columns, so each CTA first copies K transposed (head dim x keys, K-major over keys, two
@@ -258,6 +258,42 @@ __device__ __forceinline__ StepInfo step_info(const WsWalk& w, const StepCursor&
     // a dependent's tile first receives its own causal blocks 0 .. (last row of the tile) / kBlockKeys
     si.rank = w.kt.blk + (si.own ? 0 : (c.qt * kStep + kStep - 1) / kBlockKeys + 1);
     return si;
+}
+
+// P^T of one step in place (both consumer layouts): acc holds S^T of this warp's 16 keys (first key wkey0 of the
+// block) x 8 kN8 queries; masked are keys past the block's count and the causal diagonal (need_mask: the block
+// reaches it), and rows past the segment have LSE = +inf, so P = 0. q_pos0 is the first query's position.
+// One dQ_step fragment (m64 n8 kN8 fp32, this warp's 16 rows from row0, columns from col0) into the dQ_step rows
+// at dst in the accumulator's chunk order (dq_chunk); columns past the head dim (128-column tiles at 96) skipped.
+template <int kN8>
+__device__ __forceinline__ void put_dq_step(unsigned char* dst, const float (&acc)[kN8][4], int col0, int row0, int g,
+                                            int t4, int tok7) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int row = row0 + g + 8 * hh;
+#pragma unroll
+        for (int nt = 0; nt < kN8; ++nt) {
+            if (kHeadDimAcc > kHeadDim && col0 + nt * 8 >= kHeadDim) continue;  // a zero column
+            const int col = col0 + nt * 8 + 2 * t4;  // fp32 column; chunk col / 4, offset col % 4
+            *reinterpret_cast<float2*>(dst + row * kDqRowBytes + (dq_chunk(col / 4, tok7 + row) * 4 + col % 4) * 4) =
+                make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+        }
+    }
+}
+
+template <int kN8>
+__device__ __forceinline__ void ws_probs_t(float (&acc)[kN8][4], const float* lse, float scale_log2, bool need_mask,
+                                           int count, int key_base, int q_pos0, int wkey0, int g, int t4) {
+#pragma unroll
+    for (int nt = 0; nt < kN8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int q = nt * 8 + 2 * t4 + (e & 1);
+            const int kl = wkey0 + g + 8 * (e >> 1);
+            float p = fast_exp2(fmaf(acc[nt][e], scale_log2, -lse[q]));
+            if (need_mask && (kl >= count || key_base + kl > q_pos0 + q)) p = 0.f;
+            acc[nt][e] = p;
+        }
 }
 
 }  // namespace
@@ -419,8 +455,8 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         float acc[kHeadDimAcc / 8][4];  // warpgroup 0: dV; warpgroup 1: dK (unscaled)
         zero_acc(acc);
         mbar_wait(bar_kv, 0);
-        wide_consumer_loop(acc, walk_steps(w), w.count, wg, cw, lane, base, sk, sv, sq0, sdo0, sds0, sdq0, s_lse,
-                           s_delta, s_info, bar_full, bar_empty, bar_dq_full, bar_dq_empty, scale_log2);
+        wide_consumer_loop(acc, walk_steps(w), w.count, wg, cw, lane, base, sk, sv, sq0, sdo0, sds0, s_lse, s_delta,
+                           s_info, bar_full, bar_dq_full, scale_log2);
         named_sync(kBarConsumers, kConsumerThreads);  // K and V are no longer read: dK into K's tile, dV into V's
         const float acc_scale = wg ? scale : 1.f;
         unsigned char* tile = base + (wg ? 0 : kKeyBytes);
@@ -489,17 +525,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         wgmma_wait<1>();
         fence_regs(acc_s[0]);
 
-        // P^T (masked: keys past the block's end, causal diagonal; rows past the segment have LSE = +inf)
-#pragma unroll
-        for (int nt = 0; nt < kStep / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int q = nt * 8 + 2 * t4 + (e & 1);
-                const int kl = wkey0 + g + 8 * (e >> 1);
-                float p = fast_exp2(fmaf(acc_s[0][nt][e], scale_log2, -lse[q]));
-                if (need_mask && (kl >= count || key_base + kl > q_pos0 + q)) p = 0.f;
-                acc_s[0][nt][e] = p;
-            }
+        ws_probs_t(acc_s[0], lse, scale_log2, need_mask, count, key_base, q_pos0, wkey0, g, t4);
         to_a_frag<1, kStep>(p_frag, acc_s);
         const unsigned long long don_desc = nmajor_tile<kStep>(do_addr), qn_desc = nmajor_tile<kStep>(q_addr);
         wgmma_fence();
@@ -543,18 +569,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
         if (i >= kDqBuffers && !DKV_DBG_NODQ)  // the dQ warp has read this buffer's previous step
             mbar_wait(bar_dq_empty + 8 * b, ((i / kDqBuffers) + 1) & 1);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const int row = (cw % 4) * 16 + g + 8 * hh;
-#pragma unroll
-            for (int nt = 0; nt < kDqCols / 8; ++nt) {
-                if (kHeadDimAcc > kHeadDim && wg * kDqCols + nt * 8 >= kHeadDim) continue;  // a zero column
-                const int col = wg * kDqCols + nt * 8 + 2 * t4;  // fp32 column; chunk col / 4, offset col % 4
-                *reinterpret_cast<float2*>(base + (sdq - sk) + row * kDqRowBytes +
-                                           (dq_chunk(col / 4, tok7 + row) * 4 + col % 4) * 4) =
-                    make_float2(acc_dq[nt][2 * hh], acc_dq[nt][2 * hh + 1]);
-            }
-        }
+        put_dq_step(base + (sdq - sk), acc_dq, wg * kDqCols, (cw % 4) * 16, g, t4, tok7);
         fence_async_smem();
         __syncwarp();
         if (lane == 0 && !DKV_DBG_NODQ) mbar_arrive(bar_dq_full + 8 * b);

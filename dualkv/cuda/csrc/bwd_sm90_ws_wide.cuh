@@ -11,14 +11,14 @@
 //   P^T, dS^T -> smem as (keys x queries); dS -> smem as (queries x keys)   (stmatrix; both warpgroups' halves)
 //   warpgroup 0: dV += P^T dO;  warpgroup 1: dK += dS^T Q             (wgmma m64 n{head dim}, A and B from smem)
 //   dQ_step[:, atom a] = dS K[:, atom a] for the 64-column atoms a = w, w + 2, ...   (wgmma m64 n64)
-// and dQ_step goes to the producer's dQ warp, which adds it as at head dim 128. By default (dq_buffers 0,
-// bwd_sm90_ws.cu's kDqInStage) dQ_step overwrites the step's own Q/dO stage once both warpgroups' products are done
-// (its fp32 bytes are exactly the bf16 Q and dO tiles'), and the dQ warp frees the stage for the producer once its
-// add has read it: shared memory at 256 is K, V 64 KB, two Q/dO stages 128 KB, P^T / dS^T / dS 24 KB; at 192 three
-// stages (configs.SM90_WS_BWD_TILES). With a separate dQ buffer (dq_buffers 1) 256 would have room for one stage.
+// and dQ_step goes to the producer's dQ warp, which adds it as at head dim 128. It overwrites the step's own Q/dO
+// stage (dq_buffers 0, bwd_sm90_ws.cu's kDqInStage) once both warpgroups' products are done (its fp32 bytes are
+// exactly the bf16 Q and dO tiles'), and the dQ warp frees the stage for the producer once its add has read it:
+// shared memory at 256 is K, V 64 KB, two Q/dO stages 128 KB, P^T / dS^T / dS 24 KB; at 192 three stages
+// (configs.SM90_WS_BWD_TILES). A separate dQ buffer would leave room for one stage at 256 (measured: bwd 187.8
+// against 161.6 ms at (16, 16K), experiments/results/checks/wsbuf-d256-*.log, wsstage3-d256-*.log).
 // Consumer barriers per step: after the P^T / dS^T / dS writes, and before dQ_step overwrites the stage (which
-// also orders the next step's writes after every read of these tiles); with a separate buffer, one before the
-// writes instead (the other warpgroup has finished reading the previous step's tiles).
+// also orders the next step's writes after every read of these tiles).
 #pragma once
 #if DKV_WIDE
 
@@ -28,10 +28,9 @@ constexpr int kHalfStep = kStep / 2;  // queries of a step per warpgroup in the 
 
 __device__ __forceinline__ void wide_consumer_loop(float (&acc)[kHeadDimAcc / 8][4], int n_steps, int count, int wg,
                                                    int cw, int lane, unsigned char* base, unsigned sk, unsigned sv,
-                                                   unsigned sq0, unsigned sdo0, unsigned sds0, unsigned sdq0,
-                                                   const float* s_lse, const float* s_delta, const int4* s_info,
-                                                   unsigned bar_full, unsigned bar_empty, unsigned bar_dq_full,
-                                                   unsigned bar_dq_empty, float scale_log2) {
+                                                   unsigned sq0, unsigned sdo0, unsigned sds0, const float* s_lse,
+                                                   const float* s_delta, const int4* s_info, unsigned bar_full,
+                                                   unsigned bar_dq_full, float scale_log2) {
     const int g = lane / 4, t4 = lane % 4;
     const int wkey0 = (cw % 4) * 16;  // this warp's first key: both warpgroups cover all 64 keys
     const int wq0 = wg * kHalfStep;   // this warpgroup's first query of a step in the score products
@@ -64,16 +63,7 @@ __device__ __forceinline__ void wide_consumer_loop(float (&acc)[kHeadDimAcc / 8]
         const bool need_mask = info.z != 0;
         wgmma_wait<1>();
         fence_regs(acc_s[0]);
-#pragma unroll
-        for (int nt = 0; nt < kHalfStep / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int q = nt * 8 + 2 * t4 + (e & 1);
-                const int kl = wkey0 + g + 8 * (e >> 1);
-                float p = fast_exp2(fmaf(acc_s[0][nt][e], scale_log2, -lse[q]));
-                if (need_mask && (kl >= count || key_base + kl > q_pos0 + q)) p = 0.f;
-                acc_s[0][nt][e] = p;
-            }
+        ws_probs_t(acc_s[0], lse, scale_log2, need_mask, count, key_base, q_pos0, wkey0, g, t4);  // P^T
         wgmma_wait<0>();
         fence_regs(acc_dp[0]);
         dscores_t(acc_dp[0], acc_s[0], dlt, t4);  // dS^T
@@ -81,9 +71,7 @@ __device__ __forceinline__ void wide_consumer_loop(float (&acc)[kHeadDimAcc / 8]
         to_a_frag<1, kHalfStep>(p_frag, acc_s);
         to_a_frag<1, kHalfStep>(ds_frag, acc_dp);
 
-        if constexpr (!kDqInStage)  // (in-stage: the previous step's last barrier followed every read of the tiles)
-            named_sync(kBarConsumers, kConsumerThreads);  // both warpgroups are done with the previous step's tiles
-        {
+        {  // (no barrier first: the previous step's last one followed every read of these tiles)
             const int j = lane / 8, r = lane % 8;
 #pragma unroll
             for (int kk = 0; kk < kHalfStep / 16; ++kk) {
@@ -122,47 +110,20 @@ __device__ __forceinline__ void wide_consumer_loop(float (&acc)[kHeadDimAcc / 8]
                 wgmma_ss_nb(acc, kmajor_desc<kBlockKeys>(role_a, kk), nmajor_desc(role_b, kk), 1);
             wgmma_commit();
         }
-        // where dQ_step goes: this step's Q/dO stage once both warpgroups' products are done with it, or the
-        // buffer once the dQ warp has read the previous step's
-        unsigned sdq = sdq0;
-        if constexpr (kDqInStage) {
-            wgmma_wait<0>();
-            fence_regs(acc);
-            named_sync(kBarConsumers, kConsumerThreads);
-            sdq = q_addr;
-        } else if (i >= 1) {
-            mbar_wait(bar_dq_empty, (i + 1) & 1);
-        }
+        // dQ_step into this step's Q/dO stage once both warpgroups' products are done with it; the dQ warp frees
+        // the stage once its add has read it
+        wgmma_wait<0>();
+        fence_regs(acc);
+        named_sync(kBarConsumers, kConsumerThreads);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            if constexpr (!kDqInStage) {
-                if (h == 0) wgmma_wait<2>();
-                else wgmma_wait<1>();
-            }
             fence_regs(acc_dq[h]);
             if (h == 1 && !second) break;
-            const int atom = wg + 2 * h;
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int row = (cw % 4) * 16 + g + 8 * hh;
-#pragma unroll
-                for (int nt = 0; nt < 8; ++nt) {
-                    const int col = atom * 64 + nt * 8 + 2 * t4;  // fp32 column; chunk col / 4, offset col % 4
-                    *reinterpret_cast<float2*>(base + (sdq - sk) + row * kDqRowBytes +
-                                               (dq_chunk(col / 4, tok7 + row) * 4 + col % 4) * 4) =
-                        make_float2(acc_dq[h][nt][2 * hh], acc_dq[h][nt][2 * hh + 1]);
-                }
-            }
+            put_dq_step(base + (q_addr - sk), acc_dq[h], (wg + 2 * h) * 64, (cw % 4) * 16, g, t4, tok7);
         }
         fence_async_smem();
         __syncwarp();
-        if (lane == 0) mbar_arrive(bar_dq_full + 8 * (kDqInStage ? s : 0));
-        if constexpr (!kDqInStage) {
-            wgmma_wait<0>();
-            fence_regs(acc);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(bar_empty + 8 * s);  // Q, dO, LSE, D of this stage are no longer read
-        }  // else the dQ warp frees the stage once its add has read dQ_step
+        if (lane == 0) mbar_arrive(bar_dq_full + 8 * s);
     }
 }
 
