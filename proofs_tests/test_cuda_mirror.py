@@ -7,7 +7,7 @@ import torch
 
 from dualkv import GroupLayout
 from dualkv.cuda import schedule
-from dualkv.cuda.configs import FWD_TILES, SM90_FWD_TILES, TileConfig
+from dualkv.cuda.configs import FWD_TILES, SM90_FWD_TILES, SM90_WS_FWD_TILES, TileConfig
 from dualkv.cuda.mirror import make_mirror, mirror_forward
 from dualkv.reference import context_attention, flash_attn_dualkv_varlen_func, shared_prefix_attention
 
@@ -40,6 +40,16 @@ def test_mirror_of_the_hopper_forward_tiles(head_dim, window):
     """The wgmma forward's schedule (128-key blocks, 128 query rows): partial blocks on both sides of 128."""
     layout = GroupLayout.from_lengths([129, 127, 1], [[1, 127, 128, 257], [129], [64, 2]])
     err, _ = _mirror_error(layout, 8, 2, head_dim, window, SM90_FWD_TILES[head_dim], pack=4)
+    assert err < 1e-12
+
+
+@pytest.mark.parametrize("head_dim", sorted(SM90_WS_FWD_TILES))
+def test_mirror_of_the_warp_specialised_forward_tiles(head_dim):
+    """The warp-specialised forward's schedule at its own key blocks (192 keys at head dims 64 to 128, 64 above):
+    prompts and responses with partial blocks on both sides of 64, 128 and 192 keys."""
+    tile = SM90_WS_FWD_TILES[head_dim]
+    layout = GroupLayout.from_lengths([193, 191, 1], [[1, 191, 192, 385], [129], [64, 2]])
+    err, _ = _mirror_error(layout, 8, 2, head_dim, -1, tile, pack=4)
     assert err < 1e-12
 
 

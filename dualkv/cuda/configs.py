@@ -132,17 +132,34 @@ SM90_FWD_TILES: dict[int, TileConfig] = {
 }
 
 #: Hopper forward, warp-specialised (sm_90a): a TMA producer warpgroup and two consumer warpgroups of 64 query rows
-#: taking turns on the tensor cores, 128-key blocks in a ring of mbarrier stages.
+#: taking turns on the tensor cores, blocks of ``block_n`` keys in a ring of mbarrier stages.
 SM90_WS_FWD_TILES: dict[int, TileConfig] = {
-    64: TileConfig(block_n=128, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
-    # head dim 96: tiles and the output accumulator of 128 columns (the TMA zero-fills columns 96..127; sm90.cuh).
-    # H100, forward ms at (16, 32K), same run: 42.2 against the first wgmma forward's 55.2 and the cuDNN cascade's 43.8
-    # (kernel-h32-8-d96-20261127-085746.json)
-    96: TileConfig(block_n=128, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
-    128: TileConfig(block_n=128, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
-    # wider heads (Gemma's 256): 64-key blocks keep the output accumulator, S and P in the consumers' 240 registers
-    192: TileConfig(block_n=64, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
-    256: TileConfig(block_n=64, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
+    # head dims 64 to 128: 192-key blocks (S in 96 registers, no spills), two stages at 96 / 128 (with the split K / V
+    # release: three would not fit), three at 64: the products' operand reads and the softmax's per-block work spread
+    # over 1.5x the keys. H100, forward ms, own processes (experiments/results/checks/tiles16-h100-20261127T2033Z.log,
+    # fwd16b-h100-20261127T2042Z.log), against 128-key blocks in three stages:
+    #   128 at (28, 4K), (8, 8K), (16, 32K), (16, 64K): 8.03 / 4.71 / 42.05 / 109.67 against 8.70 / 5.05 / 44.78 / 117.27;
+    #   96 at (8, 8K), (16, 32K): 4.55 / 39.36 against 5.20 / 42.48; 64: 3.75 / 29.25 against 4.02 / 31.59 (four
+    #   stages: 3.80 / 29.39).
+    # Head dim 96: tiles and the output accumulator of 128 columns (the TMA zero-fills columns 96..127; sm90.cuh).
+    64: TileConfig(block_n=192, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
+    96: TileConfig(block_n=192, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
+    128: TileConfig(block_n=192, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
+    # wider heads: the output accumulator, S and P in the consumers' 240 registers. Head dim 192 on 96-key blocks in
+    # two stages (split release): forward ms at (28, 4K), (8, 8K), (16, 32K) 12.66 / 7.25 / 63.03 against 14.09 / 8.15 /
+    # 70.45 on 64-key blocks in three, the cuDNN cascade 18.51 / 9.06 / 66.80 (H100, own processes;
+    # experiments/results/checks/final16a-h100-20261127T2047Z.log). Gemma's 256: 64-key blocks.
+    192: TileConfig(block_n=96, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
+    # wider heads: the output accumulator, S and P in the consumers' 240 registers, two stages (split release) of the
+    # largest key blocks that fit shared memory. H100, forward ms, own processes:
+    #   192 on 112-key blocks at (8, 8K), (16, 32K): 7.09 / 60.77 against 7.25 / 62.31 on 96-key blocks
+    #   (experiments/results/checks/final16c-h100-20261127T2055Z.log), which ran 12.66 / 7.25 / 63.03 at (28, 4K),
+    #   (8, 8K), (16, 32K) against 14.09 / 8.15 / 70.45 on 64-key blocks in three stages, the cuDNN cascade 18.51 /
+    #   9.06 / 66.80 (final16a-h100-20261127T2047Z.log);
+    #   256 on 80-key blocks at (8, 8K), (16, 32K): 8.90 / 79.07 against 9.84 / 84.79 on 64-key blocks, the cuDNN
+    #   cascade 12.05 / 86.02 (final16c).
+    192: TileConfig(block_n=112, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
+    256: TileConfig(block_n=80, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
 }
 
 #: Hopper dK/dV kernel (wgmma, sm_90a): two warpgroups of 64 keys, 64-query steps in pairs over three Q/dO buffers,

@@ -47,6 +47,12 @@
 #   bash experiments/gpu/run_pending.sh treedq  # #14: the tree backward's dQ hand-off, bisected (tree_bench under
 #                                               # DUALKV_EXTRA_DEFINES variants) and profiled (ncu: DRAM / L2 traffic
 #                                               # of the warp-specialised backward on workload a, default vs NOSEM)
+#   bash experiments/gpu/run_pending.sh tiles16    # #12 A/B: forward key blocks at 128, K in registers (backward), d = 192
+#   bash experiments/gpu/run_pending.sh fwd16b     # the 192-key forward: forward-path GPU tests, A/B at 96 and 64
+#   bash experiments/gpu/run_pending.sh final16a   # d = 192 forward on 96-key blocks, tree GPU tests, dualkv verify
+#   bash experiments/gpu/run_pending.sh final16b   # Table 1 and head dim 192 beside the cuDNN cascade
+#   bash experiments/gpu/run_pending.sh final16c   # wide forwards on 80- / 112-key blocks: tests and A/B
+#   bash experiments/gpu/run_pending.sh final16d   # dualkv verify and head dim 256 fwd+bwd with this session's tiles
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -425,6 +431,83 @@ widetreebench)
     TAIL=14 step widetreebench 400 python3 experiments/gpu/tree_bench.py --head-dim 256 --workloads a,b,c \
         --systems dualkv,dualkv_bwd_v1,cudnn_cascade --no-changing-trees --out "$OUT"
     ;;
+tiles16)
+    # #12 A/B (own processes): the d = 128 forward on 192-key blocks in two stages (split release) against 128-key
+    # blocks in three; the d = 128 backward with 0 / 2 / 4 of K's k-steps in registers (DKV_K_REGS); the d = 192
+    # forward in two stages against three. Correctness first for each non-default variant.
+    W="python3 experiments/gpu/with_tiles.py"
+    F192="SM90_WS_FWD_TILES:128:block_n=192,stages=2"
+    TAIL=3 step pytest_fwd192 200 $W $F192 -- -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py -k "not mma"
+    DUALKV_EXTRA_DEFINES=DKV_K_REGS=4 TAIL=3 step pytest_kregs4 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_backward.py -k "ws_backward and not 192 and not 256"
+    S4="--shapes 28:4096,8:8192,16:32768,16:65536"
+    TAIL=12 step fwd_base 150 python3 -m dualkv bench kernel $S4 --systems dualkv,cudnn_cascade --mode fwd --out "$OUT/bench"
+    TAIL=6 step fwd_bn192 150 $W $F192 -- -m dualkv bench kernel $S4 --systems dualkv --mode fwd --out "$OUT/bench"
+    for kr in 0 2 4 0; do
+        DUALKV_EXTRA_DEFINES=DKV_K_REGS=$kr TAIL=4 step bwd_kregs$kr 150 python3 -m dualkv bench kernel \
+            --shapes 16:32768,8:8192 --systems dualkv --mode bwd --out "$OUT/bench"
+    done
+    SHAPES=8:8192,16:16384,16:32768 TAIL=8 head_dim_bench fwd192_base 150 dualkv,cudnn_cascade fwd 192
+    TAIL=5 step fwd192_st2 150 $W SM90_WS_FWD_TILES:192:stages=2 -- -m dualkv bench kernel --head-dim 192 \
+        --shapes 8:8192,16:16384,16:32768 --systems dualkv --mode fwd --out "$OUT/bench"
+    ;;
+fwd16b)
+    # #12: the 192-key forward at head dim 128 as the default: the forward-path GPU tests (with head dims 96 and 64
+    # also on 192-key blocks through with_tiles), then forward A/B at 96 and 64 (own processes)
+    W="python3 experiments/gpu/with_tiles.py"
+    T96="SM90_WS_FWD_TILES:96:block_n=192,stages=2" T64="SM90_WS_FWD_TILES:64:block_n=192,stages=3"
+    TAIL=3 step pytest_fwd16b 330 $W $T96 $T64 -- -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_hd96.py \
+        proofs_tests/test_tree_cuda_ws.py proofs_tests/test_hybrid_path.py -k "not mma"
+    S2="--shapes 8:8192,16:32768 --systems dualkv --mode fwd --out $OUT/bench"
+    TAIL=4 step fwd96_base 100 python3 -m dualkv bench kernel --head-dim 96 $S2
+    TAIL=4 step fwd96_bn192 100 $W $T96 -- -m dualkv bench kernel --head-dim 96 $S2
+    TAIL=4 step fwd64_base 100 python3 -m dualkv bench kernel --head-dim 64 $S2
+    TAIL=4 step fwd64_bn192 100 $W $T64 -- -m dualkv bench kernel --head-dim 64 $S2
+    TAIL=4 step fwd64_bn192s4 100 $W SM90_WS_FWD_TILES:64:block_n=192,stages=4 -- -m dualkv bench kernel --head-dim 64 $S2
+    ;;
+final16a)
+    # #12: the forward at head dim 192 on 96-key blocks in two stages (with_tiles; 64-key blocks in three are the
+    # default): its forward GPU tests, then forward A/B beside the cuDNN cascade; the tree GPU tests and dualkv verify
+    # on the 192-key blocks now the default at 64 / 96 / 128
+    W="python3 experiments/gpu/with_tiles.py" T192="SM90_WS_FWD_TILES:192:block_n=96,stages=2"
+    TAIL=3 step pytest_fwd192bn96 150 $W $T192 -- -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_tree_cuda_ws.py \
+        -k "192 and not mma"
+    S3="--head-dim 192 --shapes 28:4096,8:8192,16:32768 --mode fwd --out $OUT/bench"
+    TAIL=8 step fwd192_base 120 python3 -m dualkv bench kernel $S3 --systems dualkv,cudnn_cascade
+    TAIL=5 step fwd192_bn96 120 $W $T192 -- -m dualkv bench kernel $S3 --systems dualkv
+    TAIL=3 step pytest_trees 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py \
+        -k "not mma"
+    TAIL=2 step verify 100 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100.json"
+    ;;
+final16c)
+    # #12: the wide forwards on larger key blocks (with_tiles): head dim 256 on 80-key blocks (64 the default), 192 on
+    # 112 (96 the default), both two stages: their forward GPU tests, then forward A/B (own processes)
+    W="python3 experiments/gpu/with_tiles.py"
+    T256="SM90_WS_FWD_TILES:256:block_n=80,stages=2" T192="SM90_WS_FWD_TILES:192:block_n=112,stages=2"
+    TAIL=3 step pytest_wide_fwd 200 $W $T256 $T192 -- -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_tree_cuda_ws.py \
+        -k "(192 or 256) and not mma"
+    S2="--shapes 8:8192,16:32768 --mode fwd --out $OUT/bench"
+    TAIL=6 step fwd256_base 120 python3 -m dualkv bench kernel --head-dim 256 $S2 --systems dualkv,cudnn_cascade
+    TAIL=4 step fwd256_bn80 120 $W $T256 -- -m dualkv bench kernel --head-dim 256 $S2 --systems dualkv
+    TAIL=4 step fwd192_bn96 120 python3 -m dualkv bench kernel --head-dim 192 $S2 --systems dualkv
+    TAIL=4 step fwd192_bn112 120 $W $T192 -- -m dualkv bench kernel --head-dim 192 $S2 --systems dualkv
+    ;;
+final16d)
+    # #12: dualkv verify with the forward tiles of this session as defaults (192-key blocks at 64 to 128, 112 at 192,
+    # 80 at 256), and head dim 256 fwd+bwd beside the cuDNN cascade
+    TAIL=2 step verify 100 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100.json"
+    SHAPES=8:8192,16:32768 TAIL=6 head_dim_bench hd 100 dualkv,cudnn_cascade fwdbwd 256
+    ;;
+final16b)
+    # #12: the seed's Table 1 (head dim 128) with the 192-key forward, beside the cuDNN cascade
+    table1_bench table1 "${SYSTEMS:-dualkv,cudnn_cascade}" 14 8
+    # and head dim 192 with its forward on 96-key blocks (now the default) beside the cuDNN cascade
+    SHAPES=28:4096,8:8192,16:32768 TAIL=12 head_dim_bench hd 150 dualkv,cudnn_cascade fwd,bwd,fwdbwd 192
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -432,6 +515,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d)"
    exit 2 ;;
 esac
