@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dualkv.cuda import swizzle as sw
-from dualkv.cuda.configs import (SM90_DKDV_TILES, SM90_DQ_TILES, SM90_FWD_TILES, WGMMA_V1_KERNELS, dkdv_spec,
-                                 dq_spec, fwd_spec, kernel_family, tile_head_dim)
+from dualkv.cuda.configs import (SM90_DKDV_TILES, SM90_DQ_TILES, SM90_FWD_TILES, SM90_WS_FWD_TILES, WGMMA_V1_KERNELS,
+                                 dkdv_spec, dq_spec, fwd_spec, kernel_family, tile_head_dim)
 
 CSRC = Path(sw.__file__).resolve().parent / "csrc"
 
@@ -69,6 +69,25 @@ def test_descriptors_read_what_the_loads_wrote(kernel, d):
             # the padded columns read only bytes no loaded element owns, inside this tile
             assert not extra & set(addrs) and all(0 <= a < rows * cols * sw.ELEM for a in extra)
             assert len(extra) == (cols - d) * rows
+
+
+@pytest.mark.parametrize("d", sorted(SM90_WS_FWD_TILES))
+def test_warp_specialised_forward_key_blocks(d):
+    """The warp-specialised forward's K and V slots (TMA writes the same 128-byte-swizzle layout the loads model) at
+    its key blocks, whatever their row count (192, 112, 80: not multiples of 64): S = Q K^T reads K as the whole-block
+    K-major B operand over d / 16 k-steps, O += P V reads V as the N-major B operand over its rows; each slot is a
+    whole number of 1024-byte swizzle periods, so the stages of fwd_sm90_ws.cu's ring keep the layout. A descriptor
+    built for another row count reads the second atom from elsewhere (caught)."""
+    rows, cols = SM90_WS_FWD_TILES[d].block_n, tile_head_dim(d)
+    assert rows % 16 == 0 and (rows * cols * sw.ELEM) % 1024 == 0 and (rows * 128) % 1024 == 0
+    loaded = sw.loaded_elements(rows, d)
+    assert kmajor_mismatches(rows, loaded, 0, rows, d // 16) == 0
+    bad, extra = nmajor_check(rows, loaded, d, cols)
+    assert bad == 0 and not extra & set(loaded.values())
+    if d // 16 > 4:  # a second 64-column atom, whose place depends on the row count: k-step 4 is its first
+        wrong = 128 if rows != 128 else 64
+        reads = sw.read_kmajor(sw.Descriptor.decode(sw.kmajor_desc(0, 0, wrong, 4)), rows)
+        assert sum(loaded.get((i, 64 + k)) != addr for (i, k), addr in reads.items()) > 0
 
 
 @pytest.mark.parametrize("d", (64, 96, 128))

@@ -145,11 +145,6 @@ SM90_WS_FWD_TILES: dict[int, TileConfig] = {
     64: TileConfig(block_n=192, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
     96: TileConfig(block_n=192, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
     128: TileConfig(block_n=192, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
-    # wider heads: the output accumulator, S and P in the consumers' 240 registers. Head dim 192 on 96-key blocks in
-    # two stages (split release): forward ms at (28, 4K), (8, 8K), (16, 32K) 12.66 / 7.25 / 63.03 against 14.09 / 8.15 /
-    # 70.45 on 64-key blocks in three, the cuDNN cascade 18.51 / 9.06 / 66.80 (H100, own processes;
-    # experiments/results/checks/final16a-h100-20261127T2047Z.log). Gemma's 256: 64-key blocks.
-    192: TileConfig(block_n=96, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
     # wider heads: the output accumulator, S and P in the consumers' 240 registers, two stages (split release) of the
     # largest key blocks that fit shared memory. H100, forward ms, own processes:
     #   192 on 112-key blocks at (8, 8K), (16, 32K): 7.09 / 60.77 against 7.25 / 62.31 on 96-key blocks

@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 HEADER = Path(__file__).resolve().parent / "csrc" / "wgmma.cuh"
-WIDTHS = (32, 64, 80, 96, 112, 128, 192, 256)  # the n of m64nNk16 the kernels use (32: the head-dim-64 backward's dQ halves; 80 to 112: the wide forwards' S)
+#: the n of m64nNk16 the kernels use (32: the head-dim-64 backward's dQ halves; 80, 112: the head-dim-256 / 192
+#: forwards' S on their key blocks)
+WIDTHS = (32, 64, 80, 112, 128, 192, 256)
 #: widths of wgmma_ss_nb (64: dQ column atoms; 192, 256: the wide backward's dV / dK from P^T / dS^T in smem)
 NB_WIDTHS = (64, 192, 256)
 

@@ -31,9 +31,9 @@ constexpr int kTileBytesKV = kBlockN * kHeadDimAcc * 2;
 constexpr int kAtoms = kHeadDimAcc / 64;
 
 static_assert(kWarps == 8 && kMSlabs == 1 && kDSplit == 1, "two consumer warpgroups of 64 query rows");
-// Key blocks of any multiple of 16 rows up to 256 (configs.SM90_WS_FWD_TILES: 192, 112, 80): a K or V slot is then a
+// Key blocks of a multiple of 16 rows up to 256 (configs.SM90_WS_FWD_TILES: 192, 112, 80): a K or V slot is then a
 // whole number of 1024-byte swizzle periods (rows of 128 bytes per 64-column atom), a TMA box, and whole k-steps of
-// P V; S's N is the block (wgmma.cuh has each width used).
+// P V. S's N is the block, so wgmma.cuh must have that width (gen_wgmma.WIDTHS; another fails to compile).
 static_assert(kHeadDimAcc % 64 == 0 && kBlockN % 16 == 0 && kBlockN <= 256, "64-column swizzle atoms, TMA box <= 256");
 static_assert(kPosPerTile % 8 == 0, "each packed head's rows start on a swizzle period");
 
@@ -41,14 +41,14 @@ static_assert(kPosPerTile % 8 == 0, "each packed head's rows start on a swizzle 
 constexpr int kBarTurn0 = 2;      // ping-pong: warpgroup 0's turn to issue (+1: warpgroup 1's)
 constexpr int kBarWg0 = 4;        // one consumer warpgroup (+wg)
 
-// DKV_SPLIT_RELEASE (the default with two stages: head dims 96, 128 on 192-key blocks and 256): a stage's K and V
-// slots are freed separately, K once S = Q K^T of its block has completed, V once P V has (an iteration later), so
+// DKV_SPLIT_RELEASE (the default with two stages: every head dim but 64, configs.SM90_WS_FWD_TILES): a stage's K and
+// V slots are freed separately, K once S = Q K^T of its block has completed, V once P V has (an iteration later), so
 // the producer refills the K slot an iteration earlier. Freed together after P V, two stages left the next K block
-// only the softmax to arrive in: H100, head dim 256, forward ms at (8, 8K), (16, 16K), (16, 32K) 9.9 / 36.7 / 84.2
-// against 11.7 / 45.0 / 103.1 (own processes, twice each; experiments/results/checks/fwd-split-release-h100-
-// 20261127T1846Z.log). With three stages (head dims 64 and 192) it measured the same (128 on 128-key blocks: 8.9 /
-// 44.7 against 8.6 / 44.6 ms at (28, 4K), (16, 32K); 192: 13.7 / 70.0 against 13.9 / 69.8), so those builds keep the
-// joint release.
+// only the softmax to arrive in: H100, head dim 256 (then on 64-key blocks), forward ms at (8, 8K), (16, 16K),
+// (16, 32K) 9.9 / 36.7 / 84.2 against 11.7 / 45.0 / 103.1 (own processes, twice each; experiments/results/checks/
+// fwd-split-release-h100-20261127T1846Z.log). With three stages it measured the same (128 on 128-key blocks: 8.9 /
+// 44.7 against 8.6 / 44.6 ms at (28, 4K), (16, 32K); 192 on 64-key blocks: 13.7 / 70.0 against 13.9 / 69.8), so
+// the three-stage build (head dim 64) keeps the joint release.
 #ifndef DKV_SPLIT_RELEASE
 #define DKV_SPLIT_RELEASE (DKV_STAGES < 3)
 #endif
