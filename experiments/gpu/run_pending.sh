@@ -53,6 +53,7 @@
 #   bash experiments/gpu/run_pending.sh final16b   # Table 1 and head dim 192 beside the cuDNN cascade
 #   bash experiments/gpu/run_pending.sh final16c   # wide forwards on 80- / 112-key blocks: tests and A/B
 #   bash experiments/gpu/run_pending.sh final16d   # dualkv verify and head dim 256 fwd+bwd with this session's tiles
+#   bash experiments/gpu/run_pending.sh final16e   # tree and hybrid-path GPU tests on the shipped forward tiles
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -502,6 +503,11 @@ final16d)
     TAIL=2 step verify 100 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100.json"
     SHAPES=8:8192,16:32768 TAIL=6 head_dim_bench hd 100 dualkv,cudnn_cascade fwdbwd 256
     ;;
+final16e)
+    # the tree GPU tests (two-level families too) and the hybrid-path tests on this session's shipped forward tiles
+    TAIL=3 step pytest_trees_final 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py \
+        proofs_tests/test_hybrid_path.py -k "not mma"
+    ;;
 final16b)
     # #12: the seed's Table 1 (head dim 128) with the 192-key forward, beside the cuDNN cascade
     table1_bench table1 "${SYSTEMS:-dualkv,cudnn_cascade}" 14 8
@@ -515,6 +521,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e)"
    exit 2 ;;
 esac
