@@ -54,6 +54,7 @@
 #   bash experiments/gpu/run_pending.sh final16c   # wide forwards on 80- / 112-key blocks: tests and A/B
 #   bash experiments/gpu/run_pending.sh final16d   # dualkv verify and head dim 256 fwd+bwd with this session's tiles
 #   bash experiments/gpu/run_pending.sh final16e   # tree and hybrid-path GPU tests on the shipped forward tiles
+#   bash experiments/gpu/run_pending.sh atomicprof # #13, not yet run: ncu of the mma.sync fused atomic dQ against FA2's
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -508,6 +509,22 @@ final16e)
     TAIL=3 step pytest_trees_final 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py \
         proofs_tests/test_hybrid_path.py -k "not mma"
     ;;
+atomicprof)
+    # #13 (not yet run): where the mma.sync dK/dV kernel's fused atomic dQ loses to FlashAttention-2's fused backward
+    # at (8, 8K): ncu source counters, warp stalls and L2 / atomic traffic of bwd_dkdv (DUALKV_MMA_BWD=atomic) and of
+    # FA2's dq_dk_dv kernel, one archive each
+    for who in dualkv fa2; do
+        k="regex:bwd_dkdv$"; [ $who = fa2 ] && k="regex:flash_bwd_dq_dk_dv"
+        DUALKV_DETERMINISTIC=0 DUALKV_PATH=fused DUALKV_MMA_BWD=atomic TAIL=2 step ncu_atomic_$who 200 ncu --clock-control none --profile-from-start off -k "$k" \
+            --section SourceCounters --section WarpStateStats --section MemoryWorkloadAnalysis -c 1 \
+            -f -o "$OUT/ncu_atomic_$who" python3 experiments/gpu/profile_bwd.py --family mma --shape 8:8192 --systems $who
+        [ -f "$OUT/ncu_atomic_$who.ncu-rep" ] && ncu --import "$OUT/ncu_atomic_$who.ncu-rep" --page details \
+            > "$OUT/ncu_atomic_$who.txt" 2>&1
+        [ -f "$OUT/ncu_atomic_$who.ncu-rep" ] && ncu --import "$OUT/ncu_atomic_$who.ncu-rep" --page source \
+            --print-source sass --csv | gzip > "$OUT/ncu_atomic_$who.csv.gz"
+        rm -f "$OUT/ncu_atomic_$who.ncu-rep"
+    done
+    ;;
 final16b)
     # #12: the seed's Table 1 (head dim 128) with the 192-key forward, beside the cuDNN cascade
     table1_bench table1 "${SYSTEMS:-dualkv,cudnn_cascade}" 14 8
@@ -521,6 +538,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof)"
    exit 2 ;;
 esac
