@@ -44,14 +44,11 @@ CASES = {
 
 def _apply_tile_env() -> None:
     """DUALKV_WS_TILE="dq_buffers=2,stages=2": override the warp-specialised backward's tile (its smem follows)."""
-    from dataclasses import replace
-
-    from dualkv.cuda import configs
+    from with_tiles import apply
 
     text = os.environ.get("DUALKV_WS_TILE", "")
     if text:
-        fields = {k: int(v) for k, v in (item.split("=") for item in text.split(","))}
-        configs.SM90_WS_BWD_TILES[128] = replace(configs.SM90_WS_BWD_TILES[128], **fields)
+        apply(f"SM90_WS_BWD_TILES:128:{text}")
 
 
 def timing_child(shapes: str) -> None:
