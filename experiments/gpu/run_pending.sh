@@ -525,6 +525,31 @@ atomicprof)
         rm -f "$OUT/ncu_atomic_$who.ncu-rep"
     done
     ;;
+stage17)
+    # #13: the mma.sync dK/dV kernel's dQ adds in row runs (staged through the step's Q/dO buffer): the atomic and
+    # ordered modes' GPU tests under the mma.sync family, then their backward against the previous kernel
+    # (experiments/gpu/_old_bwd_dkdv.cu, when present), the split default and the FA2 cascade, one process each
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD=atomic TAIL=3 step pytest_atomic 150 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_cuda_backward.py -k atomic_dq_mode
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordered 240 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_tree_cuda.py
+    mkdir -p "$OUT/bench"
+    TAIL=12 step bench_rows 150 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_ordered,dualkv_mma_atomic,cascade \
+        --shapes ${SHAPES:-8:8192,16:32768} --mode bwd --out "$OUT/bench"
+    if [ -f experiments/gpu/_old_bwd_dkdv.cu ]; then
+        cp experiments/gpu/_old_bwd_dkdv.cu dualkv/cuda/csrc/bwd_dkdv.cu
+        TAIL=8 step bench_old 120 python3 -m dualkv bench kernel --systems dualkv_mma_ordered,dualkv_mma_atomic \
+            --shapes ${SHAPES:-8:8192,16:32768} --mode bwd --out "$OUT/bench"
+    fi
+    ;;
+table17)
+    # #13 after the row-run dQ adds: the mma.sync family (split default; atomic dQ, deterministic=False) against the FA2
+    # cascade at the issue's four shapes (one process), then head dims 32 / 64 / 96, split against atomic
+    mkdir -p "$OUT/bench"
+    TAIL=26 step mmatable 330 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic,cascade \
+        --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
+    SHAPES=8:8192,16:32768 TAIL=6 head_dim_bench hd 90 dualkv_mma,dualkv_mma_atomic,cascade bwd 32 64 96
+    ;;
 final16b)
     # #12: the seed's Table 1 (head dim 128) with the 192-key forward, beside the cuDNN cascade
     table1_bench table1 "${SYSTEMS:-dualkv,cudnn_cascade}" 14 8
@@ -538,6 +563,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17)"
    exit 2 ;;
 esac

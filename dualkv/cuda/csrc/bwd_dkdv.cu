@@ -86,12 +86,8 @@ static_assert(!kDqHere || (kDqColParts * kDqRowSlabs == kWarps && kDqCols % 16 =
 
 using KeyWalk = Walk<kBlockM, kDqOrdered>;
 
-// The fp32 dQ accumulator's slot of (token tok, column col) from the token's (head's) row: (T, H, d) rows as they
-// are in the atomic mode; in the ordered mode bwd_dq_cast.cu's (H, T, d) rows, whose 4-float chunks are permuted
-// by the token (chunk c at c ^ (tok & 7)). Columns col and col + 1 (col even) stay adjacent.
-__device__ __forceinline__ float* dq_slot(float* row, int col, long long tok) {
-    return kDqOrdered ? row + ((((col >> 2) ^ static_cast<int>(tok & 7)) << 2) | (col & 3)) : row + col;
-}
+// The fp32 dQ accumulator's rows: (T, H, d) in the atomic mode; in the ordered mode bwd_dq_cast.cu's (H, T, d), whose
+// 4-float chunks are permuted by the token (chunk c of token tok's row at c ^ (tok & 7)).
 
 // Ordered dQ: the rank of this step's contribution at its (head, query tile) counter (ws_schedule.rank): block b of
 // the segment's own keys has rank b; for a dependent, the own blocks reaching the tile come first, and in a tree
@@ -257,6 +253,24 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                                                (lmat % 2) * 8);
                 gemm_frag_rows<1, 16, kDqCols>(acc_dq, a, sK + kk * 16 * kRowStride, dq_part * kDqCols, lrow, lmat);
             }
+            // The step's partial dQ, transposed through this step's Q/dO buffer (free once every warp has passed the
+            // dS barrier above: 64 fp32 rows are 128 bf16 rows, the Q and dO tiles) so that one add instruction covers
+            // 32 consecutive floats of a row (full 32-byte sectors, each touched once) where the fragment layout hit
+            // every sector twice, half used (FlashAttention-2 adds in row runs too). Each warp reads back only what
+            // it wrote (a warp barrier). The next step's copies into this buffer come after a CTA barrier: the next
+            // step's first one, or in the ordered mode (whose copies go out before it) one at this step's end.
+            constexpr int kHalfRows = kBlockM / 2;
+            static_assert(kBlockM % 32 == 0 && (16 * kDqCols) % 32 == 0, "dQ staging: whole slabs per buffer half");
+            float* stage = reinterpret_cast<float*>(dq_slab * 16 < kHalfRows ? sQ + buf * kBlockM * kRowStride
+                                                                           : sdO + buf * kBlockM * kRowStride) +
+                           (dq_slab * 16 % kHalfRows) * kRowStride + dq_part * kDqCols;
+#pragma unroll
+            for (int nt = 0; nt < kDqCols / 8; ++nt)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+                    *reinterpret_cast<float2*>(stage + (g + 8 * hh) * kRowStride + nt * 8 + 2 * t4) =
+                        make_float2(acc_dq[0][nt][2 * hh], acc_dq[0][nt][2 * hh + 1]);
+            __syncwarp();
             if (kDqOrdered) {
                 if (threadIdx.x == 0) {
                     if (kDqPrefetch) {
@@ -266,23 +280,43 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                         wait_flag(pending, pending_rank);
                     }
                 }
-                // Every earlier contribution to this (head, query tile) has landed; this barrier also follows every
-                // read of this step's smem buffers, so the step needs no other one at its end.
+                // Every earlier contribution to this (head, query tile) has landed.
                 __syncthreads();
             }
+            // Row by row, lane l adding columns l, l + 32, ... of the warp's kDqCols: a pointer step per row and the
+            // row check once per warp (all 16 rows valid but in a segment's last tile). Written with 64-bit row
+            // products and a check per add, the adds were 40% of the kernel's instructions (ncu, H100, (8, 8K)).
+            const long long slab_tok = sg.seg.q_start + cur.pos + dq_slab * 16;
+            float* slab_row = dq_acc + slab_tok * dqa_st + head * dqa_sh + dq_part * kDqCols;
+            const int valid_rows = cur.p_hi - cur.pos - dq_slab * 16 + 1;
+            auto add_rows = [&](bool checked) {  // (inlined twice: `checked` a constant)
+                float* row = slab_row;
+#pragma unroll 4
+                for (int r = 0; r < 16; ++r) {
+                    if (!checked || r < valid_rows) {
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int r = dq_slab * 16 + g + 8 * hh;
-                if (cur.pos + r > cur.p_hi) continue;
-                const long long tok = sg.seg.q_start + cur.pos + r;
-                float* row = dq_acc + tok * dqa_st + head * dqa_sh;
-#pragma unroll
-                for (int nt = 0; nt < kDqCols / 8; ++nt) {
-                    float* slot = dq_slot(row, dq_part * kDqCols + nt * 8 + 2 * t4, tok);
-                    atomicAdd(slot, acc_dq[0][nt][2 * hh]);
-                    atomicAdd(slot + 1, acc_dq[0][nt][2 * hh + 1]);
+                        for (int j = 0; j < (kDqCols + 31) / 32; ++j) {
+                            const int c = j * 32 + lane;
+                            if (kDqCols % 32 != 0 && c >= kDqCols) break;
+                            int col = c;  // the ordered layout's chunk permutation, from the part's column 0
+                            if (kDqOrdered) {
+                                const int full = dq_part * kDqCols + c;
+                                col = ((((full >> 2) ^ static_cast<int>((slab_tok + r) & 7)) << 2) | (full & 3)) -
+                                      dq_part * kDqCols;
+                            }
+                            atomicAdd(row + col, stage[r * kRowStride + c]);
+                        }
+                    }
+                    row += dqa_st;
                 }
+            };
+            if (valid_rows >= 16) {
+                add_rows(false);
+            } else {
+                add_rows(true);
             }
+            // Ordered mode: every read of this step's buffers is done before the next step's copies into it.
+            if (kDqOrdered) __syncthreads();
         }
 
         // One stage: every warp is done with the buffer before the next step's copies overwrite it. Two stages need no
