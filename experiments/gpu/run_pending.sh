@@ -549,6 +549,16 @@ table17)
     TAIL=26 step mmatable 330 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic,cascade \
         --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
     SHAPES=8:8192,16:32768 TAIL=6 head_dim_bench hd 90 dualkv_mma,dualkv_mma_atomic,cascade bwd 32 64 96
+    # and the split backward's two kernels under ncu (source counters, stalls) at (8, 8K), for the next step
+    for k in bwd_dkdv bwd_dq; do
+        TAIL=2 step ncu_split_$k 120 ncu --clock-control none --profile-from-start off -k "regex:${k}$" \
+            --section SourceCounters --section WarpStateStats --section SpeedOfLight -c 1 -f -o "$OUT/ncu_split_$k" \
+            python3 experiments/gpu/profile_bwd.py --family mma --shape 8:8192 --systems dualkv
+        [ -f "$OUT/ncu_split_$k.ncu-rep" ] && ncu --import "$OUT/ncu_split_$k.ncu-rep" --page source \
+            --print-source sass --csv | gzip > "$OUT/ncu_split_$k.csv.gz"
+        rm -f "$OUT/ncu_split_$k.ncu-rep"
+    done
+    (cd "$OUT" && tar czf table17.tgz *.log *.csv.gz bench && rm -rf *.csv.gz bench hd*.log ncu_*.log)  # <= 8 files back
     ;;
 final16b)
     # #12: the seed's Table 1 (head dim 128) with the 192-key forward, beside the cuDNN cascade
