@@ -76,16 +76,19 @@ def test_ws_backward_is_bitwise_deterministic(head_dim):
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
 
 
-@pytest.mark.parametrize("mode", ["split", "atomic"])
+@pytest.mark.parametrize("mode", ["auto", "split", "atomic"])
 @pytest.mark.parametrize("head_dim", (32, 64, 96, 128))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_atomic_dq_mode(head_dim, dtype, mode, launched_specs):
     """deterministic=False meets the same bounds: the hybrid path (fused forward, cuDNN cascade backward) where that is
-    faster (Hopper, d = 64, 128, no window), else the deterministic kernels, or under mma_backward("atomic") dQ by
-    fp32 atomics in the mma.sync dK/dV kernel wherever that kernel serves (here: the windowed case, and d = 32)."""
+    faster (Hopper, d = 64, 128, no window), else the deterministic kernels, or dQ by fp32 atomics in the mma.sync
+    dK/dV kernel: under mma_backward("atomic") wherever that kernel serves (here: the windowed case, and d = 32), under
+    "auto" (the default) at head dims 64-128 where the mma.sync dK/dV kernel serves anyway (sm_80, or
+    DUALKV_KERNELS=mma; here the windowed case)."""
     import functools
 
-    from dualkv.cuda.configs import mma_backward
+    from dualkv.cuda.configs import AUTO_ATOMIC_HEAD_DIMS, dkdv_kernel_for, mma_backward
+    from dualkv.cuda.runtime import arch_of
 
     fn = functools.partial(dualkv.shared_prefix_attention, deterministic=False)
     with mma_backward(mode):
@@ -93,7 +96,9 @@ def test_atomic_dq_mode(head_dim, dtype, mode, launched_specs):
         assert_rows_pass(shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=fn))
         case = AttentionCase((300,), ((65, 127),), 4, 4, head_dim, window=(50, 0))
         assert_rows_pass(shared_prefix_check(case, dtype=dtype, device="cuda", attention_fn=fn))
-    assert any(s.dq_atomic for s in launched_specs) == (mode == "atomic"), launched_specs
+    auto_atomic = head_dim in AUTO_ATOMIC_HEAD_DIMS and dkdv_kernel_for(head_dim, arch_of(0)) == "bwd_dkdv"
+    expected = mode == "atomic" or (mode == "auto" and auto_atomic)
+    assert any(s.dq_atomic for s in launched_specs) == expected, launched_specs
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)

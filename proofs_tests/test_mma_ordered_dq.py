@@ -195,7 +195,7 @@ def test_replay_paper_api_equals_reference_backward(causal, geo):
 
 
 def test_switch_is_off_by_default_and_picks_the_mma_kernel_only():
-    assert not dq_ordered_for(128, "sm_80", window=False)            # DUALKV_MMA_BWD unset: "split"
+    assert not dq_ordered_for(128, "sm_80", window=False)            # DUALKV_MMA_BWD unset: "auto"
     with mma_backward("ordered"):
         assert dq_ordered_for(128, "sm_80", window=False)
         assert dq_ordered_for(32, "sm_90", window=False)             # no wgmma dK/dV kernel at d = 32
@@ -207,18 +207,28 @@ def test_switch_is_off_by_default_and_picks_the_mma_kernel_only():
     assert not dq_ordered_for(128, "sm_80", window=False)            # restored after the block
 
 
-def test_atomic_dq_is_opt_in_and_for_non_deterministic_calls_only():
-    from dualkv.cuda.configs import ATOMIC_HEAD_DIMS, dq_atomic_for
+def test_atomic_dq_is_for_non_deterministic_calls_only():
+    """"auto" (the default) sends deterministic=False calls to the atomic dQ at head dims 64-128 where the mma.sync
+    dK/dV kernel serves them anyway; "atomic" at every atomic head dim, also in place of Hopper's wgmma pair; "split"
+    and "ordered" never; deterministic calls never."""
+    from dualkv.cuda.configs import ATOMIC_HEAD_DIMS, AUTO_ATOMIC_HEAD_DIMS, dq_atomic_for
 
-    assert not any(dq_atomic_for(d, deterministic=False) for d in ATOMIC_HEAD_DIMS)  # default "split"
+    def atomic_dims(arch, deterministic=False):
+        return tuple(d for d in (*ATOMIC_HEAD_DIMS, 192, 256) if dq_atomic_for(d, deterministic, arch))
+
+    assert atomic_dims("sm_80") == AUTO_ATOMIC_HEAD_DIMS == (64, 96, 128)   # default "auto"; not 32 (slower there)
+    assert atomic_dims("sm_90") == ()                                     # the wgmma kernels serve 64-128; 32: slower
+    assert atomic_dims("sm_80", deterministic=True) == ()
+    with kernel_family("mma"):
+        assert atomic_dims("sm_90") == (64, 96, 128)                      # the Ampere stand-in
     with mma_backward("atomic"):
-        assert all(dq_atomic_for(d, deterministic=False) for d in ATOMIC_HEAD_DIMS)
-        assert not dq_atomic_for(128, deterministic=True)            # deterministic calls keep the split backward
-        assert not dq_atomic_for(192, deterministic=False)           # no atomic kernel above 128
+        assert atomic_dims("sm_80") == atomic_dims("sm_90") == ATOMIC_HEAD_DIMS   # no atomic kernel above 128
+        assert atomic_dims("sm_80", deterministic=True) == ()            # deterministic calls keep the split backward
         assert not dq_ordered_for(128, "sm_80", window=False)
-    with mma_backward("ordered"):
-        assert not dq_atomic_for(128, deterministic=False)           # the ordered mode serves every call
-    assert not dq_atomic_for(128, deterministic=False)               # restored after the blocks
+    for mode in ("split", "ordered"):                                     # ordered: it serves every call
+        with mma_backward(mode):
+            assert atomic_dims("sm_80") == atomic_dims("sm_90") == ()
+    assert atomic_dims("sm_80") == (64, 96, 128)                          # restored after the blocks
 
 
 def test_bad_switch_values_are_refused_by_name(monkeypatch):
@@ -230,7 +240,7 @@ def test_bad_switch_values_are_refused_by_name(monkeypatch):
     with pytest.raises(ValueError, match="DUALKV_MMA_BWD must be one of"):
         dq_ordered_for(128, "sm_80", window=False)
     with pytest.raises(ValueError, match="DUALKV_MMA_BWD must be one of"):
-        configs.dq_atomic_for(128, deterministic=False)
+        configs.dq_atomic_for(128, deterministic=False, arch="sm_80")
 
 
 def test_unsupported_ordered_specs_are_refused():

@@ -287,17 +287,23 @@ def current_kernel_family() -> str:
     return _family[0]
 
 
-#: The backward of the mma.sync kernels: "split" (the default, for ``deterministic=False`` calls too: the dQ kernel
-#: and the dK/dV kernel, seven products per query tile x key block), "ordered" (dQ inside the dK/dV kernel, five
-#: products, added in a fixed order: DKV_DQ_ORDERED; head dims :data:`ORDERED_HEAD_DIMS`, no window; every call) or
-#: "atomic" (``deterministic=False`` calls add dQ by fp32 atomics inside the dK/dV kernel, five products,
-#: FlashAttention-2's scheme; head dims :data:`ATOMIC_HEAD_DIMS`; deterministic calls run the split backward). The
-#: atomic dQ is not the ``deterministic=False`` default because it was slower than the split backward at every head
-#: dim measured (H100 under ``kernel_family("mma")``, the Ampere stand-in; fwd+bwd ms, atomic against split, at
-#: (8, 8K): d = 32 20.1 / 18.7, 64 29.6 / 26.5, 96 43.2 / 40.2, 128 52.2 / 44.3; at (16, 32K), d = 128: 425.8 /
-#: 380.1; experiments/results/checks/mma-atomic-*h100-20261127T115*.json), with about twice its peak memory.
-MMA_BACKWARDS = ("split", "ordered", "atomic")
-_mma_backward = [os.environ.get("DUALKV_MMA_BWD", "split")]
+#: The backward of the mma.sync kernels: "auto" (the default: "split" for deterministic calls; ``deterministic=False``
+#: calls at head dims :data:`AUTO_ATOMIC_HEAD_DIMS` run "atomic" wherever the mma.sync dK/dV kernel serves them anyway
+#: (sm_80/86/89, or ``kernel_family("mma")``), "split" elsewhere), "split" (the dQ kernel and the dK/dV kernel, seven
+#: products per query tile x key block, for every call), "ordered" (dQ inside the dK/dV kernel, five products, added
+#: in a fixed order: DKV_DQ_ORDERED; head dims :data:`ORDERED_HEAD_DIMS`, no window; every call) or "atomic"
+#: (``deterministic=False`` calls add dQ by fp32 atomics inside the dK/dV kernel, five products, FlashAttention-2's
+#: scheme; head dims :data:`ATOMIC_HEAD_DIMS`; deterministic calls run the split backward; on sm_90 it also replaces
+#: the wgmma dQ + dK/dV pair).
+MMA_BACKWARDS = ("auto", "split", "ordered", "atomic")
+#: Head dims where "auto" sends ``deterministic=False`` calls to the atomic dQ: where it measured faster than the
+#: split backward. H100 under ``kernel_family("mma")`` (the Ampere stand-in), backward ms, atomic against split, one
+#: process (experiments/results/kernel-*-20261127-2353*.json, after the row-run dQ adds): d = 128 at (28, 4K), (8, 8K),
+#: (16, 32K), (16, 64K): 53.2 / 53.2, 31.2 / 32.1, 250.1 / 271.2, 656.3 / 716.0; at (8, 8K), (16, 32K): d = 96 27.9 /
+#: 28.6, 219.6 / 236.6; d = 64 17.8 / 18.7, 136.0 / 149.3; d = 32 13.7 / 12.0, 101.4 / 91.9 (slower: not here). The
+#: atomic dQ has about twice the split backward's peak memory (an fp32 dQ accumulator), still below the FA2 cascade's.
+AUTO_ATOMIC_HEAD_DIMS = (64, 96, 128)
+_mma_backward = [os.environ.get("DUALKV_MMA_BWD", "auto")]
 
 
 class mma_backward(_Switch):  # noqa: N801 - used like a function: mma_backward("ordered")
@@ -392,11 +398,17 @@ def current_mma_backward() -> str:
     return choice
 
 
-def dq_atomic_for(head_dim: int, deterministic: bool) -> bool:
+def dq_atomic_for(head_dim: int, deterministic: bool, arch: str) -> bool:
     """Whether a backward that the warp-specialised kernel does not serve adds dQ by fp32 atomics in the mma.sync
-    dK/dV kernel: ``deterministic=False``, a head dim of :data:`ATOMIC_HEAD_DIMS` and ``mma_backward("atomic")``
-    chosen (see :data:`MMA_BACKWARDS`)."""
-    return not deterministic and head_dim in ATOMIC_HEAD_DIMS and current_mma_backward() == "atomic"
+    dK/dV kernel (``arch``: the device's): ``deterministic=False``, a head dim of :data:`ATOMIC_HEAD_DIMS`, and
+    ``mma_backward("atomic")`` chosen, or "auto" at :data:`AUTO_ATOMIC_HEAD_DIMS` where the mma.sync dK/dV kernel
+    serves the call anyway (see :data:`MMA_BACKWARDS`)."""
+    choice = current_mma_backward()
+    if deterministic or head_dim not in ATOMIC_HEAD_DIMS:
+        return False
+    if choice == "auto":
+        return head_dim in AUTO_ATOMIC_HEAD_DIMS and dkdv_kernel_for(head_dim, arch) == "bwd_dkdv"
+    return choice == "atomic"
 
 
 def dq_ordered_for(head_dim: int, arch: str, window: bool) -> bool:

@@ -239,7 +239,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
             and dq_ordered_for(head_dim, arch, window)):  # its dQ ranks need key_tiles_t's launch order
         _run_dkdv_ordered(grads, scalars, q, dq, segments, key_tiles_t, k_own.shape[1], causal, scale, tree)
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
-    atomic = dq_atomic_for(head_dim, deterministic)
+    atomic = dq_atomic_for(head_dim, deterministic, arch)
     dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
     dq_kspec = dq_spec(head_dim, q.dtype, group, window, arch, kernel="bwd_dq" if dq_tile else None, causal=causal,
                        tree=tree)

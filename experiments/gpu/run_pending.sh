@@ -560,6 +560,14 @@ table17)
     done
     (cd "$OUT" && tar czf table17.tgz *.log *.csv.gz bench && rm -rf *.csv.gz bench hd*.log ncu_*.log)  # <= 8 files back
     ;;
+final17)
+    # #13: "auto" (the default) sends deterministic=False calls to the atomic dQ at head dims 64-128 where the mma.sync
+    # dK/dV kernel serves: the deterministic=False GPU tests under the mma.sync family and the default family
+    DUALKV_KERNELS=mma TAIL=3 step pytest_auto_mma 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_backward.py -k atomic_dq_mode
+    TAIL=3 step pytest_auto 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_backward.py proofs_tests/test_cuda_paper_api.py -k "atomic_dq or bitwise"
+    ;;
 final16b)
     # #12: the seed's Table 1 (head dim 128) with the 192-key forward, beside the cuDNN cascade
     table1_bench table1 "${SYSTEMS:-dualkv,cudnn_cascade}" 14 8
@@ -573,6 +581,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17)"
    exit 2 ;;
 esac
