@@ -298,10 +298,11 @@ def current_kernel_family() -> str:
 MMA_BACKWARDS = ("auto", "split", "ordered", "atomic")
 #: Head dims where "auto" sends ``deterministic=False`` calls to the atomic dQ: where it measured faster than the
 #: split backward. H100 under ``kernel_family("mma")`` (the Ampere stand-in), backward ms, atomic against split, one
-#: process (experiments/results/kernel-*-20261127-2353*.json, after the row-run dQ adds): d = 128 at (28, 4K), (8, 8K),
-#: (16, 32K), (16, 64K): 53.2 / 53.2, 31.2 / 32.1, 250.1 / 271.2, 656.3 / 716.0; at (8, 8K), (16, 32K): d = 96 27.9 /
-#: 28.6, 219.6 / 236.6; d = 64 17.8 / 18.7, 136.0 / 149.3; d = 32 13.7 / 12.0, 101.4 / 91.9 (slower: not here). The
-#: atomic dQ has about twice the split backward's peak memory (an fp32 dQ accumulator), still below the FA2 cascade's.
+#: process per head dim, after the row-run dQ adds (experiments/results/kernel-20261127-235319.json and
+#: kernel-h32-8-d{32,64,96}-20261127-235*.json): d = 128 at (28, 4K), (8, 8K), (16, 32K), (16, 64K): 53.2 / 53.2,
+#: 31.2 / 32.1, 250.1 / 271.2, 656.3 / 716.0; at (8, 8K), (16, 32K): d = 96 27.9 / 28.6, 219.6 / 236.6; d = 64 17.8 /
+#: 18.7, 136.0 / 149.3; d = 32 13.7 / 12.0, 101.4 / 91.9 (slower: not here). The atomic dQ has about twice the split
+#: backward's peak memory (an fp32 dQ accumulator), still below the FA2 cascade's (7.5 against 7.8 GiB at (16, 64K)).
 AUTO_ATOMIC_HEAD_DIMS = (64, 96, 128)
 _mma_backward = [os.environ.get("DUALKV_MMA_BWD", "auto")]
 
@@ -311,7 +312,9 @@ class mma_backward(_Switch):  # noqa: N801 - used like a function: mma_backward(
     ``$DUALKV_MMA_BWD``). "ordered" applies wherever the mma.sync dK/dV kernel runs (sm_80/86/89; on sm_90 d = 32,
     or everything under ``kernel_family("mma")``); "atomic" to every ``deterministic=False`` call that neither the
     warp-specialised backward nor the hybrid path serves (on sm_90 it then replaces the first wgmma dQ + dK/dV pair,
-    e.g. with a window). A plain call sets it for the process; a ``with`` block restores the previous choice."""
+    e.g. with a window); "auto" (the default) to ``deterministic=False`` calls at :data:`AUTO_ATOMIC_HEAD_DIMS` that the
+    mma.sync dK/dV kernel serves anyway. A plain call sets it for the process; a ``with`` block restores the previous
+    choice."""
 
     _value, _choices, _what = _mma_backward, MMA_BACKWARDS, "mma backward"
 
