@@ -41,9 +41,12 @@ def _run(layout, q, k, v, g, *, device, dtype, fn=None):
     return out.detach(), lse.detach(), grads
 
 
-def tree_rows(layout, *, heads=8, kv_heads=2, d=128, dtype=torch.bfloat16, family="auto", seed=0):
+def tree_rows(layout, *, heads=8, kv_heads=2, d=128, dtype=torch.bfloat16, family="auto", seed=0,
+              deterministic=None):
     """{quantity: Comparison} of the CUDA kernels against the float64 tree reference (PyTorch's reference at
     ``dtype`` on the GPU is the low-precision baseline of FlashAttention's rule)."""
+    import functools
+
     from dualkv.cuda.configs import kernel_family
 
     q, k, v, g = _inputs(layout, heads, kv_heads, d, seed)
@@ -51,7 +54,8 @@ def tree_rows(layout, *, heads=8, kv_heads=2, d=128, dtype=torch.bfloat16, famil
     ref = _run(layout, q, k, v, g, device="cpu", dtype=torch.float64, fn=reference_tree)
     lowp = _run(layout, q, k, v, g, device="cuda", dtype=dtype, fn=reference_tree)
     with kernel_family(family):
-        got = _run(layout, q, k, v, g, device="cuda", dtype=dtype)
+        got = _run(layout, q, k, v, g, device="cuda", dtype=dtype,
+                   fn=functools.partial(dualkv.shared_prefix_attention, deterministic=deterministic))
     rows = {"out": compare(got[0], ref[0], dtype=dtype, ref_lowp=lowp[0])}
     rows["lse"] = compare(got[1].float().cpu(), ref[1], dtype=torch.float32)
     floor = cancellation_slack(q, k, v, g)
@@ -74,6 +78,15 @@ def assert_pass(rows, what):
 def test_tree_kernels_meet_the_rule(shape, d, dtype, family):
     layout = SHAPES[shape]
     assert_pass(tree_rows(layout, d=d, dtype=dtype, family=family), f"{shape} d={d} {dtype} {family}")
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_tree_atomic_dq_meets_the_rule(shape, d, launched_specs):
+    """deterministic=False on the mma.sync kernels (what sm_80 runs): dQ by fp32 atomics inside the dK/dV kernel over
+    the tree's descendant walk ("auto" at head dims 64-128) meets the same rule."""
+    assert_pass(tree_rows(SHAPES[shape], d=d, family="mma", deterministic=False), f"{shape} d={d} atomic")
+    assert any(s.dq_atomic for s in launched_specs), launched_specs
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 1), (32, 8)])

@@ -114,8 +114,9 @@ class DualKVTree(DualKV):
 
 class DualKVAtomic(DualKV):
     """dualkv with ``deterministic=False``: on Hopper the path :data:`dualkv.cuda.configs.CASCADE_FASTER` names
-    (d = 64, 128, 192, 256: the fused forward with the cuDNN cascade's backward; d = 96: the fused kernels),
-    elsewhere the deterministic kernels (the faster: :data:`dualkv.cuda.configs.MMA_BACKWARDS`)."""
+    (d = 64, 128, 192, 256: the fused forward with the cuDNN cascade's backward; d = 96: the fused kernels); on
+    the mma.sync kernels the atomic dQ at d = 64-128, the split backward elsewhere
+    (:data:`dualkv.cuda.configs.MMA_BACKWARDS`)."""
 
     name = "dualkv_atomic"
     deterministic = False

@@ -25,8 +25,8 @@ class SystemInfo:
 REGISTRY: dict[str, SystemInfo] = {info.name: info for info in (
     SystemInfo("dualkv", "P+ΣR packing, dualkv.shared_prefix_attention (the default kernels)", True, True),
     SystemInfo("dualkv_tree", "dualkv's prefix-tree kernels on the layout as a depth-1 forest", True, False),
-    SystemInfo("dualkv_atomic", "dualkv with deterministic=False (on Hopper d=64, 128: the hybrid path; "
-               "elsewhere the deterministic kernels)", True, False),
+    SystemInfo("dualkv_atomic", "dualkv with deterministic=False (on Hopper d=64, 128: the hybrid path; on the "
+               "mma.sync kernels at d=64-128: the atomic dQ; elsewhere the deterministic kernels)", True, False),
     SystemInfo("dualkv_hybrid", "dualkv, deterministic=False: the fused forward with the cuDNN cascade's backward",
                True, False),
     SystemInfo("dualkv_mma", "dualkv with the mma.sync kernels (what sm_80 runs)", True, False),

@@ -5,9 +5,10 @@ Differentiable (custom ops with autograd, see :mod:`dualkv.cuda.ops`). The defau
 every gradient row is summed by one CTA in a fixed order, with no atomics (``$DUALKV_DETERMINISTIC=0`` changes the
 default). ``deterministic=False`` changes the path only where a non-deterministic one is faster: the cuDNN cascade's
 backward (:func:`~dualkv.cuda.configs.attention_path`: Hopper, head dims 64 and 128: the fused forward with the
-cascade's backward, :mod:`dualkv.cuda.hybrid`); elsewhere the deterministic kernels run, being the faster (the
-warp-specialised backward on Hopper; the split mma.sync backward, whose atomic-dQ alternative,
-``mma_backward("atomic")``, measured slower: :data:`~dualkv.cuda.configs.MMA_BACKWARDS`).
+cascade's backward, :mod:`dualkv.cuda.hybrid`); on the mma.sync kernels (sm_80/86/89, ``kernel_family("mma")``) at head
+dims 64-128 the atomic dQ inside the dK/dV kernel (:data:`~dualkv.cuda.configs.MMA_BACKWARDS`, "auto"); elsewhere the
+deterministic kernels run, being the faster (the warp-specialised backward on Hopper; the split mma.sync backward at
+head dim 32).
 
 Head dims: any multiple of 8 up to 512. A head dim that is not a kernel head dim (e.g. 80) is zero-padded to the
 next one (:func:`~dualkv.cuda.configs.kernel_head_dim`) with the softmax scale of the original; the padded output
@@ -77,8 +78,8 @@ def resolve_deterministic(deterministic: bool | None, head_dim: int | None = Non
     :func:`default_deterministic`.
 
     ``False`` allows a non-deterministic backward where one is faster (the hybrid path or the cascade where
-    :func:`~dualkv.cuda.configs.attention_path` routes to them; ``mma_backward("atomic")``'s atomic dQ, opt-in); the
-    deterministic kernels run otherwise, being the faster. Beyond head dims :data:`ATOMIC_HEAD_DIMS` no
+    :func:`~dualkv.cuda.configs.attention_path` routes to them; the mma.sync kernels' atomic dQ at head dims 64-128,
+    :data:`~dualkv.cuda.configs.MMA_BACKWARDS`); the deterministic kernels run otherwise, being the faster. Beyond head dims :data:`ATOMIC_HEAD_DIMS` no
     non-deterministic mode exists, and a warning says so (once), except where the warp-specialised backward serves
     the call (``ws_backward``; Hopper, 192 and 256): it is as fast as cuDNN's or faster, so nothing is lost there.
     """

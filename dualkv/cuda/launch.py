@@ -199,11 +199,13 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     ``d_lse`` (H, T_q), the gradient reaching the returned LSE, enters as dS = P (dP - D + dLSE): it is folded into D.
     Where :func:`ws_backward_for` says so (sm_90, head dims 64 to 256, causal, no window, the ``auto`` family) the
     deterministic warp-specialised backward runs whatever ``deterministic`` says (it is the faster one there).
-    Elsewhere the separate query-tile dQ kernel sums every dQ row in a fixed order, whatever ``deterministic`` says
-    (the faster there too, :data:`dualkv.cuda.configs.MMA_BACKWARDS`), unless :class:`~dualkv.cuda.configs.mma_backward`
-    chooses otherwise: ``"ordered"``, the dK/dV kernel adds dQ in a fixed order (:func:`_run_dkdv_ordered`; default
-    tiles only); ``"atomic"``, ``deterministic=False`` calls (head dims <= 128) add dQ by fp32 atomics in the dK/dV
-    kernel (one kernel, five products, run-to-run rounding differences in dQ). ``kernels`` and the tile arguments
+    Elsewhere the separate query-tile dQ kernel sums every dQ row in a fixed order, except where
+    :class:`~dualkv.cuda.configs.mma_backward` (:data:`~dualkv.cuda.configs.MMA_BACKWARDS`) chooses otherwise:
+    ``"auto"`` (the default), ``deterministic=False`` calls at head dims 64-128 that the mma.sync dK/dV kernel serves
+    add dQ by fp32 atomics in that kernel (one kernel, five products, run-to-run rounding differences in dQ;
+    :func:`~dualkv.cuda.configs.dq_atomic_for`); ``"atomic"``, so do those at every head dim <= 128, also in place of
+    the wgmma pair; ``"ordered"``, the dK/dV kernel adds dQ in a fixed order (:func:`_run_dkdv_ordered`; default
+    tiles only). ``kernels`` and the tile arguments
     exist for tuning. ``tree``: the segments are a tree table and the key tiles in its launch order
     (:func:`make_tree_plan`): the DKV_TREE=1 warp-specialised backward where :func:`ws_backward_for` says so (sm_90,
     head dims 64 to 256, the ``auto`` family), else the DKV_TREE=1 dQ kernel and the dK/dV kernel

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
+from .. import shared_prefix_attention
 from ..dispatch import backend_name, cuda_backend_available
 from . import mutants
 from .cases import attention_cases, model_cases
@@ -61,6 +62,13 @@ def build_tasks(quick: bool = False) -> list[Task]:
             for case in single:
                 tasks.append(Task(f"two_call cuda {dtype} {case.name}", lambda c=case, dt=dtype:
                                   two_call_check(c, dtype=dt, device="cuda", backend=_gpu_backend(dt))))
+            # deterministic=False routes elsewhere (Hopper: the hybrid path; mma.sync kernels: the atomic dQ) at the
+            # head dims that have such a path
+            for case in (c for c in cases if c.head_dim <= NON_DETERMINISTIC_MAX_HEAD_DIM):
+                tasks.append(Task(f"shared_prefix cuda {dtype} deterministic=False {case.name}",
+                                  lambda c=case, dt=dtype: shared_prefix_check(
+                                      c, dtype=dt, device="cuda", backend=_gpu_backend(dt),
+                                      attention_fn=_non_deterministic, check="shared_prefix deterministic=False")))
     # Whole models.
     for arch, prompts, responses, ckpt in model_cases(quick):
         tasks.append(Task(f"model {arch} fp64", lambda a=arch, p=prompts, r=responses, ck=ckpt: model_check(
@@ -80,6 +88,15 @@ def build_tasks(quick: bool = False) -> list[Task]:
     tasks.append(Task("control own_row_first_token", lambda: _control("own_row_first_token", model_check(
         arch, prompts, responses, predictor_fn=mutants.own_row_first_token, backend="reference"))))
     return tasks
+
+
+#: Head dims up to which ``deterministic=False`` has its own paths (above it the deterministic kernels serve and warn).
+NON_DETERMINISTIC_MAX_HEAD_DIM = 128
+
+
+def _non_deterministic(*args, **kwargs):
+    """``dualkv.shared_prefix_attention`` with ``deterministic=False``."""
+    return shared_prefix_attention(*args, deterministic=False, **kwargs)
 
 
 def _gpu_backend(dtype: torch.dtype) -> str:

@@ -568,6 +568,12 @@ final17)
     TAIL=3 step pytest_auto 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
         proofs_tests/test_cuda_backward.py proofs_tests/test_cuda_paper_api.py -k "atomic_dq or bitwise"
     ;;
+verify17)
+    # dualkv verify with its deterministic=False rows, the default family (Hopper: hybrid / warp-specialised) and the
+    # mma.sync family (the atomic dQ at head dims 64-128)
+    TAIL=2 step verify 110 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100.json"
+    DUALKV_KERNELS=mma TAIL=2 step verify_mma 110 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100-mma.json"
+    ;;
 final16b)
     # #12: the seed's Table 1 (head dim 128) with the 192-key forward, beside the cuDNN cascade
     table1_bench table1 "${SYSTEMS:-dualkv,cudnn_cascade}" 14 8
@@ -581,6 +587,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17)"
    exit 2 ;;
 esac

@@ -86,9 +86,6 @@ static_assert(!kDqHere || (kDqColParts * kDqRowSlabs == kWarps && kDqCols % 16 =
 
 using KeyWalk = Walk<kBlockM, kDqOrdered>;
 
-// The fp32 dQ accumulator's rows: (T, H, d) in the atomic mode; in the ordered mode bwd_dq_cast.cu's (H, T, d), whose
-// 4-float chunks are permuted by the token (chunk c of token tok's row at c ^ (tok & 7)).
-
 // Ordered dQ: the rank of this step's contribution at its (head, query tile) counter (ws_schedule.rank): block b of
 // the segment's own keys has rank b; for a dependent, the own blocks reaching the tile come first, and in a tree
 // then the blocks of the nodes strictly between the dependent j and the key's node i: A[j] - A[i] - blocks(i), A
@@ -260,7 +257,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             // it wrote (a warp barrier). The next step's copies into this buffer come after a CTA barrier: the next
             // step's first one, or in the ordered mode (whose copies go out before it) one at this step's end.
             constexpr int kHalfRows = kBlockM / 2;
-            static_assert(kBlockM % 32 == 0 && (16 * kDqCols) % 32 == 0, "dQ staging: whole slabs per buffer half");
+            static_assert(!kDqHere || (kBlockM % 32 == 0 && (16 * kDqCols) % 32 == 0),
+                          "dQ staging: whole slabs per buffer half");
             float* stage = reinterpret_cast<float*>(dq_slab * 16 < kHalfRows ? sQ + buf * kBlockM * kRowStride
                                                                            : sdO + buf * kBlockM * kRowStride) +
                            (dq_slab * 16 % kHalfRows) * kRowStride + dq_part * kDqCols;
@@ -283,6 +281,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                 // Every earlier contribution to this (head, query tile) has landed.
                 __syncthreads();
             }
+            // The fp32 dQ accumulator's rows: (T, H, d) in the atomic mode; in the ordered mode bwd_dq_cast.cu's
+            // (H, T, d), whose 4-float chunks are permuted by the token (chunk c of token tok's row at c ^ (tok & 7)).
             // Row by row, lane l adding columns l, l + 32, ... of the warp's kDqCols: a pointer step per row and the
             // row check once per warp (all 16 rows valid but in a segment's last tile). Written with 64-bit row
             // products and a check per add, the adds were 40% of the kernel's instructions (ncu, H100, (8, 8K)).
