@@ -84,7 +84,7 @@ def test_atomic_dq_mode(head_dim, dtype, mode, launched_specs):
     faster (Hopper, d = 64, 128, no window), else the deterministic kernels, or dQ by fp32 atomics in the mma.sync
     dK/dV kernel: under mma_backward("atomic") wherever that kernel serves (here: the windowed case, and d = 32), under
     "auto" (the default) at head dims 64-128 where the mma.sync dK/dV kernel serves anyway (sm_80, or
-    DUALKV_KERNELS=mma; here the windowed case)."""
+    DUALKV_KERNELS=mma: here at least the windowed case; on Hopper's default family nothing here)."""
     import functools
 
     from dualkv.cuda.configs import AUTO_ATOMIC_HEAD_DIMS, dkdv_kernel_for, mma_backward

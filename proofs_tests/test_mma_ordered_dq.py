@@ -216,19 +216,20 @@ def test_atomic_dq_is_for_non_deterministic_calls_only():
     def atomic_dims(arch, deterministic=False):
         return tuple(d for d in (*ATOMIC_HEAD_DIMS, 192, 256) if dq_atomic_for(d, deterministic, arch))
 
-    assert atomic_dims("sm_80") == AUTO_ATOMIC_HEAD_DIMS == (64, 96, 128)   # default "auto"; not 32 (slower there)
-    assert atomic_dims("sm_90") == ()                                     # the wgmma kernels serve 64-128; 32: slower
-    assert atomic_dims("sm_80", deterministic=True) == ()
-    with kernel_family("mma"):
-        assert atomic_dims("sm_90") == (64, 96, 128)                      # the Ampere stand-in
-    with mma_backward("atomic"):
-        assert atomic_dims("sm_80") == atomic_dims("sm_90") == ATOMIC_HEAD_DIMS   # no atomic kernel above 128
-        assert atomic_dims("sm_80", deterministic=True) == ()            # deterministic calls keep the split backward
-        assert not dq_ordered_for(128, "sm_80", window=False)
-    for mode in ("split", "ordered"):                                     # ordered: it serves every call
-        with mma_backward(mode):
-            assert atomic_dims("sm_80") == atomic_dims("sm_90") == ()
-    assert atomic_dims("sm_80") == (64, 96, 128)                          # restored after the blocks
+    with kernel_family("auto"), mma_backward("auto"):  # the defaults, whatever DUALKV_KERNELS / DUALKV_MMA_BWD say
+        assert atomic_dims("sm_80") == AUTO_ATOMIC_HEAD_DIMS == (64, 96, 128)   # not 32 (slower there)
+        assert atomic_dims("sm_90") == ()                                     # the wgmma kernels serve 64-128; 32: slower
+        assert atomic_dims("sm_80", deterministic=True) == ()
+        with kernel_family("mma"):
+            assert atomic_dims("sm_90") == (64, 96, 128)                      # the Ampere stand-in
+        with mma_backward("atomic"):
+            assert atomic_dims("sm_80") == atomic_dims("sm_90") == ATOMIC_HEAD_DIMS   # no atomic kernel above 128
+            assert atomic_dims("sm_80", deterministic=True) == ()            # deterministic: the split backward
+            assert not dq_ordered_for(128, "sm_80", window=False)
+        for mode in ("split", "ordered"):                                     # ordered: it serves every call
+            with mma_backward(mode):
+                assert atomic_dims("sm_80") == atomic_dims("sm_90") == ()
+        assert atomic_dims("sm_80") == (64, 96, 128)                          # restored after the blocks
 
 
 def test_bad_switch_values_are_refused_by_name(monkeypatch):

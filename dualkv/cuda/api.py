@@ -79,9 +79,10 @@ def resolve_deterministic(deterministic: bool | None, head_dim: int | None = Non
 
     ``False`` allows a non-deterministic backward where one is faster (the hybrid path or the cascade where
     :func:`~dualkv.cuda.configs.attention_path` routes to them; the mma.sync kernels' atomic dQ at head dims 64-128,
-    :data:`~dualkv.cuda.configs.MMA_BACKWARDS`); the deterministic kernels run otherwise, being the faster. Beyond head dims :data:`ATOMIC_HEAD_DIMS` no
-    non-deterministic mode exists, and a warning says so (once), except where the warp-specialised backward serves
-    the call (``ws_backward``; Hopper, 192 and 256): it is as fast as cuDNN's or faster, so nothing is lost there.
+    :data:`~dualkv.cuda.configs.MMA_BACKWARDS`); the deterministic kernels run otherwise, being the faster. Beyond head
+    dims :data:`ATOMIC_HEAD_DIMS` no non-deterministic mode exists, and a warning says so (once), except where the
+    warp-specialised backward serves the call (``ws_backward``; Hopper, 192 and 256): it is as fast as cuDNN's or
+    faster, so nothing is lost there.
     """
     default = default_deterministic()  # checked on every call, also where the argument or torch decides
     if check_deterministic(deterministic) is None:

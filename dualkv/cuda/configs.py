@@ -296,13 +296,15 @@ def current_kernel_family() -> str:
 #: scheme; head dims :data:`ATOMIC_HEAD_DIMS`; deterministic calls run the split backward; on sm_90 it also replaces
 #: the wgmma dQ + dK/dV pair).
 MMA_BACKWARDS = ("auto", "split", "ordered", "atomic")
-#: Head dims where "auto" sends ``deterministic=False`` calls to the atomic dQ: where it measured faster than the
-#: split backward. H100 under ``kernel_family("mma")`` (the Ampere stand-in), backward ms, atomic against split, one
-#: process per head dim, after the row-run dQ adds (experiments/results/kernel-20261127-235319.json and
-#: kernel-h32-8-d{32,64,96}-20261127-235*.json): d = 128 at (28, 4K), (8, 8K), (16, 32K), (16, 64K): 53.2 / 53.2,
-#: 31.2 / 32.1, 250.1 / 271.2, 656.3 / 716.0; at (8, 8K), (16, 32K): d = 96 27.9 / 28.6, 219.6 / 236.6; d = 64 17.8 /
-#: 18.7, 136.0 / 149.3; d = 32 13.7 / 12.0, 101.4 / 91.9 (slower: not here). The atomic dQ has about twice the split
-#: backward's peak memory (an fp32 dQ accumulator), still below the FA2 cascade's (7.5 against 7.8 GiB at (16, 64K)).
+#: Head dims where "auto" sends ``deterministic=False`` calls to the atomic dQ: where it measured faster than the split
+#: backward (or tied, at the smallest shape). H100 under ``kernel_family("mma")`` (the Ampere stand-in), backward ms,
+#: atomic against split, one process per head dim, after the row-run dQ adds (experiments/results/
+#: kernel-20261127-235319.json and kernel-h32-8-d{32,64,96}-20261127-235*.json):
+#:   d = 128 at (28, 4K), (8, 8K), (16, 32K), (16, 64K): 53.2 / 53.2, 31.2 / 32.1, 250.1 / 271.2, 656.3 / 716.0;
+#:   at (8, 8K), (16, 32K): d = 96 27.9 / 28.6, 219.6 / 236.6; d = 64 17.8 / 18.7, 136.0 / 149.3;
+#:   d = 32 13.7 / 12.0, 101.4 / 91.9 (slower: not here).
+#: The atomic dQ has about twice the split backward's peak memory (an fp32 dQ accumulator), still below the FA2
+#: cascade's (7.5 against 7.8 GiB at (16, 64K)).
 AUTO_ATOMIC_HEAD_DIMS = (64, 96, 128)
 _mma_backward = [os.environ.get("DUALKV_MMA_BWD", "auto")]
 
