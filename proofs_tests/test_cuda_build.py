@@ -149,12 +149,13 @@ def test_mma_dq_tiles_fit_an_a100_and_do_not_spill():
 
 
 #: Spill bytes the ordered dQ mode may exceed the atomic mode's by, per (arch, head dim, causal, tree): at 255
-#: registers ptxas spills the non-causal d = 128 Hopper build of the ordered kernel by 44 bytes (the atomic one by
-#: none since the atomic mode issues its next step's copies after the S^T product; by 8 before) and the d = 128 tree
-#: builds by 40 (their ranks read the tree table's ancestor block counts); the rank-ordered walk and the counter of
-#: the adds in flight stay live through the step. Every other build: none.
-ORDERED_SPILL_ALLOWANCE = {("sm_90", 128, False, False): 44, ("sm_80", 128, True, True): 40,
-                           ("sm_90", 128, True, True): 40}
+#: registers ptxas spills the non-causal d = 128 Hopper build of the ordered kernel by 48 bytes (the atomic one by
+#: none since the atomic mode issues its next step's copies after the S^T product), the non-causal d = 96 one by 4
+#: (since the row-run dQ adds) and the d = 128 tree builds by up to 40 (their ranks read the tree table's ancestor
+#: block counts); the rank-ordered walk and the counter of the adds in flight stay live through the step. Every
+#: other build: none.
+ORDERED_SPILL_ALLOWANCE = {("sm_90", 128, False, False): 48, ("sm_90", 96, False, False): 4,
+                           ("sm_80", 128, True, True): 40, ("sm_90", 128, True, True): 40}
 
 
 def test_ordered_dq_mode_spills_no_more_than_the_atomic_mode():

@@ -54,7 +54,12 @@
 #   bash experiments/gpu/run_pending.sh final16c   # wide forwards on 80- / 112-key blocks: tests and A/B
 #   bash experiments/gpu/run_pending.sh final16d   # dualkv verify and head dim 256 fwd+bwd with this session's tiles
 #   bash experiments/gpu/run_pending.sh final16e   # tree and hybrid-path GPU tests on the shipped forward tiles
-#   bash experiments/gpu/run_pending.sh atomicprof # #13, not yet run: ncu of the mma.sync fused atomic dQ against FA2's
+#   bash experiments/gpu/run_pending.sh atomicprof # #13: ncu of the mma.sync fused atomic dQ against FA2's kernel
+#   bash experiments/gpu/run_pending.sh stage17    # #13: the row-run dQ adds, atomic/ordered GPU tests, A/B
+#   bash experiments/gpu/run_pending.sh table17    # #13: the mma.sync family against the FA2 cascade, ncu of split
+#   bash experiments/gpu/run_pending.sh final17    # #13: the "auto" routing's GPU tests
+#   bash experiments/gpu/run_pending.sh verify17   # dualkv verify (with deterministic=False rows), both families
+#   bash experiments/gpu/run_pending.sh ordprof    # #13, not yet run: the ordered dQ mode's stalls; tree atomic tests
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -510,7 +515,7 @@ final16e)
         proofs_tests/test_hybrid_path.py -k "not mma"
     ;;
 atomicprof)
-    # #13 (not yet run): where the mma.sync dK/dV kernel's fused atomic dQ loses to FlashAttention-2's fused backward
+    # #13 (run this session: checks/ncu-mma-atomic-*): where the mma.sync dK/dV kernel's fused atomic dQ loses to FlashAttention-2's fused backward
     # at (8, 8K): ncu source counters, warp stalls and L2 / atomic traffic of bwd_dkdv (DUALKV_MMA_BWD=atomic) and of
     # FA2's dq_dk_dv kernel, one archive each
     for who in dualkv fa2; do
@@ -574,6 +579,19 @@ verify17)
     TAIL=2 step verify 110 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100.json"
     DUALKV_KERNELS=mma TAIL=2 step verify_mma 110 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100-mma.json"
     ;;
+ordprof)
+    # #13, not yet run: where the mma.sync ordered dQ mode (deterministic, five products) loses 60% against the atomic
+    # mode (399 against 248 ms at (16, 32K), checks/stage17-rows-*): ncu warp stalls per instruction (the counter wait,
+    # the barriers around it, the fence) of the ordered dK/dV kernel at (8, 8K), and the tree GPU tests of the atomic dQ
+    DUALKV_KERNELS=mma TAIL=3 step pytest_tree_atomic 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        proofs_tests/test_tree_cuda.py proofs_tests/test_cuda_paper_api.py -k "atomic"
+    DUALKV_MMA_BWD=ordered TAIL=2 step ncu_ordered 200 ncu --clock-control none --profile-from-start off \
+        -k "regex:bwd_dkdv$" --section SourceCounters --section WarpStateStats --section SpeedOfLight -c 1 \
+        -f -o "$OUT/ncu_ordered" python3 experiments/gpu/profile_bwd.py --family mma --shape 8:8192 --systems dualkv
+    [ -f "$OUT/ncu_ordered.ncu-rep" ] && ncu --import "$OUT/ncu_ordered.ncu-rep" --page source --print-source sass \
+        --csv | gzip > "$OUT/ncu_ordered.csv.gz"
+    rm -f "$OUT/ncu_ordered.ncu-rep"
+    ;;
 final16b)
     # #12: the seed's Table 1 (head dim 128) with the 192-key forward, beside the cuDNN cascade
     table1_bench table1 "${SYSTEMS:-dualkv,cudnn_cascade}" 14 8
@@ -587,6 +605,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof)"
    exit 2 ;;
 esac
