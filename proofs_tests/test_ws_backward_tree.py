@@ -370,9 +370,10 @@ def test_tree_ws_backward_compiles_like_the_two_level_build():
 def test_root_first_tree_builds_compile_without_more_spills():
     """The DKV_TREE_ROOT_FIRST=1 builds (warp-specialised backward; mma.sync ordered dQ on sm_80 and sm_90; tree and
     two-level, where it is the shared-first order) compile with no serialized wgmma and no more spills or stack than
-    the other order's builds — except the opt-in two-level shared-first builds, which spill up to 16 more bytes (the
-    warp-specialised one's 24-register dQ warp 36 against 20, the mma.sync d=128 one 16 against 0; the builds that
-    passed the GPU tests on an H100 at 2dbc730): bounded here so it cannot grow unnoticed."""
+    the other order's builds — except the opt-in two-level shared-first builds, which spill up to 32 more bytes (the
+    warp-specialised one's 24-register dQ warp 36 against 20; the mma.sync d=128 one on sm_80 28 against 0 since the
+    row-run dQ adds of ec28eb2, 16 before, when the builds passed the GPU tests on an H100 at 2dbc730; not GPU-run in
+    this order since): bounded here so it cannot grow unnoticed."""
     from dualkv.cuda.build import compile_spec, resource_usage
     from dualkv.cuda.configs import dkdv_spec, ws_bwd_spec
 
@@ -387,6 +388,6 @@ def test_root_first_tree_builds_compile_without_more_spills():
         got = resource_usage(compile_spec(root, use_cache=False, verbose=True).log)
         base = resource_usage(compile_spec(nearest, use_cache=False, verbose=True).log)
         assert not got["wgmma_serialized"], (root, got)
-        extra = 0 if root.tree else 16
+        extra = 0 if root.tree else 32
         assert got["spill_stores"] <= base["spill_stores"] + extra and got["stack"] <= base["stack"] + extra, \
             (root, got, base)
