@@ -59,7 +59,8 @@
 #   bash experiments/gpu/run_pending.sh table17    # #13: the mma.sync family against the FA2 cascade, ncu of split
 #   bash experiments/gpu/run_pending.sh final17    # #13: the "auto" routing's GPU tests
 #   bash experiments/gpu/run_pending.sh verify17   # dualkv verify (with deterministic=False rows), both families
-#   bash experiments/gpu/run_pending.sh ordprof    # #13, not yet run: the ordered dQ mode's stalls; tree atomic tests
+#   bash experiments/gpu/run_pending.sh ordprof    # #13, not yet run: the ordered dQ mode's stalls, tree atomic tests,
+#                                                  # the one-thread fence (DKV_DQ_FENCE_ONE) tested and A/B
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -591,6 +592,14 @@ ordprof)
     [ -f "$OUT/ncu_ordered.ncu-rep" ] && ncu --import "$OUT/ncu_ordered.ncu-rep" --page source --print-source sass \
         --csv | gzip > "$OUT/ncu_ordered.csv.gz"
     rm -f "$OUT/ncu_ordered.ncu-rep"
+    # the one-thread fence (DKV_DQ_FENCE_ONE, bwd_dkdv.cu): the ordered GPU tests under it, then ordered against it
+    DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE_ONE=1 DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_fence_one 240 \
+        python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_tree_cuda.py
+    mkdir -p "$OUT/bench"
+    for v in 0 1; do
+        DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE_ONE=$v TAIL=6 step bench_fence$v 120 python3 -m dualkv bench kernel \
+            --systems dualkv_mma_ordered,dualkv_mma_atomic --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench"
+    done
     ;;
 final16b)
     # #12: the seed's Table 1 (head dim 128) with the 192-key forward, beside the cuDNN cascade

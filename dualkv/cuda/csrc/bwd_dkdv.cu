@@ -53,6 +53,14 @@
 #ifndef DKV_DQ_PREFETCH
 #define DKV_DQ_PREFETCH 0
 #endif
+// Ordered dQ, an experiment not yet run on a GPU (DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE_ONE=1; run_pending.sh ordprof):
+// only thread 0 fences, after the CTA barrier that follows every thread's adds and before its release of the
+// counter, where every thread fences its own adds by default (each then waits for its REDs to land). The
+// cooperative-groups grid barrier relies on the same pattern: bar.sync, then one thread's gpu-scope fence is
+// cumulative over the writes the barrier ordered before it.
+#ifndef DKV_DQ_FENCE_ONE
+#define DKV_DQ_FENCE_ONE 0
+#endif
 
 using namespace dkv;
 
@@ -215,7 +223,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         gemm_frag_rows<1, kBlockM, kCols>(acc_dk, ds_frag, bQ, col0, lrow, lmat);  // dK += dS^T Q
 
         if (kDqHere) {
-            if (kDqOrdered) __threadfence();  // the previous step's adds land before thread 0 releases them below
+            // the previous step's adds land before thread 0 releases them below
+            if (kDqOrdered && !DKV_DQ_FENCE_ONE) __threadfence();
             // dS^T (this warp's 16 keys x kBlockM queries) to smem; then dQ_step = dS K, added in fp32.
             if (dsplit == 0) {
 #pragma unroll
@@ -234,7 +243,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             };
             int seen = -1;  // DKV_DQ_PREFETCH (thread 0): the counter as read before the dQ product
             if (kDqOrdered && threadIdx.x == 0) {
-                if (pending != nullptr) st_release(pending, pending_rank + 1);
+                if (pending != nullptr) {
+                    if (DKV_DQ_FENCE_ONE) __threadfence();
+                    st_release(pending, pending_rank + 1);
+                }
                 if (kDqPrefetch) {
                     take_counter();
                     seen = ld_relaxed(pending);
@@ -331,9 +343,12 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         if (kStages == 2) buf ^= 1;
     }
     cp_async_wait<0>();
-    if (kDqOrdered) __threadfence();  // the last step's adds land before thread 0 releases them
+    if (kDqOrdered && !DKV_DQ_FENCE_ONE) __threadfence();  // the last step's adds land before thread 0 releases them
     __syncthreads();
-    if (kDqOrdered && threadIdx.x == 0 && pending != nullptr) st_release(pending, pending_rank + 1);
+    if (kDqOrdered && threadIdx.x == 0 && pending != nullptr) {
+        if (DKV_DQ_FENCE_ONE) __threadfence();
+        st_release(pending, pending_rank + 1);
+    }
 
     // dK (scaled) and dV through smem (the K/V tiles are free now), coalesced 16-byte stores of valid keys.
     stage_acc_rows(sK, acc_dk[0], warp_key0, col0, g, t4, scale);
