@@ -81,9 +81,7 @@ def pack_for(group_size: int, tile: TileConfig) -> int:
 @dataclass(frozen=True)
 class KeyTileConfig:
     """The dK/dV kernel's tiling: ``warps / dsplit`` warps of 16 keys each (``dsplit`` warps share 16 keys and split
-    the dK/dV columns); queries come in steps of ``block_m``, staged in ``stages`` smem buffers. ``qsplit=2`` (the
-    mma.sync kernel only): ``warps / 2`` warps of 32 keys, each pair splitting a step's queries for S^T / dP^T and the
-    dK/dV columns (P^T and dS^T through smem; csrc/bwd_dkdv.cu) — the same ``block_keys``."""
+    the dK/dV columns); queries come in steps of ``block_m``, staged in ``stages`` smem buffers."""
 
     block_m: int
     warps: int
@@ -92,12 +90,6 @@ class KeyTileConfig:
     producer_warps: int = 0  # warp-specialised kernels: a producer warpgroup beside the consumer warps
     dq_buffers: int = 1      # warp-specialised backward: dQ hand-off buffers (2: dS single-buffered; 0, the wide
                              # build: dQ_step in the step's Q/dO stage)
-    qsplit: int = 1
-
-    def __post_init__(self):
-        if self.qsplit not in (1, 2) or (self.qsplit == 2 and self.dsplit != 1):
-            raise ValueError(f"qsplit must be 1, or 2 without a d-split (got qsplit={self.qsplit}, "
-                             f"dsplit={self.dsplit})")
 
     @property
     def block_keys(self) -> int:
@@ -402,14 +394,6 @@ def _ws_cta_order_from_env() -> str:
 
 WS_HEAD_MAJOR = _ws_cta_order_from_env() == "head"
 
-#: The mma.sync dK/dV kernel's warp layout (:func:`dkdv_tile`): "keys" (16 keys per warp, P^T / dS^T kept in
-#: registers) or "qsplit" / "qsplit1" (FlashAttention-2's warp grid, with two / one Q-dO stages: fewer shared-memory
-#: reads per MMA, two more 16-bit tiles of smem). Read ONCE, at import, from ``$DUALKV_DKDV_LAYOUT``. Under test (#13).
-DKDV_LAYOUTS = ("keys", "qsplit", "qsplit1")
-#: Head dims with a query-split build.
-QSPLIT_HEAD_DIMS = (64, 96, 128)
-DKDV_LAYOUT = _choice_from_env("DUALKV_DKDV_LAYOUT", DKDV_LAYOUTS)
-
 
 def current_mma_backward() -> str:
     """The mma.sync backward in force (see :class:`mma_backward`); an unknown ``$DUALKV_MMA_BWD`` raises, naming it."""
@@ -656,9 +640,7 @@ class KernelSpec:
         if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + `stages` stages of Q, dO, LSE, D; 1 KB alignment slack
             return ((2 * t.block_keys + 2 * t.stages * t.block_m) * self.tile_head_dim * 2
                     + 2 * t.stages * t.block_m * 4 + 1024)
-        # 16-bit key-major tiles: dS^T (dQ modes, query-split) and P^T (query-split)
-        ds_tiles = 2 if t.qsplit == 2 else int(self.dq_atomic or self.dq_ordered)
-        ds_tile = ds_tiles * t.block_keys * (t.block_m + 8) * 2
+        ds_tile = t.block_keys * (t.block_m + 8) * 2 if self.dq_atomic or self.dq_ordered else 0
         return (2 * t.block_keys + 2 * t.stages * t.block_m) * row + 2 * t.stages * t.block_m * 4 + ds_tile
 
     @property
@@ -683,8 +665,6 @@ class KernelSpec:
                              ("DKV_DQ_ATOMIC", "1" if self.dq_atomic else "0")]
             if self.dq_ordered:  # absent otherwise: the other specs keep their compile options
                 keys += [("DKV_DQ_ORDERED", "1")] + ([("DKV_TREE", "1")] if self.tree else [])
-            if t.qsplit != 1:
-                keys += [("DKV_QSPLIT", str(t.qsplit))]
             if self.kernel == "bwd_sm90_ws":
                 keys += [("DKV_DQ_BUFFERS", str(t.dq_buffers))] + ([("DKV_TREE", "1")] if self.tree else [])
             if self.root_first:
@@ -773,21 +753,8 @@ def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_ato
     kernel = kernel or ("bwd_dkdv" if dq_ordered else dkdv_kernel_for(head_dim, arch, dq_atomic))
     if kernel == "bwd_dkdv_sm90":
         return KernelSpec(kernel, head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a", causal=causal)
-    return KernelSpec(kernel, head_dim, name, dkdv_tile(head_dim), 1, window, arch, dq_atomic, causal, tree=tree,
+    return KernelSpec(kernel, head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic, causal, tree=tree,
                       dq_ordered=dq_ordered, root_first=root_first)
-
-
-def dkdv_tile(head_dim: int, layout: str | None = None) -> KeyTileConfig:
-    """The mma.sync dK/dV kernel's tile at ``head_dim`` in ``layout`` (default :data:`DKDV_LAYOUT`): "keys" is
-    :data:`DKDV_TILES`; "qsplit" / "qsplit1" the query-split layout (two / one Q-dO stages) at
-    :data:`QSPLIT_HEAD_DIMS`."""
-    layout = layout or DKDV_LAYOUT
-    if layout not in DKDV_LAYOUTS:
-        raise ValueError(f"unknown dK/dV layout {layout!r} (one of {DKDV_LAYOUTS})")
-    tile = DKDV_TILES[head_dim]
-    if layout == "keys" or head_dim not in QSPLIT_HEAD_DIMS:
-        return tile
-    return replace(tile, qsplit=2, stages=1 if layout == "qsplit1" else tile.stages)
 
 
 def prep_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:

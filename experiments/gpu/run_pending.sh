@@ -61,9 +61,6 @@
 #   bash experiments/gpu/run_pending.sh verify17   # dualkv verify (with deterministic=False rows), both families
 #   bash experiments/gpu/run_pending.sh ordprof    # #13, not yet run: the ordered dQ mode's stalls, tree atomic tests,
 #                                                  # the one-thread fence (DKV_DQ_FENCE_ONE) tested and A/B
-#   bash experiments/gpu/run_pending.sh qsplit     # #13: the dK/dV kernel's query-split layout (DUALKV_DKDV_LAYOUT):
-#                                                  # backward A/B against "keys", own processes; split and atomic tests
-#   bash experiments/gpu/run_pending.sh qsplit2    # #13: its ordered / tree tests, Table, ncu at (8, 8K)
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -610,47 +607,6 @@ final16b)
     # and head dim 192 with its forward on 96-key blocks (now the default) beside the cuDNN cascade
     SHAPES=28:4096,8:8192,16:32768 TAIL=12 head_dim_bench hd 150 dualkv,cudnn_cascade fwd,bwd,fwdbwd 192
     ;;
-qsplit)
-    # #13: the mma.sync dK/dV kernel's query-split layout (bwd_dkdv.cu DKV_QSPLIT; DUALKV_DKDV_LAYOUT=qsplit, and qsplit1
-    # with one Q/dO stage, the build that fits an A100's 163 KB at d = 128): the atomic dQ tests under it, the
-    # backward against the "keys" layout (own processes, the FA2 cascade beside the first), then the split tests
-    DUALKV_DKDV_LAYOUT=qsplit DUALKV_KERNELS=mma DUALKV_MMA_BWD=atomic TAIL=3 step pytest_qs_atomic 150 \
-        python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py -k atomic_dq_mode
-    mkdir -p "$OUT/bench"
-    for lay in keys qsplit qsplit1; do
-        extra=""; [ $lay = keys ] && extra=",cascade"
-        DUALKV_DKDV_LAYOUT=$lay TAIL=6 step bench_$lay 120 python3 -m dualkv bench kernel \
-            --systems dualkv_mma,dualkv_mma_atomic$extra --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/$lay"
-    done
-    DUALKV_DKDV_LAYOUT=qsplit DUALKV_KERNELS=mma TAIL=3 step pytest_qs_split 240 python3 -m pytest -q -x -m gpu \
-        -p no:cacheprovider proofs_tests/test_cuda_backward.py \
-        -k "not ws_backward and not prep_kernel and not opcheck and not compile and not atomic"
-    (cd "$OUT" && tar czf qsplit.tgz *.log bench && rm -rf bench)
-    ;;
-qsplit2)
-    # #13: the query-split layout with a barrier of each key slab's warp pair (not the CTA) before dK/dV: the backward
-    # against "keys" (own processes), its split and atomic tests, and ncu of its atomic dK/dV kernel at (8, 8K)
-    mkdir -p "$OUT/bench"
-    for lay in keys qsplit; do
-        DUALKV_DKDV_LAYOUT=$lay TAIL=5 step bench_$lay 120 python3 -m dualkv bench kernel \
-            --systems dualkv_mma,dualkv_mma_atomic --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/$lay"
-    done
-    DUALKV_DKDV_LAYOUT=qsplit DUALKV_KERNELS=mma DUALKV_MMA_BWD=atomic TAIL=3 step pytest_qs_atomic 150 \
-        python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py -k atomic_dq_mode
-    DUALKV_DKDV_LAYOUT=qsplit DUALKV_KERNELS=mma TAIL=3 step pytest_qs_split 240 python3 -m pytest -q -x -m gpu \
-        -p no:cacheprovider proofs_tests/test_cuda_backward.py \
-        -k "not ws_backward and not prep_kernel and not opcheck and not compile and not atomic"
-    DUALKV_DKDV_LAYOUT=qsplit DUALKV_DETERMINISTIC=0 DUALKV_PATH=fused DUALKV_MMA_BWD=atomic TAIL=2 step ncu_qs_atomic 150 ncu --clock-control none \
-        --profile-from-start off -k "regex:bwd_dkdv$" --section SourceCounters --section WarpStateStats \
-        --section SpeedOfLight -c 1 -f -o "$OUT/ncu_qs_atomic" python3 experiments/gpu/profile_bwd.py --family mma \
-        --shape 8:8192 --systems dualkv
-    [ -f "$OUT/ncu_qs_atomic.ncu-rep" ] && ncu --import "$OUT/ncu_qs_atomic.ncu-rep" --page source \
-        --print-source sass --csv | gzip > "$OUT/ncu_qs_atomic.csv.gz"
-    [ -f "$OUT/ncu_qs_atomic.ncu-rep" ] && ncu --import "$OUT/ncu_qs_atomic.ncu-rep" --page details --csv \
-        > "$OUT/ncu_qs_atomic_details.csv"
-    rm -f "$OUT/ncu_qs_atomic.ncu-rep"
-    (cd "$OUT" && tar czf qsplit2.tgz *.log *.csv* bench && rm -rf bench *.csv*)
-    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -658,6 +614,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, qsplit, qsplit2)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof)"
    exit 2 ;;
 esac

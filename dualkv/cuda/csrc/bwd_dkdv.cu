@@ -33,14 +33,7 @@
 //
 // Tile macros: DKV_BLOCK_M (query positions per step), DKV_DSPLIT (warps sharing 16 keys, each owning
 // HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles), DKV_DQ_ATOMIC,
-// DKV_DQ_ORDERED, DKV_QSPLIT.
-//
-// DKV_QSPLIT=2, the query-split layout (FlashAttention-2's warp grid): a warp computes S^T and dP^T for 32 keys x
-// half the step's queries (not 16 keys x all of them), writes P^T and dS^T to smem, and after a barrier accumulates
-// dK/dV for its 32 keys x HEAD_DIM / 2 columns over all the step's queries, reading P^T / dS^T back as the A operand.
-// With 16 keys per warp every warp read the whole Q and dO tiles for four products; here the shared-memory reads
-// per MMA drop by about a fifth (the mma.sync backward is bound by them: short-scoreboard stalls on ldmatrix), for
-// two 16-bit tiles of smem and one more barrier per step.
+// DKV_DQ_ORDERED.
 #include "flags.cuh"
 #include "kernel_params.cuh"
 #include "keywalk.cuh"
@@ -68,9 +61,6 @@
 #ifndef DKV_DQ_FENCE_ONE
 #define DKV_DQ_FENCE_ONE 0
 #endif
-#ifndef DKV_QSPLIT
-#define DKV_QSPLIT 1
-#endif
 
 using namespace dkv;
 
@@ -78,13 +68,9 @@ namespace {
 
 constexpr int kBlockM = DKV_BLOCK_M;
 constexpr int kDSplit = DKV_DSPLIT;
-constexpr int kQSplit = DKV_QSPLIT;                   // 2: the query-split layout (above)
-constexpr int kKeySlabs = kQSplit;                    // 16-key slabs per warp
-constexpr int kKeyWarps = kWarps / kDSplit / kQSplit;
-constexpr int kBlockKeys = kKeyWarps * 16 * kKeySlabs;
-constexpr int kCols = kHeadDim / kDSplit / kQSplit;   // dK/dV columns per warp
-constexpr int kWarpQueries = kBlockM / kQSplit;       // queries of a warp's S^T / dP^T tile
-static_assert(kQSplit == 1 || (kQSplit == 2 && kDSplit == 1), "the query-split layout: two query halves, no d-split");
+constexpr int kKeyWarps = kWarps / kDSplit;
+constexpr int kBlockKeys = kKeyWarps * 16;
+constexpr int kCols = kHeadDim / kDSplit;
 constexpr int kStages = DKV_STAGES;
 constexpr bool kDqAtomic = DKV_DQ_ATOMIC != 0;
 constexpr bool kDqOrdered = DKV_DQ_ORDERED != 0;
@@ -149,9 +135,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     elem_t* sdO = sQ + kStages * kBlockM * kRowStride;         // [kStages][kBlockM rows]
     float* sLse = reinterpret_cast<float*>(sdO + kStages * kBlockM * kRowStride);  // [kStages][kBlockM]
     float* sDelta = sLse + kStages * kBlockM;                                     // [kStages][kBlockM]
-    // [kBlockKeys][kDsStride] each: dS^T (dQ modes, query-split), P^T (query-split)
-    elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);
-    elem_t* sP = sdS + kBlockKeys * kDsStride;
+    elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);          // [kBlockKeys][kDsStride] (dQ modes)
 
     const int tile = kDqOrdered ? blockIdx.x / kv_heads : blockIdx.x;
     const int kv_head = kDqOrdered ? blockIdx.x % kv_heads : blockIdx.y;
@@ -173,19 +157,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     };
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int key_warp = warp % kKeyWarps, part = warp / kKeyWarps;  // part: the d-split or query-split index
+    const int key_warp = warp % kKeyWarps, dsplit = warp / kKeyWarps;
     const int g = lane / 4, t4 = lane % 4;
     const int lrow = lane % 8, lmat = lane / 8;
-    const int warp_key0 = key_warp * 16 * kKeySlabs;
-    const int col0 = part * kCols;
-    const int warp_q0 = kQSplit > 1 ? part * kWarpQueries : 0;  // the warp's first query in S^T / dP^T
+    const int warp_key0 = key_warp * 16;
+    const int col0 = dsplit * kCols;
 
-    float acc_dk[kKeySlabs][kCols / 8][4], acc_dv[kKeySlabs][kCols / 8][4];
-#pragma unroll
-    for (int sl = 0; sl < kKeySlabs; ++sl) {
-        zero_acc(acc_dk[sl]);
-        zero_acc(acc_dv[sl]);
-    }
+    float acc_dk[1][kCols / 8][4], acc_dv[1][kCols / 8][4];
+    zero_acc(acc_dk[0]);
+    zero_acc(acc_dv[0]);
 
     int* pending = nullptr;  // ordered dQ (thread 0): the counter of the adds last issued, released one step late
     int pending_rank = 0;
@@ -216,91 +196,45 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         const float* bDelta = sDelta + buf * kBlockM;
         const StepGeometry sg = step_geometry(w, cur, kBlockKeys);
 
-        if constexpr (kQSplit > 1) {
-            // S^T and dP^T for the warp's 32 keys x kWarpQueries queries; P^T and dS^T through smem (16-bit)
-            float acc_s[kKeySlabs][kWarpQueries / 8][4];
-            gemm_rows_rows<kKeySlabs, kWarpQueries>(acc_s, sK, bQ + warp_q0 * kRowStride, warp_key0, lrow,
-                                                    lmat);  // S^T = K Q^T
-            if constexpr (!kDqOrdered) {  // as below (the next step's walk and copies behind S^T's MMAs)
-                nxt = w.next(cur);
-                if (kStages == 2) {
-                    if (nxt.valid) load_step(nxt, buf ^ 1);
-                    cp_async_commit();
-                }
-            }
-#pragma unroll
-            for (int sl = 0; sl < kKeySlabs; ++sl) {
-                probs_t(acc_s[sl], bLse + warp_q0, sg.need_mask, sg.key_base + warp_key0 + 16 * sl,
-                        sg.query_pos0 + warp_q0, window_left, g, t4, scale_log2);  // P^T
-                stage_acc_rows<kWarpQueries / 8, kDsStride>(sP, acc_s[sl], warp_key0 + 16 * sl, warp_q0, g, t4, 1.f);
-            }
-            float acc_dp[kKeySlabs][kWarpQueries / 8][4];
-            gemm_rows_rows<kKeySlabs, kWarpQueries>(acc_dp, sV, bdO + warp_q0 * kRowStride, warp_key0, lrow,
-                                                    lmat);  // dP^T = V dO^T
-#pragma unroll
-            for (int sl = 0; sl < kKeySlabs; ++sl) {
-                dscores_t(acc_dp[sl], acc_s[sl], bDelta + warp_q0, t4);  // dS^T
-                stage_acc_rows<kWarpQueries / 8, kDsStride>(sdS, acc_dp[sl], warp_key0 + 16 * sl, warp_q0, g, t4,
-                                                            1.f);
-            }
-            // the previous step's dQ adds land before thread 0 releases them below
-            if (kDqOrdered && !DKV_DQ_FENCE_ONE) __threadfence();
-            // The two warps of a key slab wrote its P^T / dS^T rows (one query half each): a barrier of the pair only.
-            named_sync(1 + key_warp, 64);
-            gemm_smem_rows<kKeySlabs, kBlockM, kCols, kDsStride>(acc_dv, sP, warp_key0, bdO, col0, lrow,
-                                                                 lmat);  // dV += P^T dO
-            gemm_smem_rows<kKeySlabs, kBlockM, kCols, kDsStride>(acc_dk, sdS, warp_key0, bQ, col0, lrow,
-                                                                 lmat);  // dK += dS^T Q
-            // dQ modes: all of dS^T is in smem for dQ below, and every warp is done with this step's Q/dO buffer
-            // (the dQ staging's) and, in the ordered mode, has fenced its adds before thread 0's release
-            if (kDqHere) __syncthreads();
-        } else {
-            // (this branch is compiled in query-split builds too, where it never runs: one-slab views of dK / dV)
-            float(&dv1)[1][kCols / 8][4] = *reinterpret_cast<float(*)[1][kCols / 8][4]>(&acc_dv[0]);
-            float(&dk1)[1][kCols / 8][4] = *reinterpret_cast<float(*)[1][kCols / 8][4]>(&acc_dk[0]);
-            float acc_s[1][kBlockM / 8][4];
-            gemm_rows_rows<1, kBlockM>(acc_s, sK, bQ, warp_key0, lrow, lmat);  // S^T = K Q^T
-            // The next step's walk (segment-table loads) and copies go out here, behind the S^T product's MMAs, not
-            // before it, where every warp waited on the walk's loads with no product in flight: the mma.sync backward
-            // ran 4.9-5.5% faster on H100 (checks/mma-loadmid-h100-20261127T1556Z.json). (Two stages: the other buffer
-            // was last read in the previous step, before this step's first barrier.)
-            if constexpr (!kDqOrdered) {
-                nxt = w.next(cur);
-                if (kStages == 2) {
-                    if (nxt.valid) load_step(nxt, buf ^ 1);
-                    cp_async_commit();
-                }
-            }
-            probs_t(acc_s[0], bLse, sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
-                    scale_log2);  // P^T
-            unsigned p_frag[1][kBlockM / 16][4];
-            to_a_frag<1, kBlockM>(p_frag, acc_s);
-            gemm_frag_rows<1, kBlockM, kCols>(dv1, p_frag, bdO, col0, lrow, lmat);  // dV += P^T dO
-
-            float acc_dp[1][kBlockM / 8][4];
-            gemm_rows_rows<1, kBlockM>(acc_dp, sV, bdO, warp_key0, lrow, lmat);  // dP^T = V dO^T
-            dscores_t(acc_dp[0], acc_s[0], bDelta, t4);  // dS^T
-            unsigned ds_frag[1][kBlockM / 16][4];
-            to_a_frag<1, kBlockM>(ds_frag, acc_dp);
-            gemm_frag_rows<1, kBlockM, kCols>(dk1, ds_frag, bQ, col0, lrow, lmat);  // dK += dS^T Q
-
-            if (kDqHere) {
-                // the previous step's adds land before thread 0 releases them below
-                if (kDqOrdered && !DKV_DQ_FENCE_ONE) __threadfence();
-                // dS^T (this warp's 16 keys x kBlockM queries) to smem, for dQ_step = dS K below
-                if (part == 0) {
-#pragma unroll
-                    for (int nt = 0; nt < kBlockM / 8; ++nt)
-#pragma unroll
-                        for (int hh = 0; hh < 2; ++hh)
-                            *reinterpret_cast<unsigned*>(sdS + (warp_key0 + g + 8 * hh) * kDsStride + nt * 8 + 2 * t4) =
-                                pack2(acc_dp[0][nt][2 * hh], acc_dp[0][nt][2 * hh + 1]);
-                }
-                __syncthreads();
+        float acc_s[1][kBlockM / 8][4];
+        gemm_rows_rows<1, kBlockM>(acc_s, sK, bQ, warp_key0, lrow, lmat);  // S^T = K Q^T
+        // The next step's walk (segment-table loads) and copies go out here, behind the S^T product's MMAs, not
+        // before it, where every warp waited on the walk's loads with no product in flight: the mma.sync backward
+        // ran 4.9-5.5% faster on H100 (checks/mma-loadmid-h100-20261127T1556Z.json). (Two stages: the other buffer
+        // was last read in the previous step, before this step's first barrier.)
+        if constexpr (!kDqOrdered) {
+            nxt = w.next(cur);
+            if (kStages == 2) {
+                if (nxt.valid) load_step(nxt, buf ^ 1);
+                cp_async_commit();
             }
         }
+        probs_t(acc_s[0], bLse, sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
+                scale_log2);  // P^T
+        unsigned p_frag[1][kBlockM / 16][4];
+        to_a_frag<1, kBlockM>(p_frag, acc_s);
+        gemm_frag_rows<1, kBlockM, kCols>(acc_dv, p_frag, bdO, col0, lrow, lmat);  // dV += P^T dO
 
-        if (kDqHere) {  // dQ_step = dS K (dS^T is in smem), added in fp32
+        float acc_dp[1][kBlockM / 8][4];
+        gemm_rows_rows<1, kBlockM>(acc_dp, sV, bdO, warp_key0, lrow, lmat);  // dP^T = V dO^T
+        dscores_t(acc_dp[0], acc_s[0], bDelta, t4);  // dS^T
+        unsigned ds_frag[1][kBlockM / 16][4];
+        to_a_frag<1, kBlockM>(ds_frag, acc_dp);
+        gemm_frag_rows<1, kBlockM, kCols>(acc_dk, ds_frag, bQ, col0, lrow, lmat);  // dK += dS^T Q
+
+        if (kDqHere) {
+            // the previous step's adds land before thread 0 releases them below
+            if (kDqOrdered && !DKV_DQ_FENCE_ONE) __threadfence();
+            // dS^T (this warp's 16 keys x kBlockM queries) to smem; then dQ_step = dS K, added in fp32.
+            if (dsplit == 0) {
+#pragma unroll
+                for (int nt = 0; nt < kBlockM / 8; ++nt)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh)
+                        *reinterpret_cast<unsigned*>(sdS + (warp_key0 + g + 8 * hh) * kDsStride + nt * 8 + 2 * t4) =
+                            pack2(acc_dp[0][nt][2 * hh], acc_dp[0][nt][2 * hh + 1]);
+            }
+            __syncthreads();
             const int head = kv_head * group_size + cur.h;
             auto take_counter = [&]() {  // thread 0: this step's counter and rank
                 pending = dq_sems + head * static_cast<long long>(n_qtiles) +
@@ -417,11 +351,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     }
 
     // dK (scaled) and dV through smem (the K/V tiles are free now), coalesced 16-byte stores of valid keys.
-#pragma unroll
-    for (int sl = 0; sl < kKeySlabs; ++sl) {
-        stage_acc_rows(sK, acc_dk[sl], warp_key0 + 16 * sl, col0, g, t4, scale);
-        stage_acc_rows(sV, acc_dv[sl], warp_key0 + 16 * sl, col0, g, t4, 1.f);
-    }
+    stage_acc_rows(sK, acc_dk[0], warp_key0, col0, g, t4, scale);
+    stage_acc_rows(sV, acc_dv[0], warp_key0, col0, g, t4, 1.f);
     __syncthreads();
     const StridedRows<elem_t> dk_rows = kb.rows(dkd, dkd_st, dkd_sh, dkc, dkc_st, dkc_sh, kv_head);
     const StridedRows<elem_t> dv_rows = kb.rows(dvd, dvd_st, dvd_sh, dvc, dvc_st, dvc_sh, kv_head);

@@ -176,17 +176,9 @@ __device__ __forceinline__ void zero_acc(float (&acc)[kN8][4]) {
         for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
 }
 
-// ---- Named barriers (id 0 is __syncthreads): sync waits for `count` threads; arrive signals without waiting.
-__device__ __forceinline__ void named_sync(int id, int count) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int count) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
 // A warp's accumulator slab (16 rows from row0, 8 kN8 columns from col0, m16n8 layout), times scale, as 16-bit
-// values into a padded smem tile (rows of kStride elements).
-template <int kN8, int kStride = kRowStride>
+// values into a padded (kRowStride) smem tile.
+template <int kN8>
 __device__ __forceinline__ void stage_acc_rows(elem_t* tile, const float (&acc)[kN8][4], int row0, int col0,
                                                int g, int t4, float scale) {
 #pragma unroll
@@ -194,7 +186,7 @@ __device__ __forceinline__ void stage_acc_rows(elem_t* tile, const float (&acc)[
         const int r = row0 + g + 8 * hh;
 #pragma unroll
         for (int nt = 0; nt < kN8; ++nt)
-            *reinterpret_cast<unsigned*>(tile + r * kStride + col0 + nt * 8 + 2 * t4) =
+            *reinterpret_cast<unsigned*>(tile + r * kRowStride + col0 + nt * 8 + 2 * t4) =
                 pack2(acc[nt][2 * hh] * scale, acc[nt][2 * hh + 1] * scale);
     }
 }
@@ -257,30 +249,6 @@ __device__ __forceinline__ void gemm_frag_rows(float (&acc)[MS][COLS / 8][4], co
             for (int sl = 0; sl < MS; ++sl) {
                 mma_16816(acc[sl][2 * np], frag[sl][kk], b[0], b[1]);
                 mma_16816(acc[sl][2 * np + 1], frag[sl][kk], b[2], b[3]);
-            }
-        }
-    }
-}
-
-// acc[MS][COLS/8] += A (smem rows a_row0.. of kAStride elements, K columns) x B (smem rows 0..K-1, columns
-// col0..col0+COLS-1): gemm_frag_rows with its A operand read from smem (a tile another warp wrote).
-template <int MS, int K, int COLS, int kAStride>
-__device__ __forceinline__ void gemm_smem_rows(float (&acc)[MS][COLS / 8][4], const elem_t* sA, int a_row0,
-                                               const elem_t* sB, int col0, int lrow, int lmat) {
-#pragma unroll
-    for (int kk = 0; kk < K / 16; ++kk) {
-        unsigned a[MS][4];
-#pragma unroll
-        for (int sl = 0; sl < MS; ++sl)
-            ldmatrix_x4(a[sl], sA + (a_row0 + sl * 16 + (lmat % 2) * 8 + lrow) * kAStride + kk * 16 + (lmat / 2) * 8);
-#pragma unroll
-        for (int np = 0; np < COLS / 16; ++np) {
-            unsigned b[4];
-            ldmatrix_x4_trans(b, sB + (kk * 16 + (lmat % 2) * 8 + lrow) * kRowStride + col0 + np * 16 + (lmat / 2) * 8);
-#pragma unroll
-            for (int sl = 0; sl < MS; ++sl) {
-                mma_16816(acc[sl][2 * np], a[sl], b[0], b[1]);
-                mma_16816(acc[sl][2 * np + 1], a[sl], b[2], b[3]);
             }
         }
     }

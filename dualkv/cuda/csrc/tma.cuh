@@ -98,6 +98,14 @@ __device__ __forceinline__ void stmatrix_x4(unsigned addr, const unsigned (&r)[4
                  : "memory");
 }
 
+// ---- Named barriers (id 0 is __syncthreads): sync waits for `count` threads; arrive signals without waiting.
+__device__ __forceinline__ void named_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 // ---- Warpgroup register reallocation (every warp of the warpgroup executes the same one).
 template <int kRegs>
 __device__ __forceinline__ void regs_dealloc() {
