@@ -227,7 +227,7 @@ def check_tile_tables(sm90_dkdv: dict = SM90_DKDV_TILES, sm90_dq: dict = SM90_DQ
 check_tile_tables()
 
 KERNELS = ("fwd", "fwd_sm90", "fwd_sm90_ws", "bwd_prep", "bwd_dq", "bwd_dq_sm90", "bwd_dkdv", "bwd_dkdv_sm90",
-           "bwd_sm90_ws", "bwd_dq_cast")
+           "bwd_sm90_ws", "bwd_dq_cast", "bwd_dq_frag_cast")
 #: The backward's preprocessing kernel (D = rowsum(dO * O), LSE in log2): up to 8 threads per row, no tiles; the
 #: warp-specialised backward's dQ cast uses the same (one thread per 8 output elements).
 PREP_TILE = TileConfig(block_n=16, warps=8, mslabs=1)
@@ -303,8 +303,8 @@ MMA_BACKWARDS = ("auto", "split", "ordered", "atomic")
 #:   d = 128 at (28, 4K), (8, 8K), (16, 32K), (16, 64K): 53.2 / 53.2, 31.2 / 32.1, 250.1 / 271.2, 656.3 / 716.0;
 #:   at (8, 8K), (16, 32K): d = 96 27.9 / 28.6, 219.6 / 236.6; d = 64 17.8 / 18.7, 136.0 / 149.3;
 #:   d = 32 13.7 / 12.0, 101.4 / 91.9 (slower: not here).
-#: The atomic dQ has about twice the split backward's peak memory (an fp32 dQ accumulator), still below the FA2
-#: cascade's (7.5 against 7.8 GiB at (16, 64K)).
+#: The atomic dQ's fp32 accumulator (fragment order, dq_layout.py, cast by one kernel) adds 0.4-1.5 GiB to the split
+#: backward's peak memory, below the FA2 cascade's: 5.3 / 3.8 / 7.8 GiB at (16, 64K) (kernel-20261128-023405.json).
 AUTO_ATOMIC_HEAD_DIMS = (64, 96, 128)
 _mma_backward = [os.environ.get("DUALKV_MMA_BWD", "auto")]
 
@@ -615,7 +615,7 @@ class KernelSpec:
     def smem_bytes(self) -> int:
         row = (self.head_dim + 8) * 2
         t = self.tile
-        if self.kernel in ("bwd_prep", "bwd_dq_cast"):
+        if self.kernel in ("bwd_prep", "bwd_dq_cast", "bwd_dq_frag_cast"):
             return 0
         if self.kernel == "fwd":
             return (t.block_m + 2 * t.block_n) * row
@@ -658,7 +658,7 @@ class KernelSpec:
                   ("DKV_CAUSAL", "1" if self.causal else "0")]
         if self.tile_head_dim != self.head_dim:
             common += [("DKV_HEAD_DIM_ACC", str(self.tile_head_dim))]
-        if self.kernel in ("bwd_prep", "bwd_dq_cast"):
+        if self.kernel in ("bwd_prep", "bwd_dq_cast", "bwd_dq_frag_cast"):
             return common
         if self.kernel in ("bwd_dkdv", "bwd_dkdv_sm90", "bwd_sm90_ws"):
             keys = common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages)),
@@ -770,15 +770,24 @@ def dq_cast_spec(head_dim: int, dtype: torch.dtype, arch: str = "sm_90") -> Kern
     return KernelSpec("bwd_dq_cast", head_dim, _check_dtype(dtype), PREP_TILE, 1, False, arch)
 
 
+def dq_frag_cast_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
+    """The dQ cast of the atomic dQ mode (its fp32 accumulator in fragment order, :mod:`dualkv.cuda.dq_layout`)."""
+    _check_head_dim(head_dim)
+    if head_dim not in ATOMIC_HEAD_DIMS:
+        raise ValueError(f"the atomic dQ mode exists at head dims {ATOMIC_HEAD_DIMS}, not {head_dim}")
+    return KernelSpec("bwd_dq_frag_cast", head_dim, _check_dtype(dtype), PREP_TILE, 1, False, arch)
+
+
 def all_specs(arch: str) -> list[KernelSpec]:
     """Every specialization the kernels are built in, for one architecture: causal with and without a window, and
     non-causal (``DKV_CAUSAL=0``, no window), and the prefix-tree mode (``DKV_TREE=1``, causal, no window) of the
     query kernels and, on sm_90, of the warp-specialised backward; the backward's preprocessing kernel once per head
-    dim and dtype, the dQ cast of the ordered dQ mode (and on sm_90 of the warp-specialised backward), and the
-    ordered dQ mode of the dK/dV kernel (causal and not, no window; and its tree build)."""
+    dim and dtype, the dQ cast of the ordered dQ mode (and on sm_90 of the warp-specialised backward) and of the
+    atomic one, and the ordered dQ mode of the dK/dV kernel (causal and not, no window; and its tree build)."""
     specs = [prep_spec(d, dtype, arch) for d in HEAD_DIMS for dtype in DTYPES]
     cast_dims = set(ORDERED_HEAD_DIMS) | (set(SM90_WS_BWD_TILES) if arch == "sm_90" else set())
     specs += [dq_cast_spec(d, dtype, arch) for d in sorted(cast_dims) for dtype in DTYPES]
+    specs += [dq_frag_cast_spec(d, dtype, arch) for d in ATOMIC_HEAD_DIMS for dtype in DTYPES]
     for head_dim, dtype, (window, causal, tree) in product(HEAD_DIMS, DTYPES, ((False, True, False), (True, True, False),
                                                                              (False, False, False), (False, True, True))):
         if window and head_dim not in WINDOW_HEAD_DIMS:

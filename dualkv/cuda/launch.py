@@ -15,10 +15,11 @@ import torch
 
 from .configs import (DKDV_TILES, DQ_TILES, KEY_TILES_NODE_MAJOR, TMA_KERNELS, TREE_DQ_ROOT_FIRST,
                       TWO_LEVEL_SHARED_FIRST, KeyTileConfig, TileConfig, dkdv_spec, dq_atomic_for, dq_cast_spec,
-                      dq_ordered_for, dq_spec, forward_kernel_for, forward_tile, fwd_spec, pack_for, prep_spec,
-                      ws_backward_for, ws_bwd_spec)
+                      dq_frag_cast_spec, dq_ordered_for, dq_spec, forward_kernel_for, forward_tile, fwd_spec,
+                      pack_for, prep_spec, ws_backward_for, ws_bwd_spec)
 from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
 from . import ws_schedule
+from .dq_layout import acc_rows, new_frag_acc
 from .schedule import check_block_order, key_tiles, tile_table
 
 LOG2E = math.log2(math.e)
@@ -242,7 +243,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
         _run_dkdv_ordered(grads, scalars, q, dq, segments, key_tiles_t, k_own.shape[1], causal, scale, tree)
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
     atomic = dq_atomic_for(head_dim, deterministic, arch)
-    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
+    dq_acc = new_frag_acc(q.shape[0], heads, head_dim, q.device) if atomic else None
     dq_kspec = dq_spec(head_dim, q.dtype, group, window, arch, kernel="bwd_dq" if dq_tile else None, causal=causal,
                        tree=tree)
     dq_kernel = get_kernel(replace(dq_kspec, pack=dq_pack, tile=dq_tile or dq_kspec.tile), device)
@@ -257,10 +258,10 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     if "dkdv" in kernels:
         dkdv_tiles = key_tiles_t if dkdv_key_tiles_t is None else dkdv_key_tiles_t
         dkdv_kernel.launch((dkdv_tiles.shape[0], k_own.shape[1], 1),
-                           [*grads, *(_strided(dq_acc) if atomic else [0, i64(0), i64(0)]), *_NO_DQ_ORDER,
+                           [*grads, *(frag_acc_args(dq_acc) if atomic else [0, i64(0), i64(0)]), *_NO_DQ_ORDER,
                             segments.data_ptr(), dkdv_tiles.data_ptr(), *scalars])
     if atomic:
-        dq = (dq_acc * scale).to(q.dtype)
+        _cast_dq_frag(dq_acc, dq, scale)
     return dq, dk_ctx, dv_ctx, dk_own, dv_own
 
 
@@ -316,6 +317,24 @@ def _cast_dq(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
     cast.launch(((chunks + per_cta - 1) // per_cta, 1, 1),
                 [dq_acc.data_ptr(), i64(dq_acc.shape[1] * dq_acc.shape[2]), i64(dq_acc.shape[2]), *_strided(dq),
                  i32(tokens), i32(heads), f32(scale)])
+
+
+def frag_acc_args(dq_acc: torch.Tensor) -> list:
+    """The dK/dV kernel's (dq_acc, dqa_st, dqa_sh) for the atomic dQ mode: the accumulator, the offset of the scratch
+    block behind it (where a slab's rows past its step's last query add), and the head stride."""
+    return [dq_acc.data_ptr(), i64(dq_acc.numel()), i64(dq_acc.stride(0))]
+
+
+def _cast_dq_frag(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
+    """dq (T, H, d) = scale * the atomic dQ mode's fp32 accumulator (H, acc_rows(T), d) in fragment order
+    (:mod:`dualkv.cuda.dq_layout`), one kernel."""
+    tokens, heads, head_dim = dq.shape
+    device = device_index(dq)
+    cast = get_kernel(dq_frag_cast_spec(head_dim, dq.dtype, arch_of(device)), device)
+    per_cta = cast.spec.threads
+    threads = acc_rows(tokens) * heads * (head_dim // 8)
+    cast.launch(((threads + per_cta - 1) // per_cta, 1, 1),
+                [dq_acc.data_ptr(), i64(dq_acc.stride(0)), *_strided(dq), i32(tokens), i32(heads), f32(scale)])
 
 
 #: Query rows per step of the warp-specialised backward: the unit of its dQ counters.

@@ -61,6 +61,11 @@
 #   bash experiments/gpu/run_pending.sh verify17   # dualkv verify (with deterministic=False rows), both families
 #   bash experiments/gpu/run_pending.sh ordprof    # #13, not yet run: the ordered dQ mode's stalls, tree atomic tests,
 #                                                  # the one-thread fence (DKV_DQ_FENCE_ONE) tested and A/B
+#   bash experiments/gpu/run_pending.sh frag       # #13: the atomic dQ added from registers in fragment order: GPU
+#                                                  # tests (cast, atomic modes, trees, paper API), A/B against the
+#                                                  # previous commit's package (experiments/gpu/_old, when present)
+#   bash experiments/gpu/run_pending.sh fragtable  # #13: the mma.sync family against the FA2 cascade, 4 shapes;
+#                                                  # dualkv verify under it
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -607,6 +612,36 @@ final16b)
     # and head dim 192 with its forward on 96-key blocks (now the default) beside the cuDNN cascade
     SHAPES=28:4096,8:8192,16:32768 TAIL=12 head_dim_bench hd 150 dualkv,cudnn_cascade fwd,bwd,fwdbwd 192
     ;;
+frag)
+    # #13: the atomic dQ mode adds its fragments straight from registers into a fragment-order accumulator
+    # (dq_layout.py, bwd_dq_frag_cast.cu): the cast kernel's test, the deterministic=False tests under both families,
+    # the tree and paper-API atomic tests; then the backward against the previous commit's package, own processes
+    TAIL=2 step pytest_cast 120 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_dq_layout.py
+    DUALKV_KERNELS=mma TAIL=2 step pytest_atomic_mma 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_backward.py -k atomic_dq_mode
+    DUALKV_KERNELS=mma TAIL=2 step pytest_tree_atomic 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_tree_cuda.py proofs_tests/test_cuda_paper_api.py -k atomic
+    TAIL=2 step pytest_atomic_default 150 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_backward.py -k atomic_dq_mode
+    mkdir -p "$OUT/bench"
+    TAIL=6 step bench_new 120 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic,cascade \
+        --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/new"
+    if [ -d experiments/gpu/_old/dualkv ]; then
+        (cd experiments/gpu/_old && PYTHONPATH=$PWD TAIL=4 step bench_old 120 python3 -m dualkv bench kernel \
+            --systems dualkv_mma_atomic --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/old")
+    fi
+    (cd "$OUT" && tar czf frag.tgz *.log bench && rm -rf bench)
+    ;;
+fragtable)
+    # #13 after the fragment-order atomic dQ: the mma.sync family (split default; atomic dQ) against the FA2 cascade
+    # at the issue's four shapes, bwd and fwd+bwd, one process; then dualkv verify under the mma.sync family
+    mkdir -p "$OUT/bench"
+    TAIL=26 step mmatable 330 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic,cascade \
+        --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
+    DUALKV_KERNELS=mma TAIL=2 step verify_mma 150 python3 -m dualkv verify --no-progress \
+        --json "$OUT/verify-h100-mma.json"
+    (cd "$OUT" && tar czf fragtable.tgz *.log bench && rm -rf bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -614,6 +649,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable)"
    exit 2 ;;
 esac
