@@ -59,11 +59,12 @@
 #   bash experiments/gpu/run_pending.sh table17    # #13: the mma.sync family against the FA2 cascade, ncu of split
 #   bash experiments/gpu/run_pending.sh final17    # #13: the "auto" routing's GPU tests
 #   bash experiments/gpu/run_pending.sh verify17   # dualkv verify (with deterministic=False rows), both families
-#   bash experiments/gpu/run_pending.sh ordprof    # #13, not yet run: the ordered dQ mode's stalls, tree atomic tests,
-#                                                  # the one-thread fence (DKV_DQ_FENCE_ONE) tested and A/B
+#   bash experiments/gpu/run_pending.sh ordprof    # #13: the ordered dQ mode's stalls (ncu), the one-thread fence
+#                                                  # (DKV_DQ_FENCE_ONE) tested and A/B
 #   bash experiments/gpu/run_pending.sh frag       # #13: the atomic dQ added from registers in fragment order: GPU
 #                                                  # tests (cast, atomic modes, trees, paper API), A/B against the
 #                                                  # previous commit's package (experiments/gpu/_old, when present)
+#   bash experiments/gpu/run_pending.sh ordred     # #13: the ordered dQ mode's adds as REDs: tests, backward
 #   bash experiments/gpu/run_pending.sh fragtable  # #13: the mma.sync family against the FA2 cascade, 4 shapes;
 #                                                  # dualkv verify under it
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
@@ -586,25 +587,25 @@ verify17)
     DUALKV_KERNELS=mma TAIL=2 step verify_mma 110 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100-mma.json"
     ;;
 ordprof)
-    # #13, not yet run: where the mma.sync ordered dQ mode (deterministic, five products) loses 60% against the atomic
-    # mode (399 against 248 ms at (16, 32K), checks/stage17-rows-*): ncu warp stalls per instruction (the counter wait,
-    # the barriers around it, the fence) of the ordered dK/dV kernel at (8, 8K), and the tree GPU tests of the atomic dQ
-    DUALKV_KERNELS=mma TAIL=3 step pytest_tree_atomic 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
-        proofs_tests/test_tree_cuda.py proofs_tests/test_cuda_paper_api.py -k "atomic"
-    DUALKV_MMA_BWD=ordered TAIL=2 step ncu_ordered 200 ncu --clock-control none --profile-from-start off \
+    # #13: where the mma.sync ordered dQ mode (deterministic, five products) loses 60% against the atomic mode (399
+    # against 248 ms at (16, 32K), checks/stage17-rows-*): ncu warp stalls per instruction (the counter wait, the
+    # barriers around it, the fence) of the ordered dK/dV kernel at (8, 8K); the one-thread fence (DKV_DQ_FENCE_ONE,
+    # bwd_dkdv.cu): the ordered-mode GPU tests under it, then the ordered backward without and with it (the tree GPU
+    # tests of the atomic dQ, once here, ran in part frag)
+    DUALKV_MMA_BWD=ordered TAIL=2 step ncu_ordered 150 ncu --clock-control none --profile-from-start off \
         -k "regex:bwd_dkdv$" --section SourceCounters --section WarpStateStats --section SpeedOfLight -c 1 \
         -f -o "$OUT/ncu_ordered" python3 experiments/gpu/profile_bwd.py --family mma --shape 8:8192 --systems dualkv
     [ -f "$OUT/ncu_ordered.ncu-rep" ] && ncu --import "$OUT/ncu_ordered.ncu-rep" --page source --print-source sass \
         --csv | gzip > "$OUT/ncu_ordered.csv.gz"
     rm -f "$OUT/ncu_ordered.ncu-rep"
-    # the one-thread fence (DKV_DQ_FENCE_ONE, bwd_dkdv.cu): the ordered GPU tests under it, then ordered against it
-    DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE_ONE=1 DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_fence_one 240 \
-        python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_tree_cuda.py
+    DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE_ONE=1 DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_fence_one 150 \
+        python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py
     mkdir -p "$OUT/bench"
     for v in 0 1; do
-        DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE_ONE=$v TAIL=6 step bench_fence$v 120 python3 -m dualkv bench kernel \
-            --systems dualkv_mma_ordered,dualkv_mma_atomic --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench"
+        DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE_ONE=$v TAIL=3 step bench_fence$v 100 python3 -m dualkv bench kernel \
+            --systems dualkv_mma_ordered --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/fence$v"
     done
+    (cd "$OUT" && tar czf ordprof.tgz *.log *.csv.gz bench && rm -rf bench *.csv.gz)
     ;;
 final16b)
     # #12: the seed's Table 1 (head dim 128) with the 192-key forward, beside the cuDNN cascade
@@ -642,6 +643,17 @@ fragtable)
         --json "$OUT/verify-h100-mma.json"
     (cd "$OUT" && tar czf fragtable.tgz *.log bench && rm -rf bench)
     ;;
+ordred)
+    # #13: the ordered dQ mode's adds as fire-and-forget REDs (flags.cuh red_add; atomicAdd had compiled to a returning
+    # ATOM there): its GPU tests, then its backward (the previous build: part ordprof's bench_fence0)
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordred 110 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py
+    mkdir -p "$OUT/bench"
+    TAIL=3 step bench_ordred 60 python3 -m dualkv bench kernel --systems dualkv_mma_ordered \
+        --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench"
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordred_tree 60 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_tree_cuda.py -k "not atomic"
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -649,6 +661,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred)"
    exit 2 ;;
 esac
