@@ -1,40 +1,48 @@
-"""The atomic dQ mode's fragment-order accumulator (dualkv/cuda/dq_layout.py): one-to-one, the kernel's lane
-addresses land where the layout says and make one run of 32 floats per add instruction on slabs that start a token
-group, the scratch block holds every redirected add, the kernel and the cast spell the layout as the model does; and
-on a GPU the cast kernel reads it back exactly."""
+"""The atomic dQ mode's fragment-order accumulator (dualkv/cuda/dq_layout.py): one-to-one; the kernel's lane
+addresses (modelled as the kernel spells them, the warp layout taken from the dK/dV tiles) land where the layout says,
+make one run of 32 floats per add instruction on slabs that start a token group, and on whole steps of segments that
+start anywhere put every existing row exactly once where the cast reads it, the rows past a segment in the scratch
+block and nothing out of bounds; the kernel and the cast spell the layout as the model does; and on a GPU the cast
+kernel reads it back exactly."""
+
+import re
 
 import numpy as np
 import pytest
 import torch
 
-from dualkv.cuda.dq_layout import (SCRATCH_PER_HEAD_DIM, acc_rows, frag_offset, from_rows, kernel_lane_offset,
+from dualkv.cuda.configs import ATOMIC_HEAD_DIMS, DKDV_TILES
+from dualkv.cuda.dq_layout import (SCRATCH_PER_HEAD_DIM, acc_rows, frag_offset, from_rows, kernel_add_offset,
                                    new_frag_acc, to_rows)
 
-HEAD_DIMS = (32, 64, 96, 128)
+
+def _dq_warps(head_dim: int) -> tuple[int, int, int]:
+    """bwd_dkdv.cu's dQ warp layout at this head dim's tile: (row slabs, column parts, columns per part)."""
+    tile = DKDV_TILES[head_dim]
+    slabs = tile.block_m // 16
+    parts = tile.warps // slabs
+    return slabs, parts, head_dim // parts
 
 
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", ATOMIC_HEAD_DIMS)
 @pytest.mark.parametrize("tokens", [1, 7, 8, 13, 64, 129])
 def test_layout_is_one_to_one(head_dim, tokens):
     offsets = frag_offset(np.arange(acc_rows(tokens))[:, None], np.arange(head_dim)[None, :], head_dim)
     assert sorted(offsets.ravel().tolist()) == list(range(acc_rows(tokens) * head_dim))
 
 
-def _lane_offsets(slab_tok: int, nt: int, e: int, dq_part: int, dq_cols: int, head_dim: int) -> list[int]:
-    return [kernel_lane_offset(slab_tok, lane // 4, lane % 4, nt, e, dq_part, dq_cols, head_dim) for lane in range(32)]
-
-
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", ATOMIC_HEAD_DIMS)
 @pytest.mark.parametrize("slab_tok", [0, 8, 16, 3, 65, 127])
 def test_kernel_lanes_add_where_the_layout_says(head_dim, slab_tok):
     """Lane (g, t4)'s register (nt, e) holds row g + 8 (e / 2), column 8 nt + 2 t4 + e % 2 of its part's slab (the
     m16n8 accumulator); the kernel's address for it is the layout's. On a slab starting a token group an add
     instruction covers 32 consecutive floats; otherwise two runs."""
-    dq_cols = head_dim // 2  # bwd_dkdv.cu's dQ warp layout at 8 warps and 64-query steps: 4 slabs x 2 column parts
-    for dq_part in range(2):
+    _, parts, dq_cols = _dq_warps(head_dim)
+    for dq_part in range(parts):
         for nt in range(dq_cols // 8):
             for e in range(4):
-                got = _lane_offsets(slab_tok, nt, e, dq_part, dq_cols, head_dim)
+                got = [kernel_add_offset(slab_tok, 16, lane // 4, lane % 4, nt, e, dq_part, dq_cols, head_dim)
+                       for lane in range(32)]
                 want = [int(frag_offset(slab_tok + lane // 4 + 8 * (e >> 1),
                                         dq_part * dq_cols + nt * 8 + 2 * (lane % 4) + (e & 1), head_dim))
                         for lane in range(32)]
@@ -43,15 +51,66 @@ def test_kernel_lanes_add_where_the_layout_says(head_dim, slab_tok):
                 assert runs == (1 if slab_tok % 8 == 0 else 2)
 
 
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def _simulate_steps(head_dim: int, seg_lens: list[int], heads: int, wrong_scratch: bool = False) -> np.ndarray:
+    """Every query step (block_m rows from each segment's start, segments back to back at any token) of every head
+    adds each (token, head, column)'s id through the kernel's addresses into a float64 model of the allocation
+    (accumulator + scratch); returns it."""
+    slabs, parts, dq_cols = _dq_warps(head_dim)
+    block_m = DKDV_TILES[head_dim].block_m
+    tokens = sum(seg_lens)
+    head_stride = acc_rows(tokens) * head_dim
+    scratch = heads * head_stride
+    flat = np.zeros(scratch + SCRATCH_PER_HEAD_DIM * head_dim)
+    q_start = 0
+    for seg_len in seg_lens:
+        for pos in range(0, seg_len, block_m):
+            p_hi = seg_len - 1  # the step's last existing query
+            for head in range(heads):
+                for warp in range(slabs * parts):
+                    dq_slab, dq_part = warp % slabs, warp // slabs
+                    slab_tok = q_start + pos + dq_slab * 16
+                    valid = p_hi - pos - dq_slab * 16 + 1
+                    for lane in range(32):
+                        g, t4 = lane // 4, lane % 4
+                        for nt in range(dq_cols // 8):
+                            for e in range(4):
+                                row = g + 8 * (e >> 1)
+                                col = dq_part * dq_cols + nt * 8 + 2 * t4 + (e & 1)
+                                value = ((slab_tok + row) * heads + head) * head_dim + col + 1 if row < valid else 1e9
+                                off = kernel_add_offset(slab_tok, 16 if wrong_scratch else valid, g, t4, nt, e,
+                                                        dq_part, dq_cols, head_dim, head, head_stride, scratch)
+                                assert 0 <= off < flat.size
+                                flat[off] += value
+        q_start += seg_len
+    return flat
+
+
+@pytest.mark.parametrize("head_dim", ATOMIC_HEAD_DIMS)
+def test_whole_steps_put_every_row_once_and_the_rest_in_scratch(head_dim):
+    seg_lens, heads = [13, 70, 1, 129], 2
+    tokens = sum(seg_lens)
+    flat = _simulate_steps(head_dim, seg_lens, heads)
+    acc = torch.from_numpy(flat[:heads * acc_rows(tokens) * head_dim]).view(heads, acc_rows(tokens), head_dim)
+    ids = torch.arange(tokens * heads * head_dim, dtype=torch.float64).view(tokens, heads, head_dim) + 1
+    assert torch.equal(to_rows(acc, tokens), ids)
+    assert int((acc != 0).sum()) == ids.numel()  # the padding rows of the last token group hold nothing
+    assert flat[heads * acc_rows(tokens) * head_dim:].sum() > 0  # the rows past each segment went to scratch
+    with pytest.raises(AssertionError):  # known wrong: rows past a segment added where the next segment's are
+        wrong = _simulate_steps(head_dim, seg_lens, heads, wrong_scratch=True)
+        assert torch.equal(to_rows(torch.from_numpy(wrong[:heads * acc_rows(tokens) * head_dim])
+                                   .view(heads, acc_rows(tokens), head_dim), tokens), ids)
+
+
+@pytest.mark.parametrize("head_dim", ATOMIC_HEAD_DIMS)
 def test_scratch_holds_every_redirected_add(head_dim):
-    """A slab's rows past its step's last query add at scratch + nt * 64 + (e % 2) * 32 (their pointer is the
-    scratch block itself): below the block's size for every register of every column part."""
-    dq_cols = head_dim // 2
+    """A slab's rows past its step's last query add at scratch + nt * 64 + (e % 2) * 32: below the block's size for
+    every register of every column part."""
+    _, _, dq_cols = _dq_warps(head_dim)
     top = max(nt * 64 + (e & 1) * 32 for nt in range(dq_cols // 8) for e in range(4))
     assert top < SCRATCH_PER_HEAD_DIM * head_dim
     acc = new_frag_acc(13, 3, head_dim, "cpu")
-    assert acc.shape == (3, 16, head_dim) and acc.untyped_storage().nbytes() == (acc.numel() + 8 * head_dim) * 4
+    assert acc.shape == (3, 16, head_dim)
+    assert acc.untyped_storage().nbytes() == (acc.numel() + SCRATCH_PER_HEAD_DIM * head_dim) * 4
 
 
 def test_round_trip_and_a_wrong_reader_is_caught():
@@ -59,23 +118,37 @@ def test_round_trip_and_a_wrong_reader_is_caught():
     acc = from_rows(rows)
     assert acc.shape == (3, 16, 64) and torch.equal(to_rows(acc, 13), rows)
     assert int((acc != 0).sum()) == rows.numel()  # the padding group's last 3 rows hold nothing
-    wrong = acc.reshape(3, -1).clone()
-    wrong = wrong.view(3, -1, 2, 32).flip(2).reshape(acc.shape)  # even and odd columns swapped
+    wrong = acc.reshape(3, -1, 2, 32).flip(2).reshape(acc.shape)  # even and odd columns swapped
     assert not torch.equal(to_rows(wrong, 13), rows)
 
 
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
 def test_kernel_and_cast_spell_the_model():
+    """The kernel's and the cast's index expressions are the model's (whitespace aside)."""
     from dualkv.cuda.build import CSRC
 
-    kernel, cast = (CSRC / "bwd_dkdv.cu").read_text(), (CSRC / "bwd_dq_frag_cast.cu").read_text()
-    assert ("(tok >> 3) * (8 * kHeadDim) + (tok & 7) * 4 + t4 +\n                                 dq_part * kDqCols * 8"
-            in kernel)
-    assert "lane_lo + 8 * kHeadDim" in kernel and "+ nt * 64 + (e & 1) * 32, acc_dq[0][nt][e]" in kernel
-    assert "(t >> 3) * (8 * kHeadDim) + 64 * c + 4 * r8" in cast and "src + 32" in cast
+    kernel, cast = (_squash((CSRC / name).read_text()) for name in ("bwd_dkdv.cu", "bwd_dq_frag_cast.cu"))
+    for expr in ("float* lane_lo = dq_acc + head * dqa_sh + (tok >> 3) * (8 * kHeadDim) + (tok & 7) * 4 + t4 + "
+                 "dq_part * kDqCols * 8;",
+                 "float* scratch = dq_acc + dqa_st;",
+                 "float* rows_lo = g < valid_rows ? lane_lo : scratch;",
+                 "float* rows_hi = g + 8 < valid_rows ? lane_lo + 8 * kHeadDim : scratch;",
+                 "atomicAdd((e < 2 ? rows_lo : rows_hi) + nt * 64 + (e & 1) * 32, acc_dq[0][nt][e]);",
+                 "const long long tok = sg.seg.q_start + cur.pos + dq_slab * 16 + g;",
+                 "const int valid_rows = cur.p_hi - cur.pos - dq_slab * 16 + 1;"):
+        assert expr in kernel, expr
+    for expr in ("const float* src = acc + h * acc_sh + (t >> 3) * (8 * kHeadDim) + 64 * c + 4 * r8;",
+                 "const float4 odd = *reinterpret_cast<const float4*>(src + 32);",
+                 "make_uint4(pack2(even.x * scale, odd.x * scale), pack2(even.y * scale, odd.y * scale), "
+                 "pack2(even.z * scale, odd.z * scale), pack2(even.w * scale, odd.w * scale));"):
+        assert expr in cast, expr
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", ATOMIC_HEAD_DIMS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("tokens", [1, 13, 64, 1000])
 def test_cast_kernel_reads_the_layout_back(head_dim, dtype, tokens):

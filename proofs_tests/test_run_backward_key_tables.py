@@ -53,7 +53,8 @@ def _backward(plan, ws: bool, deterministic: bool, monkeypatch):
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_dkdv_kernel_gets_the_heaviest_first_table(deterministic, mode, launches, monkeypatch):
     """The dK/dV kernel runs the heaviest-first table; the separate dQ kernel runs unless mma_backward("atomic") and
-    deterministic=False put dQ into the dK/dV kernel (the split backward serves deterministic=False by default)."""
+    deterministic=False put dQ into the dK/dV kernel, whose fp32 accumulator one cast kernel then reads (the split
+    backward serves deterministic=False by default)."""
     from dualkv.cuda.configs import mma_backward
 
     plan = launch.make_plan(GroupLayout.from_lengths([300], [[129, 5, 64]]).segment_table, **PLAN_ARGS)
@@ -66,7 +67,9 @@ def test_dkdv_kernel_gets_the_heaviest_first_table(deterministic, mode, launches
     assert grid == (plan.dkdv_key_tiles.shape[0], 2, 1)
     assert plan.dkdv_key_tiles.data_ptr() in pointers and plan.key_tiles.data_ptr() not in pointers
     atomic = mode == "atomic" and not deterministic
-    assert any("dq" in e[0] for e in launches) == (not atomic)     # atomic: dQ comes from the dK/dV kernel
+    kernels = [e[0] for e in launches]
+    assert any(k in ("bwd_dq", "bwd_dq_sm90") for k in kernels) == (not atomic)  # atomic: dQ in the dK/dV kernel,
+    assert kernels.count("bwd_dq_frag_cast") == int(atomic)        # its fragment-order accumulator cast once
     assert any("dkdv" in e[0] and "atomic" in e[0] for e in launches) == atomic
 
 

@@ -23,7 +23,7 @@ def acc_rows(tokens: int) -> int:
 
 
 #: Floats of scratch per head dim behind the accumulator: the adds of a slab's rows past its step's last query land
-#: there (at offsets below 4 head_dim) instead of being branched around.
+#: there (at offsets below 8 * the warp's dQ columns, at most 8 head_dim - 32) instead of being branched around.
 SCRATCH_PER_HEAD_DIM = 8
 
 
@@ -42,13 +42,17 @@ def frag_offset(token, col, head_dim: int):
             + (col % GROUP) // 2)
 
 
-def kernel_lane_offset(slab_tok: int, g: int, t4: int, nt: int, e: int, dq_part: int, dq_cols: int,
-                       head_dim: int) -> int:
-    """The offset at which bwd_dkdv.cu's lane (g, t4) of column part ``dq_part`` adds fragment register (nt, e) of the
-    16-row slab whose row 0 is token ``slab_tok`` (its ``base`` plus the constant), spelled as the kernel spells it."""
+def kernel_add_offset(slab_tok: int, valid_rows: int, g: int, t4: int, nt: int, e: int, dq_part: int, dq_cols: int,
+                      head_dim: int, head: int = 0, head_stride: int = 0, scratch: int = 0) -> int:
+    """The float offset (from the accumulator's start) at which bwd_dkdv.cu's lane (g, t4) of column part ``dq_part``
+    adds fragment register (nt, e) of the 16-row slab whose row 0 is token ``slab_tok`` and whose first
+    ``valid_rows`` rows exist; rows past them add at ``scratch`` (the block behind the accumulator). Spelled as the
+    kernel spells it (``lane_lo``, ``rows_lo``, ``rows_hi`` plus a constant)."""
     tok = slab_tok + g
-    base = (tok >> 3) * (8 * head_dim) + (tok & 7) * 4 + t4 + dq_part * dq_cols * 8
-    return base + (e >> 1) * 8 * head_dim + nt * 64 + (e & 1) * 32
+    lane_lo = head * head_stride + (tok >> 3) * (8 * head_dim) + (tok & 7) * 4 + t4 + dq_part * dq_cols * 8
+    rows_lo = lane_lo if g < valid_rows else scratch
+    rows_hi = lane_lo + 8 * head_dim if g + 8 < valid_rows else scratch
+    return (rows_lo if e < 2 else rows_hi) + nt * 64 + (e & 1) * 32
 
 
 def _offsets(tokens: int, head_dim: int, device) -> torch.Tensor:
