@@ -306,17 +306,24 @@ def _dq_counters(segments: torch.Tensor, tokens: int, heads: int, step: int, tre
     return torch.zeros((heads, n_qtiles), dtype=torch.int32, device=segments.device), qtile_offset, n_qtiles
 
 
+def _launch_cast(cast_spec, acc_args: list, dq: torch.Tensor, rows: int, scale: float) -> None:
+    """One dQ cast kernel (``cast_spec(head_dim, dtype, arch)``: its specialization) over ``rows`` (>= T) token rows
+    of the accumulator, one thread per 8 outputs: dq (T, H, d) = scale * the accumulator (``acc_args``: its pointer
+    and strides as the kernel takes them)."""
+    tokens, heads, head_dim = dq.shape
+    device = device_index(dq)
+    cast = get_kernel(cast_spec(head_dim, dq.dtype, arch_of(device)), device)
+    per_cta = cast.spec.threads
+    threads = rows * heads * (head_dim // 8)
+    cast.launch(((threads + per_cta - 1) // per_cta, 1, 1),
+                [*acc_args, *_strided(dq), i32(tokens), i32(heads), f32(scale)])
+
+
 def _cast_dq(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
     """dq (T, H, d) = scale * the fp32 accumulator (H, rows >= T, d' >= d) in bwd_dq_cast.cu's chunk order, one
     kernel."""
-    tokens, heads, head_dim = dq.shape
-    device = device_index(dq)
-    cast = get_kernel(dq_cast_spec(head_dim, dq.dtype, arch_of(device)), device)
-    per_cta = cast.spec.threads
-    chunks = tokens * heads * (head_dim // 8)
-    cast.launch(((chunks + per_cta - 1) // per_cta, 1, 1),
-                [dq_acc.data_ptr(), i64(dq_acc.shape[1] * dq_acc.shape[2]), i64(dq_acc.shape[2]), *_strided(dq),
-                 i32(tokens), i32(heads), f32(scale)])
+    _launch_cast(dq_cast_spec, [dq_acc.data_ptr(), i64(dq_acc.shape[1] * dq_acc.shape[2]), i64(dq_acc.shape[2])],
+                 dq, dq.shape[0], scale)
 
 
 def frag_acc_args(dq_acc: torch.Tensor) -> list:
@@ -327,14 +334,8 @@ def frag_acc_args(dq_acc: torch.Tensor) -> list:
 
 def _cast_dq_frag(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
     """dq (T, H, d) = scale * the atomic dQ mode's fp32 accumulator (H, acc_rows(T), d) in fragment order
-    (:mod:`dualkv.cuda.dq_layout`), one kernel."""
-    tokens, heads, head_dim = dq.shape
-    device = device_index(dq)
-    cast = get_kernel(dq_frag_cast_spec(head_dim, dq.dtype, arch_of(device)), device)
-    per_cta = cast.spec.threads
-    threads = acc_rows(tokens) * heads * (head_dim // 8)
-    cast.launch(((threads + per_cta - 1) // per_cta, 1, 1),
-                [dq_acc.data_ptr(), i64(dq_acc.stride(0)), *_strided(dq), i32(tokens), i32(heads), f32(scale)])
+    (:mod:`dualkv.cuda.dq_layout`), one kernel (its threads cover the last token group's padding rows too)."""
+    _launch_cast(dq_frag_cast_spec, [dq_acc.data_ptr(), i64(dq_acc.stride(0))], dq, acc_rows(dq.shape[0]), scale)
 
 
 #: Query rows per step of the warp-specialised backward: the unit of its dQ counters.

@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import shared_prefix_attention
+from ..cuda.configs import ATOMIC_HEAD_DIMS
 from ..dispatch import backend_name, cuda_backend_available
 from . import mutants
 from .cases import attention_cases, model_cases
@@ -90,8 +91,9 @@ def build_tasks(quick: bool = False) -> list[Task]:
     return tasks
 
 
-#: Head dims up to which ``deterministic=False`` has its own paths (above it the deterministic kernels serve and warn).
-NON_DETERMINISTIC_MAX_HEAD_DIM = 128
+#: Head dims up to which ``deterministic=False`` has its own paths (above it the deterministic kernels serve and warn):
+#: the atomic dQ mode's.
+NON_DETERMINISTIC_MAX_HEAD_DIM = max(ATOMIC_HEAD_DIMS)
 
 
 def _non_deterministic(*args, **kwargs):
