@@ -163,3 +163,14 @@ def test_cast_kernel_reads_the_layout_back(head_dim, dtype, tokens):
     out = torch.full((tokens, 6, head_dim), float("nan"), dtype=dtype, device="cuda")[:, 1:]
     _cast_dq_frag(acc, out, 0.125)
     torch.testing.assert_close(out, (rows * 0.125).to(dtype), rtol=0, atol=0)
+
+
+def test_frag_cast_refuses_head_dims_without_an_atomic_mode():
+    from dualkv.cuda.configs import dq_frag_cast_spec
+
+    assert dq_frag_cast_spec(128, torch.bfloat16, "sm_80").kernel == "bwd_dq_frag_cast"
+    for head_dim in (192, 256, 512):
+        with pytest.raises(ValueError, match=f"atomic dQ mode exists at head dims .* not {head_dim}"):
+            dq_frag_cast_spec(head_dim, torch.bfloat16, "sm_80")
+    with pytest.raises(ValueError, match="not supported by the CUDA kernels"):
+        dq_frag_cast_spec(80, torch.bfloat16, "sm_80")
