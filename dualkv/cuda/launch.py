@@ -327,13 +327,13 @@ def _cast_dq(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
 
 
 def frag_acc_args(dq_acc: torch.Tensor) -> list:
-    """The dK/dV kernel's (dq_acc, dqa_st, dqa_sh) for the atomic dQ mode: the accumulator, the offset of the scratch
-    block behind it (where a slab's rows past its step's last query add), and the head stride."""
+    """The dK/dV kernel's (dq_acc, dqa_st, dqa_sh) for the atomic and ordered dQ modes: the accumulator, the offset of
+    the scratch block behind it (where a slab's rows past its step's last query add), and the head stride."""
     return [dq_acc.data_ptr(), i64(dq_acc.numel()), i64(dq_acc.stride(0))]
 
 
 def _cast_dq_frag(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
-    """dq (T, H, d) = scale * the atomic dQ mode's fp32 accumulator (H, acc_rows(T), d) in fragment order
+    """dq (T, H, d) = scale * the atomic or ordered dQ mode's fp32 accumulator (H, acc_rows(T), d) in fragment order
     (:mod:`dualkv.cuda.dq_layout`), one kernel (its threads cover the last token group's padding rows too)."""
     _launch_cast(dq_frag_cast_spec, [dq_acc.data_ptr(), i64(dq_acc.stride(0))], dq, acc_rows(dq.shape[0]), scale)
 

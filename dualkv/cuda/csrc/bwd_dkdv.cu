@@ -309,10 +309,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                 }
         }
 
-        // One stage: every warp is done with the buffer before the next step's copies overwrite it. Two stages need no
-        // barrier here: the next step's copies (into this step's buffer) and dS stores come after its first barrier
-        // (without it the backward measured 0-1% faster on H100: checks/mma-endbar-h100-20261127T1617Z.json).
-        if (kStages == 1) __syncthreads();
+        // One stage: every warp is done with the buffer before the next step's copies overwrite it (the ordered
+        // mode's wait barrier already did that). Two stages need no barrier here: the split and atomic modes' next
+        // copies (into this step's buffer) and dS stores come after the next step's first barrier (without it the
+        // backward measured 0-1% faster on H100: checks/mma-endbar-h100-20261127T1617Z.json); the ordered mode
+        // issues its next copies BEFORE that barrier, and relies on its wait barrier above, after which nothing reads
+        // this step's buffers or sdS: a change that skips that barrier (say, for a counter already seen) must put a
+        // barrier back at this step's end.
+        if (!kDqOrdered && kStages == 1) __syncthreads();
         if (kStages == 1 && nxt.valid) {
             load_step(nxt, 0);
             cp_async_commit();
