@@ -665,8 +665,10 @@ ordfrag)
     DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordfrag_tree 200 python3 -m pytest -q -x -m gpu \
         -p no:cacheprovider proofs_tests/test_tree_cuda.py -k "not atomic"
     mkdir -p "$OUT/bench"
-    TAIL=3 step bench_ordfrag 90 python3 -m dualkv bench kernel --systems dualkv_mma_ordered,dualkv_mma \
+    TAIL=4 step bench_ordfrag 120 python3 -m dualkv bench kernel --systems dualkv_mma_ordered,dualkv_mma,dualkv_mma_atomic \
         --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/new"
+    DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE_ONE=1 TAIL=3 step bench_ordfrag_fence1 90 python3 -m dualkv bench kernel \
+        --systems dualkv_mma_ordered --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/fence1"
     if [ -d experiments/gpu/_old/dualkv ]; then
         (cd experiments/gpu/_old && PYTHONPATH=$PWD TAIL=3 step bench_ordold 90 python3 -m dualkv bench kernel \
             --systems dualkv_mma_ordered --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/old")
