@@ -149,13 +149,13 @@ def test_mma_dq_tiles_fit_an_a100_and_do_not_spill():
 
 
 #: Spill bytes the ordered dQ mode may exceed the atomic mode's by, per (arch, head dim, causal, tree): at 255
-#: registers ptxas spills the non-causal d = 128 Hopper build of the ordered kernel by 48 bytes (the atomic one by
-#: none since the atomic mode issues its next step's copies after the S^T product), the non-causal d = 96 one by 4
-#: (since the row-run dQ adds) and the d = 128 tree builds by up to 40 (their ranks read the tree table's ancestor
-#: block counts); the rank-ordered walk and the counter of the adds in flight stay live through the step. Every
-#: other build: none.
-ORDERED_SPILL_ALLOWANCE = {("sm_90", 128, False, False): 48, ("sm_90", 96, False, False): 4,
-                           ("sm_80", 128, True, True): 40, ("sm_90", 128, True, True): 40}
+#: registers ptxas spills the d = 128 ordered builds a little more than the atomic ones (the rank-ordered walk and the
+#: counter of the adds in flight stay live through the step; the tree builds' ranks also read the tree table's
+#: ancestor block counts): measured since both modes add dQ in fragment order, sm_80 non-causal 16 bytes against 0,
+#: tree 44 against 0; sm_90 non-causal 24 against 0 (its causal and tree builds spill less than the atomic one's
+#: 48). Every other build: none.
+ORDERED_SPILL_ALLOWANCE = {("sm_80", 128, False, False): 16, ("sm_80", 128, True, True): 44,
+                           ("sm_90", 128, False, False): 24}
 
 
 def test_ordered_dq_mode_spills_no_more_than_the_atomic_mode():

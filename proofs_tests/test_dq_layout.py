@@ -1,4 +1,4 @@
-"""The atomic dQ mode's fragment-order accumulator (dualkv/cuda/dq_layout.py): one-to-one; the kernel's lane
+"""The fragment-order dQ accumulator of the atomic and ordered dQ modes (dualkv/cuda/dq_layout.py): one-to-one; the kernel's lane
 addresses (modelled as the kernel spells them, the warp layout taken from the dK/dV tiles) land where the layout says,
 make one run of 32 floats per add instruction on slabs that start a token group, and on whole steps of segments that
 start anywhere put every existing row exactly once where the cast reads it, the rows past a segment in the scratch
@@ -136,7 +136,8 @@ def test_kernel_and_cast_spell_the_model():
                  "float* scratch = dq_acc + dqa_st;",
                  "float* rows_lo = g < valid_rows ? lane_lo : scratch;",
                  "float* rows_hi = g + 8 < valid_rows ? lane_lo + 8 * kHeadDim : scratch;",
-                 "atomicAdd((e < 2 ? rows_lo : rows_hi) + nt * 64 + (e & 1) * 32, acc_dq[0][nt][e]);",
+                 "float* at = (e < 2 ? rows_lo : rows_hi) + nt * 64 + (e & 1) * 32;",
+                 "red_add(at, acc_dq[0][nt][e]);", "atomicAdd(at, acc_dq[0][nt][e]);",
                  "const long long tok = sg.seg.q_start + cur.pos + dq_slab * 16 + g;",
                  "const int valid_rows = cur.p_hi - cur.pos - dq_slab * 16 + 1;"):
         assert expr in kernel, expr

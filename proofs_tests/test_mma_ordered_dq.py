@@ -418,7 +418,7 @@ def test_backward_routes_each_key_tile_order(monkeypatch, ordered):
     if ordered:
         assert grid == (n_tiles * 2, 1, 1) and kv_heads == 2               # tile-major, K/V-head-minor grid
         assert tiles == plan.key_tiles.data_ptr()
-        assert [s.kernel for s, _, _ in log] == ["bwd_dkdv", "bwd_dq_cast"]
+        assert [s.kernel for s, _, _ in log] == ["bwd_dkdv", "bwd_dq_frag_cast"]
     else:
         assert grid == (n_tiles, 2, 1) and tiles == plan.dkdv_key_tiles.data_ptr()
         assert [s.kernel for s, _, _ in log] == ["bwd_dq", "bwd_dkdv"]

@@ -764,14 +764,14 @@ def prep_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
 
 
 def dq_cast_spec(head_dim: int, dtype: torch.dtype, arch: str = "sm_90") -> KernelSpec:
-    """The dQ cast (fp32 accumulator -> scaled 16-bit dQ) of the warp-specialised backward (sm_90) and of the
-    ordered dQ mode (``arch``: the device's)."""
+    """The dQ cast (fp32 accumulator -> scaled 16-bit dQ) of the warp-specialised backward (sm_90)."""
     _check_head_dim(head_dim)
     return KernelSpec("bwd_dq_cast", head_dim, _check_dtype(dtype), PREP_TILE, 1, False, arch)
 
 
 def dq_frag_cast_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
-    """The dQ cast of the atomic dQ mode (its fp32 accumulator in fragment order, :mod:`dualkv.cuda.dq_layout`)."""
+    """The dQ cast of the mma.sync dK/dV kernel's atomic and ordered dQ modes (their fp32 accumulator in fragment
+    order, :mod:`dualkv.cuda.dq_layout`)."""
     _check_head_dim(head_dim)
     if head_dim not in ATOMIC_HEAD_DIMS:
         raise ValueError(f"the atomic dQ mode exists at head dims {ATOMIC_HEAD_DIMS}, not {head_dim}")
@@ -782,10 +782,10 @@ def all_specs(arch: str) -> list[KernelSpec]:
     """Every specialization the kernels are built in, for one architecture: causal with and without a window, and
     non-causal (``DKV_CAUSAL=0``, no window), and the prefix-tree mode (``DKV_TREE=1``, causal, no window) of the
     query kernels and, on sm_90, of the warp-specialised backward; the backward's preprocessing kernel once per head
-    dim and dtype, the dQ cast of the ordered dQ mode (and on sm_90 of the warp-specialised backward) and of the
-    atomic one, and the ordered dQ mode of the dK/dV kernel (causal and not, no window; and its tree build)."""
+    dim and dtype, the dQ casts of the atomic and ordered dQ modes (and on sm_90 of the warp-specialised backward),
+    and the ordered dQ mode of the dK/dV kernel (causal and not, no window; and its tree build)."""
     specs = [prep_spec(d, dtype, arch) for d in HEAD_DIMS for dtype in DTYPES]
-    cast_dims = set(ORDERED_HEAD_DIMS) | (set(SM90_WS_BWD_TILES) if arch == "sm_90" else set())
+    cast_dims = set(SM90_WS_BWD_TILES) if arch == "sm_90" else set()
     specs += [dq_cast_spec(d, dtype, arch) for d in sorted(cast_dims) for dtype in DTYPES]
     specs += [dq_frag_cast_spec(d, dtype, arch) for d in ATOMIC_HEAD_DIMS for dtype in DTYPES]
     for head_dim, dtype, (window, causal, tree) in product(HEAD_DIMS, DTYPES, ((False, True, False), (True, True, False),

@@ -1,5 +1,5 @@
-"""The atomic dQ mode's fp32 accumulator layout, "fragment order" (csrc/bwd_dkdv.cu with DKV_DQ_ATOMIC adds into it,
-csrc/bwd_dq_frag_cast.cu reads it back).
+"""The fp32 dQ accumulator layout of the mma.sync dK/dV kernel's atomic and ordered dQ modes, "fragment order"
+(csrc/bwd_dkdv.cu with DKV_DQ_ATOMIC or DKV_DQ_ORDERED adds into it, csrc/bwd_dq_frag_cast.cu reads it back).
 
 Per head, a flat block of ``acc_rows(tokens) * head_dim`` floats: tokens in groups of 8, columns in chunks of 8, and
 the (group, chunk) block of 64 floats holds the chunk's even columns first (token t's column c at 4 (t % 8) + c / 2),

@@ -269,8 +269,8 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
                       key_tiles_t: torch.Tensor, kv_heads: int, causal: bool, scale: float,
                       tree: bool = False) -> None:
     """The mma.sync dK/dV kernel in its ordered dQ mode (DKV_DQ_ORDERED): dK, dV (written through ``grads``, the
-    launch arguments up to the dQ accumulator) and dQ summed in fp32 in a fixed order into one (H, T_q, d)
-    accumulator, then scaled and cast into ``dq`` (T_q, H, d). ``key_tiles_t`` must be in
+    launch arguments up to the dQ accumulator) and dQ summed in fp32 in a fixed order into one accumulator in fragment
+    order (:mod:`dualkv.cuda.dq_layout`), then scaled and cast into ``dq`` (T_q, H, d). ``key_tiles_t`` must be in
     :func:`dualkv.cuda.ws_schedule.launch_order` (a plan's ``key_tiles``, not its heaviest-first ``dkdv_key_tiles``;
     ``tree``: a tree plan's, DKV_TREE=1); ``scalars``: the kernel's last arguments (GQA group, scales, window)."""
     tokens, heads, head_dim = q.shape
@@ -279,12 +279,12 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
                      root_first=_root_first(tree))
     kern = get_kernel(spec, device)
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, spec.tile.block_m, tree)
-    dq_acc = torch.zeros((heads, tokens, head_dim), dtype=torch.float32, device=q.device)
+    dq_acc = new_frag_acc(tokens, heads, head_dim, q.device)
     kern.launch((key_tiles_t.shape[0] * kv_heads, 1, 1),
-                [*grads, dq_acc.data_ptr(), i64(head_dim), i64(tokens * head_dim), sems.data_ptr(),
+                [*grads, *frag_acc_args(dq_acc), sems.data_ptr(),
                  qtile_offset.data_ptr() if qtile_offset is not None else 0, i32(n_qtiles), i32(kv_heads),
                  segments.data_ptr(), key_tiles_t.data_ptr(), *scalars])
-    _cast_dq(dq_acc, dq, scale)
+    _cast_dq_frag(dq_acc, dq, scale)
 
 
 def _root_first(tree: bool) -> bool:
@@ -327,13 +327,13 @@ def _cast_dq(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
 
 
 def frag_acc_args(dq_acc: torch.Tensor) -> list:
-    """The dK/dV kernel's (dq_acc, dqa_st, dqa_sh) for the atomic dQ mode: the accumulator, the offset of the scratch
-    block behind it (where a slab's rows past its step's last query add), and the head stride."""
+    """The dK/dV kernel's (dq_acc, dqa_st, dqa_sh) for the atomic and ordered dQ modes: the accumulator, the offset of
+    the scratch block behind it (where a slab's rows past its step's last query add), and the head stride."""
     return [dq_acc.data_ptr(), i64(dq_acc.numel()), i64(dq_acc.stride(0))]
 
 
 def _cast_dq_frag(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
-    """dq (T, H, d) = scale * the atomic dQ mode's fp32 accumulator (H, acc_rows(T), d) in fragment order
+    """dq (T, H, d) = scale * the atomic or ordered dQ mode's fp32 accumulator (H, acc_rows(T), d) in fragment order
     (:mod:`dualkv.cuda.dq_layout`), one kernel (its threads cover the last token group's padding rows too)."""
     _launch_cast(dq_frag_cast_spec, [dq_acc.data_ptr(), i64(dq_acc.stride(0))], dq, acc_rows(dq.shape[0]), scale)
 

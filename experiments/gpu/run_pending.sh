@@ -65,6 +65,7 @@
 #                                                  # tests (cast, atomic modes, trees, paper API), A/B against the
 #                                                  # previous commit's package (experiments/gpu/_old, when present)
 #   bash experiments/gpu/run_pending.sh ordred     # #13: the ordered dQ mode's adds as REDs: tests, backward
+#   bash experiments/gpu/run_pending.sh ordfrag    # #13 (branch ordfrag): the ordered mode in fragment order
 #   bash experiments/gpu/run_pending.sh fragtable  # #13: the mma.sync family against the FA2 cascade, 4 shapes;
 #                                                  # dualkv verify under it
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
@@ -654,6 +655,26 @@ ordred)
     DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordred_tree 60 python3 -m pytest -q -x -m gpu \
         -p no:cacheprovider proofs_tests/test_tree_cuda.py -k "not atomic"
     ;;
+ordfrag)
+    # #13 (branch ordfrag, not yet run): the ordered dQ mode adds in fragment order too (no staging, no end-of-step
+    # barrier; bwd_dq_frag_cast.cu casts): its GPU tests (two-level, trees, the paper API), then its backward against
+    # main's package in experiments/gpu/_old (when present: git archive main dualkv | tar -x -C experiments/gpu/_old)
+    # (the tree file's atomic-dQ test expects the atomic mode, which "ordered" overrides: run apart, deselected)
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordfrag 200 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_paper_api.py
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordfrag_tree 200 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_tree_cuda.py -k "not atomic"
+    mkdir -p "$OUT/bench"
+    TAIL=4 step bench_ordfrag 120 python3 -m dualkv bench kernel --systems dualkv_mma_ordered,dualkv_mma,dualkv_mma_atomic \
+        --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/new"
+    DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE_ONE=1 TAIL=3 step bench_ordfrag_fence1 90 python3 -m dualkv bench kernel \
+        --systems dualkv_mma_ordered --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/fence1"
+    if [ -d experiments/gpu/_old/dualkv ]; then
+        (cd experiments/gpu/_old && PYTHONPATH=$PWD TAIL=3 step bench_ordold 90 python3 -m dualkv bench kernel \
+            --systems dualkv_mma_ordered --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/old")
+    fi
+    (cd "$OUT" && tar czf ordfrag.tgz *.log bench && rm -rf bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -661,6 +682,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag)"
    exit 2 ;;
 esac

@@ -22,7 +22,7 @@
 // FIXED ORDER, as the warp-specialised Hopper backward does (dualkv/cuda/ws_schedule.py states the walk, the ranks
 // and the launch order, with this kernel's step and key block as its Geometry): every (query head, query tile of
 // kBlockM rows) has a counter, and a contribution of rank r waits until it reads r, adds, then sets it to r + 1. The
-// accumulator is (H, T_q, d) in bwd_dq_cast.cu's layout, which scales and casts it. The walk visits the dependents'
+// accumulator is the atomic mode's (fragment order). The walk visits the dependents'
 // tiles, then the own tiles from the last down (heads innermost), so the CTAs of a run stay one step apart; the grid
 // is 1-D, key tile major and K/V head minor, and the launcher orders the key tiles so that a CTA only ever waits on
 // CTAs launched before it. A CTA releases a step's counter one step late (after the next step's products, when its
@@ -265,50 +265,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                                                (lmat % 2) * 8);
                 gemm_frag_rows<1, 16, kDqCols>(acc_dq, a, sK + kk * 16 * kRowStride, dq_part * kDqCols, lrow, lmat);
             }
-            if constexpr (kDqAtomic) {
-                // Each lane adds its fragment straight from registers into the fp32 accumulator in FRAGMENT ORDER
-                // (bwd_dq_frag_cast.cu reads it back; dualkv/cuda/dq_layout.py states it): per head, tokens in
-                // groups of 8 and columns in chunks of 8, a (group, chunk) block of 64 floats holding the chunk's
-                // even columns (token t at 4 (t % 8) + column / 2), then its odd ones. An add instruction (fragment
-                // register nt, e) then covers 32 consecutive floats when the slab starts a token group (two runs
-                // otherwise), every address is one of two lane pointers plus a constant, and nothing is staged (the
-                // staged row runs took ~170 instructions per warp and step; without them the backward measured
-                // 0.3-1.5% faster on H100, checks/frag-*, and the cast needs no fp32 temporary). Rows past the
-                // step's last query add into a scratch block (dqa_st floats on) instead of branching around their
-                // adds (branches made the compiler rebuild the addresses for every pair of adds).
-                const int valid_rows = cur.p_hi - cur.pos - dq_slab * 16 + 1;  // of the slab's 16
-                const long long tok = sg.seg.q_start + cur.pos + dq_slab * 16 + g;
-                float* lane_lo = dq_acc + head * dqa_sh + (tok >> 3) * (8 * kHeadDim) + (tok & 7) * 4 + t4 +
-                                 dq_part * kDqCols * 8;
-                float* scratch = dq_acc + dqa_st;
-                float* rows_lo = g < valid_rows ? lane_lo : scratch;
-                float* rows_hi = g + 8 < valid_rows ? lane_lo + 8 * kHeadDim : scratch;
-#pragma unroll
-                for (int nt = 0; nt < kDqCols / 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        atomicAdd((e < 2 ? rows_lo : rows_hi) + nt * 64 + (e & 1) * 32, acc_dq[0][nt][e]);
-            } else {  // ordered
-                // The step's partial dQ, transposed through this step's Q/dO buffer (free once every warp has
-                // passed the dS barrier above: 64 fp32 rows are 128 bf16 rows, the Q and dO tiles) so that one add
-                // instruction covers 32 consecutive floats of a row (full 32-byte sectors, each touched once) in the
-                // row-major layout the counters order. Each warp reads back only what it wrote (a warp barrier). The
-                // next step's copies into this buffer (which in this mode go out before its first barrier) come
-                // after the CTA barrier at this step's end.
-                constexpr int kHalfRows = kBlockM / 2;
-                static_assert(!kDqHere || (kBlockM % 32 == 0 && (16 * kDqCols) % 32 == 0),
-                              "dQ staging: whole slabs per buffer half");
-                elem_t* half = dq_slab * 16 < kHalfRows ? sQ + buf * kBlockM * kRowStride
-                                                        : sdO + buf * kBlockM * kRowStride;
-                float* stage = reinterpret_cast<float*>(half) + (dq_slab * 16 % kHalfRows) * kRowStride +
-                               dq_part * kDqCols;
-#pragma unroll
-                for (int nt = 0; nt < kDqCols / 8; ++nt)
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh)
-                        *reinterpret_cast<float2*>(stage + (g + 8 * hh) * kRowStride + nt * 8 + 2 * t4) =
-                            make_float2(acc_dq[0][nt][2 * hh], acc_dq[0][nt][2 * hh + 1]);
-                __syncwarp();
+            // Ordered mode: thread 0 waits until every earlier contribution to this (head, query tile) has landed.
+            if (kDqOrdered) {
                 if (threadIdx.x == 0) {
                     if (kDqPrefetch) {
                         acquire_flag(pending, pending_rank, seen);
@@ -317,48 +275,47 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                         wait_flag(pending, pending_rank);
                     }
                 }
-                // Every earlier contribution to this (head, query tile) has landed.
-                __syncthreads();
-                // The fp32 dQ accumulator's rows: bwd_dq_cast.cu's (H, T, d), whose 4-float chunks are permuted by
-                // the token (chunk c of token tok's row at c ^ (tok & 7)). Row by row, lane l adding columns l,
-                // l + 32, ... of the warp's kDqCols: a pointer step per row and the row check once per warp (all 16
-                // rows valid but in a segment's last tile). Written with 64-bit row products and a check per add,
-                // the adds were 40% of the kernel's instructions (ncu, H100, (8, 8K)).
-                const long long slab_tok = sg.seg.q_start + cur.pos + dq_slab * 16;
-                float* slab_row = dq_acc + slab_tok * dqa_st + head * dqa_sh + dq_part * kDqCols;
-                const int valid_rows = cur.p_hi - cur.pos - dq_slab * 16 + 1;
-                auto add_rows = [&](bool checked) {  // (inlined twice: `checked` a constant)
-                    float* row = slab_row;
-#pragma unroll 4
-                    for (int r = 0; r < 16; ++r) {
-                        if (!checked || r < valid_rows) {
-#pragma unroll
-                            for (int j = 0; j < (kDqCols + 31) / 32; ++j) {
-                                const int c = j * 32 + lane;
-                                if (kDqCols % 32 != 0 && c >= kDqCols) break;
-                                // the chunk permutation, from the part's column 0
-                                const int full = dq_part * kDqCols + c;
-                                const int col = ((((full >> 2) ^ static_cast<int>((slab_tok + r) & 7)) << 2) |
-                                                 (full & 3)) - dq_part * kDqCols;
-                                red_add(row + col, stage[r * kRowStride + c]);
-                            }
-                        }
-                        row += dqa_st;
-                    }
-                };
-                if (valid_rows >= 16) {
-                    add_rows(false);
-                } else {
-                    add_rows(true);
-                }
-                // Every read of this step's buffers is done before the next step's copies into it.
                 __syncthreads();
             }
+            // Each lane adds its fragment straight from registers into the fp32 accumulator in FRAGMENT ORDER
+            // (bwd_dq_frag_cast.cu reads it back; dualkv/cuda/dq_layout.py states it): per head, tokens in groups
+            // of 8 and columns in chunks of 8, a (group, chunk) block of 64 floats holding the chunk's even columns
+            // (token t at 4 (t % 8) + column / 2), then its odd ones. An add instruction (fragment register nt, e)
+            // then covers 32 consecutive floats when the slab starts a token group (two runs otherwise), every
+            // address is one of two lane pointers plus a constant, and nothing is staged (the atomic mode's staged
+            // row runs took ~170 instructions per warp and step; without them its backward measured 0.3-1.5%
+            // faster on H100, checks/frag-*, and the cast needs no fp32 temporary). Rows past the step's last query
+            // add into a scratch block (dqa_st floats on) instead of branching around their adds (branches made the
+            // compiler rebuild the addresses for every pair of adds). The ordered mode adds the same way, after its
+            // wait: as fire-and-forget REDs (flags.cuh red_add), ordered for the next contributor by the fence,
+            // barrier and release of its next step.
+            const int valid_rows = cur.p_hi - cur.pos - dq_slab * 16 + 1;  // of the slab's 16
+            const long long tok = sg.seg.q_start + cur.pos + dq_slab * 16 + g;
+            float* lane_lo = dq_acc + head * dqa_sh + (tok >> 3) * (8 * kHeadDim) + (tok & 7) * 4 + t4 +
+                             dq_part * kDqCols * 8;
+            float* scratch = dq_acc + dqa_st;
+            float* rows_lo = g < valid_rows ? lane_lo : scratch;
+            float* rows_hi = g + 8 < valid_rows ? lane_lo + 8 * kHeadDim : scratch;
+#pragma unroll
+            for (int nt = 0; nt < kDqCols / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float* at = (e < 2 ? rows_lo : rows_hi) + nt * 64 + (e & 1) * 32;
+                    if (kDqOrdered) {
+                        red_add(at, acc_dq[0][nt][e]);
+                    } else {
+                        atomicAdd(at, acc_dq[0][nt][e]);
+                    }
+                }
         }
 
-        // One stage: every warp is done with the buffer before the next step's copies overwrite it. Two stages need no
-        // barrier here: the next step's copies (into this step's buffer) and dS stores come after its first barrier
-        // (without it the backward measured 0-1% faster on H100: checks/mma-endbar-h100-20261127T1617Z.json).
+        // One stage: every warp is done with the buffer before the next step's copies overwrite it (the ordered
+        // mode's wait barrier already did that). Two stages need no barrier here: the split and atomic modes' next
+        // copies (into this step's buffer) and dS stores come after the next step's first barrier (without it the
+        // backward measured 0-1% faster on H100: checks/mma-endbar-h100-20261127T1617Z.json); the ordered mode
+        // issues its next copies BEFORE that barrier, and relies on its wait barrier above, after which nothing reads
+        // this step's buffers or sdS: a change that skips that barrier (say, for a counter already seen) must put a
+        // barrier back at this step's end.
         if (!kDqOrdered && kStages == 1) __syncthreads();
         if (kStages == 1 && nxt.valid) {
             load_step(nxt, 0);

@@ -1,5 +1,5 @@
-// dQ = scale * acc in 16 bits, (T, H, d) with token/head strides, from the atomic dQ mode's fp32 accumulator in
-// fragment order (bwd_dkdv.cu; dualkv/cuda/dq_layout.py): head h's block at h * acc_sh, token t's 8-column chunk c at
+// dQ = scale * acc in 16 bits, (T, H, d) with token/head strides, from the atomic and ordered dQ modes' fp32
+// accumulator in fragment order (bwd_dkdv.cu; dualkv/cuda/dq_layout.py): head h's block at h * acc_sh, token t's 8-column chunk c at
 // (t / 8) * 8d + 64 c + 4 (t % 8), its even columns there and its odd ones 32 floats on. One thread per 8 outputs;
 // the 8 threads of a chunk are 8 consecutive tokens, so they read 128 contiguous bytes per load.
 #include "common.cuh"

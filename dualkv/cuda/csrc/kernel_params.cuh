@@ -30,10 +30,9 @@
     const int* __restrict__ segments, const int* __restrict__ tiles,     \
     int group_size, float scale_log2, float scale, int window_left
 
-// dK/dV of context rows (dkc, dvc) and own rows (dkd, dvd); dq_acc: the atomic and ordered modes' fp32 dQ (the
-// ordered mode's token and head strides dqa_st, dqa_sh; the atomic mode's, in fragment order, head stride dqa_sh and
-// scratch block at dqa_st floats from dq_acc), and dq_sems, qtile_offset, n_qtiles, kv_heads: the ordered mode's
-// counters and grid (else unused).
+// dK/dV of context rows (dkc, dvc) and own rows (dkd, dvd); dq_acc: the atomic and ordered modes' fp32 dQ in
+// fragment order (dualkv/cuda/dq_layout.py: head stride dqa_sh, a scratch block at dqa_st floats from dq_acc), and
+// dq_sems, qtile_offset, n_qtiles, kv_heads: the ordered mode's counters and grid (else unused).
 #define DKV_DKDV_PARAMS                                                  \
     DKV_BWD_IN_PARAMS,                                                   \
     elem_t* __restrict__ dkc, long long dkc_st, long long dkc_sh,        \
