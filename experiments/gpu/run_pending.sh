@@ -675,6 +675,38 @@ ordfrag)
     fi
     (cd "$OUT" && tar czf ordfrag.tgz *.log bench && rm -rf bench)
     ;;
+ordearly)
+    # #13: the ordered dQ mode's counter read early (DKV_DQ_EARLY=1: parked in smem, off the wait barrier's path) and
+    # its fences (DKV_DQ_FENCE_ONE: 0 every thread, 1 thread 0 after the barrier, 2 thread 0's st.release alone):
+    # the ordered GPU tests under the most aggressive build (EARLY=1, FENCE_ONE=2), then every combination's backward
+    mkdir -p "$OUT/bench"
+    defs="DKV_DQ_EARLY=1,DKV_DQ_FENCE_ONE=2"
+    DUALKV_EXTRA_DEFINES=$defs DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordearly 200 python3 -m pytest \
+        -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_paper_api.py
+    DUALKV_EXTRA_DEFINES=$defs DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordearly_tree 200 \
+        python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py -k "not atomic"
+    TAIL=4 step bench_e0f0 120 python3 -m dualkv bench kernel --systems dualkv_mma_ordered,dualkv_mma,dualkv_mma_atomic \
+        --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/e0f0"
+    for e in 0 1; do for f in 0 1 2; do
+        [ "$e$f" = 00 ] && continue
+        DUALKV_EXTRA_DEFINES=DKV_DQ_EARLY=$e,DKV_DQ_FENCE_ONE=$f TAIL=2 step bench_e${e}f$f 90 python3 -m dualkv bench \
+            kernel --systems dualkv_mma_ordered --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/e${e}f$f"
+    done; done
+    (cd "$OUT" && tar czf ordearly.tgz *.log bench && rm -rf bench)
+    ;;
+wsprof2)
+    # #12: the head-major warp-specialised backward (the d = 128 default since 9f66fdd's profile) at (16, 32K): ncu
+    # SourceCounters with the SASS, warp states, speed of light; summarised on the CPU by ncu_summary.py --source
+    TAIL=3 step ncu_ws 200 ncu --clock-control none --profile-from-start off -k regex:bwd_sm90_ws \
+        --section SourceCounters --section WarpStateStats --section SpeedOfLight -c 1 -f -o "$OUT/ncu_ws" \
+        python3 experiments/gpu/profile_bwd.py --systems dualkv --shape 16:32768
+    if [ -f "$OUT/ncu_ws.ncu-rep" ]; then
+        ncu --import "$OUT/ncu_ws.ncu-rep" --page source --print-source sass --csv | gzip > "$OUT/ncu_ws_src.csv.gz"
+        ncu --import "$OUT/ncu_ws.ncu-rep" --page details > "$OUT/ncu_ws.txt" 2>&1
+        rm -f "$OUT/ncu_ws.ncu-rep"
+    fi
+    (cd "$OUT" && tar czf wsprof2.tgz ncu_ws* ncu_ws.log && rm -f ncu_ws_src.csv.gz ncu_ws.txt ncu_ws.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -682,6 +714,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2)"
    exit 2 ;;
 esac

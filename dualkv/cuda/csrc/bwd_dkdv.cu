@@ -61,8 +61,18 @@
 // before it. Measured with the adds still compiled as returning ATOMs (before flags.cuh's red_add): the ordered
 // backward 2-3% faster on H100 (checks/fence-*), its two-level GPU tests passed (85); not measured with the REDs,
 // nor the tree builds tested under it, so not the default.
+// DKV_DQ_FENCE_ONE=2: no fence at all beyond thread 0's st.release, which is itself a release (sm_90 SASS: MEMBAR.ALL.GPU
+// then the store) and, after the barrier, cumulative over every thread's adds in the PTX model.
 #ifndef DKV_DQ_FENCE_ONE
 #define DKV_DQ_FENCE_ONE 0
+#endif
+// Ordered dQ (DKV_DQ_EARLY=1): thread 0 reads its step's counter (relaxed) as the step starts, behind the S^T
+// product, and parks what it read in shared memory, so the read's round trip to L2 is off the path of the wait
+// barrier, where all 256 threads waited on it; at the wait it needs only a fence when the counter already read its
+// rank, and spins as before otherwise. (Parked in smem, not kept in a register through the products: DKV_DQ_PREFETCH's
+// register costs the d = 128 builds spills.)
+#ifndef DKV_DQ_EARLY
+#define DKV_DQ_EARLY 0
 #endif
 
 using namespace dkv;
@@ -85,6 +95,7 @@ constexpr bool kTree = DKV_TREE != 0;
 // (a macro, not a constexpr: a new namespace-scope constant would change every other build's cubin bytes)
 static_assert(!DKV_TREE_ROOT_FIRST || kDqOrdered, "the root-first / shared-first dQ order is the ordered dQ mode's");
 constexpr bool kDqPrefetch = kDqOrdered && DKV_DQ_PREFETCH != 0;
+constexpr bool kDqEarly = kDqOrdered && !kDqPrefetch && DKV_DQ_EARLY != 0;
 static_assert(!kTree || (kDqOrdered && kCausal), "the dK/dV kernel's tree build is the causal ordered dQ mode's");
 static_assert(kBlockM % 16 == 0 && kCols % 16 == 0, "tile sizes");
 static_assert(kStages == 1 || kStages == 2, "1 or 2 stages");
@@ -139,6 +150,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     float* sLse = reinterpret_cast<float*>(sdO + kStages * kBlockM * kRowStride);  // [kStages][kBlockM]
     float* sDelta = sLse + kStages * kBlockM;                                     // [kStages][kBlockM]
     elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);          // [kBlockKeys][kDsStride] (dQ modes)
+    volatile int* s_seen = reinterpret_cast<int*>(sdS + kBlockKeys * kDsStride);  // DKV_DQ_EARLY: thread 0's read
 
     const int tile = kDqOrdered ? blockIdx.x / kv_heads : blockIdx.x;
     const int kv_head = kDqOrdered ? blockIdx.x % kv_heads : blockIdx.y;
@@ -199,8 +211,13 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         const float* bDelta = sDelta + buf * kBlockM;
         const StepGeometry sg = step_geometry(w, cur, kBlockKeys);
 
+        int seen_early = 0;
+        if (kDqEarly && threadIdx.x == 0)
+            seen_early = ld_relaxed(dq_sems + (kv_head * group_size + cur.h) * static_cast<long long>(n_qtiles) +
+                                    dq_counter(w, cur, qtile_offset, sg.seg.q_start));
         float acc_s[1][kBlockM / 8][4];
         gemm_rows_rows<1, kBlockM>(acc_s, sK, bQ, warp_key0, lrow, lmat);  // S^T = K Q^T
+        if (kDqEarly && threadIdx.x == 0) *s_seen = seen_early;
         // The next step's walk (segment-table loads) and copies go out here, behind the S^T product's MMAs, not
         // before it, where every warp waited on the walk's loads with no product in flight: the mma.sync backward
         // ran 4.9-5.5% faster on H100 (checks/mma-loadmid-h100-20261127T1556Z.json). (Two stages: the other buffer
@@ -247,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             int seen = -1;  // DKV_DQ_PREFETCH (thread 0): the counter as read before the dQ product
             if (kDqOrdered && threadIdx.x == 0) {
                 if (pending != nullptr) {
-                    if (DKV_DQ_FENCE_ONE) __threadfence();
+                    if (DKV_DQ_FENCE_ONE == 1) __threadfence();
                     st_release(pending, pending_rank + 1);
                 }
                 if (kDqPrefetch) {
@@ -270,6 +287,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                 if (threadIdx.x == 0) {
                     if (kDqPrefetch) {
                         acquire_flag(pending, pending_rank, seen);
+                    } else if (kDqEarly) {
+                        take_counter();
+                        acquire_flag(pending, pending_rank, *s_seen);
                     } else {
                         take_counter();
                         wait_flag(pending, pending_rank);
@@ -328,7 +348,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     if (kDqOrdered && !DKV_DQ_FENCE_ONE) __threadfence();  // the last step's adds land before thread 0 releases them
     __syncthreads();
     if (kDqOrdered && threadIdx.x == 0 && pending != nullptr) {
-        if (DKV_DQ_FENCE_ONE) __threadfence();
+        if (DKV_DQ_FENCE_ONE == 1) __threadfence();
         st_release(pending, pending_rank + 1);
     }
 
