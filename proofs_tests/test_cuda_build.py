@@ -179,16 +179,16 @@ def test_ordered_dq_mode_spills_no_more_than_the_atomic_mode():
         assert spec.smem_bytes <= 164 * 1024, spec
 
 
-@pytest.mark.parametrize("switch", ["DKV_DQ_PREFETCH", "DKV_DQ_FENCE_ONE"])
-def test_ordered_dq_switches_compile(monkeypatch, switch):
+@pytest.mark.parametrize("switch, value", [("DKV_DQ_PREFETCH", "1"), ("DKV_DQ_FENCE", "1"), ("DKV_DQ_FENCE", "0")])
+def test_ordered_dq_switches_compile(monkeypatch, switch, value):
     """The ordered dQ mode's tuning switches through DUALKV_EXTRA_DEFINES — DKV_DQ_PREFETCH=1 (thread 0 reads its
-    counter before the dQ product), DKV_DQ_FENCE_ONE=1 (only thread 0 fences before its release) — build for sm_80
-    and sm_90, two-level and tree, and add no spills at d <= 96."""
+    counter before the dQ product), DKV_DQ_FENCE=1 / 0 (thread 0 / every thread fences before the release, where the
+    default 2 has the release alone) — build for sm_80 and sm_90, two-level and tree, and add no spills at d <= 96."""
     from dualkv.cuda.build import extra_defines
     from dualkv.cuda.configs import dkdv_spec
 
-    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", f"{switch}=1")
-    assert extra_defines() == [(switch, "1")]
+    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", f"{switch}={value}")
+    assert extra_defines() == [(switch, value)]
     for arch in ("sm_80", "sm_90"):
         for tree in (False, True):
             spec = dkdv_spec(64, torch.bfloat16, False, arch, dq_ordered=True, tree=tree)

@@ -641,7 +641,6 @@ class KernelSpec:
             return ((2 * t.block_keys + 2 * t.stages * t.block_m) * self.tile_head_dim * 2
                     + 2 * t.stages * t.block_m * 4 + 1024)
         ds_tile = t.block_keys * (t.block_m + 8) * 2 if self.dq_atomic or self.dq_ordered else 0
-        ds_tile += 16 if self.dq_ordered else 0  # the counter thread 0 read early (DKV_DQ_EARLY)
         return (2 * t.block_keys + 2 * t.stages * t.block_m) * row + 2 * t.stages * t.block_m * 4 + ds_tile
 
     @property

@@ -60,7 +60,7 @@
 #   bash experiments/gpu/run_pending.sh final17    # #13: the "auto" routing's GPU tests
 #   bash experiments/gpu/run_pending.sh verify17   # dualkv verify (with deterministic=False rows), both families
 #   bash experiments/gpu/run_pending.sh ordprof    # #13: the ordered dQ mode's stalls (ncu), the one-thread fence
-#                                                  # (DKV_DQ_FENCE_ONE) tested and A/B
+#                                                  # (DKV_DQ_FENCE) tested and A/B
 #   bash experiments/gpu/run_pending.sh frag       # #13: the atomic dQ added from registers in fragment order: GPU
 #                                                  # tests (cast, atomic modes, trees, paper API), A/B against the
 #                                                  # previous commit's package (experiments/gpu/_old, when present)
@@ -590,7 +590,7 @@ verify17)
 ordprof)
     # #13: where the mma.sync ordered dQ mode (deterministic, five products) loses 60% against the atomic mode (399
     # against 248 ms at (16, 32K), checks/stage17-rows-*): ncu warp stalls per instruction (the counter wait, the
-    # barriers around it, the fence) of the ordered dK/dV kernel at (8, 8K); the one-thread fence (DKV_DQ_FENCE_ONE,
+    # barriers around it, the fence) of the ordered dK/dV kernel at (8, 8K); the one-thread fence (DKV_DQ_FENCE,
     # bwd_dkdv.cu): the ordered-mode GPU tests under it, then the ordered backward without and with it (the tree GPU
     # tests of the atomic dQ, once here, ran in part frag)
     DUALKV_MMA_BWD=ordered TAIL=2 step ncu_ordered 150 ncu --clock-control none --profile-from-start off \
@@ -599,11 +599,11 @@ ordprof)
     [ -f "$OUT/ncu_ordered.ncu-rep" ] && ncu --import "$OUT/ncu_ordered.ncu-rep" --page source --print-source sass \
         --csv | gzip > "$OUT/ncu_ordered.csv.gz"
     rm -f "$OUT/ncu_ordered.ncu-rep"
-    DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE_ONE=1 DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_fence_one 150 \
+    DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE=1 DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_fence_one 150 \
         python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py
     mkdir -p "$OUT/bench"
     for v in 0 1; do
-        DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE_ONE=$v TAIL=3 step bench_fence$v 100 python3 -m dualkv bench kernel \
+        DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE=$v TAIL=3 step bench_fence$v 100 python3 -m dualkv bench kernel \
             --systems dualkv_mma_ordered --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/fence$v"
     done
     (cd "$OUT" && tar czf ordprof.tgz *.log *.csv.gz bench && rm -rf bench *.csv.gz)
@@ -667,7 +667,7 @@ ordfrag)
     mkdir -p "$OUT/bench"
     TAIL=4 step bench_ordfrag 120 python3 -m dualkv bench kernel --systems dualkv_mma_ordered,dualkv_mma,dualkv_mma_atomic \
         --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/new"
-    DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE_ONE=1 TAIL=3 step bench_ordfrag_fence1 90 python3 -m dualkv bench kernel \
+    DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE=1 TAIL=3 step bench_ordfrag_fence1 90 python3 -m dualkv bench kernel \
         --systems dualkv_mma_ordered --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/fence1"
     if [ -d experiments/gpu/_old/dualkv ]; then
         (cd experiments/gpu/_old && PYTHONPATH=$PWD TAIL=3 step bench_ordold 90 python3 -m dualkv bench kernel \
@@ -677,10 +677,10 @@ ordfrag)
     ;;
 ordearly)
     # #13: the ordered dQ mode's counter read early (DKV_DQ_EARLY=1: parked in smem, off the wait barrier's path) and
-    # its fences (DKV_DQ_FENCE_ONE: 0 every thread, 1 thread 0 after the barrier, 2 thread 0's st.release alone):
+    # its fences (DKV_DQ_FENCE: 0 every thread, 1 thread 0 after the barrier, 2 thread 0's st.release alone):
     # the ordered GPU tests under the most aggressive build (EARLY=1, FENCE_ONE=2), then every combination's backward
     mkdir -p "$OUT/bench"
-    defs="DKV_DQ_EARLY=1,DKV_DQ_FENCE_ONE=2"
+    defs="DKV_DQ_EARLY=1,DKV_DQ_FENCE=2"
     DUALKV_EXTRA_DEFINES=$defs DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordearly 200 python3 -m pytest \
         -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_paper_api.py
     DUALKV_EXTRA_DEFINES=$defs DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordearly_tree 200 \
@@ -689,7 +689,7 @@ ordearly)
         --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/e0f0"
     for e in 0 1; do for f in 0 1 2; do
         [ "$e$f" = 00 ] && continue
-        DUALKV_EXTRA_DEFINES=DKV_DQ_EARLY=$e,DKV_DQ_FENCE_ONE=$f TAIL=2 step bench_e${e}f$f 90 python3 -m dualkv bench \
+        DUALKV_EXTRA_DEFINES=DKV_DQ_EARLY=$e,DKV_DQ_FENCE=$f TAIL=2 step bench_e${e}f$f 90 python3 -m dualkv bench \
             kernel --systems dualkv_mma_ordered --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/e${e}f$f"
     done; done
     (cd "$OUT" && tar czf ordearly.tgz *.log bench && rm -rf bench)
@@ -707,6 +707,38 @@ wsprof2)
     fi
     (cd "$OUT" && tar czf wsprof2.tgz ncu_ws* ncu_ws.log && rm -f ncu_ws_src.csv.gz ncu_ws.txt ncu_ws.log)
     ;;
+fence2ws)
+    # #13: the ordered dQ mode's new default fence (DKV_DQ_FENCE=2, the release alone): its GPU tests; #12: the d <= 128
+    # warp-specialised backward with the step record / LSE (DKV_WS_HOIST=1) and D (2) read before the product waits:
+    # its GPU tests under 1 and 3, then bwd at (8, 8K) and (16, 32K) for 0, 1, 2, 3 (own processes, same machine)
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_fence2 200 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_paper_api.py
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_fence2_tree 200 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_tree_cuda.py -k "not atomic"
+    mkdir -p "$OUT/bench"
+    for v in 0 1 2 3 0; do
+        DUALKV_EXTRA_DEFINES=DKV_WS_HOIST=$v TAIL=2 step bench_hoist$v 90 python3 -m dualkv bench kernel \
+            --systems dualkv --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/hoist$v"
+    done
+    # the fastest at (16, 32K) (median over its runs), its GPU tests when it is not 0
+    best=$(python3 - "$OUT/bench" <<'PY'
+import glob, json, sys
+ms = {}
+for v in "0123":
+    for f in glob.glob(f"{sys.argv[1]}/hoist{v}/*.json"):
+        for r in json.load(open(f))["rows"]:
+            if r["N"] == 16 and r["mode"] == "bwd":
+                ms.setdefault(v, []).append(r["ms"])
+print(min(ms, key=lambda v: min(ms[v])) if ms else "0")
+PY
+)
+    echo "fastest DKV_WS_HOIST: $best"
+    [ "$best" != 0 ] && DUALKV_EXTRA_DEFINES=DKV_WS_HOIST=$best TAIL=3 step pytest_hoist$best 240 python3 -m pytest -q \
+        -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda_ws.py -k "ws"
+    DUALKV_KERNELS=mma TAIL=4 step bench_ordered 120 python3 -m dualkv bench kernel \
+        --systems dualkv_mma_ordered,dualkv_mma,dualkv_mma_atomic --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/ord"
+    (cd "$OUT" && tar czf fence2ws.tgz *.log bench && rm -rf bench *.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -714,6 +746,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws)"
    exit 2 ;;
 esac

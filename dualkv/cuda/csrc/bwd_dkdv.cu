@@ -54,25 +54,18 @@
 #ifndef DKV_DQ_PREFETCH
 #define DKV_DQ_PREFETCH 0
 #endif
-// Ordered dQ, an experiment (DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE_ONE=1; run_pending.sh ordprof): only thread 0 fences,
-// after the CTA barrier that follows every thread's adds and before its release of the counter, where every thread
-// fences its own adds by default (each then waits for its REDs to land). The cooperative-groups grid barrier relies
-// on the same pattern: bar.sync, then one thread's gpu-scope fence is cumulative over the writes the barrier ordered
-// before it. Measured with the adds still compiled as returning ATOMs (before flags.cuh's red_add): the ordered
-// backward 2-3% faster on H100 (checks/fence-*), its two-level GPU tests passed (85); not measured with the REDs,
-// nor the tree builds tested under it, so not the default.
-// DKV_DQ_FENCE_ONE=2: no fence at all beyond thread 0's st.release, which is itself a release (sm_90 SASS: MEMBAR.ALL.GPU
-// then the store) and, after the barrier, cumulative over every thread's adds in the PTX model.
-#ifndef DKV_DQ_FENCE_ONE
-#define DKV_DQ_FENCE_ONE 0
-#endif
-// Ordered dQ (DKV_DQ_EARLY=1): thread 0 reads its step's counter (relaxed) as the step starts, behind the S^T
-// product, and parks what it read in shared memory, so the read's round trip to L2 is off the path of the wait
-// barrier, where all 256 threads waited on it; at the wait it needs only a fence when the counter already read its
-// rank, and spins as before otherwise. (Parked in smem, not kept in a register through the products: DKV_DQ_PREFETCH's
-// register costs the d = 128 builds spills.)
-#ifndef DKV_DQ_EARLY
-#define DKV_DQ_EARLY 0
+// Ordered dQ: what orders a step's adds before the counter release that hands the tile to the next contributor
+// (DKV_DQ_FENCE; run_pending.sh ordearly measured all three on an H100, ordered backward at (8, 8K) / (16, 32K)):
+//   2 (the default): nothing beyond thread 0's st.release itself. The release comes after a CTA barrier that follows
+//     every thread's adds, and in the PTX memory model a release is cumulative over what the barrier ordered before
+//     it (the pattern of the cooperative-groups grid barrier, whose fence + relaxed atomic this release is): 36.92 /
+//     310.16 ms;
+//   1: thread 0 also runs __threadfence() before its release: 39.23 / 325.40 ms;
+//   0: every thread fences its own adds (each waits for its REDs to land): 39.49 / 334.00 ms.
+// (Tried and dropped: thread 0 reading its counter as the step starts, parked in smem, with a fence instead of the
+// acquire spin at the wait: 0.5-3% slower in every combination; the fence waits on the next step's copies.)
+#ifndef DKV_DQ_FENCE
+#define DKV_DQ_FENCE 2
 #endif
 
 using namespace dkv;
@@ -95,7 +88,6 @@ constexpr bool kTree = DKV_TREE != 0;
 // (a macro, not a constexpr: a new namespace-scope constant would change every other build's cubin bytes)
 static_assert(!DKV_TREE_ROOT_FIRST || kDqOrdered, "the root-first / shared-first dQ order is the ordered dQ mode's");
 constexpr bool kDqPrefetch = kDqOrdered && DKV_DQ_PREFETCH != 0;
-constexpr bool kDqEarly = kDqOrdered && !kDqPrefetch && DKV_DQ_EARLY != 0;
 static_assert(!kTree || (kDqOrdered && kCausal), "the dK/dV kernel's tree build is the causal ordered dQ mode's");
 static_assert(kBlockM % 16 == 0 && kCols % 16 == 0, "tile sizes");
 static_assert(kStages == 1 || kStages == 2, "1 or 2 stages");
@@ -150,7 +142,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     float* sLse = reinterpret_cast<float*>(sdO + kStages * kBlockM * kRowStride);  // [kStages][kBlockM]
     float* sDelta = sLse + kStages * kBlockM;                                     // [kStages][kBlockM]
     elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);          // [kBlockKeys][kDsStride] (dQ modes)
-    volatile int* s_seen = reinterpret_cast<int*>(sdS + kBlockKeys * kDsStride);  // DKV_DQ_EARLY: thread 0's read
 
     const int tile = kDqOrdered ? blockIdx.x / kv_heads : blockIdx.x;
     const int kv_head = kDqOrdered ? blockIdx.x % kv_heads : blockIdx.y;
@@ -211,13 +202,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         const float* bDelta = sDelta + buf * kBlockM;
         const StepGeometry sg = step_geometry(w, cur, kBlockKeys);
 
-        int seen_early = 0;
-        if (kDqEarly && threadIdx.x == 0)
-            seen_early = ld_relaxed(dq_sems + (kv_head * group_size + cur.h) * static_cast<long long>(n_qtiles) +
-                                    dq_counter(w, cur, qtile_offset, sg.seg.q_start));
         float acc_s[1][kBlockM / 8][4];
         gemm_rows_rows<1, kBlockM>(acc_s, sK, bQ, warp_key0, lrow, lmat);  // S^T = K Q^T
-        if (kDqEarly && threadIdx.x == 0) *s_seen = seen_early;
         // The next step's walk (segment-table loads) and copies go out here, behind the S^T product's MMAs, not
         // before it, where every warp waited on the walk's loads with no product in flight: the mma.sync backward
         // ran 4.9-5.5% faster on H100 (checks/mma-loadmid-h100-20261127T1556Z.json). (Two stages: the other buffer
@@ -243,8 +229,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         gemm_frag_rows<1, kBlockM, kCols>(acc_dk, ds_frag, bQ, col0, lrow, lmat);  // dK += dS^T Q
 
         if (kDqHere) {
-            // the previous step's adds land before thread 0 releases them below
-            if (kDqOrdered && !DKV_DQ_FENCE_ONE) __threadfence();
+            // DKV_DQ_FENCE=0: the previous step's adds land before thread 0 releases them below
+            if (kDqOrdered && DKV_DQ_FENCE == 0) __threadfence();
             // dS^T (this warp's 16 keys x kBlockM queries) to smem; then dQ_step = dS K, added in fp32.
             if (dsplit == 0) {
 #pragma unroll
@@ -264,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             int seen = -1;  // DKV_DQ_PREFETCH (thread 0): the counter as read before the dQ product
             if (kDqOrdered && threadIdx.x == 0) {
                 if (pending != nullptr) {
-                    if (DKV_DQ_FENCE_ONE == 1) __threadfence();
+                    if (DKV_DQ_FENCE == 1) __threadfence();
                     st_release(pending, pending_rank + 1);
                 }
                 if (kDqPrefetch) {
@@ -287,9 +273,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                 if (threadIdx.x == 0) {
                     if (kDqPrefetch) {
                         acquire_flag(pending, pending_rank, seen);
-                    } else if (kDqEarly) {
-                        take_counter();
-                        acquire_flag(pending, pending_rank, *s_seen);
                     } else {
                         take_counter();
                         wait_flag(pending, pending_rank);
@@ -307,8 +290,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             // faster on H100, checks/frag-*, and the cast needs no fp32 temporary). Rows past the step's last query
             // add into a scratch block (dqa_st floats on) instead of branching around their adds (branches made the
             // compiler rebuild the addresses for every pair of adds). The ordered mode adds the same way, after its
-            // wait: as fire-and-forget REDs (flags.cuh red_add), ordered for the next contributor by the fence,
-            // barrier and release of its next step.
+            // wait: as fire-and-forget REDs (flags.cuh red_add), ordered for the next contributor by its next
+            // step's dS barrier and thread 0's release after it (DKV_DQ_FENCE).
             const int valid_rows = cur.p_hi - cur.pos - dq_slab * 16 + 1;  // of the slab's 16
             const long long tok = sg.seg.q_start + cur.pos + dq_slab * 16 + g;
             float* lane_lo = dq_acc + head * dqa_sh + (tok >> 3) * (8 * kHeadDim) + (tok & 7) * 4 + t4 +
@@ -345,10 +328,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         if (kStages == 2) buf ^= 1;
     }
     cp_async_wait<0>();
-    if (kDqOrdered && !DKV_DQ_FENCE_ONE) __threadfence();  // the last step's adds land before thread 0 releases them
+    if (kDqOrdered && DKV_DQ_FENCE == 0) __threadfence();  // the last step's adds land before thread 0 releases them
     __syncthreads();
     if (kDqOrdered && threadIdx.x == 0 && pending != nullptr) {
-        if (DKV_DQ_FENCE_ONE == 1) __threadfence();
+        if (DKV_DQ_FENCE == 1) __threadfence();
         st_release(pending, pending_rank + 1);
     }
 
