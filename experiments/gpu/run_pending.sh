@@ -739,6 +739,37 @@ PY
         --systems dualkv_mma_ordered,dualkv_mma,dualkv_mma_atomic --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/ord"
     (cd "$OUT" && tar czf fence2ws.tgz *.log bench && rm -rf bench *.log)
     ;;
+prefetch2)
+    # #13: the ordered dQ mode with thread 0's counter read as an acquire before the dQ product (DKV_DQ_PREFETCH=2;
+    # 1 reads it relaxed and fences at the wait): bwd beside the default, then (when 2 is the fastest at (16, 32K))
+    # its ordered GPU tests
+    mkdir -p "$OUT/bench"
+    for v in 0 2 1; do
+        DUALKV_EXTRA_DEFINES=DKV_DQ_PREFETCH=$v TAIL=2 step bench_prefetch$v 90 python3 -m dualkv bench kernel \
+            --systems dualkv_mma_ordered --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/prefetch$v"
+    done
+    (cd "$OUT" && tar czf prefetch2.tgz bench_prefetch*.log bench && rm -rf bench bench_prefetch*.log)
+    best=$(python3 - <<'PY'
+import glob, json, tarfile, io, os
+ms = {}
+with tarfile.open(os.environ["OUT"] + "/prefetch2.tgz") as t:
+    for m in t.getmembers():
+        if m.name.endswith(".json"):
+            v = m.name.split("prefetch")[1][0]
+            for r in json.load(t.extractfile(m))["rows"]:
+                if r["N"] == 16:
+                    ms[v] = r["ms"]
+print(min(ms, key=ms.get) if ms else "0", ms)
+PY
+)
+    echo "fastest DKV_DQ_PREFETCH: $best"
+    if [ "${best%% *}" = 2 ]; then
+        DUALKV_EXTRA_DEFINES=DKV_DQ_PREFETCH=2 DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_prefetch2 200 \
+            python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_paper_api.py
+        DUALKV_EXTRA_DEFINES=DKV_DQ_PREFETCH=2 DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_prefetch2_tree 200 \
+            python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py -k "not atomic"
+    fi
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -746,6 +777,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2)"
    exit 2 ;;
 esac

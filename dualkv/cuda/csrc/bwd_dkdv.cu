@@ -48,9 +48,9 @@
 #ifndef DKV_TREE_ROOT_FIRST
 #define DKV_TREE_ROOT_FIRST 0  // 1: the root-first (tree) / shared-first (two-level) dQ order, as bwd_sm90_ws.cu's
 #endif
-// Ordered dQ, a tuning switch (DUALKV_EXTRA_DEFINES=DKV_DQ_PREFETCH=1): thread 0 reads its step's counter before the
-// dQ product, which hides the read's latency when the counter is already there, at the cost of registers (the
-// d = 128 builds then spill).
+// Ordered dQ, a tuning switch (DUALKV_EXTRA_DEFINES=DKV_DQ_PREFETCH=1; 2: the read is an acquire, so no fence
+// follows when it already saw the rank): thread 0 reads its step's counter before the dQ product, which hides the
+// read's latency when the counter is already there, at the cost of registers (the d = 128 builds then spill).
 #ifndef DKV_DQ_PREFETCH
 #define DKV_DQ_PREFETCH 0
 #endif
@@ -255,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                 }
                 if (kDqPrefetch) {
                     take_counter();
-                    seen = ld_relaxed(pending);
+                    seen = DKV_DQ_PREFETCH == 2 ? ld_acquire(pending) : ld_relaxed(pending);
                 }
             }
             const int dq_slab = warp % kDqRowSlabs, dq_part = warp / kDqRowSlabs;
@@ -271,7 +271,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             // Ordered mode: thread 0 waits until every earlier contribution to this (head, query tile) has landed.
             if (kDqOrdered) {
                 if (threadIdx.x == 0) {
-                    if (kDqPrefetch) {
+                    if (kDqPrefetch && DKV_DQ_PREFETCH == 2) {  // an acquire already: spin only if it read too early
+                        if (seen != pending_rank) wait_flag(pending, pending_rank);
+                    } else if (kDqPrefetch) {
                         acquire_flag(pending, pending_rank, seen);
                     } else {
                         take_counter();

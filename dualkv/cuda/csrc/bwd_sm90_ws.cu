@@ -24,6 +24,10 @@
 // down, so no CTA waits on one with more work. The grid is 1-D, in the CTA order below (DKV_HEAD_MAJOR). dK, dV: fp32
 // in registers over the whole walk (all N responses and the GQA group), cast once.
 //
+// The step record, LSE and D are read from smem after the waits on S^T / dP^T; ncu (head-major build, (16, 32K):
+// checks/ncu-ws-bwd-source-h100-20261128T0446Z.json) shows the consumers stalled on those reads, but they overlap the
+// products still running: reading them before the waits measured the same (LSE: 130.75 against 131.29 / 131.66 ms)
+// or slower where the extra live registers spilled (D: 134.6 ms; checks/ws-hoist-h100-20261128T0455Z.json).
 // The products run in the order S^T, dP^T, dV, dQ_step, dK, so dQ_step goes to smem while dK runs (dK before dQ_step
 // measured the same at (16, 32K), 132.2 against 132.4 / 130.9 ms; checks/ws-bwd-dqfirst-h100-20261127T0834Z.json).
 // Issuing the next step's S^T / dP^T before this step's dQ hand-off needs them in flight across the loop's back edge,
@@ -116,9 +120,6 @@ constexpr int kBarConsumers = 1;
 // Bisection switches (DUALKV_EXTRA_DEFINES): skip the dQ counters' waits / the whole dQ hand-off; register split.
 #ifndef DKV_DBG_NOSEM
 #define DKV_DBG_NOSEM 0
-#endif
-#ifndef DKV_WS_HOIST  // 1: the step record, LSE and D read before the product waits (head dims 64-128)
-#define DKV_WS_HOIST 0  // bits: 1 the step record and LSE, 2 D
 #endif
 #ifndef DKV_DBG_NODQ
 #define DKV_DBG_NODQ 0
@@ -282,23 +283,6 @@ __device__ __forceinline__ void put_dq_step(unsigned char* dst, const float (&ac
                 make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
         }
     }
-}
-
-// ws_probs_t with this thread's LSE values already in registers: lse_q[nt] = (lse[nt*8 + 2 t4], lse[nt*8 + 2 t4 + 1]).
-template <int kN8>
-__device__ __forceinline__ void ws_probs_t_rows(float (&acc)[kN8][4], const float2 (&lse_q)[kN8], float scale_log2,
-                                                bool need_mask, int count, int key_base, int q_pos0, int wkey0, int g,
-                                                int t4) {
-#pragma unroll
-    for (int nt = 0; nt < kN8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int q = nt * 8 + 2 * t4 + (e & 1);
-            const int kl = wkey0 + g + 8 * (e >> 1);
-            float p = fast_exp2(fmaf(acc[nt][e], scale_log2, (e & 1) ? -lse_q[nt].y : -lse_q[nt].x));
-            if (need_mask && (kl >= count || key_base + kl > q_pos0 + q)) p = 0.f;
-            acc[nt][e] = p;
-        }
 }
 
 template <int kN8>
@@ -519,7 +503,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     // S^T = K Q^T and dP^T = V dO^T of step i (two commit groups).
     auto issue_sdp = [&](int i) {
         const int s = i % kStages;
-        if (!(DKV_WS_HOIST & 1)) mbar_wait(bar_full + 8 * s, (i / kStages) & 1);
+        mbar_wait(bar_full + 8 * s, (i / kStages) & 1);
         const unsigned long long q_desc = kmajor_tile(sq0 + s * kStepBytes, 0);
         const unsigned long long do_desc = kmajor_tile(sdo0 + s * kStepBytes, 0);
         wgmma_fence();
@@ -538,52 +522,23 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         const unsigned q_addr = sq0 + s * kStepBytes, do_addr = sdo0 + s * kStepBytes;
         const float* lse = s_lse + s * kStep;
         const float* dlt = s_delta + s * kStep;
-#if DKV_WS_HOIST & 1
-        // The step record and this thread's LSE rows read from smem BEFORE the waits on the products, not after
-        // them (wgmma_wait's memory clobber keeps the compiler from hoisting them): ncu showed the consumers stalled
-        // on these reads right after each wait.
-        mbar_wait(bar_full + 8 * s, (i / kStages) & 1);
-        const int4 info = s_info[s];  // written before the stage's full barrier completed
-        issue_sdp(i);
-        float2 lse_q[kStep / 8];
-#pragma unroll
-        for (int nt = 0; nt < kStep / 8; ++nt) lse_q[nt] = *reinterpret_cast<const float2*>(lse + nt * 8 + 2 * t4);
-#else
         issue_sdp(i);
         const int4 info = s_info[s];  // written before the stage's full barrier completed
-#endif
         const int key_base = info.x, q_pos0 = info.y, tok7 = info.w;  // tok7: the dQ rows' chunk permutation key
         const bool need_mask = info.z != 0;
         wgmma_wait<1>();
         fence_regs(acc_s[0]);
 
-#if DKV_WS_HOIST & 1
-        ws_probs_t_rows(acc_s[0], lse_q, scale_log2, need_mask, count, key_base, q_pos0, wkey0, g, t4);
-#else
         ws_probs_t(acc_s[0], lse, scale_log2, need_mask, count, key_base, q_pos0, wkey0, g, t4);
-#endif
         to_a_frag<1, kStep>(p_frag, acc_s);
         const unsigned long long don_desc = nmajor_tile<kStep>(do_addr), qn_desc = nmajor_tile<kStep>(q_addr);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kStep / 16; ++kk) wgmma_rs(acc_dv, p_frag[0][kk], nmajor_desc(don_desc, kk));  // dV += P^T dO
         wgmma_commit();
-#if DKV_WS_HOIST & 2
-        float2 delta_q[kStep / 8];
-#pragma unroll
-        for (int nt = 0; nt < kStep / 8; ++nt) delta_q[nt] = *reinterpret_cast<const float2*>(dlt + nt * 8 + 2 * t4);
-        wgmma_wait<1>();
-        fence_regs(acc_dp[0]);
-#pragma unroll
-        for (int nt = 0; nt < kStep / 8; ++nt)  // dS^T = P^T (dP^T - D)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                acc_dp[0][nt][e] = acc_s[0][nt][e] * (acc_dp[0][nt][e] - ((e & 1) ? delta_q[nt].y : delta_q[nt].x));
-#else
         wgmma_wait<1>();
         fence_regs(acc_dp[0]);
         dscores_t(acc_dp[0], acc_s[0], dlt, t4);  // dS^T
-#endif
         to_a_frag<1, kStep>(ds_frag, acc_dp);
 
         // dS (queries x keys) into smem, K-major over keys: this warp's 16 keys x 64 queries, transposed.
