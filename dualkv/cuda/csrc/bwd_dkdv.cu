@@ -48,14 +48,17 @@
 #ifndef DKV_TREE_ROOT_FIRST
 #define DKV_TREE_ROOT_FIRST 0  // 1: the root-first (tree) / shared-first (two-level) dQ order, as bwd_sm90_ws.cu's
 #endif
-// Ordered dQ, a tuning switch (DUALKV_EXTRA_DEFINES=DKV_DQ_PREFETCH=1; 2: the read is an acquire, so no fence
-// follows when it already saw the rank): thread 0 reads its step's counter before the dQ product, which hides the
-// read's latency when the counter is already there, at the cost of registers (the d = 128 builds then spill).
+// Ordered dQ: when thread 0 reads its step's counter (DKV_DQ_PREFETCH). 2 (the default): an acquire read issued
+// before the dQ product, whose latency the product hides; at the wait it spins only if that read came too early. 1: a
+// relaxed read there, then a fence at the wait (or a spin). 0: an acquire spin after the product, where the wait
+// barrier held every thread for the read's round trip to L2. H100, ordered backward at (8, 8K) / (16, 32K): 35.67 /
+// 295.47 ms (2), 37.35 / 308.83 (1), 37.64 / 310.54 (0) (checks/ordprefetch-h100-20261128T0505Z.json).
 #ifndef DKV_DQ_PREFETCH
-#define DKV_DQ_PREFETCH 0
+#define DKV_DQ_PREFETCH 2
 #endif
 // Ordered dQ: what orders a step's adds before the counter release that hands the tile to the next contributor
-// (DKV_DQ_FENCE; run_pending.sh ordearly measured all three on an H100, ordered backward at (8, 8K) / (16, 32K)):
+// (DKV_DQ_FENCE; run_pending.sh ordearly measured all three on an H100 with DKV_DQ_PREFETCH=0, ordered backward at
+// (8, 8K) / (16, 32K)):
 //   2 (the default): nothing beyond thread 0's st.release itself. The release comes after a CTA barrier that follows
 //     every thread's adds, and in the PTX memory model a release is cumulative over what the barrier ordered before
 //     it (the pattern of the cooperative-groups grid barrier, whose fence + relaxed atomic this release is): 36.92 /
@@ -63,9 +66,12 @@
 //   1: thread 0 also runs __threadfence() before its release: 39.23 / 325.40 ms;
 //   0: every thread fences its own adds (each waits for its REDs to land): 39.49 / 334.00 ms.
 // (Tried and dropped: thread 0 reading its counter as the step starts, parked in smem, with a fence instead of the
-// acquire spin at the wait: 0.5-3% slower in every combination; the fence waits on the next step's copies.)
+// acquire spin at the wait: 0.4-3.6% slower in every combination; the fence waits on the next step's copies.)
 #ifndef DKV_DQ_FENCE
 #define DKV_DQ_FENCE 2
+#endif
+#if defined(DKV_DQ_FENCE_ONE) || defined(DKV_DQ_EARLY)
+#error "DKV_DQ_FENCE_ONE is now DKV_DQ_FENCE (0 every thread, 1 thread 0, 2 the release alone); DKV_DQ_EARLY was removed"
 #endif
 
 using namespace dkv;
@@ -82,6 +88,8 @@ constexpr bool kDqAtomic = DKV_DQ_ATOMIC != 0;
 constexpr bool kDqOrdered = DKV_DQ_ORDERED != 0;
 constexpr bool kDqHere = kDqAtomic || kDqOrdered;  // this kernel computes dQ = dS K
 static_assert(!(kDqAtomic && kDqOrdered), "one dQ mode");
+static_assert(DKV_DQ_FENCE >= 0 && DKV_DQ_FENCE <= 2 && DKV_DQ_PREFETCH >= 0 && DKV_DQ_PREFETCH <= 2,
+              "DKV_DQ_FENCE and DKV_DQ_PREFETCH take 0, 1 or 2");
 // a key block holds whole query tiles, so a causal own walk starts at a counter's tile
 static_assert(!kDqOrdered || (!kWindow && kBlockKeys % kBlockM == 0), "ordered dQ: no window, whole query tiles");
 constexpr bool kTree = DKV_TREE != 0;
@@ -293,7 +301,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             // add into a scratch block (dqa_st floats on) instead of branching around their adds (branches made the
             // compiler rebuild the addresses for every pair of adds). The ordered mode adds the same way, after its
             // wait: as fire-and-forget REDs (flags.cuh red_add), ordered for the next contributor by its next
-            // step's dS barrier and thread 0's release after it (DKV_DQ_FENCE).
+            // step's dS barrier (the last step's: the barrier after the loop) and thread 0's release after it
+            // (DKV_DQ_FENCE).
             const int valid_rows = cur.p_hi - cur.pos - dq_slab * 16 + 1;  // of the slab's 16
             const long long tok = sg.seg.q_start + cur.pos + dq_slab * 16 + g;
             float* lane_lo = dq_acc + head * dqa_sh + (tok >> 3) * (8 * kHeadDim) + (tok & 7) * 4 + t4 +

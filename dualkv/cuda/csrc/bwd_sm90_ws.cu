@@ -24,10 +24,12 @@
 // down, so no CTA waits on one with more work. The grid is 1-D, in the CTA order below (DKV_HEAD_MAJOR). dK, dV: fp32
 // in registers over the whole walk (all N responses and the GQA group), cast once.
 //
-// The step record, LSE and D are read from smem after the waits on S^T / dP^T; ncu (head-major build, (16, 32K):
-// checks/ncu-ws-bwd-source-h100-20261128T0446Z.json) shows the consumers stalled on those reads, but they overlap the
-// products still running: reading them before the waits measured the same (LSE: 130.75 against 131.29 / 131.66 ms)
-// or slower where the extra live registers spilled (D: 134.6 ms; checks/ws-hoist-h100-20261128T0455Z.json).
+// The step record is read from smem right after S^T / dP^T are issued, LSE and D after the waits on them; ncu
+// (head-major build, (16, 32K): checks/ncu-ws-bwd-source-h100-20261128T0446Z.json) shows the consumers stalled on
+// those reads, but they overlap the products still running: reading the step record before issuing and LSE before
+// the wait measured the same (bwd 130.75 against 131.29 / 131.66 ms at (16, 32K), 16.50 against 16.43 / 16.08 at
+// (8, 8K)), and D before its wait slower (134.61 ms; its registers raised the d = 128 build's spill stores from 20
+// to 64 bytes, a CPU build of 8a8bc86; checks/ws-hoist-h100-20261128T0455Z.json).
 // The products run in the order S^T, dP^T, dV, dQ_step, dK, so dQ_step goes to smem while dK runs (dK before dQ_step
 // measured the same at (16, 32K), 132.2 against 132.4 / 130.9 ms; checks/ws-bwd-dqfirst-h100-20261127T0834Z.json).
 // Issuing the next step's S^T / dP^T before this step's dQ hand-off needs them in flight across the loop's back edge,

@@ -39,9 +39,9 @@ __device__ __forceinline__ void st_release(int* p, int v) {
 }
 // *p += v in fp32 without waiting for it (RED): bwd_dkdv.cu's ordered mode, where atomicAdd with its result unused
 // compiled to a returning ATOM that stalled the thread on every add (ncu, H100: 13% of the samples). The next step's
-// dS barrier, then thread 0's release (cumulative), order it for the next contributor (PTX causality order).
-// No "memory" clobber, so that the compiler may still hoist the next adds' shared-memory reads above it (the build
-// measured and tested is this one); being volatile it is not moved across the barriers and fences around it.
+// dS barrier (the last step's: the barrier after the loop), then thread 0's release (cumulative), order it for the
+// next contributor (PTX causality order). No "memory" clobber (the builds measured and tested have none); being
+// volatile it is not moved across the barriers and fences around it.
 __device__ __forceinline__ void red_add(float* p, float v) {
     asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;\n" ::"l"(p), "f"(v));
 }
