@@ -100,6 +100,14 @@ mma_backward_tests() {  # mma_backward_tests NAME: the backward and tree GPU tes
         proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py \
         -k "not ws_backward and not prep_kernel and not opcheck and not compile"
 }
+ordered_tests() {  # ordered_tests NAME: the mma.sync ordered dQ mode's GPU tests (steps NAME: two-level and paper API;
+    # NAME_tree: trees, whose atomic-dQ test expects the mode "ordered" overrides), under the caller's
+    # DUALKV_EXTRA_DEFINES
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step "$1" 200 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_paper_api.py
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step "$1_tree" 200 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_tree_cuda.py -k "not atomic"
+}
 case "${1:-tests}" in
 tests)
     # test_cuda_ordered_dq.py exists where branch mmaord is merged (the gpu-pending checkout)
@@ -660,10 +668,7 @@ ordfrag)
     # barrier; bwd_dq_frag_cast.cu casts): its GPU tests (two-level, trees, the paper API), then its backward against
     # main's package in experiments/gpu/_old (when present: git archive main dualkv | tar -x -C experiments/gpu/_old)
     # (the tree file's atomic-dQ test expects the atomic mode, which "ordered" overrides: run apart, deselected)
-    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordfrag 200 python3 -m pytest -q -x -m gpu \
-        -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_paper_api.py
-    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordfrag_tree 200 python3 -m pytest -q -x -m gpu \
-        -p no:cacheprovider proofs_tests/test_tree_cuda.py -k "not atomic"
+    ordered_tests pytest_ordfrag
     mkdir -p "$OUT/bench"
     TAIL=4 step bench_ordfrag 120 python3 -m dualkv bench kernel --systems dualkv_mma_ordered,dualkv_mma,dualkv_mma_atomic \
         --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/new"
@@ -678,13 +683,11 @@ ordfrag)
 ordearly)
     # #13: the ordered dQ mode's counter read early (DKV_DQ_EARLY=1: parked in smem, off the wait barrier's path) and
     # its fences (DKV_DQ_FENCE: 0 every thread, 1 thread 0 after the barrier, 2 thread 0's st.release alone):
-    # the ordered GPU tests under the most aggressive build (EARLY=1, FENCE_ONE=2), then every combination's backward
+    # the ordered GPU tests under the most aggressive build (EARLY=1, FENCE=2), then every combination's backward
+    # (DKV_DQ_EARLY has since been removed: bwd_dkdv.cu refuses it by name, so this part no longer builds)
     mkdir -p "$OUT/bench"
     defs="DKV_DQ_EARLY=1,DKV_DQ_FENCE=2"
-    DUALKV_EXTRA_DEFINES=$defs DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordearly 200 python3 -m pytest \
-        -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_paper_api.py
-    DUALKV_EXTRA_DEFINES=$defs DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_ordearly_tree 200 \
-        python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py -k "not atomic"
+    DUALKV_EXTRA_DEFINES=$defs ordered_tests pytest_ordearly
     TAIL=4 step bench_e0f0 120 python3 -m dualkv bench kernel --systems dualkv_mma_ordered,dualkv_mma,dualkv_mma_atomic \
         --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/e0f0"
     for e in 0 1; do for f in 0 1 2; do
@@ -711,10 +714,7 @@ fence2ws)
     # #13: the ordered dQ mode's new default fence (DKV_DQ_FENCE=2, the release alone): its GPU tests; #12: the d <= 128
     # warp-specialised backward with the step record / LSE (DKV_WS_HOIST=1) and D (2) read before the product waits:
     # its GPU tests under 1 and 3, then bwd at (8, 8K) and (16, 32K) for 0, 1, 2, 3 (own processes, same machine)
-    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_fence2 200 python3 -m pytest -q -x -m gpu \
-        -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_paper_api.py
-    DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_fence2_tree 200 python3 -m pytest -q -x -m gpu \
-        -p no:cacheprovider proofs_tests/test_tree_cuda.py -k "not atomic"
+    ordered_tests pytest_fence2
     mkdir -p "$OUT/bench"
     for v in 0 1 2 3 0; do
         DUALKV_EXTRA_DEFINES=DKV_WS_HOIST=$v TAIL=2 step bench_hoist$v 90 python3 -m dualkv bench kernel \
@@ -764,10 +764,7 @@ PY
 )
     echo "fastest DKV_DQ_PREFETCH: $best"
     if [ "${best%% *}" = 2 ]; then
-        DUALKV_EXTRA_DEFINES=DKV_DQ_PREFETCH=2 DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_prefetch2 200 \
-            python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_paper_api.py
-        DUALKV_EXTRA_DEFINES=DKV_DQ_PREFETCH=2 DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step pytest_prefetch2_tree 200 \
-            python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py -k "not atomic"
+        DUALKV_EXTRA_DEFINES=DKV_DQ_PREFETCH=2 ordered_tests pytest_prefetch2
     fi
     ;;
 host)
