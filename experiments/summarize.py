@@ -34,7 +34,8 @@ END = "<!-- results: end -->"
 
 NAMES = {"dualkv": "dualkv", "dualkv_atomic": "dualkv, deterministic=False", "dualkv_hybrid": "dualkv hybrid",
          "dualkv_v1": "dualkv, first wgmma kernels",
-         "dualkv_mma": "dualkv, mma.sync kernels", "dualkv_mma_ordered": "dualkv, mma.sync kernels, ordered dQ",
+         "dualkv_mma": "dualkv, mma.sync kernels", "dualkv_mma_split": "dualkv, mma.sync kernels, split dQ",
+         "dualkv_mma_ordered": "dualkv, mma.sync kernels, ordered dQ",
          "dualkv_mma_atomic": "dualkv, mma.sync kernels, atomic dQ",
          "cudnn_cascade": "cuDNN cascade", "cudnn_ncopy": "cuDNN N-copy",
          "flex": "FlexAttention",

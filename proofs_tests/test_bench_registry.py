@@ -63,6 +63,7 @@ def test_switched_systems_hold_their_kernels_through_the_backward(monkeypatch):
     q = torch.randn(layout.total_tokens, 2, 16)
     for name, expected in (("dualkv_mma_ordered", ("mma", "ordered", "fused")),
                            ("dualkv_mma", ("mma", before[1], "fused")),
+                           ("dualkv_mma_split", ("mma", "split", "fused")),
                            ("dualkv_mma_atomic", ("mma", "atomic", "fused")),
                            ("dualkv_v1", ("wgmma_v1", before[1], "fused")),
                            ("dualkv_hybrid", (before[0], before[1], "hybrid"))):

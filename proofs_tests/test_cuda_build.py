@@ -152,11 +152,12 @@ def test_mma_dq_tiles_fit_an_a100_and_do_not_spill():
 #: registers ptxas spills the d = 128 ordered builds a little more than the atomic ones (the rank-ordered walk, the
 #: counter of the adds in flight and the counter read before the dQ product stay live through the step; the tree
 #: builds' ranks also read the tree table's ancestor block counts). Measured with the defaults DKV_DQ_FENCE=2 and
-#: DKV_DQ_PREFETCH=2, against the atomic builds' spills: sm_80 causal 20, non-causal 32, tree 44 against 0; sm_90
-#: non-causal 32 against 0 (its causal and tree builds, 20 and 8, spill less than the atomic one's 48). Every other
-#: build, d <= 96 included: none.
-ORDERED_SPILL_ALLOWANCE = {("sm_80", 128, True, False): 20, ("sm_80", 128, False, False): 32,
-                           ("sm_80", 128, True, True): 44, ("sm_90", 128, False, False): 32}
+#: DKV_DQ_PREFETCH=2, the next step's copies behind the S^T product and LSE / D by cp.async (10% faster on H100 than
+#: before, when the allowance was 20 / 32 / 44 on sm_80), against the atomic builds' spills: sm_80 causal 44,
+#: non-causal 12, tree 20 against 0; sm_90 non-causal 32 against 0 (its causal and tree builds, 40 and 16, spill less
+#: than the atomic one's 48). Every other build, d <= 96 included: none.
+ORDERED_SPILL_ALLOWANCE = {("sm_80", 128, True, False): 44, ("sm_80", 128, False, False): 12,
+                           ("sm_80", 128, True, True): 20, ("sm_90", 128, False, False): 32}
 
 
 def test_ordered_dq_mode_spills_no_more_than_the_atomic_mode():

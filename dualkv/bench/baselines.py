@@ -162,6 +162,14 @@ class DualKVMma(_Switched):
     switches = (("kernel_family", "mma"),)
 
 
+class DualKVMmaSplit(_Switched):
+    """The mma.sync kernels with the split backward whatever "auto" picks: the dQ kernel beside the dK/dV kernel,
+    seven products, deterministic (``mma_backward("split")``)."""
+
+    name = "dualkv_mma_split"
+    switches = (("kernel_family", "mma"), ("mma_backward", "split"))
+
+
 class DualKVMmaOrdered(_Switched):
     """The mma.sync kernels with the ordered-dQ backward: dQ inside the dK/dV kernel, five products, deterministic
     (``mma_backward("ordered")``)."""
@@ -416,7 +424,7 @@ class FlexDynamic(Flex):
 
 
 #: The kernel-level implementations of the one registry (dualkv.bench.registry).
-SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVTree, DualKVAtomic, DualKVHybrid, DualKVMma, DualKVMmaOrdered,
+SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVTree, DualKVAtomic, DualKVHybrid, DualKVMma, DualKVMmaSplit, DualKVMmaOrdered,
                                      DualKVMmaAtomic, DualKVV1, FA2NCopy, Cascade, CudnnCascade, CudnnNCopy, Flex,
                                      FlexDynamic, Reference)}
 if set(SYSTEMS) != set(kernel_systems()):

@@ -30,6 +30,8 @@ REGISTRY: dict[str, SystemInfo] = {info.name: info for info in (
     SystemInfo("dualkv_hybrid", "dualkv, deterministic=False: the fused forward with the cuDNN cascade's backward",
                True, False),
     SystemInfo("dualkv_mma", "dualkv with the mma.sync kernels (what sm_80 runs)", True, False),
+    SystemInfo("dualkv_mma_split", "dualkv_mma with the split backward (dQ kernel + dK/dV kernel, seven products)",
+               True, False),
     SystemInfo("dualkv_mma_ordered", "dualkv_mma with the ordered-dQ backward (five products, deterministic)", True,
                False),
     SystemInfo("dualkv_mma_atomic", "dualkv_mma with mma_backward('atomic'), deterministic=False, on the fused path "

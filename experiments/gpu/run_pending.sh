@@ -68,6 +68,8 @@
 #   bash experiments/gpu/run_pending.sh ordfrag    # #13 (branch ordfrag): the ordered mode in fragment order
 #   bash experiments/gpu/run_pending.sh fragtable  # #13: the mma.sync family against the FA2 cascade, 4 shapes;
 #                                                  # dualkv verify under it
+#   bash experiments/gpu/run_pending.sh ordtable   # #13: split / ordered / atomic against the FA2 cascade, 4 shapes,
+#                                                  # and split against ordered at head dims 32, 64, 96
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -766,6 +768,17 @@ PY
     if [ "${best%% *}" = 2 ]; then
         DUALKV_EXTRA_DEFINES=DKV_DQ_PREFETCH=2 ordered_tests pytest_prefetch2
     fi
+    ;;
+ordtable)
+    # #13 after the ordered dQ mode's copies moved behind S^T with LSE / D by cp.async: the mma.sync family's split,
+    # ordered and atomic backwards against the FA2 cascade at the issue's four shapes (bwd, fwd+bwd, one process),
+    # then split against ordered at head dims 32, 64, 96 (bwd, one process each)
+    mkdir -p "$OUT/bench"
+    TAIL=34 step ordtable 330 python3 -m dualkv bench kernel \
+        --systems dualkv_mma_split,dualkv_mma_ordered,dualkv_mma_atomic,cascade \
+        --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
+    TAIL=5 head_dim_bench ordhd 100 dualkv_mma_split,dualkv_mma_ordered bwd 32 64 96
+    (cd "$OUT" && tar czf ordtable.tgz *.log bench && rm -rf bench)
     ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade

@@ -66,7 +66,11 @@
 //   1: thread 0 also runs __threadfence() before its release: 39.23 / 325.40 ms;
 //   0: every thread fences its own adds (each waits for its REDs to land): 39.49 / 334.00 ms.
 // (Tried and dropped: thread 0 reading its counter as the step starts, parked in smem, with a fence instead of the
-// acquire spin at the wait: 0.4-3.6% slower in every combination; the fence waits on the next step's copies.)
+// acquire spin at the wait: 0.4-3.6% slower in every combination; the fence waits on the next step's copies. Its
+// acquire read issued before the dK product rather than the dQ product: 304.8 against 295.4 ms at (16, 32K). Each warp
+// waiting alone, lane 0 reading the counter and __syncwarp in place of the wait barrier: 266.64 against 265.71 ms,
+// no faster. Not waiting at all (nondeterministic; a diagnostic): 245.98 ms, so the ordering costs 8% at (16, 32K)
+// and the rest of the mode runs as fast as the atomic mode: checks/warpwait-* and ordlayout-*, H100.)
 #ifndef DKV_DQ_FENCE
 #define DKV_DQ_FENCE 2
 #endif
@@ -190,18 +194,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     int buf = 0;
     while (cur.valid) {
         Cursor nxt;
-        if constexpr (kDqOrdered) {  // its walk and copies before the products (its d = 128 builds spill otherwise)
-            nxt = w.next(cur);
-            if (kStages == 2) {
-                if (nxt.valid) load_step(nxt, buf ^ 1);
-                cp_async_commit();
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
-            }
-        } else {
-            cp_async_wait<0>();
-        }
+        cp_async_wait<0>();
         __syncthreads();  // this step's Q/dO/LSE/D (and the K/V block) are in smem
 
         const elem_t* bQ = sQ + buf * kBlockM * kRowStride;
@@ -214,14 +207,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         gemm_rows_rows<1, kBlockM>(acc_s, sK, bQ, warp_key0, lrow, lmat);  // S^T = K Q^T
         // The next step's walk (segment-table loads) and copies go out here, behind the S^T product's MMAs, not
         // before it, where every warp waited on the walk's loads with no product in flight: the mma.sync backward
-        // ran 4.9-5.5% faster on H100 (checks/mma-loadmid-h100-20261127T1556Z.json). (Two stages: the other buffer
-        // was last read in the previous step, before this step's first barrier.)
-        if constexpr (!kDqOrdered) {
-            nxt = w.next(cur);
-            if (kStages == 2) {
-                if (nxt.valid) load_step(nxt, buf ^ 1);
-                cp_async_commit();
-            }
+        // ran 4.9-5.5% faster on H100 (checks/mma-loadmid-h100-20261127T1556Z.json); the ordered mode, which had
+        // issued them before the products with its LSE / D by plain loads, 10% faster with both here and by cp.async
+        // (265.71 against 294.72 ms at (16, 32K), checks/ordlayout-h100-20261128T0645Z.json). (Two stages: the other
+        // buffer was last read in the previous step, before that step's dS barrier, which every warp here has passed.)
+        nxt = w.next(cur);
+        if (kStages == 2) {
+            if (nxt.valid) load_step(nxt, buf ^ 1);
+            cp_async_commit();
         }
         probs_t(acc_s[0], bLse, sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
                 scale_log2);  // P^T
@@ -324,12 +317,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         }
 
         // One stage: every warp is done with the buffer before the next step's copies overwrite it (the ordered
-        // mode's wait barrier already did that). Two stages need no barrier here: the split and atomic modes' next
-        // copies (into this step's buffer) and dS stores come after the next step's first barrier (without it the
-        // backward measured 0-1% faster on H100: checks/mma-endbar-h100-20261127T1617Z.json); the ordered mode
-        // issues its next copies BEFORE that barrier, and relies on its wait barrier above, after which nothing reads
-        // this step's buffers or sdS: a change that skips that barrier (say, for a counter already seen) must put a
-        // barrier back at this step's end.
+        // mode's wait barrier already did that). Two stages need no barrier here: the next copies (into this step's
+        // buffer) and dS stores come after the next step's first barrier (without it the backward measured 0-1%
+        // faster on H100: checks/mma-endbar-h100-20261127T1617Z.json).
         if (!kDqOrdered && kStages == 1) __syncthreads();
         if (kStages == 1 && nxt.valid) {
             load_step(nxt, 0);

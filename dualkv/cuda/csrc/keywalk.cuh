@@ -161,7 +161,7 @@ __device__ __forceinline__ StepGeometry step_geometry(const Walk<kStep, kRankOrd
 
 // Stage one step's Q and dO rows (kStep positions of one query head; smem tiles padded, or swizzled for wgmma) and
 // their LSE / D (rows beyond the segment: LSE = +inf so P = 0, D = 0) into the buffers given, by cp.async (the
-// caller commits the group and waits for it; the rows beyond the segment, and kRankOrder's LSE / D, are plain).
+// caller commits the group and waits for it; the rows beyond the segment are plain).
 template <int kStep, bool kSwizzle, bool kRankOrder>
 __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w, const Cursor& c, int kv_head,
                                                const elem_t* __restrict__ q, long long q_st, long long q_sh,
@@ -178,11 +178,11 @@ __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w,
     // LSE and D of valid rows by cp.async, in the step's copy group: plain loads here made the threads that stage
     // them (warps 0-1 of the mma.sync kernel) reach the next barrier a global-load latency late, every step (ncu
     // source counters: checks/ncu-mma-bwd-source-h100-20261127T1341Z.json); cp.async made the mma.sync backward
-    // 3.5-4.2% faster on H100 (checks/mma-lsecp-h100-20261127T1402Z.json). The ordered dQ mode (kRankOrder) keeps
-    // plain loads: at 255 registers the copies' addresses made its d = 128 builds spill 32-44 bytes.
+    // 3.5-4.2% faster on H100 (checks/mma-lsecp-h100-20261127T1402Z.json); the ordered dQ mode (kRankOrder) 3.8%
+    // (checks/ordlayout-h100-20261128T0645Z.json).
     for (int r = threadIdx.x; r < kStep; r += kThreads) {
         const long long idx = head * lse_sh + tok0 + r;
-        if (kRankOrder || r >= n) {
+        if (r >= n) {
             sLse[r] = r < n ? lse2[idx] : kInf;
             sDelta[r] = r < n ? delta[idx] : 0.f;
         } else {
