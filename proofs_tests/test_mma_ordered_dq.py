@@ -194,8 +194,32 @@ def test_replay_paper_api_equals_reference_backward(causal, geo):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
-def test_switch_is_off_by_default_and_picks_the_mma_kernel_only():
-    assert not dq_ordered_for(128, "sm_80", window=False)            # DUALKV_MMA_BWD unset: "auto"
+def test_auto_takes_the_ordered_mode_for_deterministic_calls_at_64_to_128():
+    """"auto" (the default) runs the ordered dQ for deterministic calls without a window at head dims 64-128 where the
+    mma.sync dK/dV kernel serves them anyway (faster than the split backward there, slower at 32); deterministic=False
+    calls take the atomic dQ; the wgmma kernels keep Hopper's calls."""
+    from dualkv.cuda.configs import AUTO_ORDERED_HEAD_DIMS, dq_atomic_for
+
+    def ordered_dims(arch, deterministic=True, window=False):
+        return tuple(d for d in (*ORDERED_HEAD_DIMS, 192, 256)
+                     if dq_ordered_for(d, arch, window=window, deterministic=deterministic))
+
+    with kernel_family("auto"), mma_backward("auto"):  # the defaults, whatever DUALKV_KERNELS / DUALKV_MMA_BWD say
+        assert ordered_dims("sm_80") == AUTO_ORDERED_HEAD_DIMS == (64, 96, 128)   # not 32 (slower there)
+        assert ordered_dims("sm_80", deterministic=False) == ()
+        assert dq_atomic_for(128, False, "sm_80") and not dq_atomic_for(128, True, "sm_80")
+        assert ordered_dims("sm_80", window=True) == ()                           # no windowed ordered build
+        assert ordered_dims("sm_90") == ()                                        # the wgmma kernels serve 64-128
+        with kernel_family("mma"):
+            assert ordered_dims("sm_90") == (64, 96, 128)                         # the Ampere stand-in
+        for mode, dims in (("split", ()), ("atomic", ()), ("ordered", ORDERED_HEAD_DIMS)):
+            with mma_backward(mode):
+                assert ordered_dims("sm_80") == ordered_dims("sm_80", deterministic=False) == dims, mode
+
+
+def test_switch_picks_the_mma_kernel_only():
+    with mma_backward("split"):
+        assert not dq_ordered_for(128, "sm_80", window=False)
     with mma_backward("ordered"):
         assert dq_ordered_for(128, "sm_80", window=False)
         assert dq_ordered_for(32, "sm_90", window=False)             # no wgmma dK/dV kernel at d = 32
@@ -204,7 +228,9 @@ def test_switch_is_off_by_default_and_picks_the_mma_kernel_only():
             assert dq_ordered_for(128, "sm_90", window=False)
         assert not dq_ordered_for(128, "sm_80", window=True)         # windows keep the dQ kernel
         assert not dq_ordered_for(192, "sm_80", window=False)
-    assert not dq_ordered_for(128, "sm_80", window=False)            # restored after the block
+        with mma_backward("split"):
+            assert not dq_ordered_for(128, "sm_80", window=False)
+        assert dq_ordered_for(128, "sm_80", window=False)            # restored after the block
 
 
 def test_atomic_dq_is_for_non_deterministic_calls_only():

@@ -142,11 +142,14 @@ def _depth_one_through_tree_kernels(group, q, k, v, g, family):
     return via_tree, via_group
 
 
-def _root_first_ordered_dq() -> bool:
-    """The mma.sync ordered dQ mode in the root-first tree order: a depth-1 tree adds its prompt's dQ first."""
-    from dualkv.cuda.configs import TREE_DQ_ROOT_FIRST, current_mma_backward
+def _root_first_ordered_dq(family: str) -> bool:
+    """The mma.sync ordered dQ mode (chosen, or "auto"'s for these deterministic calls at d = 128) under ``family`` on
+    this GPU, in the root-first tree order: a depth-1 tree adds its prompt's dQ first."""
+    from dualkv.cuda.configs import TREE_DQ_ROOT_FIRST, dq_ordered_for, kernel_family
+    from dualkv.cuda.runtime import arch_of
 
-    return TREE_DQ_ROOT_FIRST and current_mma_backward() == "ordered"
+    with kernel_family(family):
+        return TREE_DQ_ROOT_FIRST and dq_ordered_for(128, arch_of(0), window=False)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -162,7 +165,7 @@ def test_depth_one_tree_kernels_equal_group_layout(family):
     for name, a, b in zip(("dq", "dk", "dv"), via_tree[2], via_group[2]):
         err = (a.float() - b.float()).abs().max().item()
         scale = b.float().abs().max().item()
-        if family == "auto" or (name == "dq" and _root_first_ordered_dq()):
+        if family == "auto" or (name == "dq" and _root_first_ordered_dq(family)):
             assert err <= 2e-2 * scale, f"{family}: {name} differs by {err} (max |{name}| {scale})"
         else:
             assert torch.equal(a, b), f"{family}: {name} differs by {err}"

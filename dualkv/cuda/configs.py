@@ -287,9 +287,10 @@ def current_kernel_family() -> str:
     return _family[0]
 
 
-#: The backward of the mma.sync kernels: "auto" (the default: "split" for deterministic calls; ``deterministic=False``
-#: calls at head dims :data:`AUTO_ATOMIC_HEAD_DIMS` run "atomic" wherever the mma.sync dK/dV kernel serves them anyway
-#: (sm_80/86/89, or ``kernel_family("mma")``), "split" elsewhere), "split" (the dQ kernel and the dK/dV kernel, seven
+#: The backward of the mma.sync kernels: "auto" (the default: wherever the mma.sync dK/dV kernel serves a call anyway
+#: (sm_80/86/89, or ``kernel_family("mma")``), deterministic calls at head dims :data:`AUTO_ORDERED_HEAD_DIMS` without a
+#: window run "ordered" and ``deterministic=False`` calls at :data:`AUTO_ATOMIC_HEAD_DIMS` "atomic"; "split" elsewhere),
+#: "split" (the dQ kernel and the dK/dV kernel, seven
 #: products per query tile x key block, for every call), "ordered" (dQ inside the dK/dV kernel, five products, added
 #: in a fixed order: DKV_DQ_ORDERED; head dims :data:`ORDERED_HEAD_DIMS`, no window; every call) or "atomic"
 #: (``deterministic=False`` calls add dQ by fp32 atomics inside the dK/dV kernel, five products, FlashAttention-2's
@@ -306,6 +307,16 @@ MMA_BACKWARDS = ("auto", "split", "ordered", "atomic")
 #: The atomic dQ's fp32 accumulator (fragment order, dq_layout.py, cast by one kernel) adds 0.4-1.5 GiB to the split
 #: backward's peak memory, below the FA2 cascade's: 5.3 / 3.8 / 7.8 GiB at (16, 64K) (kernel-20261128-023405.json).
 AUTO_ATOMIC_HEAD_DIMS = (64, 96, 128)
+#: Head dims where "auto" sends deterministic calls (no window) to the ordered dQ: where it measured faster than the
+#: split backward. H100 under ``kernel_family("mma")``, backward ms, ordered against split, one process per head dim
+#: (experiments/results/checks/ordtable-h100-20261128T0652Z.json):
+#:   d = 128 at (28, 4K), (8, 8K), (16, 32K), (16, 64K): 51.03 / 53.16, 31.35 / 31.58, 266.45 / 273.09, 698.46 / 721.91
+#:   (fwd+bwd 66.52 / 69.30, 39.81 / 40.57, 350.14 / 355.40, 918.15 / 943.04);
+#:   at (8, 8K), (16, 32K): d = 96 26.51 / 28.74, 221.32 / 238.12; d = 64 18.46 / 18.59, 150.20 / 151.55;
+#:   d = 32 13.91 / 12.14, 112.55 / 92.21 (slower: not here).
+#: Its fp32 dQ accumulator adds to the split backward's peak memory as the atomic mode's does, still below the FA2
+#: cascade's: 5.3 / 3.8 / 7.8 GiB at (16, 64K).
+AUTO_ORDERED_HEAD_DIMS = (64, 96, 128)
 _mma_backward = [os.environ.get("DUALKV_MMA_BWD", "auto")]
 
 
@@ -314,8 +325,9 @@ class mma_backward(_Switch):  # noqa: N801 - used like a function: mma_backward(
     ``$DUALKV_MMA_BWD``). "ordered" applies wherever the mma.sync dK/dV kernel runs (sm_80/86/89; on sm_90 d = 32,
     or everything under ``kernel_family("mma")``); "atomic" to every ``deterministic=False`` call that neither the
     warp-specialised backward nor the hybrid path serves (on sm_90 it then replaces the first wgmma dQ + dK/dV pair,
-    e.g. with a window); "auto" (the default) to ``deterministic=False`` calls at :data:`AUTO_ATOMIC_HEAD_DIMS` that the
-    mma.sync dK/dV kernel serves anyway. A plain call sets it for the process; a ``with`` block restores the previous
+    e.g. with a window); "auto" (the default) to the calls that the mma.sync dK/dV kernel serves anyway: "ordered" for
+    deterministic ones at :data:`AUTO_ORDERED_HEAD_DIMS` without a window, "atomic" for ``deterministic=False`` ones at
+    :data:`AUTO_ATOMIC_HEAD_DIMS`. A plain call sets it for the process; a ``with`` block restores the previous
     choice."""
 
     _value, _choices, _what = _mma_backward, MMA_BACKWARDS, "mma backward"
@@ -416,12 +428,13 @@ def dq_atomic_for(head_dim: int, deterministic: bool, arch: str) -> bool:
     return choice == "atomic"
 
 
-def dq_ordered_for(head_dim: int, arch: str, window: bool) -> bool:
-    """Whether a backward runs the ordered dQ mode: chosen (:class:`mma_backward`), a head dim of
-    :data:`ORDERED_HEAD_DIMS`, no window, and the mma.sync dK/dV kernel serving the call (two-level layouts and
-    prefix trees alike)."""
-    return (current_mma_backward() == "ordered" and head_dim in ORDERED_HEAD_DIMS and not window
-            and dkdv_kernel_for(head_dim, arch) == "bwd_dkdv")
+def dq_ordered_for(head_dim: int, arch: str, window: bool, deterministic: bool = True) -> bool:
+    """Whether a backward runs the ordered dQ mode: no window, the mma.sync dK/dV kernel serving the call (two-level
+    layouts and prefix trees alike), and either ``mma_backward("ordered")`` at a head dim of :data:`ORDERED_HEAD_DIMS`
+    (every call) or "auto" (the default) for a deterministic call at :data:`AUTO_ORDERED_HEAD_DIMS`."""
+    choice = current_mma_backward()
+    dims = {"ordered": ORDERED_HEAD_DIMS, "auto": AUTO_ORDERED_HEAD_DIMS if deterministic else ()}.get(choice, ())
+    return head_dim in dims and not window and dkdv_kernel_for(head_dim, arch) == "bwd_dkdv"
 
 
 def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:

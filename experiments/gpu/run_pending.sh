@@ -70,6 +70,8 @@
 #                                                  # dualkv verify under it
 #   bash experiments/gpu/run_pending.sh ordtable   # #13: split / ordered / atomic against the FA2 cascade, 4 shapes,
 #                                                  # and split against ordered at head dims 32, 64, 96
+#   bash experiments/gpu/run_pending.sh autoord    # #13: GPU tests of "auto"'s ordered dQ (mma.sync family), the
+#                                                  # split backward's, trees split vs ordered, dualkv verify
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -779,6 +781,24 @@ ordtable)
         --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
     TAIL=5 head_dim_bench ordhd 100 dualkv_mma_split,dualkv_mma_ordered bwd 32 64 96
     (cd "$OUT" && tar czf ordtable.tgz *.log bench && rm -rf bench)
+    ;;
+autoord)
+    # #13: "auto" runs the ordered dQ for deterministic calls at head dims 64-128 on the mma.sync dK/dV kernel: the GPU
+    # tests under the mma.sync family's new default (backward and trees, the paper API and the ordered-mode file), the
+    # split backward's under DUALKV_MMA_BWD=split, the prefix-tree workloads split against ordered (fwd+bwd, one
+    # process each), then dualkv verify under the family
+    mma_backward_tests pytest_mma_auto
+    DUALKV_KERNELS=mma TAIL=3 step pytest_mma_auto_api 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_ordered_dq.py
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD=split TAIL=3 step pytest_mma_split 120 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_cuda_backward.py -k "shared_prefix_gradients and bf16"
+    for m in split ordered; do
+        mkdir -p "$OUT/trees_$m"
+        DUALKV_KERNELS=mma DUALKV_MMA_BWD=$m TAIL=5 step trees_$m 100 python3 experiments/gpu/tree_bench.py \
+            --systems dualkv --reps 5 --no-changing-trees --out "$OUT/trees_$m"
+    done
+    DUALKV_KERNELS=mma TAIL=2 step verify_mma 110 python3 -m dualkv verify --no-progress --json "$OUT/verify-h100-mma.json"
+    (cd "$OUT" && tar czf autoord.tgz *.log trees_* && rm -rf trees_*)
     ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
