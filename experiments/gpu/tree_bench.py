@@ -2,6 +2,7 @@
 
 * ``dualkv``        — dualkv.shared_prefix_attention on the PrefixTreeLayout (the tree kernels, default family);
 * ``dualkv_v1``     — the same with DUALKV_KERNELS=wgmma_v1 (first wgmma forward, two-kernel wgmma backward);
+* ``dualkv_mma``    — the same with the mma.sync kernels (what sm_80 runs; its backward as $DUALKV_MMA_BWD says);
 * ``dualkv_bwd_v1`` — the default forward, the backward under wgmma_v1: against ``dualkv`` it isolates the
                       warp-specialised tree backward (DKV_TREE=1 bwd_sm90_ws) vs the wgmma dQ + dK/dV pair;
 * ``flex``          — torch.compile(flex_attention) (static shapes) with a tree BlockMask; the mask build and the
@@ -49,7 +50,7 @@ from dualkv.analysis.trees import (branching_workload, multi_turn_workload, syst
 WORKLOADS = {"a": ("system prompt 2K x 8 prompts 4K x 8 responses 2K", system_prompt_workload),
              "b": ("4K prompt, 4 responses branching at 512 into 4 x 1.5K", branching_workload),
              "c": ("3 turns of 1K, 8 branches of 1K", multi_turn_workload)}
-SYSTEMS = ("dualkv", "dualkv_v1", "dualkv_bwd_v1", "flex", "fa2_ncopy", "cudnn_cascade")
+SYSTEMS = ("dualkv", "dualkv_v1", "dualkv_mma", "dualkv_bwd_v1", "flex", "fa2_ncopy", "cudnn_cascade")
 AGREE = 2e-2
 
 
@@ -118,6 +119,9 @@ class Runner:
 
     def _prepare_dualkv_v1(self):
         self._prepare_dualkv("wgmma_v1")
+
+    def _prepare_dualkv_mma(self):
+        self._prepare_dualkv("mma")
 
     def _prepare_dualkv_bwd_v1(self):
         self._prepare_dualkv("auto", "wgmma_v1")
