@@ -312,8 +312,11 @@ AUTO_ATOMIC_HEAD_DIMS = (64, 96, 128)
 #: (experiments/results/checks/ordtable-h100-20261128T0652Z.json):
 #:   d = 128 at (28, 4K), (8, 8K), (16, 32K), (16, 64K): 51.03 / 53.16, 31.35 / 31.58, 266.45 / 273.09, 698.46 / 721.91
 #:   (fwd+bwd 66.52 / 69.30, 39.81 / 40.57, 350.14 / 355.40, 918.15 / 943.04);
-#:   at (8, 8K), (16, 32K): d = 96 26.51 / 28.74, 221.32 / 238.12; d = 64 18.46 / 18.59, 150.20 / 151.55;
-#:   d = 32 13.91 / 12.14, 112.55 / 92.21 (slower: not here).
+#:   at (16, 4K), (8, 8K), (16, 32K): d = 96 25.67 / 28.60, 26.51 / 28.74, 221.32 / 238.12; d = 64 17.84 / 18.51,
+#:   18.46 / 18.59, 150.20 / 151.55; d = 32 13.58 / 12.95, 13.91 / 12.14, 112.55 / 92.21 (slower: not here).
+#: On prefix trees too (the #14 workloads a, b, c, fwd+bwd ms, ordered / split, two runs each, alternating processes,
+#: checks/mmatrees-h100-20261128T0706Z.json): 244.8, 247.2 / 274.3, 270.4; 35.2, 35.2 / 37.8, 37.8; 10.2, 9.9 / 10.3,
+#: 10.3 (peak memory 12.1 / 9.6 GiB on a).
 #: Its fp32 dQ accumulator adds to the split backward's peak memory as the atomic mode's does, still below the FA2
 #: cascade's: 5.3 / 3.8 / 7.8 GiB at (16, 64K).
 AUTO_ORDERED_HEAD_DIMS = (64, 96, 128)
