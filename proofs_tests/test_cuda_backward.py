@@ -33,12 +33,15 @@ def test_mma_backward_on_hopper_too(case, head_dim, mode, launched_specs):
     """On sm_90 the public functions run the wgmma kernels for d = 64 / 96 / 128; the mma.sync kernels (what sm_80 runs
     and `kernel_family("mma")` selects) stay correct there too: "auto" (its ordered dQ for these deterministic calls
     without a window, the dQ kernel with one) and the split backward (the dQ kernel beside the dK/dV kernel)."""
+    import functools
     from dataclasses import replace
 
     from dualkv.cuda.configs import kernel_family, mma_backward
 
+    fn = functools.partial(dualkv.shared_prefix_attention, deterministic=True)  # whatever the environment says
     with kernel_family("mma"), mma_backward(mode):
-        assert_rows_pass(shared_prefix_check(replace(case, head_dim=head_dim), dtype=torch.bfloat16, device="cuda"))
+        assert_rows_pass(shared_prefix_check(replace(case, head_dim=head_dim), dtype=torch.bfloat16, device="cuda",
+                                             attention_fn=fn))
     ordered = mode == "auto" and case.window == (-1, -1)
     assert any(s.kernel == "bwd_dkdv" and s.dq_ordered for s in launched_specs) == ordered, launched_specs
     assert any(s.kernel == "bwd_dq" for s in launched_specs) == (not ordered), launched_specs

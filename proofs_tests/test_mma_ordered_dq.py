@@ -195,42 +195,44 @@ def test_replay_paper_api_equals_reference_backward(causal, geo):
 
 
 def test_auto_takes_the_ordered_mode_for_deterministic_calls_at_64_to_128():
-    """"auto" (the default) runs the ordered dQ for deterministic calls without a window at head dims 64-128 where the
+    """"auto" (the default) runs the ordered dQ for causal deterministic calls without a window at head dims 64-128 where the
     mma.sync dK/dV kernel serves them anyway (faster than the split backward there, slower at 32); deterministic=False
     calls take the atomic dQ; the wgmma kernels keep Hopper's calls."""
     from dualkv.cuda.configs import AUTO_ORDERED_HEAD_DIMS, dq_atomic_for
 
-    def ordered_dims(arch, deterministic=True, window=False):
+    def ordered_dims(arch, deterministic=True, window=False, causal=True):
         return tuple(d for d in (*ORDERED_HEAD_DIMS, 192, 256)
-                     if dq_ordered_for(d, arch, window=window, deterministic=deterministic))
+                     if dq_ordered_for(d, arch, window=window, deterministic=deterministic, causal=causal))
 
     with kernel_family("auto"), mma_backward("auto"):  # the defaults, whatever DUALKV_KERNELS / DUALKV_MMA_BWD say
         assert ordered_dims("sm_80") == AUTO_ORDERED_HEAD_DIMS == (64, 96, 128)   # not 32 (slower there)
         assert ordered_dims("sm_80", deterministic=False) == ()
         assert dq_atomic_for(128, False, "sm_80") and not dq_atomic_for(128, True, "sm_80")
         assert ordered_dims("sm_80", window=True) == ()                           # no windowed ordered build
+        assert ordered_dims("sm_80", causal=False) == ()                          # not timed: the split backward
         assert ordered_dims("sm_90") == ()                                        # the wgmma kernels serve 64-128
         with kernel_family("mma"):
             assert ordered_dims("sm_90") == (64, 96, 128)                         # the Ampere stand-in
         for mode, dims in (("split", ()), ("atomic", ()), ("ordered", ORDERED_HEAD_DIMS)):
             with mma_backward(mode):
-                assert ordered_dims("sm_80") == ordered_dims("sm_80", deterministic=False) == dims, mode
+                assert (ordered_dims("sm_80") == ordered_dims("sm_80", deterministic=False)
+                        == ordered_dims("sm_80", causal=False) == dims), mode
 
 
 def test_switch_picks_the_mma_kernel_only():
     with mma_backward("split"):
-        assert not dq_ordered_for(128, "sm_80", window=False)
+        assert not dq_ordered_for(128, "sm_80", window=False, deterministic=True, causal=True)
     with mma_backward("ordered"):
-        assert dq_ordered_for(128, "sm_80", window=False)
-        assert dq_ordered_for(32, "sm_90", window=False)             # no wgmma dK/dV kernel at d = 32
-        assert not dq_ordered_for(128, "sm_90", window=False)        # the wgmma kernels serve it
+        assert dq_ordered_for(128, "sm_80", window=False, deterministic=True, causal=True)
+        assert dq_ordered_for(32, "sm_90", window=False, deterministic=True, causal=True)             # no wgmma dK/dV kernel at d = 32
+        assert not dq_ordered_for(128, "sm_90", window=False, deterministic=True, causal=True)        # the wgmma kernels serve it
         with kernel_family("mma"):
-            assert dq_ordered_for(128, "sm_90", window=False)
-        assert not dq_ordered_for(128, "sm_80", window=True)         # windows keep the dQ kernel
-        assert not dq_ordered_for(192, "sm_80", window=False)
+            assert dq_ordered_for(128, "sm_90", window=False, deterministic=True, causal=True)
+        assert not dq_ordered_for(128, "sm_80", window=True, deterministic=True, causal=True)         # windows keep the dQ kernel
+        assert not dq_ordered_for(192, "sm_80", window=False, deterministic=True, causal=True)
         with mma_backward("split"):
-            assert not dq_ordered_for(128, "sm_80", window=False)
-        assert dq_ordered_for(128, "sm_80", window=False)            # restored after the block
+            assert not dq_ordered_for(128, "sm_80", window=False, deterministic=True, causal=True)
+        assert dq_ordered_for(128, "sm_80", window=False, deterministic=True, causal=True)            # restored after the block
 
 
 def test_atomic_dq_is_for_non_deterministic_calls_only():
@@ -251,7 +253,7 @@ def test_atomic_dq_is_for_non_deterministic_calls_only():
         with mma_backward("atomic"):
             assert atomic_dims("sm_80") == atomic_dims("sm_90") == ATOMIC_HEAD_DIMS   # no atomic kernel above 128
             assert atomic_dims("sm_80", deterministic=True) == ()            # deterministic: the split backward
-            assert not dq_ordered_for(128, "sm_80", window=False)
+            assert not dq_ordered_for(128, "sm_80", window=False, deterministic=True, causal=True)
         for mode in ("split", "ordered"):                                     # ordered: it serves every call
             with mma_backward(mode):
                 assert atomic_dims("sm_80") == atomic_dims("sm_90") == ()
@@ -265,7 +267,7 @@ def test_bad_switch_values_are_refused_by_name(monkeypatch):
         mma_backward("fast")
     monkeypatch.setattr(configs, "_mma_backward", ["fast"])           # what DUALKV_MMA_BWD=fast leaves at import
     with pytest.raises(ValueError, match="DUALKV_MMA_BWD must be one of"):
-        dq_ordered_for(128, "sm_80", window=False)
+        dq_ordered_for(128, "sm_80", window=False, deterministic=True, causal=True)
     with pytest.raises(ValueError, match="DUALKV_MMA_BWD must be one of"):
         configs.dq_atomic_for(128, deterministic=False, arch="sm_80")
 

@@ -80,6 +80,22 @@ def test_other_attention_shapes_get_their_own_tables(summarize, tmp_path):
     assert "**3.0** (1 TF, 0.5 GiB, 1.50×)" in section and "dualkv faster at 1 of 1 shapes" in section
 
 
+def test_a_one_pass_run_shows_its_times(summarize, tmp_path):
+    """A run of the backward alone (`--mode bwd`) shows its ms and peak memory, with no forward+backward total; a row
+    that did not run shows its status."""
+    results = tmp_path / "results"
+    results.mkdir()
+    base = {"N": 2, "P": 64, "R": 16, "tflops": 1.0, "speedup_vs_fa2": None, "groups": 1, "heads": 8,
+            "kv_heads": 2, "head_dim": 64}
+    rows = [dict(base, system="dualkv_mma_split", mode="bwd", ms=4.25, peak_mem_gib=0.5, status="ok"),
+            dict(base, system="dualkv_mma_ordered", mode="bwd", ms=0.0, peak_mem_gib=None, status="oom")]
+    env = {"commit": "abcdef0123", "gpu": "test GPU", "date": "2026-11-28T00:00Z"}
+    (results / "kernel-h8-2-d64-x.json").write_text(json.dumps({"environment": env, "benchmark": "kernel",
+                                                               "rows": rows}))
+    section = summarize.other_shapes_section(results)
+    assert "| – / 4.2 / – (0.5 GiB) | oom |" in section, section
+
+
 def test_headline_ratios_are_within_one_run(summarize):
     """Each peer column of the headline: the peer's and dualkv's fwd+bwd times of the same (newest) run."""
     runs = summarize.kernel_runs(ROOT / "experiments" / "results")

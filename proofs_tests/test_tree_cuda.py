@@ -143,13 +143,15 @@ def _depth_one_through_tree_kernels(group, q, k, v, g, family):
 
 
 def _root_first_ordered_dq(family: str) -> bool:
-    """The mma.sync ordered dQ mode (chosen, or "auto"'s for these deterministic calls at d = 128) under ``family`` on
-    this GPU, in the root-first tree order: a depth-1 tree adds its prompt's dQ first."""
-    from dualkv.cuda.configs import TREE_DQ_ROOT_FIRST, dq_ordered_for, kernel_family
+    """The mma.sync ordered dQ mode (chosen, or "auto"'s for these causal deterministic calls at d = 128) under
+    ``family`` on this GPU, with the tree and two-level dQ orders differing (root first / own first, or the other way
+    round): a depth-1 tree then adds its prompt's dQ at another point than the two-level call."""
+    from dualkv.cuda.configs import TREE_DQ_ROOT_FIRST, TWO_LEVEL_SHARED_FIRST, dq_ordered_for, kernel_family
     from dualkv.cuda.runtime import arch_of
 
     with kernel_family(family):
-        return TREE_DQ_ROOT_FIRST and dq_ordered_for(128, arch_of(0), window=False)
+        ordered = dq_ordered_for(128, arch_of(0), window=False, deterministic=True, causal=True)
+    return ordered and TREE_DQ_ROOT_FIRST != TWO_LEVEL_SHARED_FIRST
 
 
 @pytest.mark.parametrize("family", FAMILIES)

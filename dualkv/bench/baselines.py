@@ -77,7 +77,7 @@ class _Autograd(System):
 
 
 class DualKV(_Autograd):
-    """dualkv with the deterministic backward (separate dQ kernel)."""
+    """dualkv with the deterministic backward (the default kernels' choice of dQ scheme, bitwise reproducible)."""
 
     name = "dualkv"
     deterministic = True

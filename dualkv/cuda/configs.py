@@ -307,8 +307,8 @@ MMA_BACKWARDS = ("auto", "split", "ordered", "atomic")
 #: The atomic dQ's fp32 accumulator (fragment order, dq_layout.py, cast by one kernel) adds 0.4-1.5 GiB to the split
 #: backward's peak memory, below the FA2 cascade's: 5.3 / 3.8 / 7.8 GiB at (16, 64K) (kernel-20261128-023405.json).
 AUTO_ATOMIC_HEAD_DIMS = (64, 96, 128)
-#: Head dims where "auto" sends deterministic calls (no window) to the ordered dQ: where it measured faster than the
-#: split backward. H100 under ``kernel_family("mma")``, backward ms, ordered against split, one process per head dim
+#: Head dims where "auto" sends causal deterministic calls (no window) to the ordered dQ: where it measured faster than
+#: the split backward (at d = 64 by 0.7-3.6%, one run; non-causal calls were not timed and keep the split). H100 under ``kernel_family("mma")``, backward ms, ordered against split, one process per head dim
 #: (experiments/results/checks/ordtable-h100-20261128T0652Z.json):
 #:   d = 128 at (28, 4K), (8, 8K), (16, 32K), (16, 64K): 51.03 / 53.16, 31.35 / 31.58, 266.45 / 273.09, 698.46 / 721.91
 #:   (fwd+bwd 66.52 / 69.30, 39.81 / 40.57, 350.14 / 355.40, 918.15 / 943.04);
@@ -431,12 +431,14 @@ def dq_atomic_for(head_dim: int, deterministic: bool, arch: str) -> bool:
     return choice == "atomic"
 
 
-def dq_ordered_for(head_dim: int, arch: str, window: bool, deterministic: bool = True) -> bool:
+def dq_ordered_for(head_dim: int, arch: str, window: bool, *, deterministic: bool, causal: bool) -> bool:
     """Whether a backward runs the ordered dQ mode: no window, the mma.sync dK/dV kernel serving the call (two-level
     layouts and prefix trees alike), and either ``mma_backward("ordered")`` at a head dim of :data:`ORDERED_HEAD_DIMS`
-    (every call) or "auto" (the default) for a deterministic call at :data:`AUTO_ORDERED_HEAD_DIMS`."""
+    (every call) or "auto" (the default) for a causal deterministic call at :data:`AUTO_ORDERED_HEAD_DIMS` (its
+    non-causal build was not timed against the split backward)."""
     choice = current_mma_backward()
-    dims = {"ordered": ORDERED_HEAD_DIMS, "auto": AUTO_ORDERED_HEAD_DIMS if deterministic else ()}.get(choice, ())
+    auto = AUTO_ORDERED_HEAD_DIMS if deterministic and causal else ()
+    dims = {"ordered": ORDERED_HEAD_DIMS, "auto": auto}.get(choice, ())
     return head_dim in dims and not window and dkdv_kernel_for(head_dim, arch) == "bwd_dkdv"
 
 

@@ -203,12 +203,13 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     Elsewhere the separate query-tile dQ kernel sums every dQ row in a fixed order, except where
     :class:`~dualkv.cuda.configs.mma_backward` (:data:`~dualkv.cuda.configs.MMA_BACKWARDS`) chooses otherwise:
     ``"auto"`` (the default), calls at head dims 64-128 that the mma.sync dK/dV kernel serves compute dQ inside it -
-    deterministic ones (no window) adding it in a fixed order (:func:`_run_dkdv_ordered`;
+    causal deterministic ones without a window adding it in a fixed order (:func:`_run_dkdv_ordered`;
     :func:`~dualkv.cuda.configs.dq_ordered_for`), ``deterministic=False`` ones by fp32 atomics (run-to-run rounding
     differences in dQ; :func:`~dualkv.cuda.configs.dq_atomic_for`), one kernel and five products either way;
     ``"atomic"``, the atomic dQ at every head dim <= 128, also in place of the wgmma pair (deterministic calls split);
-    ``"ordered"``, the fixed order for every call at head dims <= 128; ``"split"``, the dQ kernel always. The ordered
-    and atomic modes need the default tiles. ``kernels`` and the tile arguments
+    ``"ordered"``, the fixed order for every call without a window at head dims <= 128; ``"split"``, the dQ kernel
+    always. The ordered mode runs on the default tiles only (a tile override takes the other modes). ``kernels`` and
+    the tile arguments
     exist for tuning. ``tree``: the segments are a tree table and the key tiles in its launch order
     (:func:`make_tree_plan`): the DKV_TREE=1 warp-specialised backward where :func:`ws_backward_for` says so (sm_90,
     head dims 64 to 256, the ``auto`` family), else the DKV_TREE=1 dQ kernel and the dK/dV kernel
@@ -241,7 +242,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     scalars = [i32(group), f32(scale * LOG2E), f32(scale), i32(window_left)]
     grads = [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own)]
     if (not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv")
-            and dq_ordered_for(head_dim, arch, window, deterministic)):  # its dQ ranks need key_tiles_t's order
+            and dq_ordered_for(head_dim, arch, window, deterministic=deterministic, causal=causal)):
         _run_dkdv_ordered(grads, scalars, q, dq, segments, key_tiles_t, k_own.shape[1], causal, scale, tree)
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
     atomic = dq_atomic_for(head_dim, deterministic, arch)

@@ -674,7 +674,7 @@ ordfrag)
     # (the tree file's atomic-dQ test expects the atomic mode, which "ordered" overrides: run apart, deselected)
     ordered_tests pytest_ordfrag
     mkdir -p "$OUT/bench"
-    TAIL=4 step bench_ordfrag 120 python3 -m dualkv bench kernel --systems dualkv_mma_ordered,dualkv_mma,dualkv_mma_atomic \
+    TAIL=4 step bench_ordfrag 120 python3 -m dualkv bench kernel --systems dualkv_mma_ordered,dualkv_mma_split,dualkv_mma_atomic \
         --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/new"
     DUALKV_EXTRA_DEFINES=DKV_DQ_FENCE=1 TAIL=3 step bench_ordfrag_fence1 90 python3 -m dualkv bench kernel \
         --systems dualkv_mma_ordered --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/fence1"
@@ -692,7 +692,7 @@ ordearly)
     mkdir -p "$OUT/bench"
     defs="DKV_DQ_EARLY=1,DKV_DQ_FENCE=2"
     DUALKV_EXTRA_DEFINES=$defs ordered_tests pytest_ordearly
-    TAIL=4 step bench_e0f0 120 python3 -m dualkv bench kernel --systems dualkv_mma_ordered,dualkv_mma,dualkv_mma_atomic \
+    TAIL=4 step bench_e0f0 120 python3 -m dualkv bench kernel --systems dualkv_mma_ordered,dualkv_mma_split,dualkv_mma_atomic \
         --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/e0f0"
     for e in 0 1; do for f in 0 1 2; do
         [ "$e$f" = 00 ] && continue
@@ -740,7 +740,7 @@ PY
     [ "$best" != 0 ] && DUALKV_EXTRA_DEFINES=DKV_WS_HOIST=$best TAIL=3 step pytest_hoist$best 240 python3 -m pytest -q \
         -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda_ws.py -k "ws"
     DUALKV_KERNELS=mma TAIL=4 step bench_ordered 120 python3 -m dualkv bench kernel \
-        --systems dualkv_mma_ordered,dualkv_mma,dualkv_mma_atomic --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/ord"
+        --systems dualkv_mma_ordered,dualkv_mma_split,dualkv_mma_atomic --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/ord"
     (cd "$OUT" && tar czf fence2ws.tgz *.log bench && rm -rf bench *.log)
     ;;
 prefetch2)

@@ -28,7 +28,7 @@ from dualkv import GroupLayout  # noqa: E402
 from dualkv.analysis import attention_flops, useful_pairs  # noqa: E402
 from dualkv.bench.kernel import bench_shape, random_inputs, time_ms  # noqa: E402
 import dualkv  # noqa: E402
-from dualkv.cuda.configs import FWD_TILES, SM90_FWD_TILES, kernel_family  # noqa: E402
+from dualkv.cuda.configs import FWD_TILES, SM90_FWD_TILES, kernel_family, mma_backward  # noqa: E402
 from dualkv.cuda.launch import make_plan, run_backward, run_forward  # noqa: E402
 from dualkv.reference import shared_prefix_attention  # noqa: E402
 
@@ -89,7 +89,7 @@ def check_backward(errors: list) -> dict:
         ref_grads = torch.autograd.grad(ref, leaves, dout.double())
         errs = {}
         for family in ("mma", "auto"):
-            with kernel_family(family):
+            with kernel_family(family), mma_backward("split"):
                 leaves = [t.detach().requires_grad_() for t in (q, k, v)]
                 out = dualkv.shared_prefix_attention(*leaves, layout, window_size=(window, 0))
                 grads = torch.autograd.grad(out, leaves, dout)
@@ -106,7 +106,8 @@ def check_backward(errors: list) -> dict:
 
 
 def backward_speed(shapes, reps: int) -> list:
-    """Per-kernel backward ms (dQ, dK/dV) of both families at each shape."""
+    """Per-kernel backward ms (dQ, dK/dV) of both families at each shape (the mma.sync family's split backward, so
+    that its dq + dkdv row is the two kernels timed apart)."""
     rows = []
     for n, p in shapes:
         layout = GroupLayout.single(p, [2048] * n)
@@ -119,7 +120,7 @@ def backward_speed(shapes, reps: int) -> list:
                                window_left=-1, kernel=plan.fwd_kernel)
         dout = torch.randn_like(q)
         for family in ("mma", "auto"):
-            with kernel_family(family):
+            with kernel_family(family), mma_backward("split"):
                 for kernels in (("dq",), ("dkdv",), ("dq", "dkdv")):
                     ms = time_ms(lambda: run_backward(dout, q, k, v, k, v, out, lse, plan.segments, plan.dq_tiles,
                                                       plan.key_tiles, plan.dq_pack, True, scale=scale,

@@ -209,8 +209,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         // before it, where every warp waited on the walk's loads with no product in flight: the mma.sync backward
         // ran 4.9-5.5% faster on H100 (checks/mma-loadmid-h100-20261127T1556Z.json); the ordered mode, which had
         // issued them before the products with its LSE / D by plain loads, 10% faster with both here and by cp.async
-        // (265.71 against 294.72 ms at (16, 32K), checks/ordlayout-h100-20261128T0645Z.json). (Two stages: the other
-        // buffer was last read in the previous step, before that step's dS barrier, which every warp here has passed.)
+        // (265.71 against 294.72 ms at (16, 32K), checks/ordlayout-h100-20261128T0645Z.json). (Two stages: these copies
+        // follow this step's first barrier, which a warp passes only after every warp finished the previous step,
+        // the last to read the other buffer.)
         nxt = w.next(cur);
         if (kStages == 2) {
             if (nxt.valid) load_step(nxt, buf ^ 1);

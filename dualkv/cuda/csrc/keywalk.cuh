@@ -183,8 +183,8 @@ __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w,
     for (int r = threadIdx.x; r < kStep; r += kThreads) {
         const long long idx = head * lse_sh + tok0 + r;
         if (r >= n) {
-            sLse[r] = r < n ? lse2[idx] : kInf;
-            sDelta[r] = r < n ? delta[idx] : 0.f;
+            sLse[r] = kInf;
+            sDelta[r] = 0.f;
         } else {
             cp_async_4(sLse + r, lse2 + idx);
             cp_async_4(sDelta + r, delta + idx);
