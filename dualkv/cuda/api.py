@@ -3,7 +3,8 @@ fp16/bf16 tensors.
 
 Differentiable (custom ops with autograd, see :mod:`dualkv.cuda.ops`). The default backward is deterministic —
 bitwise reproducible: every dK/dV row is summed by one CTA, every dQ row in a fixed order (by one CTA, or by reduce-adds
-that per-tile counters put in order) (``$DUALKV_DETERMINISTIC=0`` changes the default). ``deterministic=False`` changes the path only where a non-deterministic one is faster: the cuDNN cascade's
+that per-tile counters put in order) (``$DUALKV_DETERMINISTIC=0`` changes the default). ``deterministic=False``
+changes the path only where a non-deterministic one is faster: the cuDNN cascade's
 backward (:func:`~dualkv.cuda.configs.attention_path`: Hopper, head dims 64 and 128: the fused forward with the
 cascade's backward, :mod:`dualkv.cuda.hybrid`); on the mma.sync kernels (sm_80/86/89, ``kernel_family("mma")``) at head
 dims 64-128 the atomic dQ inside the dK/dV kernel (:data:`~dualkv.cuda.configs.MMA_BACKWARDS`, "auto"); elsewhere the

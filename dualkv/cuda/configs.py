@@ -308,7 +308,8 @@ MMA_BACKWARDS = ("auto", "split", "ordered", "atomic")
 #: backward's peak memory, below the FA2 cascade's: 5.3 / 3.8 / 7.8 GiB at (16, 64K) (kernel-20261128-023405.json).
 AUTO_ATOMIC_HEAD_DIMS = (64, 96, 128)
 #: Head dims where "auto" sends causal deterministic calls (no window) to the ordered dQ: where it measured faster than
-#: the split backward (at d = 64 by 0.7-3.6%, one run; non-causal calls were not timed and keep the split). H100 under ``kernel_family("mma")``, backward ms, ordered against split, one process per head dim
+#: the split backward (at d = 64 by 0.7-3.6%, one run; non-causal calls were not timed and keep the split). H100 under
+#: ``kernel_family("mma")``, backward ms, ordered against split, one process per head dim
 #: (experiments/results/checks/ordtable-h100-20261128T0652Z.json):
 #:   d = 128 at (28, 4K), (8, 8K), (16, 32K), (16, 64K): 51.03 / 53.16, 31.35 / 31.58, 266.45 / 273.09, 698.46 / 721.91
 #:   (fwd+bwd 66.52 / 69.30, 39.81 / 40.57, 350.14 / 355.40, 918.15 / 943.04);
