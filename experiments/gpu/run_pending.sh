@@ -72,6 +72,8 @@
 #                                                  # and split against ordered at head dims 32, 64, 96
 #   bash experiments/gpu/run_pending.sh autoord    # #13: GPU tests of "auto"'s ordered dQ (mma.sync family), the
 #                                                  # split backward's, trees split vs ordered, dualkv verify
+#   bash experiments/gpu/run_pending.sh mmaprof    # #13 (not yet run): ncu of the ordered / atomic mma.sync backward
+#                                                  # and FA2's backward kernel at (8, 8K)
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -810,6 +812,24 @@ mmatrees)
     done
     (cd "$OUT" && tar czf mmatrees.tgz trees_* && rm -rf trees_*)
     ;;
+mmaprof)
+    # #13 (next): where the mma.sync dK/dV kernel's backward still loses to FlashAttention-2's at (8, 8K), at the current
+    # defaults: ncu source counters, warp stalls and memory workload of bwd_dkdv in the ordered mode (the
+    # deterministic default), in the atomic mode (deterministic=False) and of FA2's dq_dk_dv kernel, one archive each
+    for who in ordered atomic fa2; do
+        k="regex:bwd_dkdv$"; sys=dualkv; det=1; [ $who = fa2 ] && { k="regex:flash_bwd_dq_dk_dv"; sys=fa2; }
+        [ $who = atomic ] && det=0
+        DUALKV_DETERMINISTIC=$det DUALKV_PATH=fused DUALKV_MMA_BWD=auto TAIL=2 step ncu_$who 200 ncu --clock-control none \
+            --profile-from-start off -k "$k" --section SourceCounters --section WarpStateStats \
+            --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -c 1 -f -o "$OUT/ncu_$who" \
+            python3 experiments/gpu/profile_bwd.py --family mma --shape 8:8192 --systems $sys
+        [ -f "$OUT/ncu_$who.ncu-rep" ] && ncu --import "$OUT/ncu_$who.ncu-rep" --page details > "$OUT/ncu_$who.txt" 2>&1
+        [ -f "$OUT/ncu_$who.ncu-rep" ] && ncu --import "$OUT/ncu_$who.ncu-rep" --page source --print-source sass \
+            --csv | gzip > "$OUT/ncu_$who.csv.gz"
+        rm -f "$OUT/ncu_$who.ncu-rep"
+    done
+    (cd "$OUT" && tar czf mmaprof.tgz ncu_* *.log && rm -f ncu_* *.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -817,6 +837,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof)"
    exit 2 ;;
 esac
