@@ -165,15 +165,14 @@ def _span(values: Sequence[float], fmt: str = ".2f") -> str:
 def kernel_cell(run: KernelRun, system: str, shape: tuple[int, int]) -> str:
     got = {m: run.row(system, shape, m) for m in ("fwd", "bwd", "fwdbwd")}
     fb = got["fwdbwd"]
+    parts = [f"{got[m]['ms']:.1f}" if got[m] else "–" for m in ("fwd", "bwd")]
     if fb is None and (got["fwd"] or got["bwd"]):  # a run of one pass only: its times and the peak of the last
         last = got["bwd"] or got["fwd"]
-        parts = [f"{got[m]['ms']:.1f}" if got[m] else "–" for m in ("fwd", "bwd")]
         mem = f" ({last['peak_mem_gib']:.1f} GiB)" if last.get("peak_mem_gib") is not None else ""
         return f"{parts[0]} / {parts[1]} / –{mem}"
     if fb is None:
         statuses = {r["status"] for r in run.rows if (r["system"], r["N"], r["P"]) == (system, *shape)}
         return "/".join(sorted(statuses)) or "–"
-    parts = [f"{got[m]['ms']:.1f}" if got[m] else "–" for m in ("fwd", "bwd")]
     extra = [f"{fb['tflops']:.0f} TF" if fb.get("tflops") else None,
              f"{fb['peak_mem_gib']:.1f} GiB" if fb.get("peak_mem_gib") is not None else None]
     dk = run.fwdbwd("dualkv", shape)

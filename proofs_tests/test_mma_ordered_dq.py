@@ -195,9 +195,9 @@ def test_replay_paper_api_equals_reference_backward(causal, geo):
 
 
 def test_auto_takes_the_ordered_mode_for_deterministic_calls_at_64_to_128():
-    """"auto" (the default) runs the ordered dQ for causal deterministic calls without a window at head dims 64-128 where the
-    mma.sync dK/dV kernel serves them anyway (faster than the split backward there, slower at 32); deterministic=False
-    calls take the atomic dQ; the wgmma kernels keep Hopper's calls."""
+    """"auto" (the default) runs the ordered dQ for causal deterministic calls without a window at head dims 64-128
+    where the mma.sync dK/dV kernel serves them anyway (faster than the split backward there, slower at 32);
+    deterministic=False calls take the atomic dQ; the wgmma kernels keep Hopper's calls."""
     from dualkv.cuda.configs import AUTO_ORDERED_HEAD_DIMS, dq_atomic_for
 
     def ordered_dims(arch, deterministic=True, window=False, causal=True):
@@ -220,19 +220,22 @@ def test_auto_takes_the_ordered_mode_for_deterministic_calls_at_64_to_128():
 
 
 def test_switch_picks_the_mma_kernel_only():
+    def ordered(head_dim, arch, window=False):  # a causal deterministic call
+        return dq_ordered_for(head_dim, arch, window=window, deterministic=True, causal=True)
+
     with mma_backward("split"):
-        assert not dq_ordered_for(128, "sm_80", window=False, deterministic=True, causal=True)
+        assert not ordered(128, "sm_80")
     with mma_backward("ordered"):
-        assert dq_ordered_for(128, "sm_80", window=False, deterministic=True, causal=True)
-        assert dq_ordered_for(32, "sm_90", window=False, deterministic=True, causal=True)             # no wgmma dK/dV kernel at d = 32
-        assert not dq_ordered_for(128, "sm_90", window=False, deterministic=True, causal=True)        # the wgmma kernels serve it
+        assert ordered(128, "sm_80")
+        assert ordered(32, "sm_90")                                  # no wgmma dK/dV kernel at d = 32
+        assert not ordered(128, "sm_90")                             # the wgmma kernels serve it
         with kernel_family("mma"):
-            assert dq_ordered_for(128, "sm_90", window=False, deterministic=True, causal=True)
-        assert not dq_ordered_for(128, "sm_80", window=True, deterministic=True, causal=True)         # windows keep the dQ kernel
-        assert not dq_ordered_for(192, "sm_80", window=False, deterministic=True, causal=True)
+            assert ordered(128, "sm_90")
+        assert not ordered(128, "sm_80", window=True)                # windows keep the dQ kernel
+        assert not ordered(192, "sm_80")
         with mma_backward("split"):
-            assert not dq_ordered_for(128, "sm_80", window=False, deterministic=True, causal=True)
-        assert dq_ordered_for(128, "sm_80", window=False, deterministic=True, causal=True)            # restored after the block
+            assert not ordered(128, "sm_80")
+        assert ordered(128, "sm_80")                                 # restored after the block
 
 
 def test_atomic_dq_is_for_non_deterministic_calls_only():

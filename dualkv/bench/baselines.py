@@ -424,8 +424,8 @@ class FlexDynamic(Flex):
 
 
 #: The kernel-level implementations of the one registry (dualkv.bench.registry).
-SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVTree, DualKVAtomic, DualKVHybrid, DualKVMma, DualKVMmaSplit, DualKVMmaOrdered,
-                                     DualKVMmaAtomic, DualKVV1, FA2NCopy, Cascade, CudnnCascade, CudnnNCopy, Flex,
-                                     FlexDynamic, Reference)}
+SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVTree, DualKVAtomic, DualKVHybrid, DualKVMma, DualKVMmaSplit,
+                                     DualKVMmaOrdered, DualKVMmaAtomic, DualKVV1, FA2NCopy, Cascade, CudnnCascade,
+                                     CudnnNCopy, Flex, FlexDynamic, Reference)}
 if set(SYSTEMS) != set(kernel_systems()):
     raise RuntimeError(f"kernel systems {tuple(SYSTEMS)} and the registry's {kernel_systems()} disagree")

@@ -288,8 +288,8 @@ def current_kernel_family() -> str:
 
 
 #: The backward of the mma.sync kernels: "auto" (the default: wherever the mma.sync dK/dV kernel serves a call anyway
-#: (sm_80/86/89, or ``kernel_family("mma")``), deterministic calls at head dims :data:`AUTO_ORDERED_HEAD_DIMS` without a
-#: window run "ordered" and ``deterministic=False`` calls at :data:`AUTO_ATOMIC_HEAD_DIMS` "atomic"; "split" elsewhere),
+#: (sm_80/86/89, or ``kernel_family("mma")``), causal deterministic calls at head dims :data:`AUTO_ORDERED_HEAD_DIMS`
+#: without a window run "ordered" and ``deterministic=False`` calls at :data:`AUTO_ATOMIC_HEAD_DIMS` "atomic"; "split" elsewhere),
 #: "split" (the dQ kernel and the dK/dV kernel, seven
 #: products per query tile x key block, for every call), "ordered" (dQ inside the dK/dV kernel, five products, added
 #: in a fixed order: DKV_DQ_ORDERED; head dims :data:`ORDERED_HEAD_DIMS`, no window; every call) or "atomic"
@@ -330,7 +330,7 @@ class mma_backward(_Switch):  # noqa: N801 - used like a function: mma_backward(
     or everything under ``kernel_family("mma")``); "atomic" to every ``deterministic=False`` call that neither the
     warp-specialised backward nor the hybrid path serves (on sm_90 it then replaces the first wgmma dQ + dK/dV pair,
     e.g. with a window); "auto" (the default) to the calls that the mma.sync dK/dV kernel serves anyway: "ordered" for
-    deterministic ones at :data:`AUTO_ORDERED_HEAD_DIMS` without a window, "atomic" for ``deterministic=False`` ones at
+    causal deterministic ones at :data:`AUTO_ORDERED_HEAD_DIMS` without a window, "atomic" for ``deterministic=False`` ones at
     :data:`AUTO_ATOMIC_HEAD_DIMS`. A plain call sets it for the process; a ``with`` block restores the previous
     choice."""
 
