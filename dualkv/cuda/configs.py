@@ -90,6 +90,8 @@ class KeyTileConfig:
     producer_warps: int = 0  # warp-specialised kernels: a producer warpgroup beside the consumer warps
     dq_buffers: int = 1      # warp-specialised backward: dQ hand-off buffers (2: dS single-buffered; 0, the wide
                              # build: dQ_step in the step's Q/dO stage)
+    qwarps: int = 1          # mma.sync dK/dV kernel: warps over the queries of a step in its S^T / dP^T products
+                             # (2: FlashAttention-2-like 4 x 2 layouts, P^T and dS^T through smem; DKV_QWARPS)
 
     @property
     def block_keys(self) -> int:
@@ -359,6 +361,13 @@ def _tree_dq_order_from_env() -> str:
 
 
 TREE_DQ_ORDER = _tree_dq_order_from_env()
+
+#: The mma.sync dK/dV kernel's warp layout at the head dims without a d-split (:attr:`KeyTileConfig.qwarps`), read
+#: ONCE, at import, from ``$DUALKV_MMA_BWD_QWARPS`` ("1": each warp owns 16 keys; "2": FlashAttention-2-like
+#: layouts); an A/B switch over :data:`DKDV_TILES`.
+MMA_BWD_QWARPS = int(_choice_from_env("DUALKV_MMA_BWD_QWARPS", ("1", "2")))
+if MMA_BWD_QWARPS != 1:
+    DKDV_TILES.update({d: replace(t, qwarps=MMA_BWD_QWARPS) for d, t in DKDV_TILES.items() if t.dsplit == 1})
 #: Whether this process runs the root-first tree dQ order (``TREE_DQ_ORDER == "root"``).
 TREE_DQ_ROOT_FIRST = TREE_DQ_ORDER == "root"
 
@@ -659,8 +668,9 @@ class KernelSpec:
         if self.kernel == "bwd_dkdv_sm90":  # swizzled K, V + `stages` stages of Q, dO, LSE, D; 1 KB alignment slack
             return ((2 * t.block_keys + 2 * t.stages * t.block_m) * self.tile_head_dim * 2
                     + 2 * t.stages * t.block_m * 4 + 1024)
-        ds_tile = t.block_keys * (t.block_m + 8) * 2 if self.dq_atomic or self.dq_ordered else 0
-        return (2 * t.block_keys + 2 * t.stages * t.block_m) * row + 2 * t.stages * t.block_m * 4 + ds_tile
+        ds_tile = t.block_keys * (t.block_m + 8) * 2  # dS^T (dQ modes), and P^T (qwarps 2)
+        ds_tiles = 2 if t.qwarps != 1 else (1 if self.dq_atomic or self.dq_ordered else 0)
+        return (2 * t.block_keys + 2 * t.stages * t.block_m) * row + 2 * t.stages * t.block_m * 4 + ds_tiles * ds_tile
 
     @property
     def tile_head_dim(self) -> int:
@@ -684,6 +694,8 @@ class KernelSpec:
                              ("DKV_DQ_ATOMIC", "1" if self.dq_atomic else "0")]
             if self.dq_ordered:  # absent otherwise: the other specs keep their compile options
                 keys += [("DKV_DQ_ORDERED", "1")] + ([("DKV_TREE", "1")] if self.tree else [])
+            if t.qwarps != 1:
+                keys += [("DKV_QWARPS", str(t.qwarps))]
             if self.kernel == "bwd_sm90_ws":
                 keys += [("DKV_DQ_BUFFERS", str(t.dq_buffers))] + ([("DKV_TREE", "1")] if self.tree else [])
             if self.root_first:

@@ -74,6 +74,8 @@
 #                                                  # split backward's, trees split vs ordered, dualkv verify
 #   bash experiments/gpu/run_pending.sh mmaprof    # #13 (not yet run): ncu of the ordered / atomic mma.sync backward
 #                                                  # and FA2's backward kernel at (8, 8K)
+#   bash experiments/gpu/run_pending.sh qwarps     # #13: the dK/dV kernel's FA2-like warp layout (DUALKV_MMA_BWD_QWARPS=2):
+#                                                  # GPU tests under it, then bwd A/B against the 16-key layout
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -812,6 +814,21 @@ mmatrees)
     done
     (cd "$OUT" && tar czf mmatrees.tgz trees_* && rm -rf trees_*)
     ;;
+qwarps)
+    # #13: the mma.sync dK/dV kernel with warps 4 (keys) x 2 (queries / columns), P^T and dS^T through smem
+    # (DUALKV_MMA_BWD_QWARPS=2): its GPU tests (every dQ mode, head dims 32-128, awkward shapes), then the split,
+    # ordered and atomic backwards under both layouts against the FA2 cascade (one process per layout)
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD_QWARPS=2 TAIL=3 step pytest_qw2 240 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_backward.py \
+        -k "ordered or mma_backward_on_hopper or atomic_dq_mode or (shared_prefix_gradients and bf16)"
+    mkdir -p "$OUT/bench"
+    for qw in 2 1; do
+        DUALKV_MMA_BWD_QWARPS=$qw TAIL=12 step bench_qw$qw 120 python3 -m dualkv bench kernel \
+            --systems dualkv_mma_split,dualkv_mma_ordered,dualkv_mma_atomic,cascade \
+            --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/qw$qw"
+    done
+    (cd "$OUT" && tar czf qwarps.tgz *.log bench && rm -rf bench)
+    ;;
 mmaprof)
     # #13 (next): where the mma.sync dK/dV kernel's backward still loses to FlashAttention-2's at (8, 8K), at the current
     # defaults: ncu source counters, warp stalls and memory workload of bwd_dkdv in the ordered mode (the
@@ -837,6 +854,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps)"
    exit 2 ;;
 esac

@@ -74,6 +74,12 @@
 #ifndef DKV_DQ_FENCE
 #define DKV_DQ_FENCE 2
 #endif
+// DKV_QWARPS=2: the FlashAttention-2-like warp layout (every warp holds 32 keys x 32 queries of S^T and dP^T, which go
+// through smem as P^T and dS^T; dV / dK with warps over keys x columns): each warp reads fewer smem bytes per step
+// (about 72 KB against 92 KB at head dim 128 with 64-query steps), at one more smem tile (P^T).
+#ifndef DKV_QWARPS
+#define DKV_QWARPS 1
+#endif
 #if defined(DKV_DQ_FENCE_ONE) || defined(DKV_DQ_EARLY)
 #error "DKV_DQ_FENCE_ONE is now DKV_DQ_FENCE (0 every thread, 1 thread 0, 2 the release alone); DKV_DQ_EARLY was removed"
 #endif
@@ -84,9 +90,16 @@ namespace {
 
 constexpr int kBlockM = DKV_BLOCK_M;
 constexpr int kDSplit = DKV_DSPLIT;
-constexpr int kKeyWarps = kWarps / kDSplit;
-constexpr int kBlockKeys = kKeyWarps * 16;
-constexpr int kCols = kHeadDim / kDSplit;
+constexpr int kQWarps = DKV_QWARPS;
+static_assert(kQWarps == 1 || (kQWarps == 2 && kDSplit == 1), "DKV_QWARPS: 1, or 2 without a d-split");
+constexpr int kBlockKeys = kWarps / kDSplit * 16;
+// Warps over the keys: kQWarps == 1, each warp's 16 keys (dK/dV columns split over kDSplit warps); kQWarps == 2,
+// warps 4 (keys) x 2 (queries) in the S^T / dP^T products and 4 (keys) x 2 (dK/dV columns) in the dV / dK
+// products, so each warp holds kKeySlabs 16-key slabs.
+constexpr int kKeyWarps = kWarps / kDSplit / kQWarps;
+constexpr int kKeySlabs = kQWarps;
+constexpr int kCols = kHeadDim / kDSplit / kQWarps;  // dK/dV columns per warp
+constexpr int kSdpQueries = kBlockM / kQWarps;       // queries per warp in the S^T / dP^T products
 constexpr int kStages = DKV_STAGES;
 constexpr bool kDqAtomic = DKV_DQ_ATOMIC != 0;
 constexpr bool kDqOrdered = DKV_DQ_ORDERED != 0;
@@ -103,12 +116,16 @@ constexpr bool kDqPrefetch = kDqOrdered && DKV_DQ_PREFETCH != 0;
 static_assert(!kTree || (kDqOrdered && kCausal), "the dK/dV kernel's tree build is the causal ordered dQ mode's");
 static_assert(kBlockM % 16 == 0 && kCols % 16 == 0, "tile sizes");
 static_assert(kStages == 1 || kStages == 2, "1 or 2 stages");
-// dQ partial of a step: kBlockM rows x HEAD_DIM, warps as (kBlockM / 16 row slabs) x (column parts).
-constexpr int kDqRowSlabs = kBlockM / 16;
-constexpr int kDqColParts = kWarps / kDqRowSlabs;
+// dQ partial of a step: kBlockM rows x HEAD_DIM, warps as (row warps of kDqSlabs 16-row slabs) x (column parts);
+// with kQWarps == 2, 32-row warps where the column parts stay whole MMA tiles (fewer smem bytes per product).
+constexpr bool kDqWide = kQWarps == 2 && kBlockM % 32 == 0 && kWarps % (kBlockM / 32) == 0 &&
+                         (kHeadDim / (kWarps / (kBlockM / 32))) % 16 == 0;
+constexpr int kDqSlabs = kDqWide ? 2 : 1;
+constexpr int kDqRowWarps = kBlockM / (16 * kDqSlabs);
+constexpr int kDqColParts = kWarps / kDqRowWarps;
 constexpr int kDqCols = kHeadDim / (kDqColParts > 0 ? kDqColParts : 1);
-constexpr int kDsStride = kBlockM + 8;  // padded row stride of the transposed dS tile (elements)
-static_assert(!kDqHere || (kDqColParts * kDqRowSlabs == kWarps && kDqCols % 16 == 0), "dQ warp layout");
+constexpr int kDsStride = kBlockM + 8;  // padded row stride of the transposed dS (and P) tile (elements)
+static_assert(!kDqHere || (kDqColParts * kDqRowWarps == kWarps && kDqCols % 16 == 0), "dQ warp layout");
 
 using KeyWalk = Walk<kBlockM, kDqOrdered>;
 
@@ -153,7 +170,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     elem_t* sdO = sQ + kStages * kBlockM * kRowStride;         // [kStages][kBlockM rows]
     float* sLse = reinterpret_cast<float*>(sdO + kStages * kBlockM * kRowStride);  // [kStages][kBlockM]
     float* sDelta = sLse + kStages * kBlockM;                                     // [kStages][kBlockM]
-    elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);          // [kBlockKeys][kDsStride] (dQ modes)
+    elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);  // [kBlockKeys][kDsStride] (dQ modes, kQWarps 2)
+    elem_t* sP = sdS + kBlockKeys * kDsStride;                           // [kBlockKeys][kDsStride] (kQWarps 2)
 
     const int tile = kDqOrdered ? blockIdx.x / kv_heads : blockIdx.x;
     const int kv_head = kDqOrdered ? blockIdx.x % kv_heads : blockIdx.y;
@@ -178,12 +196,16 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     const int key_warp = warp % kKeyWarps, dsplit = warp / kKeyWarps;
     const int g = lane / 4, t4 = lane % 4;
     const int lrow = lane % 8, lmat = lane / 8;
-    const int warp_key0 = key_warp * 16;
+    const int warp_key0 = key_warp * 16 * kKeySlabs;
     const int col0 = dsplit * kCols;
+    const int sdp_q0 = kQWarps == 1 ? 0 : dsplit * kSdpQueries;  // the warp's first query in the S^T / dP^T products
 
-    float acc_dk[1][kCols / 8][4], acc_dv[1][kCols / 8][4];
-    zero_acc(acc_dk[0]);
-    zero_acc(acc_dv[0]);
+    float acc_dk[kKeySlabs][kCols / 8][4], acc_dv[kKeySlabs][kCols / 8][4];
+#pragma unroll
+    for (int sl = 0; sl < kKeySlabs; ++sl) {
+        zero_acc(acc_dk[sl]);
+        zero_acc(acc_dv[sl]);
+    }
 
     int* pending = nullptr;  // ordered dQ (thread 0): the counter of the adds last issued, released one step late
     int pending_rank = 0;
@@ -202,9 +224,29 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         const float* bLse = sLse + buf * kBlockM;
         const float* bDelta = sDelta + buf * kBlockM;
         const StepGeometry sg = step_geometry(w, cur, kBlockKeys);
+        auto take_counter = [&]() {  // thread 0: this step's counter and rank
+            pending = dq_sems + (kv_head * group_size + cur.h) * static_cast<long long>(n_qtiles) +
+                      dq_counter(w, cur, qtile_offset, sg.seg.q_start);
+            pending_rank = dq_rank(w, cur);
+        };
+        int seen = -1;  // DKV_DQ_PREFETCH (thread 0): the counter as read before the dQ product
+        // Ordered mode, after the step's dS barrier (which follows every thread's adds of the previous step): thread 0
+        // releases the previous step's counter and reads this step's early.
+        auto release_and_prefetch = [&]() {
+            if (threadIdx.x == 0) {
+                if (pending != nullptr) {
+                    if (DKV_DQ_FENCE == 1) __threadfence();
+                    st_release(pending, pending_rank + 1);
+                }
+                if (kDqPrefetch) {
+                    take_counter();
+                    seen = DKV_DQ_PREFETCH == 2 ? ld_acquire(pending) : ld_relaxed(pending);
+                }
+            }
+        };
 
-        float acc_s[1][kBlockM / 8][4];
-        gemm_rows_rows<1, kBlockM>(acc_s, sK, bQ, warp_key0, lrow, lmat);  // S^T = K Q^T
+        float acc_s[kKeySlabs][kSdpQueries / 8][4];
+        gemm_rows_rows<kKeySlabs, kSdpQueries>(acc_s, sK, bQ + sdp_q0 * kRowStride, warp_key0, lrow, lmat);  // S^T
         // The next step's walk (segment-table loads) and copies go out here, behind the S^T product's MMAs, not
         // before it, where every warp waited on the walk's loads with no product in flight: the mma.sync backward
         // ran 4.9-5.5% faster on H100 (checks/mma-loadmid-h100-20261127T1556Z.json); the ordered mode, which had
@@ -217,58 +259,64 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             if (nxt.valid) load_step(nxt, buf ^ 1);
             cp_async_commit();
         }
-        probs_t(acc_s[0], bLse, sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
-                scale_log2);  // P^T
-        unsigned p_frag[1][kBlockM / 16][4];
-        to_a_frag<1, kBlockM>(p_frag, acc_s);
-        gemm_frag_rows<1, kBlockM, kCols>(acc_dv, p_frag, bdO, col0, lrow, lmat);  // dV += P^T dO
+        float acc_dp[kKeySlabs][kSdpQueries / 8][4];
+        if constexpr (kQWarps == 1) {  // (written for any kKeySlabs so that both branches type-check)
+            probs_t(acc_s[0], bLse, sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
+                    scale_log2);  // P^T
+            unsigned p_frag[kKeySlabs][kSdpQueries / 16][4];
+            to_a_frag<kKeySlabs, kSdpQueries>(p_frag, acc_s);
+            gemm_frag_rows<kKeySlabs, kSdpQueries, kCols>(acc_dv, p_frag, bdO, col0, lrow, lmat);  // dV += P^T dO
 
-        float acc_dp[1][kBlockM / 8][4];
-        gemm_rows_rows<1, kBlockM>(acc_dp, sV, bdO, warp_key0, lrow, lmat);  // dP^T = V dO^T
-        dscores_t(acc_dp[0], acc_s[0], bDelta, t4);  // dS^T
-        unsigned ds_frag[1][kBlockM / 16][4];
-        to_a_frag<1, kBlockM>(ds_frag, acc_dp);
-        gemm_frag_rows<1, kBlockM, kCols>(acc_dk, ds_frag, bQ, col0, lrow, lmat);  // dK += dS^T Q
+            gemm_rows_rows<kKeySlabs, kSdpQueries>(acc_dp, sV, bdO, warp_key0, lrow, lmat);  // dP^T = V dO^T
+            dscores_t(acc_dp[0], acc_s[0], bDelta, t4);  // dS^T
+            unsigned ds_frag[kKeySlabs][kSdpQueries / 16][4];
+            to_a_frag<kKeySlabs, kSdpQueries>(ds_frag, acc_dp);
+            gemm_frag_rows<kKeySlabs, kSdpQueries, kCols>(acc_dk, ds_frag, bQ, col0, lrow, lmat);  // dK += dS^T Q
+        } else {
+            // P^T and dS^T of this warp's 32 keys x 32 queries to smem; after the barrier, dV and dK with warps over
+            // (keys x columns) read them back as A operands.
+#pragma unroll
+            for (int sl = 0; sl < kKeySlabs; ++sl)
+                probs_t(acc_s[sl], bLse + sdp_q0, sg.need_mask, sg.key_base + warp_key0 + sl * 16,
+                        sg.query_pos0 + sdp_q0, window_left, g, t4, scale_log2);  // P^T
+            store_frag_rows<kKeySlabs, kSdpQueries>(sP, kDsStride, acc_s, warp_key0, sdp_q0, g, t4);
+            gemm_rows_rows<kKeySlabs, kSdpQueries>(acc_dp, sV, bdO + sdp_q0 * kRowStride, warp_key0, lrow,
+                                                   lmat);  // dP^T = V dO^T
+#pragma unroll
+            for (int sl = 0; sl < kKeySlabs; ++sl) dscores_t(acc_dp[sl], acc_s[sl], bDelta + sdp_q0, t4);  // dS^T
+            store_frag_rows<kKeySlabs, kSdpQueries>(sdS, kDsStride, acc_dp, warp_key0, sdp_q0, g, t4);
+            if (kDqOrdered && DKV_DQ_FENCE == 0) __threadfence();  // the previous step's adds land before the release
+            __syncthreads();  // P^T and dS^T are in smem
+            if (kDqOrdered) release_and_prefetch();
+            gemm_smem_rows<kKeySlabs, kBlockM, kCols>(acc_dv, sP, kDsStride, warp_key0, bdO, col0, lrow,
+                                                      lmat);  // dV += P^T dO
+            gemm_smem_rows<kKeySlabs, kBlockM, kCols>(acc_dk, sdS, kDsStride, warp_key0, bQ, col0, lrow,
+                                                      lmat);  // dK += dS^T Q
+        }
 
         if (kDqHere) {
-            // DKV_DQ_FENCE=0: the previous step's adds land before thread 0 releases them below
-            if (kDqOrdered && DKV_DQ_FENCE == 0) __threadfence();
-            // dS^T (this warp's 16 keys x kBlockM queries) to smem; then dQ_step = dS K, added in fp32.
-            if (dsplit == 0) {
-#pragma unroll
-                for (int nt = 0; nt < kBlockM / 8; ++nt)
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh)
-                        *reinterpret_cast<unsigned*>(sdS + (warp_key0 + g + 8 * hh) * kDsStride + nt * 8 + 2 * t4) =
-                            pack2(acc_dp[0][nt][2 * hh], acc_dp[0][nt][2 * hh + 1]);
+            if (kQWarps == 1) {
+                // DKV_DQ_FENCE=0: the previous step's adds land before thread 0 releases them below
+                if (kDqOrdered && DKV_DQ_FENCE == 0) __threadfence();
+                // dS^T (this warp's 16 keys x kBlockM queries) to smem; then dQ_step = dS K, added in fp32.
+                if (dsplit == 0) store_frag_rows<kKeySlabs, kSdpQueries>(sdS, kDsStride, acc_dp, warp_key0, 0, g, t4);
+                __syncthreads();
+                if (kDqOrdered) release_and_prefetch();
             }
-            __syncthreads();
             const int head = kv_head * group_size + cur.h;
-            auto take_counter = [&]() {  // thread 0: this step's counter and rank
-                pending = dq_sems + head * static_cast<long long>(n_qtiles) +
-                          dq_counter(w, cur, qtile_offset, sg.seg.q_start);
-                pending_rank = dq_rank(w, cur);
-            };
-            int seen = -1;  // DKV_DQ_PREFETCH (thread 0): the counter as read before the dQ product
-            if (kDqOrdered && threadIdx.x == 0) {
-                if (pending != nullptr) {
-                    if (DKV_DQ_FENCE == 1) __threadfence();
-                    st_release(pending, pending_rank + 1);
-                }
-                if (kDqPrefetch) {
-                    take_counter();
-                    seen = DKV_DQ_PREFETCH == 2 ? ld_acquire(pending) : ld_relaxed(pending);
-                }
-            }
-            const int dq_slab = warp % kDqRowSlabs, dq_part = warp / kDqRowSlabs;
-            float acc_dq[1][kDqCols / 8][4];
-            zero_acc(acc_dq[0]);
+            const int dq_rw = warp % kDqRowWarps, dq_part = warp / kDqRowWarps;
+            float acc_dq[kDqSlabs][kDqCols / 8][4];
+#pragma unroll
+            for (int sl = 0; sl < kDqSlabs; ++sl) zero_acc(acc_dq[sl]);
 #pragma unroll
             for (int kk = 0; kk < kBlockKeys / 16; ++kk) {
-                unsigned a[1][1][4];  // dS rows (queries) x 16 keys, read transposed from sdS
-                ldmatrix_x4_trans(a[0][0], sdS + (kk * 16 + (lmat / 2) * 8 + lrow) * kDsStride + dq_slab * 16 +
-                                               (lmat % 2) * 8);
-                gemm_frag_rows<1, 16, kDqCols>(acc_dq, a, sK + kk * 16 * kRowStride, dq_part * kDqCols, lrow, lmat);
+                unsigned a[kDqSlabs][1][4];  // dS rows (queries) x 16 keys, read transposed from sdS
+#pragma unroll
+                for (int sl = 0; sl < kDqSlabs; ++sl)
+                    ldmatrix_x4_trans(a[sl][0], sdS + (kk * 16 + (lmat / 2) * 8 + lrow) * kDsStride +
+                                                    (dq_rw * kDqSlabs + sl) * 16 + (lmat % 2) * 8);
+                gemm_frag_rows<kDqSlabs, 16, kDqCols>(acc_dq, a, sK + kk * 16 * kRowStride, dq_part * kDqCols, lrow,
+                                                      lmat);
             }
             // Ordered mode: thread 0 waits until every earlier contribution to this (head, query tile) has landed.
             if (kDqOrdered) {
@@ -297,24 +345,28 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             // wait: as fire-and-forget REDs (flags.cuh red_add), ordered for the next contributor by its next
             // step's dS barrier (the last step's: the barrier after the loop) and thread 0's release after it
             // (DKV_DQ_FENCE).
-            const int valid_rows = cur.p_hi - cur.pos - dq_slab * 16 + 1;  // of the slab's 16
-            const long long tok = sg.seg.q_start + cur.pos + dq_slab * 16 + g;
-            float* lane_lo = dq_acc + head * dqa_sh + (tok >> 3) * (8 * kHeadDim) + (tok & 7) * 4 + t4 +
-                             dq_part * kDqCols * 8;
-            float* scratch = dq_acc + dqa_st;
-            float* rows_lo = g < valid_rows ? lane_lo : scratch;
-            float* rows_hi = g + 8 < valid_rows ? lane_lo + 8 * kHeadDim : scratch;
 #pragma unroll
-            for (int nt = 0; nt < kDqCols / 8; ++nt)
+            for (int sl = 0; sl < kDqSlabs; ++sl) {
+                const int slab = dq_rw * kDqSlabs + sl;
+                const int valid_rows = cur.p_hi - cur.pos - slab * 16 + 1;  // of the slab's 16
+                const long long tok = sg.seg.q_start + cur.pos + slab * 16 + g;
+                float* lane_lo = dq_acc + head * dqa_sh + (tok >> 3) * (8 * kHeadDim) + (tok & 7) * 4 + t4 +
+                                 dq_part * kDqCols * 8;
+                float* scratch = dq_acc + dqa_st;
+                float* rows_lo = g < valid_rows ? lane_lo : scratch;
+                float* rows_hi = g + 8 < valid_rows ? lane_lo + 8 * kHeadDim : scratch;
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float* at = (e < 2 ? rows_lo : rows_hi) + nt * 64 + (e & 1) * 32;
-                    if (kDqOrdered) {
-                        red_add(at, acc_dq[0][nt][e]);
-                    } else {
-                        atomicAdd(at, acc_dq[0][nt][e]);
+                for (int nt = 0; nt < kDqCols / 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        float* at = (e < 2 ? rows_lo : rows_hi) + nt * 64 + (e & 1) * 32;
+                        if (kDqOrdered) {
+                            red_add(at, acc_dq[sl][nt][e]);
+                        } else {
+                            atomicAdd(at, acc_dq[sl][nt][e]);
+                        }
                     }
-                }
+            }
         }
 
         // One stage: every warp is done with the buffer before the next step's copies overwrite it (the ordered
@@ -338,8 +390,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     }
 
     // dK (scaled) and dV through smem (the K/V tiles are free now), coalesced 16-byte stores of valid keys.
-    stage_acc_rows(sK, acc_dk[0], warp_key0, col0, g, t4, scale);
-    stage_acc_rows(sV, acc_dv[0], warp_key0, col0, g, t4, 1.f);
+#pragma unroll
+    for (int sl = 0; sl < kKeySlabs; ++sl) {
+        stage_acc_rows(sK, acc_dk[sl], warp_key0 + sl * 16, col0, g, t4, scale);
+        stage_acc_rows(sV, acc_dv[sl], warp_key0 + sl * 16, col0, g, t4, 1.f);
+    }
     __syncthreads();
     const StridedRows<elem_t> dk_rows = kb.rows(dkd, dkd_st, dkd_sh, dkc, dkc_st, dkc_sh, kv_head);
     const StridedRows<elem_t> dv_rows = kb.rows(dvd, dvd_st, dvd_sh, dvc, dvc_st, dvc_sh, kv_head);

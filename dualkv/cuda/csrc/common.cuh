@@ -254,6 +254,45 @@ __device__ __forceinline__ void gemm_frag_rows(float (&acc)[MS][COLS / 8][4], co
     }
 }
 
+// acc[MS][COLS/8] += A (smem rows a_row0.., K columns, row stride a_stride) x B (smem rows 0..K-1 of kRowStride,
+// columns col0..col0+COLS-1): a product whose A operand another warp wrote (bwd_dkdv.cu's P^T and dS^T).
+template <int MS, int K, int COLS>
+__device__ __forceinline__ void gemm_smem_rows(float (&acc)[MS][COLS / 8][4], const elem_t* sA, int a_stride,
+                                               int a_row0, const elem_t* sB, int col0, int lrow, int lmat) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) {
+        unsigned a[MS][4];
+#pragma unroll
+        for (int sl = 0; sl < MS; ++sl)
+            ldmatrix_x4(a[sl], sA + (a_row0 + sl * 16 + (lmat % 2) * 8 + lrow) * a_stride + kk * 16 + (lmat / 2) * 8);
+#pragma unroll
+        for (int np = 0; np < COLS / 16; ++np) {
+            unsigned b[4];
+            ldmatrix_x4_trans(b, sB + (kk * 16 + (lmat % 2) * 8 + lrow) * kRowStride + col0 + np * 16 + (lmat / 2) * 8);
+#pragma unroll
+            for (int sl = 0; sl < MS; ++sl) {
+                mma_16816(acc[sl][2 * np], a[sl], b[0], b[1]);
+                mma_16816(acc[sl][2 * np + 1], a[sl], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// A warp's C fragments (MS 16-row slabs x N columns, m16n8 layout) as 16-bit values into a smem tile of row stride
+// `stride` at rows row0.., columns col0...
+template <int MS, int N>
+__device__ __forceinline__ void store_frag_rows(elem_t* tile, int stride, const float (&acc)[MS][N / 8][4], int row0,
+                                                int col0, int g, int t4) {
+#pragma unroll
+    for (int sl = 0; sl < MS; ++sl)
+#pragma unroll
+        for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+                *reinterpret_cast<unsigned*>(tile + (row0 + sl * 16 + g + 8 * hh) * stride + col0 + nt * 8 + 2 * t4) =
+                    pack2(acc[sl][nt][2 * hh], acc[sl][nt][2 * hh + 1]);
+}
+
 // C fragments (fp32, N columns) -> A fragments (16-bit, k = N) for the next product.
 template <int MS, int N>
 __device__ __forceinline__ void to_a_frag(unsigned (&frag)[MS][N / 16][4], const float (&acc)[MS][N / 8][4]) {
