@@ -90,8 +90,9 @@ class KeyTileConfig:
     producer_warps: int = 0  # warp-specialised kernels: a producer warpgroup beside the consumer warps
     dq_buffers: int = 1      # warp-specialised backward: dQ hand-off buffers (2: dS single-buffered; 0, the wide
                              # build: dQ_step in the step's Q/dO stage)
-    qwarps: int = 1          # mma.sync dK/dV kernel: warps over the queries of a step in its S^T / dP^T products
-                             # (2: FlashAttention-2-like 4 x 2 layouts, P^T and dS^T through smem; DKV_QWARPS)
+    qwarps: int = 1          # mma.sync dK/dV kernel with a dQ mode: warps over the queries of a step in its S^T /
+                             # dP^T products (2: FlashAttention-2-like 4 x 2 layouts, P^T and dS^T through smem)
+    do_stages: int = 0       # mma.sync dK/dV kernel, qwarps 2: smem buffers of dO (0: ``stages``; 1: the sm_80 fit)
 
     @property
     def block_keys(self) -> int:
@@ -364,10 +365,12 @@ TREE_DQ_ORDER = _tree_dq_order_from_env()
 
 #: The mma.sync dK/dV kernel's warp layout at the head dims without a d-split (:attr:`KeyTileConfig.qwarps`), read
 #: ONCE, at import, from ``$DUALKV_MMA_BWD_QWARPS`` ("1": each warp owns 16 keys; "2": FlashAttention-2-like
-#: layouts); an A/B switch over :data:`DKDV_TILES`.
-MMA_BWD_QWARPS = int(_choice_from_env("DUALKV_MMA_BWD_QWARPS", ("1", "2")))
-if MMA_BWD_QWARPS != 1:
-    DKDV_TILES.update({d: replace(t, qwarps=MMA_BWD_QWARPS) for d, t in DKDV_TILES.items() if t.dsplit == 1})
+#: layouts; "2do1": those with one dO buffer, as the sm_80 builds at head dim 128); an A/B switch over
+#: :data:`DKDV_TILES`.
+MMA_BWD_QWARPS = _choice_from_env("DUALKV_MMA_BWD_QWARPS", ("1", "2", "2do1"))
+if MMA_BWD_QWARPS != "1":
+    DKDV_TILES.update({d: replace(t, qwarps=2, do_stages=1 if MMA_BWD_QWARPS == "2do1" and t.stages == 2 else 0)
+                       for d, t in DKDV_TILES.items() if t.dsplit == 1})
 #: Whether this process runs the root-first tree dQ order (``TREE_DQ_ORDER == "root"``).
 TREE_DQ_ROOT_FIRST = TREE_DQ_ORDER == "root"
 
@@ -670,7 +673,8 @@ class KernelSpec:
                     + 2 * t.stages * t.block_m * 4 + 1024)
         ds_tile = t.block_keys * (t.block_m + 8) * 2  # dS^T (dQ modes), and P^T (qwarps 2)
         ds_tiles = 2 if t.qwarps != 1 else (1 if self.dq_atomic or self.dq_ordered else 0)
-        return (2 * t.block_keys + 2 * t.stages * t.block_m) * row + 2 * t.stages * t.block_m * 4 + ds_tiles * ds_tile
+        return ((2 * t.block_keys + (t.stages + (t.do_stages or t.stages)) * t.block_m) * row
+                + 2 * t.stages * t.block_m * 4 + ds_tiles * ds_tile)
 
     @property
     def tile_head_dim(self) -> int:
@@ -696,6 +700,8 @@ class KernelSpec:
                 keys += [("DKV_DQ_ORDERED", "1")] + ([("DKV_TREE", "1")] if self.tree else [])
             if t.qwarps != 1:
                 keys += [("DKV_QWARPS", str(t.qwarps))]
+            if t.do_stages and t.do_stages != t.stages:
+                keys += [("DKV_DO_STAGES", str(t.do_stages))]
             if self.kernel == "bwd_sm90_ws":
                 keys += [("DKV_DQ_BUFFERS", str(t.dq_buffers))] + ([("DKV_TREE", "1")] if self.tree else [])
             if self.root_first:
@@ -773,6 +779,24 @@ def ws_bwd_spec(head_dim: int, dtype: torch.dtype, tree: bool = False, root_firs
                       tree=tree, root_first=root_first, head_major=head_major)
 
 
+#: The most dynamic shared memory an sm_80 build may use (A100: 163 KB per block).
+SM80_MAX_SMEM = 166912
+
+
+def dkdv_tile(head_dim: int, arch: str, dq_here: bool) -> KeyTileConfig:
+    """The mma.sync dK/dV kernel's tile at ``head_dim`` for a build with (``dq_here``: atomic or ordered) or without a
+    dQ product: :data:`DKDV_TILES`' entry, on the 16-key warp layout without a dQ product (the FA2-like layout's
+    extra P^T tile did not pay there), and on sm_80 with one dO buffer where two would pass the A100's 163 KB."""
+    tile = DKDV_TILES[head_dim]
+    if tile.qwarps != 1 and not dq_here:
+        return replace(tile, qwarps=1, do_stages=0)
+    if arch == "sm_80" and tile.qwarps != 1 and tile.stages == 2:
+        spec = KernelSpec("bwd_dkdv", head_dim, "bf16", tile, 1, False, arch, dq_atomic=True)
+        if spec.smem_bytes > SM80_MAX_SMEM:
+            return replace(tile, do_stages=1)
+    return tile
+
+
 def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,
               kernel: str | None = None, causal: bool = True, dq_ordered: bool = False,
               tree: bool = False, root_first: bool = False) -> KernelSpec:
@@ -784,8 +808,8 @@ def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_ato
     kernel = kernel or ("bwd_dkdv" if dq_ordered else dkdv_kernel_for(head_dim, arch, dq_atomic))
     if kernel == "bwd_dkdv_sm90":
         return KernelSpec(kernel, head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a", causal=causal)
-    return KernelSpec(kernel, head_dim, name, DKDV_TILES[head_dim], 1, window, arch, dq_atomic, causal, tree=tree,
-                      dq_ordered=dq_ordered, root_first=root_first)
+    return KernelSpec(kernel, head_dim, name, dkdv_tile(head_dim, arch, dq_atomic or dq_ordered), 1, window, arch,
+                      dq_atomic, causal, tree=tree, dq_ordered=dq_ordered, root_first=root_first)
 
 
 def prep_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
@@ -848,9 +872,9 @@ def all_specs(arch: str) -> list[KernelSpec]:
                                     causal=causal))
         if arch == "sm_90" and head_dim in SM90_WS_BWD_TILES and not window and causal:
             specs.append(ws_bwd_spec(head_dim, dtype, root_first=TWO_LEVEL_SHARED_FIRST))
-        specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, causal=causal))
+        specs.append(dkdv_spec(head_dim, dtype, window, arch, kernel="bwd_dkdv", causal=causal))
         if head_dim in ATOMIC_HEAD_DIMS:
-            specs.append(KernelSpec("bwd_dkdv", head_dim, name, DKDV_TILES[head_dim], 1, window, arch, True, causal))
+            specs.append(dkdv_spec(head_dim, dtype, window, arch, dq_atomic=True, kernel="bwd_dkdv", causal=causal))
         if head_dim in ORDERED_HEAD_DIMS and not window:
             specs.append(dkdv_spec(head_dim, dtype, False, arch, causal=causal, dq_ordered=True,
                                    root_first=TWO_LEVEL_SHARED_FIRST))

@@ -76,6 +76,8 @@
 #                                                  # and FA2's backward kernel at (8, 8K)
 #   bash experiments/gpu/run_pending.sh qwarps     # #13: the dK/dV kernel's FA2-like warp layout (DUALKV_MMA_BWD_QWARPS=2):
 #                                                  # GPU tests under it, then bwd A/B against the 16-key layout
+#   bash experiments/gpu/run_pending.sh qwarps2    # #13: the FA2-like layout with one dO buffer (the sm_80 fit at d = 128):
+#                                                  # GPU tests, A/B at d = 128; both layouts at head dims 32, 64, 96
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -829,6 +831,27 @@ qwarps)
     done
     (cd "$OUT" && tar czf qwarps.tgz *.log bench && rm -rf bench)
     ;;
+qwarps2)
+    # #13: DUALKV_MMA_BWD_QWARPS=2do1 (the FA2-like layout with one dO buffer, what an sm_80 build runs at head dim
+    # 128): its GPU tests, then d = 128 backwards under 2 and 2do1, then head dims 32 / 64 / 96 under 1 and 2
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD_QWARPS=2do1 TAIL=3 step pytest_qw2do1 240 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_backward.py \
+        -k "ordered or atomic_dq_mode or (shared_prefix_gradients and bf16 and not window)"
+    mkdir -p "$OUT/bench"
+    for qw in 2do1 2; do
+        DUALKV_MMA_BWD_QWARPS=$qw TAIL=9 step bench_qw$qw 100 python3 -m dualkv bench kernel \
+            --systems dualkv_mma_ordered,dualkv_mma_atomic,cascade \
+            --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/qw$qw"
+    done
+    for qw in 2 1; do
+        for d in 64 96 32; do
+            DUALKV_MMA_BWD_QWARPS=$qw TAIL=8 step bench_qw${qw}_d$d 80 python3 -m dualkv bench kernel --head-dim $d \
+                --systems dualkv_mma_ordered,dualkv_mma_atomic --shapes 8:8192,16:32768 --mode bwd \
+                --out "$OUT/bench/qw${qw}_d$d"
+        done
+    done
+    (cd "$OUT" && tar czf qwarps2.tgz *.log bench && rm -rf bench)
+    ;;
 mmaprof)
     # #13 (next): where the mma.sync dK/dV kernel's backward still loses to FlashAttention-2's at (8, 8K), at the current
     # defaults: ncu source counters, warp stalls and memory workload of bwd_dkdv in the ordered mode (the
@@ -854,6 +877,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2)"
    exit 2 ;;
 esac

@@ -80,6 +80,12 @@
 #ifndef DKV_QWARPS
 #define DKV_QWARPS 1
 #endif
+// DKV_DO_STAGES=1 (DKV_QWARPS=2, two stages): one dO buffer, so that head dim 128 fits an A100's 163 KB of smem. A step's
+// dO is copied after the previous step's last read of it (the dV product) and waited for before the dP^T product,
+// behind the S^T product; one more barrier per step.
+#ifndef DKV_DO_STAGES
+#define DKV_DO_STAGES DKV_STAGES
+#endif
 #if defined(DKV_DQ_FENCE_ONE) || defined(DKV_DQ_EARLY)
 #error "DKV_DQ_FENCE_ONE is now DKV_DQ_FENCE (0 every thread, 1 thread 0, 2 the release alone); DKV_DQ_EARLY was removed"
 #endif
@@ -100,6 +106,9 @@ constexpr int kKeyWarps = kWarps / kDSplit / kQWarps;
 constexpr int kKeySlabs = kQWarps;
 constexpr int kCols = kHeadDim / kDSplit / kQWarps;  // dK/dV columns per warp
 constexpr int kSdpQueries = kBlockM / kQWarps;       // queries per warp in the S^T / dP^T products
+constexpr int kDoStages = DKV_DO_STAGES;
+constexpr bool kDoSingle = kDoStages != DKV_STAGES;  // one dO buffer beside two Q buffers
+static_assert(!kDoSingle || (kDoStages == 1 && DKV_STAGES == 2 && kQWarps == 2), "DKV_DO_STAGES=1: qwarps 2, two stages");
 constexpr int kStages = DKV_STAGES;
 constexpr bool kDqAtomic = DKV_DQ_ATOMIC != 0;
 constexpr bool kDqOrdered = DKV_DQ_ORDERED != 0;
@@ -167,8 +176,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);
     elem_t* sV = sK + kBlockKeys * kRowStride;
     elem_t* sQ = sV + kBlockKeys * kRowStride;                 // [kStages][kBlockM rows]
-    elem_t* sdO = sQ + kStages * kBlockM * kRowStride;         // [kStages][kBlockM rows]
-    float* sLse = reinterpret_cast<float*>(sdO + kStages * kBlockM * kRowStride);  // [kStages][kBlockM]
+    elem_t* sdO = sQ + kStages * kBlockM * kRowStride;         // [kDoStages][kBlockM rows]
+    float* sLse = reinterpret_cast<float*>(sdO + kDoStages * kBlockM * kRowStride);  // [kStages][kBlockM]
     float* sDelta = sLse + kStages * kBlockM;                                     // [kStages][kBlockM]
     elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);  // [kBlockKeys][kDsStride] (dQ modes, kQWarps 2)
     elem_t* sP = sdS + kBlockKeys * kDsStride;                           // [kBlockKeys][kDsStride] (kQWarps 2)
@@ -185,11 +194,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         load_strided_rows<kBlockKeys>(sV, v_rows.first, v_rows.stride, w.count, q);
     }
 
-    // Stage the Q/dO rows, LSE and D of one step into buffer `buf`.
+    // Stage the Q/dO rows, LSE and D of one step into buffer `buf` (kDoSingle: all but dO; load_do stages that).
     auto load_step = [&](const Cursor& c, int buf) {
-        load_walk_step<kBlockM, false>(w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2, delta, lse_sh,
-                                       sQ + buf * kBlockM * kRowStride, sdO + buf * kBlockM * kRowStride,
-                                       sLse + buf * kBlockM, sDelta + buf * kBlockM);
+        load_walk_step<kBlockM, false, kDqOrdered, kDoSingle ? 1 : 3>(
+            w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2, delta, lse_sh, sQ + buf * kBlockM * kRowStride,
+            sdO + (kDoSingle ? 0 : buf) * kBlockM * kRowStride, sLse + buf * kBlockM, sDelta + buf * kBlockM);
+    };
+    auto load_do = [&](const Cursor& c) {
+        load_walk_step<kBlockM, false, kDqOrdered, 2>(w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2, delta,
+                                                      lse_sh, sQ, sdO, sLse, sDelta);
     };
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -213,11 +226,19 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     Cursor cur = w.first();
     if (cur.valid) load_step(cur, 0);
     cp_async_commit();
+    if (kDoSingle) {  // copy groups in flight at a step's start: its Q / LSE / D, then its dO
+        if (cur.valid) load_do(cur);
+        cp_async_commit();
+    }
     int buf = 0;
     while (cur.valid) {
         Cursor nxt;
-        cp_async_wait<0>();
-        __syncthreads();  // this step's Q/dO/LSE/D (and the K/V block) are in smem
+        if (kDoSingle) {
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // this step's Q/dO/LSE/D (kDoSingle: all but dO) and the K/V block are in smem
 
         const elem_t* bQ = sQ + buf * kBlockM * kRowStride;
         const elem_t* bdO = sdO + buf * kBlockM * kRowStride;
@@ -280,6 +301,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                 probs_t(acc_s[sl], bLse + sdp_q0, sg.need_mask, sg.key_base + warp_key0 + sl * 16,
                         sg.query_pos0 + sdp_q0, window_left, g, t4, scale_log2);  // P^T
             store_frag_rows<kKeySlabs, kSdpQueries>(sP, kDsStride, acc_s, warp_key0, sdp_q0, g, t4);
+            if (kDoSingle) {
+                cp_async_wait<1>();  // this step's dO (the next step's Q copies, committed since, may be in flight)
+                __syncthreads();
+            }
             gemm_rows_rows<kKeySlabs, kSdpQueries>(acc_dp, sV, bdO + sdp_q0 * kRowStride, warp_key0, lrow,
                                                    lmat);  // dP^T = V dO^T
 #pragma unroll
@@ -369,13 +394,17 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             }
         }
 
-        // One stage: every warp is done with the buffer before the next step's copies overwrite it (the ordered
-        // mode's wait barrier already did that). Two stages need no barrier here: the next copies (into this step's
+        // One stage (and kDoSingle's dO buffer): every warp is done with the buffer before the next step's copies
+        // overwrite it (the ordered mode's wait barrier already did that). Two stages need no barrier here: the next copies (into this step's
         // buffer) and dS stores come after the next step's first barrier (without it the backward measured 0-1%
         // faster on H100: checks/mma-endbar-h100-20261127T1617Z.json).
-        if (!kDqOrdered && kStages == 1) __syncthreads();
+        if (!kDqOrdered && (kStages == 1 || kDoSingle)) __syncthreads();
         if (kStages == 1 && nxt.valid) {
             load_step(nxt, 0);
+            cp_async_commit();
+        }
+        if (kDoSingle) {  // (the ordered mode's wait barrier followed every warp's dV product)
+            if (nxt.valid) load_do(nxt);
             cp_async_commit();
         }
         cur = nxt;

@@ -161,8 +161,9 @@ __device__ __forceinline__ StepGeometry step_geometry(const Walk<kStep, kRankOrd
 
 // Stage one step's Q and dO rows (kStep positions of one query head; smem tiles padded, or swizzled for wgmma) and
 // their LSE / D (rows beyond the segment: LSE = +inf so P = 0, D = 0) into the buffers given, by cp.async (the
-// caller commits the group and waits for it; the rows beyond the segment are plain).
-template <int kStep, bool kSwizzle, bool kRankOrder>
+// caller commits the group and waits for it; the rows beyond the segment are plain). kParts: 3 all of them; 1 Q,
+// LSE and D; 2 dO alone (bwd_dkdv.cu's single dO buffer, filled later in the step).
+template <int kStep, bool kSwizzle, bool kRankOrder, int kParts = 3>
 __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w, const Cursor& c, int kv_head,
                                                const elem_t* __restrict__ q, long long q_st, long long q_sh,
                                                const elem_t* __restrict__ dout, long long do_st, long long do_sh,
@@ -173,8 +174,10 @@ __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w,
     const int head = kv_head * w.group + c.h;
     const int n = min(kStep, c.p_hi + 1 - c.pos);
     const long long tok0 = seg.q_start + c.pos;
-    load_strided_rows<kStep, kSwizzle>(sQ, q + tok0 * q_st + head * q_sh, q_st, n, q);
-    load_strided_rows<kStep, kSwizzle>(sdO, dout + tok0 * do_st + head * do_sh, do_st, n, q);
+    if (kParts & 1) load_strided_rows<kStep, kSwizzle>(sQ, q + tok0 * q_st + head * q_sh, q_st, n, q);
+    if (kParts & 2) load_strided_rows<kStep, kSwizzle>(sdO, dout + tok0 * do_st + head * do_sh, do_st,
+                                                       n, q);
+    if (!(kParts & 1)) return;
     // LSE and D of valid rows by cp.async, in the step's copy group: plain loads here made the threads that stage
     // them (warps 0-1 of the mma.sync kernel) reach the next barrier a global-load latency late, every step (ncu
     // source counters: checks/ncu-mma-bwd-source-h100-20261127T1341Z.json); cp.async made the mma.sync backward
