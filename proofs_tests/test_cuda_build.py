@@ -149,22 +149,22 @@ def test_mma_dq_tiles_fit_an_a100_and_do_not_spill():
 
 
 #: Spill bytes the ordered dQ mode may exceed the atomic mode's by, per (arch, head dim, causal, tree): at 255
-#: registers ptxas spills the d = 128 ordered builds a little more than the atomic ones (the rank-ordered walk, the
-#: counter of the adds in flight and the counter read before the dQ product stay live through the step; the tree
-#: builds' ranks also read the tree table's ancestor block counts). Measured with the defaults DKV_DQ_FENCE=2 and
-#: DKV_DQ_PREFETCH=2, the next step's copies behind the S^T product and LSE / D by cp.async (10% faster on H100 than
-#: before, when the allowance was 20 / 32 / 44 on sm_80), against the atomic builds' spills: sm_80 causal 44,
-#: non-causal 12, tree 20 against 0; sm_90 non-causal 32 against 0 (its causal and tree builds, 40 and 16, spill less
-#: than the atomic one's 48). Every other build, d <= 96 included: none.
-ORDERED_SPILL_ALLOWANCE = {("sm_80", 128, True, False): 44, ("sm_80", 128, False, False): 12,
-                           ("sm_80", 128, True, True): 20, ("sm_90", 128, False, False): 32}
+#: registers ptxas spills some d = 128 ordered builds a little (the rank-ordered walk, the counter of the adds in flight
+#: and the counter read early stay live through the step; the tree builds' ranks also read the tree table's ancestor
+#: block counts). Measured on the FlashAttention-2-like warp layout (DKDV_TILES qwarps=2; sm_80 with one dO buffer),
+#: where the atomic builds spill nothing: sm_80 non-causal 32 (causal and tree: none); sm_90 causal 28, non-causal 56,
+#: tree 8. The causal sm_90 build passed the GPU tests and ran 11% faster than the 16-key layout's, which spilled 40
+#: (checks/qwarps-h200-*). Every other build, d <= 96 included: none.
+ORDERED_SPILL_ALLOWANCE = {("sm_80", 128, False, False): 32, ("sm_90", 128, True, False): 28,
+                           ("sm_90", 128, False, False): 56, ("sm_90", 128, True, True): 8}
 
 
 def test_ordered_dq_mode_spills_no_more_than_the_atomic_mode():
     """The ordered dQ mode (DKV_DQ_ORDERED: the atomic mode's products plus per-step counter waits) compiles for sm_80
     and sm_90 at every head dim it has, causal and not, and its tree build, and spills no more than the atomic mode
-    (see ORDERED_SPILL_ALLOWANCE); its shared memory fits an A100's 164 KB."""
-    from dualkv.cuda.configs import ORDERED_HEAD_DIMS, dkdv_spec
+    (see ORDERED_SPILL_ALLOWANCE); its sm_80 builds' shared memory fits an A100's 163 KB, its sm_90 builds' an
+    H100's 227 KB."""
+    from dualkv.cuda.configs import ORDERED_HEAD_DIMS, SM80_MAX_SMEM, dkdv_spec
 
     def spills(spec):
         return resource_usage(compile_spec(spec, use_cache=False, verbose=True).log)["spill_stores"]
@@ -178,7 +178,7 @@ def test_ordered_dq_mode_spills_no_more_than_the_atomic_mode():
     usage = [(spills(ordered), spills(atomic)) for ordered, atomic in specs]
     for case, (ordered, atomic), (spec, _) in zip(cases, usage, specs):
         assert ordered <= atomic + ORDERED_SPILL_ALLOWANCE.get(case[:4], 0), (spec, ordered, atomic)
-        assert spec.smem_bytes <= 164 * 1024, spec
+        assert spec.smem_bytes <= (SM80_MAX_SMEM if spec.arch == "sm_80" else 227 * 1024), spec
 
 
 @pytest.mark.parametrize("switch, value", [("DKV_DQ_PREFETCH", "1"), ("DKV_DQ_PREFETCH", "0"), ("DKV_DQ_FENCE", "1"),

@@ -116,12 +116,16 @@ DQ_TILES: dict[int, TileConfig] = {
     512: TileConfig(block_n=32, warps=4, mslabs=1, dsplit=2),
 }
 
-#: dK/dV kernel (key-block parallel, no atomics).
+#: dK/dV kernel (key-block parallel, no atomics). Head dims 64-128: the FlashAttention-2-like warp layout in the builds
+#: with a dQ product (qwarps=2; :func:`dkdv_tile` keeps the others on the 16-key layout). H200, bwd ms at (8, 8K) /
+#: (16, 32K), qwarps 2 against 1 (checks/qwarps-h200-*, qwarps2-h200-*): d = 128 ordered 28.59 / 241.84 against 32.45 /
+#: 272.86, atomic 28.50 / 232.32 against 31.03 / 246.54; d = 96 ordered 208.33 against 221.55 at (16, 32K); d = 64
+#: ordered 149.85 against 159.75, atomic even; d = 32 atomic 104.91 against 81.97, so d = 32 keeps the 16-key layout.
 DKDV_TILES: dict[int, KeyTileConfig] = {
     32: KeyTileConfig(block_m=64, warps=8),
-    64: KeyTileConfig(block_m=64, warps=8),
-    96: KeyTileConfig(block_m=64, warps=8),
-    128: KeyTileConfig(block_m=64, warps=8),
+    64: KeyTileConfig(block_m=64, warps=8, qwarps=2),
+    96: KeyTileConfig(block_m=64, warps=8, qwarps=2),
+    128: KeyTileConfig(block_m=64, warps=8, qwarps=2),
     192: KeyTileConfig(block_m=64, warps=8, dsplit=2),
     256: KeyTileConfig(block_m=64, warps=8, dsplit=2, stages=1),
     512: KeyTileConfig(block_m=32, warps=8, dsplit=4, stages=1),
@@ -364,12 +368,13 @@ def _tree_dq_order_from_env() -> str:
 TREE_DQ_ORDER = _tree_dq_order_from_env()
 
 #: The mma.sync dK/dV kernel's warp layout at the head dims without a d-split (:attr:`KeyTileConfig.qwarps`), read
-#: ONCE, at import, from ``$DUALKV_MMA_BWD_QWARPS`` ("1": each warp owns 16 keys; "2": FlashAttention-2-like
-#: layouts; "2do1": those with one dO buffer, as the sm_80 builds at head dim 128); an A/B switch over
-#: :data:`DKDV_TILES`.
-MMA_BWD_QWARPS = _choice_from_env("DUALKV_MMA_BWD_QWARPS", ("1", "2", "2do1"))
-if MMA_BWD_QWARPS != "1":
-    DKDV_TILES.update({d: replace(t, qwarps=2, do_stages=1 if MMA_BWD_QWARPS == "2do1" and t.stages == 2 else 0)
+#: ONCE, at import, from ``$DUALKV_MMA_BWD_QWARPS`` ("default": the table's; "1": each warp owns 16 keys; "2":
+#: FlashAttention-2-like layouts; "2do1": those with one dO buffer, as the sm_80 builds at head dim 128); an A/B
+#: switch over :data:`DKDV_TILES` at the head dims without a d-split.
+MMA_BWD_QWARPS = _choice_from_env("DUALKV_MMA_BWD_QWARPS", ("default", "1", "2", "2do1"))
+if MMA_BWD_QWARPS != "default":
+    DKDV_TILES.update({d: replace(t, qwarps=1 if MMA_BWD_QWARPS == "1" else 2,
+                                  do_stages=1 if MMA_BWD_QWARPS == "2do1" and t.stages == 2 else 0)
                        for d, t in DKDV_TILES.items() if t.dsplit == 1})
 #: Whether this process runs the root-first tree dQ order (``TREE_DQ_ORDER == "root"``).
 TREE_DQ_ROOT_FIRST = TREE_DQ_ORDER == "root"

@@ -78,6 +78,8 @@
 #                                                  # GPU tests under it, then bwd A/B against the 16-key layout
 #   bash experiments/gpu/run_pending.sh qwarps2    # #13: the FA2-like layout with one dO buffer (the sm_80 fit at d = 128):
 #                                                  # GPU tests, A/B at d = 128; both layouts at head dims 32, 64, 96
+#   bash experiments/gpu/run_pending.sh qwfinal    # #13: the FA2-like layout as the default (d = 64-128): GPU tests (and
+#                                                  # the sm_80 fit's), the mma.sync family against the FA2 cascade
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -852,6 +854,21 @@ qwarps2)
     done
     (cd "$OUT" && tar czf qwarps2.tgz *.log bench && rm -rf bench)
     ;;
+qwfinal)
+    # #13: the FA2-like dK/dV layout as the default at head dims 64-128 (builds with a dQ product): the GPU tests of
+    # the mma.sync family's backward (every dQ mode, trees), the ordered file under the sm_80 fit (one dO buffer),
+    # then the family's auto (ordered) and atomic backwards against the FA2 cascade at the issue's four shapes
+    DUALKV_KERNELS=mma TAIL=3 step pytest_qwfinal 260 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py \
+        -k "ordered or mma_backward_on_hopper or atomic_dq_mode or (shared_prefix_gradients and bf16) or tree"
+    DUALKV_KERNELS=mma DUALKV_MMA_BWD_QWARPS=2do1 TAIL=3 step pytest_qw2do1 120 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_backward.py \
+        -k "test_shared_prefix_gradients or atomic_dq_mode"
+    mkdir -p "$OUT/bench"
+    TAIL=26 step qwtable 300 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic,cascade \
+        --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
+    (cd "$OUT" && tar czf qwfinal.tgz *.log bench && rm -rf bench)
+    ;;
 mmaprof)
     # #13 (next): where the mma.sync dK/dV kernel's backward still loses to FlashAttention-2's at (8, 8K), at the current
     # defaults: ncu source counters, warp stalls and memory workload of bwd_dkdv in the ordered mode (the
@@ -877,6 +894,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal)"
    exit 2 ;;
 esac

@@ -241,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         __syncthreads();  // this step's Q/dO/LSE/D (kDoSingle: all but dO) and the K/V block are in smem
 
         const elem_t* bQ = sQ + buf * kBlockM * kRowStride;
-        const elem_t* bdO = sdO + buf * kBlockM * kRowStride;
+        const elem_t* bdO = sdO + (kDoSingle ? 0 : buf) * kBlockM * kRowStride;
         const float* bLse = sLse + buf * kBlockM;
         const float* bDelta = sDelta + buf * kBlockM;
         const StepGeometry sg = step_geometry(w, cur, kBlockKeys);
