@@ -80,6 +80,8 @@
 #                                                  # GPU tests, A/B at d = 128; both layouts at head dims 32, 64, 96
 #   bash experiments/gpu/run_pending.sh qwfinal    # #13: the FA2-like layout as the default (d = 64-128): GPU tests (and
 #                                                  # the sm_80 fit's), the mma.sync family against the FA2 cascade
+#   bash experiments/gpu/run_pending.sh qwtests    # #13: the rest of the mma.sync family's backward GPU tests on the FA2-like
+#                                                  # layout (fp16, paper API, determinism), trees split vs ordered
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -869,6 +871,20 @@ qwfinal)
         --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
     (cd "$OUT" && tar czf qwfinal.tgz *.log bench && rm -rf bench)
     ;;
+qwtests)
+    # #13, after qwfinal: the mma.sync family's backward GPU tests qwfinal left out (fp16 sweeps, the paper API,
+    # windows, determinism, training), then the prefix-tree workloads split against ordered dQ (fwd+bwd)
+    DUALKV_KERNELS=mma TAIL=3 step pytest_qwrest 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_backward.py proofs_tests/test_cuda_paper_api.py \
+        -k "not ws_backward and not prep_kernel and not opcheck and not compile and not atomic_dq_mode and not \
+mma_backward_on_hopper and not (shared_prefix_gradients and bf16)"
+    for m in split ordered; do
+        mkdir -p "$OUT/trees_$m"
+        DUALKV_MMA_BWD=$m TAIL=5 step trees_$m 80 python3 experiments/gpu/tree_bench.py \
+            --systems dualkv_mma --reps 5 --no-changing-trees --out "$OUT/trees_$m"
+    done
+    (cd "$OUT" && tar czf qwtests.tgz *.log trees_* && rm -rf trees_*)
+    ;;
 mmaprof)
     # #13 (next): where the mma.sync dK/dV kernel's backward still loses to FlashAttention-2's at (8, 8K), at the current
     # defaults: ncu source counters, warp stalls and memory workload of bwd_dkdv in the ordered mode (the
@@ -894,6 +910,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests)"
    exit 2 ;;
 esac
