@@ -8,7 +8,8 @@
 // (the GQA reduction), and are cast once at the end. So the N sequences' shared-context gradients are summed in
 // fp32, in a fixed order, by exactly one CTA.
 //
-// Per query tile (kBlockM positions, one query head), with the warps split over keys (16 per warp):
+// Per query tile (kBlockM positions, one query head), with the warps split over keys (16 per warp; with DKV_QWARPS=2
+// 32 keys x half the queries, P^T and dS^T through smem, see below):
 //   S^T = K Q^T, P^T = exp(S^T * scale - LSE), dP^T = V dO^T, dS^T = P^T * (dP^T - D),
 //   dV += P^T dO, dK += dS^T Q   (dK *= softmax_scale at the end).
 // Query rows beyond a segment get LSE = +inf, so their P is exactly 0.
@@ -75,8 +76,11 @@
 #define DKV_DQ_FENCE 2
 #endif
 // DKV_QWARPS=2: the FlashAttention-2-like warp layout (every warp holds 32 keys x 32 queries of S^T and dP^T, which go
-// through smem as P^T and dS^T; dV / dK with warps over keys x columns): each warp reads fewer smem bytes per step
-// (about 72 KB against 92 KB at head dim 128 with 64-query steps), at one more smem tile (P^T).
+// through smem as P^T and dS^T; dV / dK with warps over keys x columns; dQ with 32-row warps where the columns stay
+// whole MMA tiles): each warp reads fewer smem bytes per step (about 72 KB against 92 KB at head dim 128 with 64-query
+// steps), at one more smem tile (P^T). H200, d = 128 backward at (16, 32K): ordered 241.84 against 272.86 ms, atomic
+// 232.32 against 246.54 (checks/qwarps-h200-20261128T0937Z.json). (Tried on the CPU and dropped: ldmatrix addresses
+// as 32-bit lane addresses plus constants; ptxas already emitted the same SASS.)
 #ifndef DKV_QWARPS
 #define DKV_QWARPS 1
 #endif
