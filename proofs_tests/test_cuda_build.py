@@ -131,21 +131,64 @@ def test_unsupported_shapes_are_refused_with_names():
 
 def test_mma_dq_tiles_fit_an_a100_and_do_not_spill():
     """The mma.sync dQ kernel at every head dim: two K/V buffers up to 256 (DKV_KV_STAGES=2 in its options), one at
-    512, where two would not fit an A100's 164 KB; no spills on sm_80 or sm_90."""
+    512, where two would not fit an A100's 163 KB; no spills on sm_80 or sm_90."""
     from dataclasses import replace
 
-    from dualkv.cuda.configs import DQ_TILES, dq_spec
+    from dualkv.cuda.configs import DQ_TILES, SM80_MAX_SMEM, dq_spec
 
     for d, tile in DQ_TILES.items():
         assert tile.kv_stages == (1 if d == 512 else 2), (d, tile)
         for arch in ("sm_80", "sm_90"):
             spec = dq_spec(d, torch.bfloat16, 4, False, arch, kernel="bwd_dq")
-            assert spec.smem_bytes <= 164 * 1024, spec
+            assert spec.smem_bytes <= SM80_MAX_SMEM, spec
             assert (("DKV_KV_STAGES", "2") in spec.defines()) == (tile.kv_stages == 2)
             usage = resource_usage(compile_spec(spec, use_cache=False, verbose=True).log)
             assert usage["spill_stores"] == 0, (spec, usage)
     wide = dq_spec(512, torch.bfloat16, 4, False, "sm_80", kernel="bwd_dq")
-    assert replace(wide, tile=replace(wide.tile, kv_stages=2)).smem_bytes > 164 * 1024   # why 512 keeps one
+    assert replace(wide, tile=replace(wide.tile, kv_stages=2)).smem_bytes > SM80_MAX_SMEM   # why 512 keeps one
+
+
+def test_dkdv_tiles_fit_every_architecture():
+    """The mma.sync dK/dV kernel's tile (configs.dkdv_tile) fits each architecture's shared memory wherever the 16-key
+    layout's tile does, in every dQ mode; pinned: Hopper at d = 128 runs the FA2-like layout with two dO buffers
+    (177152 B), an A100 with one (DKV_DO_STAGES=1, 159744 B), the 99 KB GPUs at d = 64 the 16-key layout, and the
+    builds without a dQ product the 16-key layout everywhere."""
+    from dataclasses import replace
+
+    from dualkv.cuda.configs import ATOMIC_HEAD_DIMS, DKDV_TILES, MAX_SMEM_BY_ARCH, dkdv_spec, max_smem
+
+    modes = ({}, {"dq_atomic": True}, {"dq_ordered": True})
+    for arch in (*MAX_SMEM_BY_ARCH, "sm_120"):
+        for d in ATOMIC_HEAD_DIMS:
+            for mode in modes:
+                spec = dkdv_spec(d, torch.bfloat16, False, arch, kernel="bwd_dkdv", **mode)
+                keys = replace(spec, tile=replace(DKDV_TILES[d], qwarps=1, do_stages=0))
+                if keys.smem_bytes <= max_smem(arch):
+                    assert spec.smem_bytes <= max_smem(arch), (arch, d, mode, spec.tile, spec.smem_bytes)
+                if not mode:
+                    assert spec.tile.qwarps == 1, spec
+    hopper = dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True)
+    a100 = dkdv_spec(128, torch.bfloat16, False, "sm_80", dq_ordered=True)
+    ada = dkdv_spec(64, torch.bfloat16, False, "sm_89", dq_atomic=True, kernel="bwd_dkdv")
+    assert (hopper.smem_bytes, hopper.tile.qwarps) == (177152, 2) and not any(k == "DKV_DO_STAGES" for k, _ in
+                                                                            hopper.defines())
+    assert (a100.smem_bytes, a100.tile.qwarps) == (159744, 2) and ("DKV_DO_STAGES", "1") in a100.defines()
+    assert ada.tile.qwarps == 1 and ada.smem_bytes <= max_smem("sm_89")
+
+
+def test_dkdv_layout_refuses_tiles_it_cannot_run():
+    """The FA2-like layout needs whole 16-query MMA tiles per warp (query steps of a multiple of 32), no d-split, and
+    one dO buffer only beside two Q stages: anything else is refused by name rather than built."""
+    from dataclasses import replace
+
+    from dualkv.cuda.configs import DKDV_TILES, KernelSpec
+
+    base = DKDV_TILES[128]
+    for bad in (replace(base, qwarps=2, block_m=48), replace(base, qwarps=2, dsplit=2), replace(base, qwarps=3),
+                replace(base, qwarps=2, stages=1, do_stages=2)):
+        with pytest.raises(ValueError, match="FA2-like layout|one dO buffer"):
+            KernelSpec("bwd_dkdv", 128, "bf16", bad, 1, False, "sm_90", dq_atomic=True)
+    KernelSpec("bwd_dkdv", 128, "bf16", replace(base, qwarps=2, do_stages=1), 1, False, "sm_80", dq_atomic=True)
 
 
 #: Spill bytes the ordered dQ mode may exceed the atomic mode's by, per (arch, head dim, causal, tree): at 255

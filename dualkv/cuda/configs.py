@@ -120,7 +120,8 @@ DQ_TILES: dict[int, TileConfig] = {
 #: with a dQ product (qwarps=2; :func:`dkdv_tile` keeps the others on the 16-key layout). H200, bwd ms at (8, 8K) /
 #: (16, 32K), qwarps 2 against 1 (checks/qwarps-h200-*, qwarps2-h200-*): d = 128 ordered 28.59 / 241.84 against 32.45 /
 #: 272.86, atomic 28.50 / 232.32 against 31.03 / 246.54; d = 96 ordered 208.33 against 221.55 at (16, 32K); d = 64
-#: ordered 149.85 against 159.75, atomic even; d = 32 atomic 104.91 against 81.97, so d = 32 keeps the 16-key layout.
+#: ordered 149.85 against 159.75, atomic 138.21 against 137.39 (0.6% slower, kept for one layout per head dim); d = 32
+#: atomic 104.91 against 81.97, so d = 32 keeps the 16-key layout. :func:`dkdv_tile` adapts it to an architecture.
 DKDV_TILES: dict[int, KeyTileConfig] = {
     32: KeyTileConfig(block_m=64, warps=8),
     64: KeyTileConfig(block_m=64, warps=8, qwarps=2),
@@ -606,6 +607,8 @@ class KernelSpec:
             raise ValueError(f"the atomic dQ mode exists for the dK/dV kernel at head dims {ATOMIC_HEAD_DIMS}")
         if self.dq_ordered:
             self._check_dq_ordered()
+        if self.kernel == "bwd_dkdv" and (self.tile.qwarps != 1 or self.tile.do_stages):
+            self._check_qwarps()
         if self.tree and (self.kernel not in TREE_KERNELS + (("bwd_dkdv",) if self.dq_ordered else ())
                           or self.window or not self.causal):
             raise ValueError(f"prefix-tree specializations exist for the kernels {TREE_KERNELS}, causal, "
@@ -618,6 +621,14 @@ class KernelSpec:
         if self.head_major and self.kernel != "bwd_sm90_ws":
             raise ValueError(f"the head-major CTA order is built for the warp-specialised backward only, not "
                              f"{self.kernel}")
+
+    def _check_qwarps(self) -> None:
+        t = self.tile
+        if t.qwarps != 2 or t.dsplit != 1 or t.block_m % 32:
+            raise ValueError(f"the dK/dV kernel's FA2-like layout takes qwarps=2 without a d-split and query steps of a "
+                             f"multiple of 32 (two warps of 16-row slabs): got {t}")
+        if t.do_stages not in (0, t.stages) and not (t.do_stages == 1 and t.stages == 2):
+            raise ValueError(f"one dO buffer (do_stages=1) goes with two Q stages: got {t}")
 
     def _check_dq_ordered(self) -> None:
         if self.kernel != "bwd_dkdv" or self.head_dim not in ORDERED_HEAD_DIMS:
@@ -784,22 +795,37 @@ def ws_bwd_spec(head_dim: int, dtype: torch.dtype, tree: bool = False, root_firs
                       tree=tree, root_first=root_first, head_major=head_major)
 
 
+#: Opt-in dynamic shared memory per block (bytes) by compute capability: A100 / Orin 163 KB, the sm_86 / sm_89 / sm_120
+#: GPUs 99 KB, Hopper and B200 227 KB. An architecture not listed counts as the smallest.
+MAX_SMEM_BY_ARCH = {"sm_80": 166912, "sm_87": 166912, "sm_86": 101376, "sm_89": 101376, "sm_90": 232448,
+                    "sm_100": 232448}
 #: The most dynamic shared memory an sm_80 build may use (A100: 163 KB per block).
-SM80_MAX_SMEM = 166912
+SM80_MAX_SMEM = MAX_SMEM_BY_ARCH["sm_80"]
+
+
+def max_smem(arch: str) -> int:
+    """The opt-in shared memory per block (bytes) of ``arch`` (:data:`MAX_SMEM_BY_ARCH`; unknown: 99 KB)."""
+    return MAX_SMEM_BY_ARCH.get(arch, min(MAX_SMEM_BY_ARCH.values()))
 
 
 def dkdv_tile(head_dim: int, arch: str, dq_here: bool) -> KeyTileConfig:
-    """The mma.sync dK/dV kernel's tile at ``head_dim`` for a build with (``dq_here``: atomic or ordered) or without a
-    dQ product: :data:`DKDV_TILES`' entry, on the 16-key warp layout without a dQ product (the FA2-like layout's
-    extra P^T tile did not pay there), and on sm_80 with one dO buffer where two would pass the A100's 163 KB."""
+    """The mma.sync dK/dV kernel's tile at ``head_dim`` on ``arch`` for a build with (``dq_here``: atomic or ordered)
+    or without a dQ product: :data:`DKDV_TILES`' entry, but the 16-key warp layout without a dQ product (the FA2-like
+    layout's extra P^T tile did not pay there), and where the FA2-like layout passes the architecture's shared memory
+    (:func:`max_smem`) one dO buffer, else the 16-key layout (so a GPU the 16-key tile fits keeps a tile: head dim 128
+    on an A100 takes one dO buffer, head dim 64 on the 99 KB GPUs the 16-key layout)."""
     tile = DKDV_TILES[head_dim]
-    if tile.qwarps != 1 and not dq_here:
-        return replace(tile, qwarps=1, do_stages=0)
-    if arch == "sm_80" and tile.qwarps != 1 and tile.stages == 2:
-        spec = KernelSpec("bwd_dkdv", head_dim, "bf16", tile, 1, False, arch, dq_atomic=True)
-        if spec.smem_bytes > SM80_MAX_SMEM:
-            return replace(tile, do_stages=1)
-    return tile
+    if tile.qwarps == 1:
+        return tile
+    keys_layout = replace(tile, qwarps=1, do_stages=0)
+    if not dq_here:
+        return keys_layout
+    candidates = [tile] + ([replace(tile, do_stages=1)] if tile.stages == 2 and not tile.do_stages else [])
+    for candidate in candidates:
+        if KernelSpec("bwd_dkdv", head_dim, "bf16", candidate, 1, False, arch, dq_atomic=True).smem_bytes \
+                <= max_smem(arch):
+            return candidate
+    return keys_layout
 
 
 def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,

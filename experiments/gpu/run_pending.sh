@@ -82,6 +82,9 @@
 #                                                  # the sm_80 fit's), the mma.sync family against the FA2 cascade
 #   bash experiments/gpu/run_pending.sh qwtests    # #13: the rest of the mma.sync family's backward GPU tests on the FA2-like
 #                                                  # layout (fp16, paper API, determinism), trees split vs ordered
+#   bash experiments/gpu/run_pending.sh release    # #13: the ordered dQ's counter released after the S^T product
+#                                                  # (DKV_DQ_RELEASE=1): ordered GPU tests, A/B against the default;
+#                                                  # the sm_80 fit (one dO buffer) timed after its fix
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -885,6 +888,23 @@ mma_backward_on_hopper and not (shared_prefix_gradients and bf16)"
     done
     (cd "$OUT" && tar czf qwtests.tgz *.log trees_* && rm -rf trees_*)
     ;;
+release)
+    # #13: thread 0 releases the previous step's dQ counter after the S^T product, before the next step's copies
+    # (DKV_DQ_RELEASE=1; its st.release is a MEMBAR.GPU that waits for thread 0's copies in flight): the ordered GPU
+    # tests (two-level, paper API, trees) under it, then the ordered backward under 0 / 1 / 0 / 1, own processes
+    DUALKV_EXTRA_DEFINES=DKV_DQ_RELEASE=1 ordered_tests pytest_release
+    mkdir -p "$OUT/bench"
+    for v in 0 1 0 1; do
+        DUALKV_EXTRA_DEFINES=DKV_DQ_RELEASE=$v TAIL=4 step bench_rel$v 90 python3 -m dualkv bench kernel \
+            --systems dualkv_mma_ordered --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/rel$v"
+    done
+    # the sm_80 fit (one dO buffer) timed again after 2819485's dO-pointer fix, beside the default
+    for qw in 2do1 default; do
+        DUALKV_MMA_BWD_QWARPS=$qw TAIL=6 step bench_$qw 90 python3 -m dualkv bench kernel \
+            --systems dualkv_mma_ordered,dualkv_mma_atomic --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/$qw"
+    done
+    (cd "$OUT" && tar czf release.tgz *.log bench && rm -rf bench)
+    ;;
 mmaprof)
     # #13 (next): where the mma.sync dK/dV kernel's backward still loses to FlashAttention-2's at (8, 8K), at the current
     # defaults: ncu source counters, warp stalls and memory workload of bwd_dkdv in the ordered mode (the
@@ -910,6 +930,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release)"
    exit 2 ;;
 esac

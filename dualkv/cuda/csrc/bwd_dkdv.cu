@@ -34,7 +34,8 @@
 // order (bwd_sm90_ws.cu).
 //
 // Tile macros: DKV_BLOCK_M (query positions per step), DKV_DSPLIT (warps sharing 16 keys, each owning
-// HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles), DKV_DQ_ATOMIC,
+// HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles), DKV_QWARPS (2: the
+// FlashAttention-2-like warp layout below), DKV_DO_STAGES (1: one dO buffer beside two Q buffers), DKV_DQ_ATOMIC,
 // DKV_DQ_ORDERED.
 #include "flags.cuh"
 #include "kernel_params.cuh"
@@ -90,6 +91,12 @@
 #ifndef DKV_DO_STAGES
 #define DKV_DO_STAGES DKV_STAGES
 #endif
+// Ordered dQ: where thread 0 releases the previous step's counter (DKV_DQ_RELEASE). 0 (the default): after the step's
+// dS barrier; 1: after the S^T product, before the next step's walk and copies (its st.release is a MEMBAR.GPU, which
+// waits for thread 0's copies in flight; the step's first barrier already follows every thread's adds).
+#ifndef DKV_DQ_RELEASE
+#define DKV_DQ_RELEASE 0
+#endif
 #if defined(DKV_DQ_FENCE_ONE) || defined(DKV_DQ_EARLY)
 #error "DKV_DQ_FENCE_ONE is now DKV_DQ_FENCE (0 every thread, 1 thread 0, 2 the release alone); DKV_DQ_EARLY was removed"
 #endif
@@ -110,6 +117,7 @@ constexpr int kKeyWarps = kWarps / kDSplit / kQWarps;
 constexpr int kKeySlabs = kQWarps;
 constexpr int kCols = kHeadDim / kDSplit / kQWarps;  // dK/dV columns per warp
 constexpr int kSdpQueries = kBlockM / kQWarps;       // queries per warp in the S^T / dP^T products
+static_assert(kSdpQueries % 16 == 0, "S^T / dP^T: whole 16-query MMA tiles per warp");
 constexpr int kDoStages = DKV_DO_STAGES;
 constexpr bool kDoSingle = kDoStages != DKV_STAGES;  // one dO buffer beside two Q buffers
 static_assert(!kDoSingle || (kDoStages == 1 && DKV_STAGES == 2 && kQWarps == 2), "DKV_DO_STAGES=1: qwarps 2, two stages");
@@ -120,6 +128,8 @@ constexpr bool kDqHere = kDqAtomic || kDqOrdered;  // this kernel computes dQ = 
 static_assert(!(kDqAtomic && kDqOrdered), "one dQ mode");
 static_assert(DKV_DQ_FENCE >= 0 && DKV_DQ_FENCE <= 2 && DKV_DQ_PREFETCH >= 0 && DKV_DQ_PREFETCH <= 2,
               "DKV_DQ_FENCE and DKV_DQ_PREFETCH take 0, 1 or 2");
+static_assert((DKV_DQ_RELEASE == 0 || DKV_DQ_RELEASE == 1) && !(DKV_DQ_RELEASE == 1 && DKV_DQ_FENCE == 0),
+              "DKV_DQ_RELEASE takes 0 or 1 (1: not with DKV_DQ_FENCE=0, whose fences precede the dS barrier)");
 // a key block holds whole query tiles, so a causal own walk starts at a counter's tile
 static_assert(!kDqOrdered || (!kWindow && kBlockKeys % kBlockM == 0), "ordered dQ: no window, whole query tiles");
 constexpr bool kTree = DKV_TREE != 0;
@@ -257,12 +267,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         int seen = -1;  // DKV_DQ_PREFETCH (thread 0): the counter as read before the dQ product
         // Ordered mode, after the step's dS barrier (which follows every thread's adds of the previous step): thread 0
         // releases the previous step's counter and reads this step's early.
+        auto release = [&]() {  // thread 0
+            if (pending != nullptr) {
+                if (DKV_DQ_FENCE == 1) __threadfence();
+                st_release(pending, pending_rank + 1);
+            }
+        };
         auto release_and_prefetch = [&]() {
             if (threadIdx.x == 0) {
-                if (pending != nullptr) {
-                    if (DKV_DQ_FENCE == 1) __threadfence();
-                    st_release(pending, pending_rank + 1);
-                }
+                if (DKV_DQ_RELEASE == 0) release();
                 if (kDqPrefetch) {
                     take_counter();
                     seen = DKV_DQ_PREFETCH == 2 ? ld_acquire(pending) : ld_relaxed(pending);
@@ -279,6 +292,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         // (265.71 against 294.72 ms at (16, 32K), checks/ordlayout-h100-20261128T0645Z.json). (Two stages: these copies
         // follow this step's first barrier, which a warp passes only after every warp finished the previous step,
         // the last to read the other buffer.)
+        if (kDqOrdered && DKV_DQ_RELEASE == 1 && threadIdx.x == 0) release();
         nxt = w.next(cur);
         if (kStages == 2) {
             if (nxt.valid) load_step(nxt, buf ^ 1);
