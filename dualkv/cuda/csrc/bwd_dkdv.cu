@@ -93,7 +93,9 @@
 #endif
 // Ordered dQ: where thread 0 releases the previous step's counter (DKV_DQ_RELEASE). 0 (the default): after the step's
 // dS barrier; 1: after the S^T product, before the next step's walk and copies (its st.release is a MEMBAR.GPU, which
-// waits for thread 0's copies in flight; the step's first barrier already follows every thread's adds).
+// waits for thread 0's copies in flight; the step's first barrier already follows every thread's adds). H200, FA2-like
+// layout, ordered backward at (8, 8K) / (16, 32K), alternating processes: 0 29.17 / 242.30 and 29.10 / 242.01 ms, 1 28.93
+// / 244.28 and 29.08 / 244.00: no faster (checks/release-h200-20261128T1017Z.log; the GPU tests passed under 1).
 #ifndef DKV_DQ_RELEASE
 #define DKV_DQ_RELEASE 0
 #endif
