@@ -137,9 +137,10 @@ def test_kernel_and_cast_spell_the_model():
                  "float* rows_lo = g < valid_rows ? lane_lo : scratch;",
                  "float* rows_hi = g + 8 < valid_rows ? lane_lo + 8 * kHeadDim : scratch;",
                  "float* at = (e < 2 ? rows_lo : rows_hi) + nt * 64 + (e & 1) * 32;",
-                 "red_add(at, acc_dq[0][nt][e]);", "atomicAdd(at, acc_dq[0][nt][e]);",
-                 "const long long tok = sg.seg.q_start + cur.pos + dq_slab * 16 + g;",
-                 "const int valid_rows = cur.p_hi - cur.pos - dq_slab * 16 + 1;"):
+                 "red_add(at, acc_dq[sl][nt][e]);", "atomicAdd(at, acc_dq[sl][nt][e]);",
+                 "const int slab = dq_rw * kDqSlabs + sl;",
+                 "const long long tok = sg.seg.q_start + cur.pos + slab * 16 + g;",
+                 "const int valid_rows = cur.p_hi - cur.pos - slab * 16 + 1;"):
         assert expr in kernel, expr
     for expr in ("const float* src = acc + h * acc_sh + (t >> 3) * (8 * kHeadDim) + 64 * c + 4 * r8;",
                  "const float4 odd = *reinterpret_cast<const float4*>(src + 32);",
