@@ -85,6 +85,12 @@
 #   bash experiments/gpu/run_pending.sh release    # #13: the ordered dQ's counter released after the S^T product
 #                                                  # (DKV_DQ_RELEASE=1): ordered GPU tests, A/B against the default;
 #                                                  # the sm_80 fit (one dO buffer) timed after its fix
+#   bash experiments/gpu/run_pending.sh fwdmask    # #13: the forward's unmasked-block loop: forward GPU tests (both
+#                                                  # families), fwd A/B against experiments/gpu/_old and K early
+#                                                  # (run at 7155be3+fwdmask; its variants' switches since removed)
+#   bash experiments/gpu/run_pending.sh defer      # #13: the ordered dQ's adds one S^T product later (DKV_DQ_DEFER=1):
+#                                                  # ordered GPU tests under it, backward A/B (and the sm_80 fit's)
+#                                                  # (run at 7155be3+defer; the switch since removed)
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -923,6 +929,44 @@ mmaprof)
     done
     (cd "$OUT" && tar czf mmaprof.tgz ncu_* *.log && rm -f ncu_* *.log)
     ;;
+fwdmask)
+    # #13 (and #12's WS forward, whose softmax shares the mask code): the mma.sync forward with the blocks that need a
+    # mask visited first and the rest in a loop without mask code (visit_order), masks against a per-row limit: the
+    # forward GPU tests under both families, then fwd A/B at the issue's shapes against the previous commit's package
+    # (experiments/gpu/_old, when carried), the DKV_FWD_K_EARLY=1 and DKV_FWD_MASK_SPLIT=0 variants, one process
+    # each, the FA2 cascade beside
+    DUALKV_KERNELS=mma TAIL=3 step pytest_fwd_mma 200 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_hd96.py \
+        proofs_tests/test_tree_cuda.py -k "not backward and not grad and not dq and not dkdv"
+    TAIL=3 step pytest_fwd_default 150 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py -k "not backward and not grad"
+    mkdir -p "$OUT/bench"
+    shapes=28:4096,8:8192,16:32768,16:65536
+    for v in new old early nosplit new; do
+        dir=$PWD; defs=; [ $v = early ] && defs=DKV_FWD_K_EARLY=1; [ $v = nosplit ] && defs=DKV_FWD_MASK_SPLIT=0
+        [ $v = old ] && { [ -d experiments/gpu/_old/dualkv ] || continue; dir=$PWD/experiments/gpu/_old; }
+        (cd "$dir" && PYTHONPATH=$dir DUALKV_EXTRA_DEFINES=$defs TAIL=6 step fwd_$v 100 python3 -m dualkv bench kernel \
+            --systems dualkv_mma,dualkv,cascade --shapes $shapes --mode fwd --out "$OUT/bench/$v")
+    done
+    (cd "$OUT" && tar czf fwdmask.tgz *.log bench && rm -rf bench)
+    ;;
+defer)
+    # #13: the ordered dQ's adds deferred past the next step's S^T product (DKV_DQ_DEFER=1): the ordered backward under
+    # 0 / 1 / 0 / 1 (own processes) and the sm_80 fit (DUALKV_MMA_BWD_QWARPS=2do1) under 0 / 1, then the ordered GPU
+    # tests (two-level, paper API, trees) under it
+    mkdir -p "$OUT/bench"
+    for v in 0 1 0 1; do
+        DUALKV_EXTRA_DEFINES=DKV_DQ_DEFER=$v TAIL=5 step bench_defer$v 100 python3 -m dualkv bench kernel \
+            --systems dualkv_mma_ordered --shapes 28:4096,8:8192,16:32768 --mode bwd --out "$OUT/bench/defer$v"
+    done
+    for v in 0 1; do
+        DUALKV_EXTRA_DEFINES=DKV_DQ_DEFER=$v DUALKV_MMA_BWD_QWARPS=2do1 TAIL=4 step bench_2do1_defer$v 90 \
+            python3 -m dualkv bench kernel --systems dualkv_mma_ordered --shapes 8:8192,16:32768 --mode bwd \
+            --out "$OUT/bench/2do1_defer$v"
+    done
+    DUALKV_EXTRA_DEFINES=DKV_DQ_DEFER=1 ordered_tests pytest_defer
+    (cd "$OUT" && tar czf defer.tgz *.log bench && rm -rf bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -930,6 +974,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer)"
    exit 2 ;;
 esac

@@ -72,7 +72,11 @@
 // acquire read issued before the dK product rather than the dQ product: 304.8 against 295.4 ms at (16, 32K). Each warp
 // waiting alone, lane 0 reading the counter and __syncwarp in place of the wait barrier: 266.64 against 265.71 ms,
 // no faster. Not waiting at all (nondeterministic; a diagnostic): 245.98 ms, so the ordering costs 8% at (16, 32K)
-// and the rest of the mode runs as fast as the atomic mode: checks/warpwait-* and ordlayout-*, H100.)
+// and the rest of the mode runs as fast as the atomic mode: checks/warpwait-* and ordlayout-*, H100. On the FA2-like
+// layout, keeping a step's dQ fragment in registers past the back edge and waiting / adding after the next step's
+// S^T product, one more product of slack (the GPU tests passed): H200, ordered backward at (28, 4K) / (8, 8K) /
+// (16, 32K) 46.20 / 28.48 / 246.72 and 45.78 / 28.54 / 246.04 ms against 46.58 / 28.31 / 241.69 and 47.37 / 29.01 /
+// 242.23, slower at the largest shape: checks/defer-h200-20261128T1446Z.log.)
 #ifndef DKV_DQ_FENCE
 #define DKV_DQ_FENCE 2
 #endif

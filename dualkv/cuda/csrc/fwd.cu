@@ -7,6 +7,14 @@
 // Each region is tiled into kBlockN-key blocks from its own start, so a region's last block may be partial; every
 // load is bounds-checked (zero-fill) and partial, diagonal and window-boundary blocks are masked per element.
 // Blocks entirely outside a sliding window are skipped. Writes O and the natural-log LSE (H, T_q).
+//
+// Tried and dropped (#13): ptxas spills the row statistics of the d = 128 build (255 registers, 152 bytes) and reloads
+// them every block, in the masking branch's registers. Visiting the blocks that need a mask first and the rest in a
+// second loop without mask code removed those reloads, and masks against a per-row limit cut the spills to 76 bytes,
+// yet the forward ran slower: H200, fwd ms at (28, 4K), (8, 8K), (16, 32K), (16, 64K), one process each: this kernel
+// 15.27 / 9.20 / 79.65 / 209.58, the two loops 15.63 / 9.71 / 82.93 / 218.05, the per-row limit alone 15.20 / 9.36 /
+// 80.18 / 210.87, the two loops with the next K issued before the softmax (as FlashAttention-2 does) 16.02 / 10.02 /
+// 83.74 / 220.97; the FA2 cascade 18.05 / 9.97 / 77.32 / 200.84 (experiments/results/checks/fwdmask-h200-*.log).
 #include "kernel_params.cuh"
 #include "softmax.cuh"
 
