@@ -91,6 +91,11 @@
 #   bash experiments/gpu/run_pending.sh defer      # #13: the ordered dQ's adds one S^T product later (DKV_DQ_DEFER=1):
 #                                                  # ordered GPU tests under it, backward A/B (and the sm_80 fit's)
 #                                                  # (run at 7155be3+defer; the switch since removed)
+#   bash experiments/gpu/run_pending.sh lsestage   # #13: LSE / D staged one row per thread: bwd A/B against
+#                                                  # experiments/gpu/_old, the mma.sync backward GPU tests
+#   bash experiments/gpu/run_pending.sh final22    # #13's table (mma.sync vs the FA2 cascade) and #12's three shapes
+#                                                  # below target (default vs the cuDNN cascade), one call; a probe of
+#                                                  # the d = 128 WS backward with three Q/dO stages
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -967,6 +972,41 @@ defer)
     DUALKV_EXTRA_DEFINES=DKV_DQ_DEFER=1 ordered_tests pytest_defer
     (cd "$OUT" && tar czf defer.tgz *.log bench && rm -rf bench)
     ;;
+lsestage)
+    # #13: each step's LSE / D staged one row per thread (load_walk_step; its strided loop had unrolled into ~150
+    # instructions of 64-bit index math on warps 0-1's path): bwd A/B against the previous commit's package
+    # (experiments/gpu/_old, when carried), new / old / new / old, own processes; then the mma.sync family's
+    # backward GPU tests of every dQ mode and the tree tests (qwfinal's set)
+    mkdir -p "$OUT/bench"
+    for v in new old new old; do
+        dir=$PWD; [ $v = old ] && { [ -d experiments/gpu/_old/dualkv ] || continue; dir=$PWD/experiments/gpu/_old; }
+        (cd "$dir" && PYTHONPATH=$dir TAIL=8 step bwd_$v 100 python3 -m dualkv bench kernel \
+            --systems dualkv_mma_ordered,dualkv_mma_atomic --shapes 28:4096,8:8192,16:32768 --mode bwd \
+            --out "$OUT/bench/$v")
+    done
+    DUALKV_KERNELS=mma TAIL=3 step pytest_lse 260 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py \
+        -k "ordered or mma_backward_on_hopper or atomic_dq_mode or (shared_prefix_gradients and bf16) or tree"
+    (cd "$OUT" && tar czf lsestage.tgz *.log bench && rm -rf bench)
+    ;;
+final22)
+    # the session's closing tables on one GPU: #13, the mma.sync family (default: ordered dQ) and its atomic mode
+    # against the FA2 cascade at the issue's four shapes; #12, the default family against the cuDNN cascade at the
+    # three Table 1 shapes below target (fwd, bwd, fwd+bwd)
+    mkdir -p "$OUT/bench"
+    TAIL=12 step table13 220 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic,cascade \
+        --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
+    TAIL=20 step table12 200 python3 -m dualkv bench kernel --systems dualkv,cudnn_cascade \
+        --shapes 16:32768,16:65536,4:131072 --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    (cd "$OUT" && tar czf final22.tgz *.log bench)
+    # #12 probe: the head-dim-128 warp-specialised backward with three Q/dO stages (232056 of 232448 bytes) against
+    # two, own processes, 2 / 3 / 2 / 3 (timing only: not a default, no GPU tests)
+    for v in 2 3 2 3; do
+        TAIL=4 step ws_stages$v 50 python3 experiments/gpu/with_tiles.py SM90_WS_BWD_TILES:128:stages=$v -- \
+            -m dualkv bench kernel --systems dualkv --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/stages$v"
+    done
+    (cd "$OUT" && tar czf final22.tgz *.log bench && rm -rf bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -974,6 +1014,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22)"
    exit 2 ;;
 esac

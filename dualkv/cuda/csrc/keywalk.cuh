@@ -183,17 +183,38 @@ __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w,
     // source counters: checks/ncu-mma-bwd-source-h100-20261127T1341Z.json); cp.async made the mma.sync backward
     // 3.5-4.2% faster on H100 (checks/mma-lsecp-h100-20261127T1402Z.json); the ordered dQ mode (kRankOrder) 3.8%
     // (checks/ordlayout-h100-20261128T0645Z.json).
-    for (int r = threadIdx.x; r < kStep; r += kThreads) {
-        const long long idx = head * lse_sh + tok0 + r;
+    // The ordered dQ mode (kRankOrder) stages one row per thread where the CTA has kStep threads or more: as a strided
+    // loop, ptxas unrolled it into about 150 instructions of 64-bit index math on the path of the warps that stage
+    // these rows. H200, mma.sync backward at (28, 4K) / (8, 8K) / (16, 32K), two runs each, own processes: ordered
+    // 46.35 / 28.73 / 240.49 and 46.36 / 28.90 / 239.38 ms against the loop's 46.95 / 29.18 / 242.14 and 46.90 / 29.36
+    // / 242.45; the atomic mode's build ran 0.8-2.5% slower that way, so the other builds keep the loop
+    // (experiments/results/checks/lsestage-h200-20261128T1456Z.log).
+    auto stage_row = [&](int r) {
         if (r >= n) {
             sLse[r] = kInf;
             sDelta[r] = 0.f;
         } else {
+            const long long idx = head * lse_sh + tok0 + r;
             cp_async_4(sLse + r, lse2 + idx);
             cp_async_4(sDelta + r, delta + idx);
         }
+    };
+    if constexpr (kRankOrder && kStep <= kThreads) {
+        if (threadIdx.x < kStep) stage_row(threadIdx.x);
+    } else {
+        for (int r = threadIdx.x; r < kStep; r += kThreads) {
+            const long long idx = head * lse_sh + tok0 + r;
+            if (r >= n) {
+                sLse[r] = kInf;
+                sDelta[r] = 0.f;
+            } else {
+                cp_async_4(sLse + r, lse2 + idx);
+                cp_async_4(sDelta + r, delta + idx);
+            }
+        }
     }
 }
+
 
 // The walk of key tile `tile` (a row of the key-tile table).
 template <int kStep, bool kRankOrder = false>
