@@ -186,7 +186,10 @@ WS_TRANSPOSED_K_HEAD_DIMS = (64,)
 SM90_WS_BWD_TILES: dict[int, KeyTileConfig] = {
     64: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
     96: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
-    128: KeyTileConfig(block_m=64, warps=8, stages=2, producer_warps=4),
+    # head dim 128: three Q/dO stages (232056 of the 232448 bytes). H200, backward ms at (8, 8K) / (16, 32K), own
+    # processes, 3 against 2: 15.97 / 130.75 and 16.51 / 130.83 against 16.08 / 132.63 and 16.16 / 132.92
+    # (experiments/results/checks/final22-h200-20261128T1511Z.log)
+    128: KeyTileConfig(block_m=64, warps=8, stages=3, producer_warps=4),
     # wide heads (csrc/bwd_sm90_ws_wide.cuh): 64-key CTAs (dsplit 2: the consumer warpgroups share the keys, one
     # accumulating dV, the other dK); dq_buffers 0: each step's dQ_step overwrites its own Q/dO stage (at 256 a
     # separate buffer would leave room for one stage only)
