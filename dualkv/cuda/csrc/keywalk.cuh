@@ -188,7 +188,8 @@ __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w,
     // these rows. H200, mma.sync backward at (28, 4K) / (8, 8K) / (16, 32K), two runs each, own processes: ordered
     // 46.35 / 28.73 / 240.49 and 46.36 / 28.90 / 239.38 ms against the loop's 46.95 / 29.18 / 242.14 and 46.90 / 29.36
     // / 242.45; the atomic mode's build ran 0.8-2.5% slower that way, so the other builds keep the loop
-    // (experiments/results/checks/lsestage-h200-20261128T1456Z.log).
+    // (experiments/results/checks/lsestage-h200-20261128T1456Z.log), and so do the ordered tree builds, which it made
+    // spill (d = 128: sm_90 28 bytes against 8, sm_80 8 against none) and which were not timed with it.
     auto stage_row = [&](int r) {
         if (r >= n) {
             sLse[r] = kInf;
@@ -199,7 +200,12 @@ __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w,
             cp_async_4(sDelta + r, delta + idx);
         }
     };
-    if constexpr (kRankOrder && kStep <= kThreads) {
+#if defined(DKV_TREE)
+    constexpr bool kTreeBuild = DKV_TREE != 0;
+#else
+    constexpr bool kTreeBuild = false;
+#endif
+    if constexpr (kRankOrder && !kTreeBuild && kStep <= kThreads) {
         if (threadIdx.x < kStep) stage_row(threadIdx.x);
     } else {
         for (int r = threadIdx.x; r < kStep; r += kThreads) {
