@@ -132,9 +132,12 @@ def kernel_runs(root: Path) -> list[KernelRun]:
     return sorted(runs, key=lambda run: str(run.env.get("date")), reverse=True)
 
 
-def newest_with(runs: Sequence[KernelRun], system: str, shape: tuple[int, int]) -> KernelRun | None:
-    """The newest run that measured both dualkv and ``system`` at ``shape``."""
+def newest_with(runs: Sequence[KernelRun], system: str, shape: tuple[int, int],
+                gpu: str | None = None) -> KernelRun | None:
+    """The newest run that measured both dualkv and ``system`` at ``shape`` (on ``gpu``, when given)."""
     for run in runs:
+        if gpu is not None and run.env.get("gpu") != gpu:
+            continue
         if run.fwdbwd("dualkv", shape) and run.fwdbwd(system, shape):
             return run
     return None
@@ -561,7 +564,9 @@ def headline_block(root: Path = RESULTS) -> str:
         dk = newest.fwdbwd("dualkv", shape)
         cells = [_shape(shape), f"{dk['ms']:.1f} ms ({dk['tflops']:.0f} TF/s)"]
         for peer in HEADLINE_PEERS:
-            run = newest_with(runs, peer, shape)
+            # a ratio from dualkv's GPU where one exists (the newest run elsewhere may be a later commit's partial
+            # table on another GPU), else the newest on any GPU (the caption names each peer's GPUs)
+            run = newest_with(runs, peer, shape, gpu=newest.env.get("gpu")) or newest_with(runs, peer, shape)
             if run is None:
                 cells.append("–")
                 continue

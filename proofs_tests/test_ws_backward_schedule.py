@@ -270,8 +270,9 @@ def test_head_major_cta_order_is_the_two_level_default_and_compiles_like_tile_ma
     got, want = resource_usage(head.log), resource_usage(tile.log)
     assert head.cubin != tile.cubin
     # (a few bytes of slack: on three Q/dO stages ptxas spills 24 bytes of per-step values in the head-major build
-    # against 20 in the tile-major one; test_cuda_build caps the WS backward's spills at 128)
-    assert not got["wgmma_serialized"] and got["spill_stores"] <= want["spill_stores"] + 8, (got, want)
+    # against 20 in the tile-major one, and reloads 36 against 16; test_cuda_build caps the WS backward's spills at 128)
+    assert not got["wgmma_serialized"], (got, want)
+    assert got["spill_stores"] <= want["spill_stores"] + 4 and got["spill_loads"] <= want["spill_loads"] + 24, (got, want)
     monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_HEAD_MAJOR=0")
     with pytest.raises(ValueError, match="DUALKV_WS_CTA_ORDER"):
         compile_spec(spec, use_cache=False)

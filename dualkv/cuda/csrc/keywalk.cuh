@@ -188,8 +188,9 @@ __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w,
     // these rows. H200, mma.sync backward at (28, 4K) / (8, 8K) / (16, 32K), two runs each, own processes: ordered
     // 46.35 / 28.73 / 240.49 and 46.36 / 28.90 / 239.38 ms against the loop's 46.95 / 29.18 / 242.14 and 46.90 / 29.36
     // / 242.45; the atomic mode's build ran 0.8-2.5% slower that way, so the other builds keep the loop
-    // (experiments/results/checks/lsestage-h200-20261128T1456Z.log), and so do the ordered tree builds, which it made
-    // spill (d = 128: sm_90 28 bytes against 8, sm_80 8 against none) and which were not timed with it.
+    // (experiments/results/checks/lsestage-h200-20261128T1456Z.log), and so do the ordered tree builds and the opt-in
+    // shared-first ones, which it made spill (d = 128, sm_90 / sm_80: trees 28 / 8 bytes against 8 / none,
+    // shared-first 56 / 20 against 28 / none) and which were not timed with it.
     auto stage_row = [&](int r) {
         if (r >= n) {
             sLse[r] = kInf;
@@ -200,12 +201,16 @@ __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w,
             cp_async_4(sDelta + r, delta + idx);
         }
     };
-#if defined(DKV_TREE)
-    constexpr bool kTreeBuild = DKV_TREE != 0;
+#if defined(DKV_TREE) && defined(DKV_TREE_ROOT_FIRST)
+    constexpr bool kOtherOrder = DKV_TREE != 0 || DKV_TREE_ROOT_FIRST != 0;
+#elif defined(DKV_TREE)
+    constexpr bool kOtherOrder = DKV_TREE != 0;
+#elif defined(DKV_TREE_ROOT_FIRST)
+    constexpr bool kOtherOrder = DKV_TREE_ROOT_FIRST != 0;
 #else
-    constexpr bool kTreeBuild = false;
+    constexpr bool kOtherOrder = false;
 #endif
-    if constexpr (kRankOrder && !kTreeBuild && kStep <= kThreads) {
+    if constexpr (kRankOrder && !kOtherOrder && kStep <= kThreads) {
         if (threadIdx.x < kStep) stage_row(threadIdx.x);
     } else {
         for (int r = threadIdx.x; r < kStep; r += kThreads) {
@@ -220,7 +225,6 @@ __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w,
         }
     }
 }
-
 
 // The walk of key tile `tile` (a row of the key-tile table).
 template <int kStep, bool kRankOrder = false>
