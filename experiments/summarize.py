@@ -132,6 +132,11 @@ def kernel_runs(root: Path) -> list[KernelRun]:
     return sorted(runs, key=lambda run: str(run.env.get("date")), reverse=True)
 
 
+def headline_run(runs: Sequence[KernelRun]) -> KernelRun:
+    """The run whose dualkv times the README's headline shows: the newest that timed dualkv at its first shape."""
+    return next(run for run in runs if run.fwdbwd("dualkv", run.shapes[0]))
+
+
 def newest_with(runs: Sequence[KernelRun], system: str, shape: tuple[int, int],
                 gpu: str | None = None) -> KernelRun | None:
     """The newest run that measured both dualkv and ``system`` at ``shape`` (on ``gpu``, when given)."""
@@ -557,7 +562,7 @@ def distributed_section(root: Path) -> str:
 def headline_block(root: Path = RESULTS) -> str:
     """The README's results block: the newest kernel run's dualkv times with same-run ratios, and end to end."""
     runs = kernel_runs(root)
-    newest = next(run for run in runs if run.fwdbwd("dualkv", run.shapes[0]))
+    newest = headline_run(runs)
     header = ["(N, P)", f"dualkv fwd+bwd ({newest.commit})"] + [f"vs {NAMES[p]}" for p in HEADLINE_PEERS]
     rows, used = [], {}
     for shape in newest.shapes:

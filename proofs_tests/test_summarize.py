@@ -101,14 +101,15 @@ def test_headline_ratios_are_within_one_run(summarize):
     of the run whose dualkv times the table shows where there is one (else the newest on any GPU)."""
     runs = summarize.kernel_runs(ROOT / "experiments" / "results")
     block = summarize.headline_block(ROOT / "experiments" / "results")
-    newest = next(run for run in runs if run.fwdbwd("dualkv", run.shapes[0]))
+    newest = summarize.headline_run(runs)
     gpu = newest.env.get("gpu")
     for shape in newest.shapes:
         for peer in summarize.HEADLINE_PEERS:
             run = summarize.newest_with(runs, peer, shape, gpu=gpu)
             if run is None:
                 run = summarize.newest_with(runs, peer, shape)
-                assert all(r.env.get("gpu") != gpu for r in runs if r.fwdbwd("dualkv", shape) and r.fwdbwd(peer, shape))
+                assert all(r.env.get("gpu") != gpu for r in runs
+                           if r.fwdbwd("dualkv", shape) and r.fwdbwd(peer, shape))
             if run is None:
                 continue
             ratio = run.fwdbwd(peer, shape)["ms"] / run.fwdbwd("dualkv", shape)["ms"]

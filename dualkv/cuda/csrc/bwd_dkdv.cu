@@ -214,9 +214,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         load_strided_rows<kBlockKeys>(sV, v_rows.first, v_rows.stride, w.count, q);
     }
 
-    // Stage the Q/dO rows, LSE and D of one step into buffer `buf` (kDoSingle: all but dO; load_do stages that).
+    // Stage the Q/dO rows, LSE and D of one step into buffer `buf` (kDoSingle: all but dO; load_do stages that). The
+    // two-level ordered builds in the default order stage LSE / D one row per thread (keywalk.cuh says why only they).
+    constexpr bool kStatsPerThread = kDqOrdered && !kTree && !DKV_TREE_ROOT_FIRST && kBlockM <= kThreads;
     auto load_step = [&](const Cursor& c, int buf) {
-        load_walk_step<kBlockM, false, kDqOrdered, kDoSingle ? 1 : 3>(
+        load_walk_step<kBlockM, false, kDqOrdered, kDoSingle ? 1 : 3, kStatsPerThread>(
             w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2, delta, lse_sh, sQ + buf * kBlockM * kRowStride,
             sdO + (kDoSingle ? 0 : buf) * kBlockM * kRowStride, sLse + buf * kBlockM, sDelta + buf * kBlockM);
     };

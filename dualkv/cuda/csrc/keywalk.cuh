@@ -162,8 +162,9 @@ __device__ __forceinline__ StepGeometry step_geometry(const Walk<kStep, kRankOrd
 // Stage one step's Q and dO rows (kStep positions of one query head; smem tiles padded, or swizzled for wgmma) and
 // their LSE / D (rows beyond the segment: LSE = +inf so P = 0, D = 0) into the buffers given, by cp.async (the
 // caller commits the group and waits for it; the rows beyond the segment are plain). kParts: 3 all of them; 1 Q,
-// LSE and D; 2 dO alone (bwd_dkdv.cu's single dO buffer, filled later in the step).
-template <int kStep, bool kSwizzle, bool kRankOrder, int kParts = 3>
+// LSE and D; 2 dO alone (bwd_dkdv.cu's single dO buffer, filled later in the step). kRowPerThread: LSE / D one row per
+// thread (needs kStep <= kThreads) rather than by the strided loop (see below; the caller chooses).
+template <int kStep, bool kSwizzle, bool kRankOrder, int kParts = 3, bool kRowPerThread = false>
 __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w, const Cursor& c, int kv_head,
                                                const elem_t* __restrict__ q, long long q_st, long long q_sh,
                                                const elem_t* __restrict__ dout, long long do_st, long long do_sh,
@@ -183,14 +184,16 @@ __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w,
     // source counters: checks/ncu-mma-bwd-source-h100-20261127T1341Z.json); cp.async made the mma.sync backward
     // 3.5-4.2% faster on H100 (checks/mma-lsecp-h100-20261127T1402Z.json); the ordered dQ mode (kRankOrder) 3.8%
     // (checks/ordlayout-h100-20261128T0645Z.json).
-    // The ordered dQ mode (kRankOrder) stages one row per thread where the CTA has kStep threads or more: as a strided
-    // loop, ptxas unrolled it into about 150 instructions of 64-bit index math on the path of the warps that stage
-    // these rows. H200, mma.sync backward at (28, 4K) / (8, 8K) / (16, 32K), two runs each, own processes: ordered
-    // 46.35 / 28.73 / 240.49 and 46.36 / 28.90 / 239.38 ms against the loop's 46.95 / 29.18 / 242.14 and 46.90 / 29.36
-    // / 242.45; the atomic mode's build ran 0.8-2.5% slower that way, so the other builds keep the loop
+    // kRowPerThread (bwd_dkdv.cu's two-level ordered dQ builds): one row per thread. As a strided loop, ptxas unrolled
+    // it into about 150 instructions of 64-bit index math on the path of the warps that stage these rows. H200,
+    // mma.sync backward at (28, 4K) / (8, 8K) / (16, 32K), two runs each, own processes: ordered 46.35 / 28.73 / 240.49
+    // and 46.36 / 28.90 / 239.38 ms against the loop's 46.95 / 29.18 / 242.14 and 46.90 / 29.36 / 242.45; the atomic
+    // mode's build ran 0.8-2.5% slower that way, so the other builds keep the loop
     // (experiments/results/checks/lsestage-h200-20261128T1456Z.log), and so do the ordered tree builds and the opt-in
     // shared-first ones, which it made spill (d = 128, sm_90 / sm_80: trees 28 / 8 bytes against 8 / none,
-    // shared-first 56 / 20 against 28 / none) and which were not timed with it.
+    // shared-first 56 / 20 against 28 / none) and which were not timed with it. (The loop is spelled out rather than
+    // calling stage_row: that form changed the atomic build's SASS, which was timed as it is.)
+    static_assert(!kRowPerThread || kStep <= kThreads, "one LSE / D row per thread needs kStep threads");
     auto stage_row = [&](int r) {
         if (r >= n) {
             sLse[r] = kInf;
@@ -201,16 +204,7 @@ __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w,
             cp_async_4(sDelta + r, delta + idx);
         }
     };
-#if defined(DKV_TREE) && defined(DKV_TREE_ROOT_FIRST)
-    constexpr bool kOtherOrder = DKV_TREE != 0 || DKV_TREE_ROOT_FIRST != 0;
-#elif defined(DKV_TREE)
-    constexpr bool kOtherOrder = DKV_TREE != 0;
-#elif defined(DKV_TREE_ROOT_FIRST)
-    constexpr bool kOtherOrder = DKV_TREE_ROOT_FIRST != 0;
-#else
-    constexpr bool kOtherOrder = false;
-#endif
-    if constexpr (kRankOrder && !kOtherOrder && kStep <= kThreads) {
+    if constexpr (kRowPerThread) {
         if (threadIdx.x < kStep) stage_row(threadIdx.x);
     } else {
         for (int r = threadIdx.x; r < kStep; r += kThreads) {
