@@ -97,6 +97,12 @@
 #                                                  # below target (default vs the cuDNN cascade), one call; a probe of
 #                                                  # the d = 128 WS backward with three Q/dO stages
 #   bash experiments/gpu/run_pending.sh wsstages3  # #12: GPU tests of the WS backward on three stages at d = 128
+#   bash experiments/gpu/run_pending.sh s23stages  # #12: dualkv verify; three against two stages at d = 128 on the
+#                                                  # small Table 1 shapes (bwd, own processes)
+#   bash experiments/gpu/run_pending.sh s23mask    # #12 / #13: P^T masked only where needed (DKV_MASK_SPLIT), bwd A/B
+#                                                  # (run at f5c6be5+masksplit; the switch since removed)
+#   bash experiments/gpu/run_pending.sh s23tests   # its GPU tests as the default (WS backward, mma.sync ordered), verify
+#   bash experiments/gpu/run_pending.sh s23tables  # #12 Table 1 vs the cuDNN cascade, #13 vs the FA2 cascade
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1014,6 +1020,56 @@ wsstages3)
     TAIL=3 step pytest_ws3 230 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
         proofs_tests/test_tree_cuda_ws.py -k "ws_backward or (shared_prefix_gradients and bf16) or tree"
     ;;
+s23stages)
+    # #12: dualkv verify on the three-stage d = 128 warp-specialised backward (not run with it yet), then three
+    # against two stages at the Table 1 shapes an H100 probe of an earlier variant found slower with three ((28, 4K),
+    # (8, 8K)) and (28, 16K): bwd, own processes 3 / 2 / 3 / 2
+    TAIL=3 step verify 200 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
+    mkdir -p "$OUT/bench"
+    i=0
+    for v in 3 2 3 2; do
+        i=$((i + 1))
+        TAIL=5 step ws${i}_stages$v 90 python3 experiments/gpu/with_tiles.py SM90_WS_BWD_TILES:128:stages=$v -- \
+            -m dualkv bench kernel --systems dualkv --shapes 28:4096,8:8192,28:16384 --mode bwd \
+            --out "$OUT/bench/run${i}_stages$v"
+    done
+    (cd "$OUT" && tar czf s23stages.tgz *.log bench && rm -rf bench)
+    ;;
+s23mask)
+    # #12 / #13: P^T's causal / partial-block mask only on the steps that need it (DKV_MASK_SPLIT=1: a branch to an
+    # unmasked copy of the exp2 loop, which skips 32 compares and selects a thread per step): bwd A/B, own processes
+    # new / old / new / old, the warp-specialised backward (default family) and the mma.sync ordered / atomic modes
+    mkdir -p "$OUT/bench"
+    i=0
+    for v in 1 0 1 0; do
+        i=$((i + 1))
+        DUALKV_EXTRA_DEFINES=DKV_MASK_SPLIT=$v TAIL=5 step ws${i}_split$v 120 python3 -m dualkv bench kernel \
+            --systems dualkv --shapes 28:4096,8:8192,16:32768 --mode bwd --out "$OUT/bench/ws${i}_split$v"
+        DUALKV_EXTRA_DEFINES=DKV_MASK_SPLIT=$v TAIL=8 step mma${i}_split$v 150 python3 -m dualkv bench kernel \
+            --systems dualkv_mma_ordered,dualkv_mma_atomic --shapes 28:4096,8:8192,16:32768 --mode bwd \
+            --out "$OUT/bench/mma${i}_split$v"
+    done
+    (cd "$OUT" && tar czf s23mask.tgz *.log bench && rm -rf bench ws*.log mma*.log)
+    ;;
+s23tests)
+    # #12 / #13: the unmasked P^T path as the default (the warp-specialised backward's two-level and tree builds, the
+    # mma.sync ordered dQ mode's): the WS backward's GPU tests (wsstages3's set), the ordered mode's (two-level, paper
+    # API, trees), then dualkv verify
+    TAIL=3 step pytest_ws 260 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+        proofs_tests/test_tree_cuda_ws.py -k "ws_backward or (shared_prefix_gradients and bf16) or tree"
+    ordered_tests pytest_ordered
+    TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
+    ;;
+s23tables)
+    # the session's closing tables, one GPU: #12, the default family against the cuDNN cascade at the six Table 1
+    # shapes; #13, the mma.sync family (ordered dQ) against the FA2 cascade at the issue's four shapes
+    mkdir -p "$OUT/bench"
+    TAIL=22 step table12 330 python3 -m dualkv bench kernel --systems dualkv,cudnn_cascade \
+        --shapes 28:4096,8:8192,28:16384,16:32768,16:65536,4:131072 --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+    TAIL=12 step table13 200 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
+        --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
+    (cd "$OUT" && tar czf s23tables.tgz *.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1021,6 +1077,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables)"
    exit 2 ;;
 esac

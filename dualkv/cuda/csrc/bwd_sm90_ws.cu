@@ -531,7 +531,16 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         wgmma_wait<1>();
         fence_regs(acc_s[0]);
 
-        ws_probs_t(acc_s[0], lse, scale_log2, need_mask, count, key_base, q_pos0, wkey0, g, t4);
+        // The mask only on the steps that need it: an unmasked copy of the exp2 loop for the rest, rather than a
+        // predicated compare and select on every element of every step. H200, bwd at (28, 4K) / (8, 8K) / (16, 32K),
+        // own processes: 26.20 / 15.54 / 124.62 and 26.41 / 15.68 / 124.75 ms against 26.86 / 16.05 / 129.17 and
+        // 27.45 / 16.23 / 129.54 (experiments/results/checks/s23mask-h200-20261128T1802Z.log). (The wide builds
+        // keep the predicated form: not timed with it.)
+        if (need_mask) {
+            ws_probs_t(acc_s[0], lse, scale_log2, true, count, key_base, q_pos0, wkey0, g, t4);
+        } else {
+            ws_probs_t(acc_s[0], lse, scale_log2, false, count, key_base, q_pos0, wkey0, g, t4);
+        }
         to_a_frag<1, kStep>(p_frag, acc_s);
         const unsigned long long don_desc = nmajor_tile<kStep>(do_addr), qn_desc = nmajor_tile<kStep>(q_addr);
         wgmma_fence();
