@@ -103,6 +103,9 @@
 #                                                  # (run at f5c6be5+masksplit; the switch since removed)
 #   bash experiments/gpu/run_pending.sh s23tests   # its GPU tests as the default (WS backward, mma.sync ordered), verify
 #   bash experiments/gpu/run_pending.sh s23tables  # #12 Table 1 vs the cuDNN cascade, #13 vs the FA2 cascade
+#   bash experiments/gpu/run_pending.sh s23put     # #12: the WS dQ_step put (DKV_DQ_PUT2), the wide unmasked P^T: bwd A/B
+#                                                  # (run at 8f6f808+put2; the switches since removed)
+#   bash experiments/gpu/run_pending.sh s23wide    # #12: GPU tests of those as the d = 256 build, dualkv verify
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1070,6 +1073,32 @@ s23tables)
         --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
     (cd "$OUT" && tar czf s23tables.tgz *.log bench)
     ;;
+s23put)
+    # #12: the WS backward's dQ_step put with four chunk offsets a step (DKV_DQ_PUT2=1; nvdisasm: d = 128 2352 against
+    # 2440 instructions, d = 256 spills 24 / 24 bytes against 68 / 72) at d = 128; at d = 192 / 256 with the wide
+    # builds' unmasked P^T path too (DKV_WIDE_MASK_SPLIT=1): bwd A/B, own processes new / old / new / old
+    mkdir -p "$OUT/bench"
+    i=0
+    for v in new old new old; do
+        i=$((i + 1))
+        defs=; [ $v = new ] && defs=DKV_DQ_PUT2=1
+        DUALKV_EXTRA_DEFINES=$defs TAIL=5 step put${i}_$v 90 python3 -m dualkv bench kernel --systems dualkv \
+            --shapes 28:4096,8:8192,16:32768 --mode bwd --out "$OUT/bench/put${i}_$v"
+        [ $v = new ] && defs=DKV_DQ_PUT2=1,DKV_WIDE_MASK_SPLIT=1
+        for d in 256 192; do
+            DUALKV_EXTRA_DEFINES=$defs TAIL=4 step wide${d}_${i}_$v 90 python3 -m dualkv bench kernel --systems dualkv \
+                --head-dim $d --shapes 8:8192,16:16384 --mode bwd --out "$OUT/bench/wide${d}_${i}_$v"
+        done
+    done
+    (cd "$OUT" && tar czf s23put.tgz *.log bench && rm -rf bench put*.log wide*.log)
+    ;;
+s23wide)
+    # #12: the d = 256 WS backward's four-offset dQ_step put and unmasked P^T path (s23put's "new" at 256 only): the WS
+    # backward's GPU tests (wsstages3's set: two-level at every head dim, the bf16 sweep, trees), then dualkv verify
+    TAIL=3 step pytest_ws 260 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+        proofs_tests/test_tree_cuda_ws.py -k "ws_backward or (shared_prefix_gradients and bf16) or tree"
+    TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1077,6 +1106,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide)"
    exit 2 ;;
 esac

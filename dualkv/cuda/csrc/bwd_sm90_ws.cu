@@ -266,14 +266,34 @@ __device__ __forceinline__ StepInfo step_info(const WsWalk& w, const StepCursor&
     return si;
 }
 
-// P^T of one step in place (both consumer layouts): acc holds S^T of this warp's 16 keys (first key wkey0 of the
-// block) x 8 kN8 queries; masked are keys past the block's count and the causal diagonal (need_mask: the block
-// reaches it), and rows past the segment have LSE = +inf, so P = 0. q_pos0 is the first query's position.
 // One dQ_step fragment (m64 n8 kN8 fp32, this warp's 16 rows from row0, columns from col0) into the dQ_step rows
 // at dst in the accumulator's chunk order (dq_chunk); columns past the head dim (128-column tiles at 96) skipped.
+// Head dim 256: rows g and g + 8 (row0 a multiple of 16) share the permutation key and col0 is a multiple of 32
+// (whole groups of 8 chunks), so only the low three bits of a chunk index, 2 (nt % 4) + t4 / 2, are permuted: four
+// offsets a step, the rest immediates. With the wide builds' unmasked P^T path (bwd_sm90_ws_wide.cuh) it cut the
+// d = 256 build's spills from 68 / 72 bytes to 24 / 24 and its backward by 2-2.4% (H200, (8, 8K) / (16, 16K): 41.12 /
+// 147.08 and 40.92 / 146.84 ms against 41.94 / 150.69 and 41.96 / 150.31); at 128 the four-offset form measured the
+// same (126.94 / 126.56 against 126.86 / 127.33 ms at (16, 32K)) and at 192, both changes together 0-1% slower
+// (33.59 / 33.45 against 33.17 / 33.18 ms at (8, 8K)), so those builds keep the per-store form
+// (experiments/results/checks/s23put-h200-20261128T1832Z.log).
 template <int kN8>
 __device__ __forceinline__ void put_dq_step(unsigned char* dst, const float (&acc)[kN8][4], int col0, int row0, int g,
                                             int t4, int tok7) {
+    if constexpr (kHeadDim == 256) {
+        const int key = (tok7 + g) & 7;
+        unsigned char* lo = dst + (row0 + g) * kDqRowBytes + col0 * 4 + (t4 & 1) * 8;
+        int chunk_off[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) chunk_off[k] = ((2 * k + t4 / 2) ^ key) * 16;
+#pragma unroll
+        for (int nt = 0; nt < kN8; ++nt) {
+            unsigned char* at = lo + chunk_off[nt % 4] + (nt / 4) * 128;
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+                *reinterpret_cast<float2*>(at + 8 * hh * kDqRowBytes) = make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+        }
+        return;
+    }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         const int row = row0 + g + 8 * hh;
@@ -287,6 +307,9 @@ __device__ __forceinline__ void put_dq_step(unsigned char* dst, const float (&ac
     }
 }
 
+// P^T of one step in place (both consumer layouts): acc holds S^T of this warp's 16 keys (first key wkey0 of the
+// block) x 8 kN8 queries; masked are keys past the block's count and the causal diagonal (need_mask: the block
+// reaches it), and rows past the segment have LSE = +inf, so P = 0. q_pos0 is the first query's position.
 template <int kN8>
 __device__ __forceinline__ void ws_probs_t(float (&acc)[kN8][4], const float* lse, float scale_log2, bool need_mask,
                                            int count, int key_base, int q_pos0, int wkey0, int g, int t4) {
