@@ -268,14 +268,14 @@ __device__ __forceinline__ StepInfo step_info(const WsWalk& w, const StepCursor&
 
 // One dQ_step fragment (m64 n8 kN8 fp32, this warp's 16 rows from row0, columns from col0) into the dQ_step rows
 // at dst in the accumulator's chunk order (dq_chunk); columns past the head dim (128-column tiles at 96) skipped.
-// Head dim 256: rows g and g + 8 (row0 a multiple of 16) share the permutation key and col0 is a multiple of 32
-// (whole groups of 8 chunks), so only the low three bits of a chunk index, 2 (nt % 4) + t4 / 2, are permuted: four
-// offsets a step, the rest immediates. With the wide builds' unmasked P^T path (bwd_sm90_ws_wide.cuh) it cut the
-// d = 256 build's spills from 68 / 72 bytes to 24 / 24 and its backward by 2-2.4% (H200, (8, 8K) / (16, 16K): 41.12 /
-// 147.08 and 40.92 / 146.84 ms against 41.94 / 150.69 and 41.96 / 150.31); at 128 the four-offset form measured the
-// same (126.94 / 126.56 against 126.86 / 127.33 ms at (16, 32K)) and at 192, both changes together 0-1% slower
-// (33.59 / 33.45 against 33.17 / 33.18 ms at (8, 8K)), so those builds keep the per-store form
-// (experiments/results/checks/s23put-h200-20261128T1832Z.log).
+// Head dim 256: rows g and g + 8 (row0 a multiple of 8; every caller's is of 16) share the permutation key and col0 is
+// a multiple of 32 (whole groups of 8 chunks; every caller's is of 64), so only the low three bits of a chunk index, 2
+// (nt % 4) + t4 / 2, are permuted: four offsets a step, the rest immediates. With the wide builds' unmasked P^T path
+// (bwd_sm90_ws_wide.cuh) it cut the d = 256 build's spills from 68 / 72 bytes to 24 / 24 and its backward by 2-2.4%
+// (H200, (8, 8K) / (16, 16K): 41.12 / 147.08 and 40.92 / 146.84 ms against 41.94 / 150.69 and 41.96 / 150.31); at 128
+// the four-offset form measured the same (126.94 / 126.56 against 126.86 / 127.33 ms at (16, 32K)) and at 192, both
+// changes together 0-1% slower (33.59 / 33.45 against 33.17 / 33.18 ms at (8, 8K)), so those builds keep the per-store
+// form (experiments/results/checks/s23put-h200-20261128T1832Z.log).
 template <int kN8>
 __device__ __forceinline__ void put_dq_step(unsigned char* dst, const float (&acc)[kN8][4], int col0, int row0, int g,
                                             int t4, int tok7) {
@@ -290,7 +290,8 @@ __device__ __forceinline__ void put_dq_step(unsigned char* dst, const float (&ac
             unsigned char* at = lo + chunk_off[nt % 4] + (nt / 4) * 128;
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh)
-                *reinterpret_cast<float2*>(at + 8 * hh * kDqRowBytes) = make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+                *reinterpret_cast<float2*>(at + 8 * hh * kDqRowBytes) =
+                    make_float2(acc[nt][2 * hh], acc[nt][2 * hh + 1]);
         }
         return;
     }
@@ -557,8 +558,8 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         // The mask only on the steps that need it: an unmasked copy of the exp2 loop for the rest, rather than a
         // predicated compare and select on every element of every step. H200, bwd at (28, 4K) / (8, 8K) / (16, 32K),
         // own processes: 26.20 / 15.54 / 124.62 and 26.41 / 15.68 / 124.75 ms against 26.86 / 16.05 / 129.17 and
-        // 27.45 / 16.23 / 129.54 (experiments/results/checks/s23mask-h200-20261128T1802Z.log). (The wide builds
-        // keep the predicated form: not timed with it.)
+        // 27.45 / 16.23 / 129.54 (experiments/results/checks/s23mask-h200-20261128T1802Z.log). (The wide builds:
+        // d = 256 takes it too, see put_dq_step; d = 192 keeps the predicated form.)
         if (need_mask) {
             ws_probs_t(acc_s[0], lse, scale_log2, true, count, key_base, q_pos0, wkey0, g, t4);
         } else {
