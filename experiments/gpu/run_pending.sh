@@ -106,6 +106,7 @@
 #   bash experiments/gpu/run_pending.sh s23put     # #12: the WS dQ_step put (DKV_DQ_PUT2), the wide unmasked P^T: bwd A/B
 #                                                  # (run at 8f6f808+put2; the switches since removed)
 #   bash experiments/gpu/run_pending.sh s23wide    # #12: GPU tests of those as the d = 256 build, dualkv verify
+#   bash experiments/gpu/run_pending.sh s23prof    # #12: wsprof2 (ncu of the d = 128 WS backward) at this session's end
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1099,6 +1100,18 @@ s23wide)
         proofs_tests/test_tree_cuda_ws.py -k "ws_backward or (shared_prefix_gradients and bf16) or tree"
     TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
     ;;
+s23prof)
+    # #12: wsprof2 again on the d = 128 WS backward with the unmasked P^T path (cae14dc), H200, one step of 170 s
+    TAIL=3 step ncu_ws 170 ncu --clock-control none --profile-from-start off -k regex:bwd_sm90_ws \
+        --section SourceCounters --section WarpStateStats --section SpeedOfLight -c 1 -f -o "$OUT/ncu_ws" \
+        python3 experiments/gpu/profile_bwd.py --systems dualkv --shape 16:32768
+    if [ -f "$OUT/ncu_ws.ncu-rep" ]; then
+        ncu --import "$OUT/ncu_ws.ncu-rep" --page source --print-source sass --csv | gzip > "$OUT/ncu_ws_src.csv.gz"
+        ncu --import "$OUT/ncu_ws.ncu-rep" --page details > "$OUT/ncu_ws.txt" 2>&1
+        rm -f "$OUT/ncu_ws.ncu-rep"
+    fi
+    (cd "$OUT" && tar czf s23prof.tgz ncu_ws* && rm -f ncu_ws_src.csv.gz ncu_ws.txt ncu_ws.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1106,6 +1119,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof)"
    exit 2 ;;
 esac
