@@ -147,6 +147,18 @@ ordered_tests() {  # ordered_tests NAME: the mma.sync ordered dQ mode's GPU test
     DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step "$1_tree" 200 python3 -m pytest -q -x -m gpu \
         -p no:cacheprovider proofs_tests/test_tree_cuda.py -k "not atomic"
 }
+ws_ncu_profile() {  # ws_ncu_profile SECONDS NAME: ncu of the default WS backward at (16, 32K) (step ncu_ws): source
+    # counters with the SASS (CSV), warp states, speed of light; the exports in NAME.tgz
+    TAIL=3 step ncu_ws "$1" ncu --clock-control none --profile-from-start off -k regex:bwd_sm90_ws \
+        --section SourceCounters --section WarpStateStats --section SpeedOfLight -c 1 -f -o "$OUT/ncu_ws" \
+        python3 experiments/gpu/profile_bwd.py --systems dualkv --shape 16:32768
+    if [ -f "$OUT/ncu_ws.ncu-rep" ]; then
+        ncu --import "$OUT/ncu_ws.ncu-rep" --page source --print-source sass --csv | gzip > "$OUT/ncu_ws_src.csv.gz"
+        ncu --import "$OUT/ncu_ws.ncu-rep" --page details > "$OUT/ncu_ws.txt" 2>&1
+        rm -f "$OUT/ncu_ws.ncu-rep"
+    fi
+    (cd "$OUT" && tar czf "$2.tgz" ncu_ws* && rm -f ncu_ws_src.csv.gz ncu_ws.txt ncu_ws.log)
+}
 case "${1:-tests}" in
 tests)
     # test_cuda_ordered_dq.py exists where branch mmaord is merged (the gpu-pending checkout)
@@ -739,15 +751,7 @@ ordearly)
 wsprof2)
     # #12: the head-major warp-specialised backward (the d = 128 default since 9f66fdd's profile) at (16, 32K): ncu
     # SourceCounters with the SASS, warp states, speed of light; summarised on the CPU by ncu_summary.py --source
-    TAIL=3 step ncu_ws 200 ncu --clock-control none --profile-from-start off -k regex:bwd_sm90_ws \
-        --section SourceCounters --section WarpStateStats --section SpeedOfLight -c 1 -f -o "$OUT/ncu_ws" \
-        python3 experiments/gpu/profile_bwd.py --systems dualkv --shape 16:32768
-    if [ -f "$OUT/ncu_ws.ncu-rep" ]; then
-        ncu --import "$OUT/ncu_ws.ncu-rep" --page source --print-source sass --csv | gzip > "$OUT/ncu_ws_src.csv.gz"
-        ncu --import "$OUT/ncu_ws.ncu-rep" --page details > "$OUT/ncu_ws.txt" 2>&1
-        rm -f "$OUT/ncu_ws.ncu-rep"
-    fi
-    (cd "$OUT" && tar czf wsprof2.tgz ncu_ws* ncu_ws.log && rm -f ncu_ws_src.csv.gz ncu_ws.txt ncu_ws.log)
+    ws_ncu_profile 200 wsprof2
     ;;
 fence2ws)
     # #13: the ordered dQ mode's new default fence (DKV_DQ_FENCE=2, the release alone): its GPU tests; #12: the d <= 128
@@ -1102,15 +1106,7 @@ s23wide)
     ;;
 s23prof)
     # #12: wsprof2 again on the d = 128 WS backward with the unmasked P^T path (cae14dc), H200, one step of 170 s
-    TAIL=3 step ncu_ws 170 ncu --clock-control none --profile-from-start off -k regex:bwd_sm90_ws \
-        --section SourceCounters --section WarpStateStats --section SpeedOfLight -c 1 -f -o "$OUT/ncu_ws" \
-        python3 experiments/gpu/profile_bwd.py --systems dualkv --shape 16:32768
-    if [ -f "$OUT/ncu_ws.ncu-rep" ]; then
-        ncu --import "$OUT/ncu_ws.ncu-rep" --page source --print-source sass --csv | gzip > "$OUT/ncu_ws_src.csv.gz"
-        ncu --import "$OUT/ncu_ws.ncu-rep" --page details > "$OUT/ncu_ws.txt" 2>&1
-        rm -f "$OUT/ncu_ws.ncu-rep"
-    fi
-    (cd "$OUT" && tar czf s23prof.tgz ncu_ws* && rm -f ncu_ws_src.csv.gz ncu_ws.txt ncu_ws.log)
+    ws_ncu_profile 170 s23prof
     ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
