@@ -381,8 +381,9 @@ def test_root_first_tree_builds_compile_without_more_spills():
     the other order's builds — except the mma.sync d = 128 tree builds (ROOT_FIRST_TREE_EXTRA) and the opt-in
     two-level shared-first builds, which spill up to 32 more bytes (the warp-specialised one's 24-register dQ warp 40
     against 24 on three Q/dO stages, 36 against 20 on two; the mma.sync d=128 one on sm_80 28 against 0 since the
-    row-run dQ adds of ec28eb2, 16 before, when the builds passed the GPU tests on an H100 at 2dbc730; not GPU-run in this order since; on the FA2-like warp layout
-    none against none on sm_80, 28 against 28 on sm_90): bounded here so it cannot grow unnoticed."""
+    row-run dQ adds of ec28eb2, 16 before, when the builds passed the GPU tests on an H100 at 2dbc730; not GPU-run in
+    this order since; on the FA2-like warp layout none against none on sm_80, 28 against 28 on sm_90): bounded here so
+    it cannot grow unnoticed."""
     from dualkv.cuda.build import compile_spec, resource_usage
     from dualkv.cuda.configs import dkdv_spec, ws_bwd_spec
 

@@ -323,11 +323,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             // P^T and dS^T of this warp's 32 keys x 32 queries to smem; after the barrier, dV and dK with warps over
             // (keys x columns) read them back as A operands.
             // On this layout the ordered dQ mode masks only the steps that need it (an unmasked copy of the exp2
-            // loop for the rest); the other modes, and every mode on the 16-key layout, mask every step (predicated). H200, bwd at (28, 4K) / (8, 8K) /
-            // (16, 32K), own processes: ordered 45.66 / 28.21 / 234.06 and 45.78 / 28.43 / 234.13 ms against 46.63 /
-            // 28.48 / 236.71 and 46.36 / 28.83 / 236.98; atomic 49.84 / 29.47 / 231.51 and 50.07 / 29.53 / 233.43
-            // against 48.44 / 28.41 / 227.69 and 48.45 / 28.63 / 226.90, slower that way
-            // (experiments/results/checks/s23mask-h200-20261128T1802Z.log).
+            // loop for the rest); the other modes, and every mode on the 16-key layout, mask every step
+            // (predicated). H200, bwd at (28, 4K) / (8, 8K) / (16, 32K), own processes: ordered 45.66 / 28.21 /
+            // 234.06 and 45.78 / 28.43 / 234.13 ms against 46.63 / 28.48 / 236.71 and 46.36 / 28.83 / 236.98; atomic
+            // 49.84 / 29.47 / 231.51 and 50.07 / 29.53 / 233.43 against 48.44 / 28.41 / 227.69 and 48.45 / 28.63 /
+            // 226.90, slower that way (experiments/results/checks/s23mask-h200-20261128T1802Z.log).
             if (kDqOrdered && !sg.need_mask) {
 #pragma unroll
                 for (int sl = 0; sl < kKeySlabs; ++sl)

@@ -119,10 +119,10 @@ constexpr int kDqCols = kHeadDimAcc / 2;
 #define DKV_DQ_FROM_KT (DKV_HEAD_DIM == 64)  // a macro: the head-dim-128 build keeps its exact code
 constexpr int kKtBytes = DKV_DQ_FROM_KT ? kHeadDim * kBlockKeys * 2 : 0;
 constexpr int kBarConsumers = 1;
-// Bisection switches (DUALKV_EXTRA_DEFINES): skip the dQ counters' waits / the whole dQ hand-off; register split.
-#ifndef DKV_LSE_VEC  // 1: LSE and D by 8-byte loads in the consumers (pending an A/B)
+#ifndef DKV_LSE_VEC  // 1: LSE and D by 8-byte loads in the consumers (pending an A/B: run_pending.sh s23lse)
 #define DKV_LSE_VEC 0
 #endif
+// Bisection switches (DUALKV_EXTRA_DEFINES): skip the dQ counters' waits / the whole dQ hand-off; register split.
 #ifndef DKV_DBG_NOSEM
 #define DKV_DBG_NOSEM 0
 #endif
@@ -314,9 +314,22 @@ __device__ __forceinline__ void put_dq_step(unsigned char* dst, const float (&ac
 // P^T of one step in place (both consumer layouts): acc holds S^T of this warp's 16 keys (first key wkey0 of the
 // block) x 8 kN8 queries; masked are keys past the block's count and the causal diagonal (need_mask: the block
 // reaches it), and rows past the segment have LSE = +inf, so P = 0. q_pos0 is the first query's position.
-template <int kN8>
+// kSplitMask: a step that needs no mask takes an unmasked copy of the exp2 loop, rather than a predicated compare and
+// select on every element of every step. H200, bwd at (28, 4K) / (8, 8K) / (16, 32K), own processes: 26.20 / 15.54 /
+// 124.62 and 26.41 / 15.68 / 124.75 ms against 26.86 / 16.05 / 129.17 and 27.45 / 16.23 / 129.54
+// (experiments/results/checks/s23mask-h200-20261128T1802Z.log). Every build but the wide d = 192 one takes it
+// (see put_dq_step for the wide builds' numbers).
+template <int kN8, bool kSplitMask>
 __device__ __forceinline__ void ws_probs_t(float (&acc)[kN8][4], const float* lse, float scale_log2, bool need_mask,
                                            int count, int key_base, int q_pos0, int wkey0, int g, int t4) {
+    if constexpr (kSplitMask) {
+        if (need_mask) {
+            ws_probs_t<kN8, false>(acc, lse, scale_log2, true, count, key_base, q_pos0, wkey0, g, t4);
+        } else {
+            ws_probs_t<kN8, false>(acc, lse, scale_log2, false, count, key_base, q_pos0, wkey0, g, t4);
+        }
+        return;
+    }
 #pragma unroll
     for (int nt = 0; nt < kN8; ++nt) {
 #if DKV_LSE_VEC  // the two LSE values of a column pair in one 8-byte load (lse: 8-byte aligned, q even)
@@ -584,16 +597,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         wgmma_wait<1>();
         fence_regs(acc_s[0]);
 
-        // The mask only on the steps that need it: an unmasked copy of the exp2 loop for the rest, rather than a
-        // predicated compare and select on every element of every step. H200, bwd at (28, 4K) / (8, 8K) / (16, 32K),
-        // own processes: 26.20 / 15.54 / 124.62 and 26.41 / 15.68 / 124.75 ms against 26.86 / 16.05 / 129.17 and
-        // 27.45 / 16.23 / 129.54 (experiments/results/checks/s23mask-h200-20261128T1802Z.log). (The wide builds:
-        // d = 256 takes it too, see put_dq_step; d = 192 keeps the predicated form.)
-        if (need_mask) {
-            ws_probs_t(acc_s[0], lse, scale_log2, true, count, key_base, q_pos0, wkey0, g, t4);
-        } else {
-            ws_probs_t(acc_s[0], lse, scale_log2, false, count, key_base, q_pos0, wkey0, g, t4);
-        }
+        ws_probs_t<kStep / 8, true>(acc_s[0], lse, scale_log2, need_mask, count, key_base, q_pos0, wkey0, g, t4);
         to_a_frag<1, kStep>(p_frag, acc_s);
         const unsigned long long don_desc = nmajor_tile<kStep>(do_addr), qn_desc = nmajor_tile<kStep>(q_addr);
         wgmma_fence();

@@ -63,12 +63,8 @@ __device__ __forceinline__ void wide_consumer_loop(float (&acc)[kHeadDimAcc / 8]
         const bool need_mask = info.z != 0;
         wgmma_wait<1>();
         fence_regs(acc_s[0]);
-        // Head dim 256: the mask only on the steps that need it (bwd_sm90_ws.cu's put_dq_step has the numbers).
-        if (kHeadDim == 256 && !need_mask) {
-            ws_probs_t(acc_s[0], lse, scale_log2, false, count, key_base, q_pos0, wkey0, g, t4);  // P^T
-        } else {
-            ws_probs_t(acc_s[0], lse, scale_log2, need_mask, count, key_base, q_pos0, wkey0, g, t4);
-        }
+        ws_probs_t<kHalfStep / 8, kHeadDim == 256>(acc_s[0], lse, scale_log2, need_mask, count, key_base, q_pos0,
+                                                   wkey0, g, t4);  // P^T
         wgmma_wait<0>();
         fence_regs(acc_dp[0]);
         dscores_t(acc_dp[0], acc_s[0], dlt, t4);  // dS^T
