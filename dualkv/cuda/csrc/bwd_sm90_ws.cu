@@ -119,9 +119,6 @@ constexpr int kDqCols = kHeadDimAcc / 2;
 #define DKV_DQ_FROM_KT (DKV_HEAD_DIM == 64)  // a macro: the head-dim-128 build keeps its exact code
 constexpr int kKtBytes = DKV_DQ_FROM_KT ? kHeadDim * kBlockKeys * 2 : 0;
 constexpr int kBarConsumers = 1;
-#ifndef DKV_LSE_VEC  // 1: LSE and D by 8-byte loads in the consumers (pending an A/B: run_pending.sh s23lse)
-#define DKV_LSE_VEC 0
-#endif
 // Bisection switches (DUALKV_EXTRA_DEFINES): skip the dQ counters' waits / the whole dQ hand-off; register split.
 #ifndef DKV_DBG_NOSEM
 #define DKV_DBG_NOSEM 0
@@ -331,42 +328,16 @@ __device__ __forceinline__ void ws_probs_t(float (&acc)[kN8][4], const float* ls
         return;
     }
 #pragma unroll
-    for (int nt = 0; nt < kN8; ++nt) {
-#if DKV_LSE_VEC  // the two LSE values of a column pair in one 8-byte load (lse: 8-byte aligned, q even)
-        const float2 lse2 = *reinterpret_cast<const float2*>(lse + nt * 8 + 2 * t4);
-#endif
+    for (int nt = 0; nt < kN8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int q = nt * 8 + 2 * t4 + (e & 1);
             const int kl = wkey0 + g + 8 * (e >> 1);
-#if DKV_LSE_VEC
-            const float row_lse = (e & 1) ? lse2.y : lse2.x;
-#else
-            const float row_lse = lse[q];
-#endif
-            float p = fast_exp2(fmaf(acc[nt][e], scale_log2, -row_lse));
+            float p = fast_exp2(fmaf(acc[nt][e], scale_log2, -query_value(lse, nt * 8 + 2 * t4, e & 1)));
             if (need_mask && (kl >= count || key_base + kl > q_pos0 + q)) p = 0.f;
             acc[nt][e] = p;
         }
-    }
 }
-
-#if DKV_LSE_VEC
-// dS^T = P^T (dP^T - D) in place of dP^T, D by 8-byte loads (keywalk.cuh's dscores_t otherwise).
-template <int kN8>
-__device__ __forceinline__ void ws_dscores_t(float (&acc_dp)[kN8][4], const float (&p)[kN8][4], const float* delta,
-                                             int t4) {
-#pragma unroll
-    for (int nt = 0; nt < kN8; ++nt) {
-        const float2 d2 = *reinterpret_cast<const float2*>(delta + nt * 8 + 2 * t4);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_dp[nt][e] = p[nt][e] * (acc_dp[nt][e] - ((e & 1) ? d2.y : d2.x));
-    }
-}
-#define DKV_WS_DSCORES ws_dscores_t
-#else
-#define DKV_WS_DSCORES dscores_t
-#endif
 
 }  // namespace
 
@@ -606,7 +577,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs(acc_dp[0]);
-        DKV_WS_DSCORES(acc_dp[0], acc_s[0], dlt, t4);  // dS^T
+        dscores_t(acc_dp[0], acc_s[0], dlt, t4);  // dS^T
         to_a_frag<1, kStep>(ds_frag, acc_dp);
 
         // dS (queries x keys) into smem, K-major over keys: this warp's 16 keys x 64 queries, transposed.
