@@ -107,9 +107,8 @@
 #                                                  # (run at 8f6f808+put2; the switches since removed)
 #   bash experiments/gpu/run_pending.sh s23wide    # #12: GPU tests of those as the d = 256 build, dualkv verify
 #   bash experiments/gpu/run_pending.sh s23prof    # #12: wsprof2 (ncu of the d = 128 WS backward) at this session's end
-#   bash experiments/gpu/run_pending.sh s23lse     # #12: the WS consumers' LSE / D by 8-byte loads (DKV_LSE_VEC), bwd A/B
-#                                                  # (not run: superseded by s24lse)
-#   bash experiments/gpu/run_pending.sh s24lse     # #12: s23lse at d = 128 and 256, then d = 256 against the cuDNN cascade
+#   bash experiments/gpu/run_pending.sh s24lse     # #12: LSE / D by 8-byte loads (DKV_LSE_VEC, since removed), bwd A/B
+#                                                  # at d = 128 / 256; then d = 256 against the cuDNN cascade
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1111,22 +1110,10 @@ s23prof)
     # #12: wsprof2 again on the d = 128 WS backward with the unmasked P^T path (cae14dc), H200, one step of 170 s
     ws_ncu_profile 170 s23prof
     ;;
-s23lse)
-    # #12: the WS consumers' LSE and D by 8-byte loads (DKV_LSE_VEC=1: 16 fewer LDS a step on P^T's path, where ncu
-    # shows its FFMAs stalled on short_sb): bwd A/B at d = 128, own processes new / old / new / old (timing only)
-    mkdir -p "$OUT/bench"
-    i=0
-    for v in 1 0 1 0; do
-        i=$((i + 1))
-        DUALKV_EXTRA_DEFINES=DKV_LSE_VEC=$v TAIL=4 step lse${i}_$v 60 python3 -m dualkv bench kernel --systems dualkv \
-            --shapes 8:8192,16:32768 --mode bwd --out "$OUT/bench/lse${i}_$v"
-    done
-    (cd "$OUT" && tar czf s23lse.tgz *.log bench && rm -rf bench lse*.log)
-    ;;
 s24lse)
-    # #12: s23lse's A/B (DKV_LSE_VEC, now in keywalk.cuh's query_value; nvdisasm: WS d = 128 2586 against 2602
-    # instructions, d = 256 3026 against 3034; the mma.sync builds already load LSE / D pairs by LDS.64, same SASS) at
-    # d = 128 and 256, own processes new / old / new / old; then d = 256 fwd / bwd / fwd+bwd beside the cuDNN cascade
+    # #12: LSE / D by 8-byte loads (DKV_LSE_VEC, keywalk.cuh's query_value at 9708e35; nvdisasm: WS d = 128 2586
+    # against 2602 instructions, d = 256 3026 against 3034; the mma.sync builds already load the pairs by LDS.64, same
+    # SASS) at d = 128 and 256, own processes new / old / new / old; then d = 256 fwd / bwd / fwd+bwd beside the cuDNN cascade
     # since the four-offset dQ_step put (0bc08b6), one process
     mkdir -p "$OUT/bench"
     i=0
@@ -1147,6 +1134,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s23lse, s24lse)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse)"
    exit 2 ;;
 esac

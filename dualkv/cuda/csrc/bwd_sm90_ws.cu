@@ -316,6 +316,9 @@ __device__ __forceinline__ void put_dq_step(unsigned char* dst, const float (&ac
 // 124.62 and 26.41 / 15.68 / 124.75 ms against 26.86 / 16.05 / 129.17 and 27.45 / 16.23 / 129.54
 // (experiments/results/checks/s23mask-h200-20261128T1802Z.log). Every build but the wide d = 192 one takes it
 // (see put_dq_step for the wide builds' numbers).
+// LSE and D by 8-byte pair loads here and in dscores_t (16 fewer LDS a step) ran 3% slower at d = 128 (bwd (16, 32K):
+// 131.15 / 130.67 against 126.88 / 126.86 ms) and the same at 256, so both keep the 4-byte loads
+// (experiments/results/checks/s24lse-h200-20261128T2131Z.log).
 template <int kN8, bool kSplitMask>
 __device__ __forceinline__ void ws_probs_t(float (&acc)[kN8][4], const float* lse, float scale_log2, bool need_mask,
                                            int count, int key_base, int q_pos0, int wkey0, int g, int t4) {
@@ -333,7 +336,7 @@ __device__ __forceinline__ void ws_probs_t(float (&acc)[kN8][4], const float* ls
         for (int e = 0; e < 4; ++e) {
             const int q = nt * 8 + 2 * t4 + (e & 1);
             const int kl = wkey0 + g + 8 * (e >> 1);
-            float p = fast_exp2(fmaf(acc[nt][e], scale_log2, -query_value(lse, nt * 8 + 2 * t4, e & 1)));
+            float p = fast_exp2(fmaf(acc[nt][e], scale_log2, -lse[q]));
             if (need_mask && (kl >= count || key_base + kl > q_pos0 + q)) p = 0.f;
             acc[nt][e] = p;
         }

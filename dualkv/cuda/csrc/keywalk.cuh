@@ -241,21 +241,6 @@ __device__ __forceinline__ KeyBlock<kStep, kRankOrder> make_key_block(const int*
     return b;
 }
 
-#ifndef DKV_LSE_VEC  // 1: a query pair's LSE / D by one 8-byte load (pending an A/B: run_pending.sh s23lse)
-#define DKV_LSE_VEC 0
-#endif
-
-// The per-query value at i + odd of a step's LSE or D (i even, odd 0 or 1). DKV_LSE_VEC: the pair at i by one 8-byte
-// load (values 8-byte aligned), which the compiler shares between the two calls of a pair.
-__device__ __forceinline__ float query_value(const float* values, int i, int odd) {
-#if DKV_LSE_VEC
-    const float2 pair = *reinterpret_cast<const float2*>(values + i);
-    return odd ? pair.y : pair.x;
-#else
-    return values[i + odd];
-#endif
-}
-
 // P^T of one step in place: acc holds S^T (16 keys of this warp x 8 kN8 queries, m16n8 layout: rows g, g + 8);
 // key0 is the logical position of the warp's first key, query_pos0 that of the step's first query, lse the
 // step's per-query LSE (log2 domain; +inf for rows beyond the segment, so their P is 0).
@@ -267,7 +252,7 @@ __device__ __forceinline__ void probs_t(float (&acc)[kN8][4], const float* lse, 
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int c = nt * 8 + 2 * t4 + (e & 1);  // query column
-            float p = fast_exp2(fmaf(acc[nt][e], scale_log2, -query_value(lse, nt * 8 + 2 * t4, e & 1)));
+            float p = fast_exp2(fmaf(acc[nt][e], scale_log2, -lse[c]));
             if (need_mask) {
                 const int key = key0 + g + 8 * (e >> 1);
                 const int i = query_pos0 + c;
@@ -284,8 +269,7 @@ __device__ __forceinline__ void dscores_t(float (&acc_dp)[kN8][4], const float (
 #pragma unroll
     for (int nt = 0; nt < kN8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            acc_dp[nt][e] = p[nt][e] * (acc_dp[nt][e] - query_value(delta, nt * 8 + 2 * t4, e & 1));
+        for (int e = 0; e < 4; ++e) acc_dp[nt][e] = p[nt][e] * (acc_dp[nt][e] - delta[nt * 8 + 2 * t4 + (e & 1)]);
 }
 
 // Copy the valid rows of a padded (kRowStride) smem tile to (tokens, heads, d) rows at dst (16-byte stores).
