@@ -134,11 +134,12 @@ def compile_spec(spec: KernelSpec, *, use_cache: bool = True, verbose: bool = Fa
 
 def resource_usage(log: str) -> dict:
     """Registers, spills and stack frame parsed from a ptxas -v log, and ``wgmma_serialized``: whether ptxas
-    serialized the kernel's wgmma instructions (its C7515 "Potential Performance Loss" note: correct, but every
+    serialized the kernel's wgmma instructions (a "Potential Performance Loss" note, whatever its code and reason:
+    C7515 for non-wgmma code defining an accumulator mid-pipeline, C7512 for register pressure, ...; correct, but every
     warpgroup MMA then waits for the one before it)."""
     import re
 
-    out = {"wgmma_serialized": "(C7515)" in log}
+    out = {"wgmma_serialized": "wgmma.mma_async instructions are serialized" in log}
     if m := re.search(r"Used (\d+) registers", log):
         out["registers"] = int(m.group(1))
     if m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log):
