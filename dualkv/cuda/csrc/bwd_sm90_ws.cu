@@ -589,8 +589,6 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         const float* lse = s_lse + s * kStep;
         const float* dlt = s_delta + s * kStep;
         if (DKV_WS_S_EARLY) {
-            wgmma_wait<0>();  // S^T (the only product in flight)
-            fence_regs(acc_s[0]);
             issue_dp(i);
         } else {
             issue_sdp(i);
@@ -598,10 +596,8 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         const int4 info = s_info[s];  // written before the stage's full barrier completed
         const int key_base = info.x, q_pos0 = info.y, tok7 = info.w;  // tok7: the dQ rows' chunk permutation key
         const bool need_mask = info.z != 0;
-        if (!DKV_WS_S_EARLY) {
-            wgmma_wait<1>();
-            fence_regs(acc_s[0]);
-        }
+        wgmma_wait<1>();
+        fence_regs(acc_s[0]);
 
 #if DKV_WS_S_EARLY  // P^T apart from S^T's accumulator, which only wgmma defines
         float probs[1][kStep / 8][4];
