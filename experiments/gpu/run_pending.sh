@@ -109,8 +109,8 @@
 #   bash experiments/gpu/run_pending.sh s23prof    # #12: wsprof2 (ncu of the d = 128 WS backward) at this session's end
 #   bash experiments/gpu/run_pending.sh s24lse     # #12: LSE / D by 8-byte loads (DKV_LSE_VEC, since removed), bwd A/B
 #                                                  # at d = 128 / 256; then d = 256 against the cuDNN cascade
-#   bash experiments/gpu/run_pending.sh s24searly  # #12: the next step's S^T behind this step's dK: A/B, tests, verify
-#   bash experiments/gpu/run_pending.sh s24searly2 # #12: the same with dP^T queued at once
+#   bash experiments/gpu/run_pending.sh s24searly  # #12: the next step's S^T behind this step's dK (DKV_WS_S_EARLY, since
+#                                                  # removed): A/B, tests, verify
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1133,7 +1133,8 @@ s24searly)
     # #12: the WS backward with the next step's S^T issued behind this step's dK (DKV_WS_S_EARLY=1; nvdisasm at
     # d = 128: 2734 against 2602 instructions, same spills, no serialized wgmma): bwd A/B at d = 128 (new / old / new /
     # old) and d = 64 / 96 (new / old), own processes; then under it the WS backward's GPU tests (s23tests' set) and
-    # dualkv verify
+    # dualkv verify. Run at b35eeb2, where each step waited for its S^T before issuing dP^T, and as s24searly2 at
+    # 3f4136e, dP^T queued at once (the d = 128 A/B, tests and verify only); the switch is gone since.
     mkdir -p "$OUT/bench"
     i=0
     for v in 1 0 1 0; do
@@ -1153,23 +1154,6 @@ s24searly)
     TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
     (cd "$OUT" && tar czf s24searly.tgz *.log bench verify.json && rm -rf bench searly*.log)
     ;;
-s24searly2)
-    # #12: s24searly's variant with each step's dP^T queued at once behind its early S^T (wait<1> as before, not a
-    # wait for S^T before the dP^T issue; nvdisasm at d = 128: 2734 instructions, same spills): bwd A/B at d = 128,
-    # new / old / new / old, own processes (no precompile: COMPILE_S=1); then its WS GPU tests and dualkv verify
-    mkdir -p "$OUT/bench"
-    i=0
-    for v in 1 0 1 0; do
-        i=$((i + 1))
-        DUALKV_EXTRA_DEFINES=DKV_WS_S_EARLY=$v TAIL=5 step searly${i}_$v 80 python3 -m dualkv bench kernel \
-            --systems dualkv --shapes 28:4096,8:8192,16:32768 --mode bwd --out "$OUT/bench/searly${i}_$v"
-    done
-    export DUALKV_EXTRA_DEFINES=DKV_WS_S_EARLY=1
-    TAIL=3 step pytest_ws 260 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
-        proofs_tests/test_tree_cuda_ws.py -k "ws_backward or (shared_prefix_gradients and bf16) or tree"
-    TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
-    (cd "$OUT" && tar czf s24searly2.tgz *.log bench verify.json && rm -rf bench searly*.log)
-    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1177,6 +1161,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24searly2)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly)"
    exit 2 ;;
 esac

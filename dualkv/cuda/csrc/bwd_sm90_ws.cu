@@ -119,9 +119,6 @@ constexpr int kDqCols = kHeadDimAcc / 2;
 #define DKV_DQ_FROM_KT (DKV_HEAD_DIM == 64)  // a macro: the head-dim-128 build keeps its exact code
 constexpr int kKtBytes = DKV_DQ_FROM_KT ? kHeadDim * kBlockKeys * 2 : 0;
 constexpr int kBarConsumers = 1;
-#ifndef DKV_WS_S_EARLY  // 1: the next step's S^T product issued behind this step's dQ_step / dK (pending an A/B)
-#define DKV_WS_S_EARLY 0
-#endif
 // Bisection switches (DUALKV_EXTRA_DEFINES): skip the dQ counters' waits / the whole dQ hand-off; register split.
 #ifndef DKV_DBG_NOSEM
 #define DKV_DBG_NOSEM 0
@@ -561,55 +558,24 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             wgmma_ss(acc_dp[0], kmajor_desc<kBlockKeys>(v_desc, st), kmajor_desc<kStep>(do_desc, st), st > 0);
         wgmma_commit();
     };
-    // DKV_WS_S_EARLY: S^T of step i + 1 goes out once step i's dQ_step is stored, behind its dK product still in
-    // flight, so the tensor cores have it queued and the step starts with only dP^T to issue.
-    auto issue_s = [&](int i) {
-        const int s = i % kStages;
-        mbar_wait(bar_full + 8 * s, (i / kStages) & 1);
-        const unsigned long long q_desc = kmajor_tile(sq0 + s * kStepBytes, 0);
-        wgmma_fence();
-#pragma unroll
-        for (int st = 0; st < kHeadDim / 16; ++st)
-            wgmma_ss(acc_s[0], kmajor_desc<kBlockKeys>(k_desc, st), kmajor_desc<kStep>(q_desc, st), st > 0);
-        wgmma_commit();
-    };
-    auto issue_dp = [&](int i) {
-        const unsigned long long do_desc = kmajor_tile(sdo0 + (i % kStages) * kStepBytes, 0);
-        wgmma_fence();
-#pragma unroll
-        for (int st = 0; st < kHeadDim / 16; ++st)
-            wgmma_ss(acc_dp[0], kmajor_desc<kBlockKeys>(v_desc, st), kmajor_desc<kStep>(do_desc, st), st > 0);
-        wgmma_commit();
-    };
+    // Issuing the next step's S^T early, behind this step's dK once dQ_step is stored (P^T kept apart from S^T's
+    // accumulator, or ptxas serializes every wgmma), was correct but 1.8-2.2% slower at (16, 32K) on an H200 whether
+    // dP^T then waited for S^T or queued behind it (experiments/results/checks/s24searly-h200-20261128T2151Z.log).
     const int n_steps = walk_steps(w), count = w.count;
-    if (DKV_WS_S_EARLY && n_steps > 0) issue_s(0);
     for (int i = 0; i < n_steps; ++i) {
         const int s = i % kStages;
         const unsigned q_addr = sq0 + s * kStepBytes, do_addr = sdo0 + s * kStepBytes;
         const float* lse = s_lse + s * kStep;
         const float* dlt = s_delta + s * kStep;
-        if (DKV_WS_S_EARLY) {
-            issue_dp(i);
-        } else {
-            issue_sdp(i);
-        }
+        issue_sdp(i);
         const int4 info = s_info[s];  // written before the stage's full barrier completed
         const int key_base = info.x, q_pos0 = info.y, tok7 = info.w;  // tok7: the dQ rows' chunk permutation key
         const bool need_mask = info.z != 0;
         wgmma_wait<1>();
         fence_regs(acc_s[0]);
 
-#if DKV_WS_S_EARLY  // P^T apart from S^T's accumulator, which only wgmma defines
-        float probs[1][kStep / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < kStep / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) probs[0][nt][e] = acc_s[0][nt][e];
-#else
-        float (&probs)[1][kStep / 8][4] = acc_s;
-#endif
-        ws_probs_t<kStep / 8, true>(probs[0], lse, scale_log2, need_mask, count, key_base, q_pos0, wkey0, g, t4);
-        to_a_frag<1, kStep>(p_frag, probs);
+        ws_probs_t<kStep / 8, true>(acc_s[0], lse, scale_log2, need_mask, count, key_base, q_pos0, wkey0, g, t4);
+        to_a_frag<1, kStep>(p_frag, acc_s);
         const unsigned long long don_desc = nmajor_tile<kStep>(do_addr), qn_desc = nmajor_tile<kStep>(q_addr);
         wgmma_fence();
 #pragma unroll
@@ -617,7 +583,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs(acc_dp[0]);
-        dscores_t(acc_dp[0], probs[0], dlt, t4);  // dS^T
+        dscores_t(acc_dp[0], acc_s[0], dlt, t4);  // dS^T
         to_a_frag<1, kStep>(ds_frag, acc_dp);
 
         // dS (queries x keys) into smem, K-major over keys: this warp's 16 keys x 64 queries, transposed.
@@ -656,14 +622,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         fence_async_smem();
         __syncwarp();
         if (lane == 0 && !DKV_DBG_NODQ) mbar_arrive(bar_dq_full + 8 * b);
-        if (DKV_WS_S_EARLY) {
-            // the last step re-issues its own S^T (its stage is still held, the result unused): an accumulator
-            // that some path leaves to non-wgmma code would make ptxas serialize every wgmma
-            issue_s(i + 1 < n_steps ? i + 1 : i);
-            wgmma_wait<1>();  // dK complete (the next S^T in flight)
-        } else {
-            wgmma_wait<0>();
-        }
+        wgmma_wait<0>();
         fence_regs(acc_dk);
         fence_regs(acc_dv);
         fence_regs(p_frag[0]);
@@ -673,10 +632,6 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         if (kDsBuffers == 1) named_sync(kBarConsumers, kConsumerThreads);  // both warpgroups done reading dS
     }
 
-    if (DKV_WS_S_EARLY) {
-        wgmma_wait<0>();  // the last step's unused S^T
-        fence_regs(acc_s[0]);
-    }
     // dK (scaled) and dV: swizzled into the K / V tiles (no longer read once every consumer is here), then coalesced
     // 16-byte stores of the block's valid rows.
     named_sync(kBarConsumers, kConsumerThreads);
