@@ -111,6 +111,7 @@
 #                                                  # at d = 128 / 256; then d = 256 against the cuDNN cascade
 #   bash experiments/gpu/run_pending.sh s24searly  # #12: the next step's S^T behind this step's dK (DKV_WS_S_EARLY, since
 #                                                  # removed): A/B, tests, verify
+#   bash experiments/gpu/run_pending.sh s24poly    # #12: part of P^T's exponentials on the FMA pipe: A/B, tests, verify
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1154,6 +1155,39 @@ s24searly)
     TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
     (cd "$OUT" && tar czf s24searly.tgz *.log bench verify.json && rm -rf bench searly*.log)
     ;;
+s24poly)
+    # #12: part of the WS backward's P^T exponentials on the FMA pipe (DKV_EXP_POLY=k: the last k of 8 column groups by
+    # exp2_fma, a degree-3 fit; nvdisasm at d = 128: k = 2 49 MUFU against 65, k = 3 41): bwd A/B at d = 128 for
+    # k = 2 / 3 / 0, twice, own processes; then under the k with the lowest (16, 32K) median (when below k = 0's) the WS
+    # backward's GPU tests and dualkv verify
+    mkdir -p "$OUT/bench"
+    i=0
+    for v in 2 3 0 2 3 0; do
+        i=$((i + 1))
+        DUALKV_EXTRA_DEFINES=DKV_EXP_POLY=$v TAIL=5 step poly${i}_$v 80 python3 -m dualkv bench kernel \
+            --systems dualkv --shapes 28:4096,8:8192,16:32768 --mode bwd --out "$OUT/bench/poly${i}_$v"
+    done
+    best=$(python3 - "$OUT/bench" <<'PY'
+import glob, json, statistics, sys
+ms = {}
+for path in glob.glob(sys.argv[1] + "/poly*_*/*.json"):
+    k = path.split("/")[-2].split("_")[1]
+    ms.setdefault(k, []).extend(r["ms"] for r in json.load(open(path))["rows"] if r["P"] == 32768)
+mean = {k: statistics.mean(v) for k, v in ms.items()}
+best = min(mean, key=mean.get)
+print(best if best != "0" else "", file=sys.stdout)
+print(mean, file=sys.stderr)
+PY
+)
+    echo "fastest k: ${best:-0 (the default)}"
+    if [ -n "$best" ]; then
+        export DUALKV_EXTRA_DEFINES=DKV_EXP_POLY=$best
+        TAIL=3 step pytest_ws 260 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+            proofs_tests/test_tree_cuda_ws.py -k "ws_backward or (shared_prefix_gradients and bf16) or tree"
+        TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
+    fi
+    (cd "$OUT" && tar czf s24poly.tgz *.log bench $(ls verify.json 2>/dev/null) && rm -rf bench poly*.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1161,6 +1195,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly)"
    exit 2 ;;
 esac
