@@ -111,7 +111,8 @@
 #                                                  # at d = 128 / 256; then d = 256 against the cuDNN cascade
 #   bash experiments/gpu/run_pending.sh s24searly  # #12: the next step's S^T behind this step's dK (DKV_WS_S_EARLY, since
 #                                                  # removed): A/B, tests, verify
-#   bash experiments/gpu/run_pending.sh s24poly    # #12: part of P^T's exponentials on the FMA pipe: A/B, tests, verify
+#   bash experiments/gpu/run_pending.sh s24poly    # #12: part of P^T's exponentials on the FMA pipe (DKV_EXP_POLY, since
+#                                                  # removed): A/B, then tests and verify when faster
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"

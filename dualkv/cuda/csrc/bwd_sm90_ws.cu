@@ -119,9 +119,6 @@ constexpr int kDqCols = kHeadDimAcc / 2;
 #define DKV_DQ_FROM_KT (DKV_HEAD_DIM == 64)  // a macro: the head-dim-128 build keeps its exact code
 constexpr int kKtBytes = DKV_DQ_FROM_KT ? kHeadDim * kBlockKeys * 2 : 0;
 constexpr int kBarConsumers = 1;
-#ifndef DKV_EXP_POLY  // P^T's last DKV_EXP_POLY of kN8 column groups by exp2_fma, the rest by MUFU (pending an A/B)
-#define DKV_EXP_POLY 0
-#endif
 // Bisection switches (DUALKV_EXTRA_DEFINES): skip the dQ counters' waits / the whole dQ hand-off; register split.
 #ifndef DKV_DBG_NOSEM
 #define DKV_DBG_NOSEM 0
@@ -321,18 +318,9 @@ __device__ __forceinline__ void put_dq_step(unsigned char* dst, const float (&ac
 // (see put_dq_step for the wide builds' numbers).
 // LSE and D by 8-byte pair loads here and in dscores_t (16 fewer LDS a step) ran 3% slower at d = 128 (bwd (16, 32K):
 // 131.15 / 130.67 against 126.88 / 126.86 ms) and the same at 256, so both keep the 4-byte loads
-// (experiments/results/checks/s24lse-h200-20261128T2131Z.log).
-// 2^x on the FMA pipe, for x <= 0 (P^T's exponent): x = j + f with j = round(x) by the 1.5 * 2^23 shift and f in
-// [-0.5, 0.5], 2^f by a degree-3 fit (relative error 7.7e-5, under bf16's 3.9e-3 and fp16's 9.8e-4 to which P^T is
-// rounded), j added to the exponent bits; 0 below -126 as MUFU.EX2 underflows. Takes part of the exponentials off the
-// MUFU unit, which bounds the step's P^T phase (32 MUFU.EX2 a thread).
-__device__ __forceinline__ float exp2_fma(float x) {
-    const float shifted = x + 12582912.f;  // the low mantissa bits hold round(x)
-    const float f = x - (shifted - 12582912.f);
-    const float p = fmaf(fmaf(fmaf(0.05508869f, f, 0.2426041f), f, 0.69327623f), f, 0.99992895f);
-    return x < -126.f ? 0.f : __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
-}
-
+// (experiments/results/checks/s24lse-h200-20261128T2131Z.log). A quarter or three eighths of the exponentials on the
+// FMA pipe (a degree-3 fit of 2^f after a round-to-nearest split), off MUFU, measured the same: (16, 32K) means 125.85
+// and 125.40 against 125.31 ms, so MUFU does not bound this phase (checks/s24poly-h200-20261128T2156Z.log).
 template <int kN8, bool kSplitMask>
 __device__ __forceinline__ void ws_probs_t(float (&acc)[kN8][4], const float* lse, float scale_log2, bool need_mask,
                                            int count, int key_base, int q_pos0, int wkey0, int g, int t4) {
@@ -350,8 +338,7 @@ __device__ __forceinline__ void ws_probs_t(float (&acc)[kN8][4], const float* ls
         for (int e = 0; e < 4; ++e) {
             const int q = nt * 8 + 2 * t4 + (e & 1);
             const int kl = wkey0 + g + 8 * (e >> 1);
-            const float x = fmaf(acc[nt][e], scale_log2, -lse[q]);
-            float p = nt >= kN8 - DKV_EXP_POLY ? exp2_fma(x) : fast_exp2(x);
+            float p = fast_exp2(fmaf(acc[nt][e], scale_log2, -lse[q]));
             if (need_mask && (kl >= count || key_base + kl > q_pos0 + q)) p = 0.f;
             acc[nt][e] = p;
         }
