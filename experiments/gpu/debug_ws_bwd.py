@@ -32,6 +32,7 @@ VARIANTS = {
     "dq2_nodq": "TILE=dq_buffers=2;DKV_DBG_NODQ=1",
     "stages3": "TILE=stages=3",
     "nored": "DKV_DBG_NORED=1",  # wrong dQ: the dQ warp's counters without the reduce-adds
+    "halfred": "DKV_DBG_HALFRED=1",  # wrong dQ: reduce-adds of half the rows (half the dQ traffic)
     "nobar": "DKV_DBG_NOBAR=1",  # wrong dQ: no barrier of the two consumer warpgroups before dQ_step
 }
 

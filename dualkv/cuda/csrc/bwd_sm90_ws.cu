@@ -130,6 +130,9 @@ static_assert(!(kDqInStage && DKV_DBG_NODQ), "with dQ_step in the stage the dQ w
 #ifndef DKV_DBG_NORED  // 1: the dQ warp keeps its counters but adds nothing (wrong dQ: times the reduce-adds)
 #define DKV_DBG_NORED 0
 #endif
+#ifndef DKV_DBG_HALFRED  // 1: each reduce-add covers half the step's rows (wrong dQ: what halving the traffic would save)
+#define DKV_DBG_HALFRED 0
+#endif
 #ifndef DKV_DBG_NOBAR  // 1: no barrier between dS to smem and dQ_step (wrong dQ: times the warpgroups' lockstep)
 #define DKV_DBG_NOBAR 0
 #endif
@@ -462,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                     }
                     if (!DKV_DBG_NORED)
                         bulk_reduce_add_f32(dq_acc + si.head * dqa_head + (long long)si.tok0 * kHeadDim, sdq,
-                                            si.n * kDqRowBytes);
+                                            (DKV_DBG_HALFRED ? (si.n + 1) / 2 : si.n) * kDqRowBytes);
                     bulk_commit();
                     if (kDqInFlight && pending) {  // the previous add has completed: publish it
                         bulk_wait<1>();
