@@ -75,8 +75,8 @@ def test_wgmma_kernels_are_not_serialized_by_ptxas():
     """ptxas keeps every Hopper kernel's wgmma asynchronous. It silently serializes them when, say, a product is
     left in flight across a loop's back edge (note C7515), as the first tried version of the dK/dV kernel's overlap
     did, or when the registers run short (C7512), as the warp-specialised backward with the next step's S^T issued
-    early did; both notes below are from those logs and are recognised, and so is neither ptxas's note on the wait it
-    injects nor a clean log."""
+    early did. Both notes below are from those logs and are flagged; ptxas's note on a wait it injects (C7517) and a
+    clean log are not."""
     from dualkv.cuda.configs import SM90_KERNELS
 
     prefix = "ptxas info    : "

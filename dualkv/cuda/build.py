@@ -134,9 +134,9 @@ def compile_spec(spec: KernelSpec, *, use_cache: bool = True, verbose: bool = Fa
 
 def resource_usage(log: str) -> dict:
     """Registers, spills and stack frame parsed from a ptxas -v log, and ``wgmma_serialized``: whether ptxas
-    serialized the kernel's wgmma instructions (a "Potential Performance Loss" note, whatever its code and reason:
-    C7515 for non-wgmma code defining an accumulator mid-pipeline, C7512 for register pressure, ...; correct, but every
-    warpgroup MMA then waits for the one before it)."""
+    serialized the kernel's wgmma instructions: any note saying "wgmma.mma_async instructions are serialized", whatever
+    its code and reason (C7515: non-wgmma code defines an accumulator mid-pipeline; C7512: too few registers). The
+    kernel stays correct, but every warpgroup MMA then waits for the one before it."""
     import re
 
     out = {"wgmma_serialized": "wgmma.mma_async instructions are serialized" in log}

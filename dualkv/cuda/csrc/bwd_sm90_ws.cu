@@ -34,14 +34,18 @@
 // measured the same at (16, 32K), 132.2 against 132.4 / 130.9 ms; checks/ws-bwd-dqfirst-h100-20261127T0834Z.json).
 // Issuing the next step's S^T / dP^T before this step's dQ hand-off needs them in flight across the loop's back edge,
 // where ptxas serializes every wgmma (C7515); with every product waited for before the back edge it runs out of
-// registers (C7511).
+// registers (C7511). S^T alone, issued behind dK once dQ_step is stored, with P^T kept apart from S^T's accumulator,
+// compiles clean, but ran 1.8-2.2% slower at d = 128 (16, 32K) on an H200 whether dP^T then waited for S^T or queued
+// behind it, with no gain at d = 64 / 96 (experiments/results/checks/s24searly-h200-20261128T2151Z.log).
 //
 // Tried and removed (#12): CTA pairs (clusters of two on key blocks 2p, 2p + 1; the upper CTA's dQ_step copied over
 // DSMEM to the lower one, one reduce-add per pair: half the fp32 traffic into L2). Clusters cost nothing by themselves
 // (66 clusters of two on 132 SMs: full occupancy; with no dQ hand-off 119.4 against 118.7 ms at (16, 32K)), but the
 // sum of the two parts did: 205 ms in the lower CTA's consumer registers (each copy's latency on their path), 265 ms
 // summed in smem by a producer warp, against 131 ms; with that sum skipped (wrong dQ) 134 ms, so even a free sum only
-// ties (experiments/results/checks/ws-bwd-pairs-*-20261127T11*.json). L2 cache policies (evict_last / evict_first on
+// ties (experiments/results/checks/ws-bwd-pairs-*-20261127T11*.json). The bound on any such saving, timed with wrong
+// dQ: reduce-adds of half the rows (DKV_DBG_HALFRED) 5.4% faster at (16, 32K), none 9.7% (H200,
+// checks/s24diag-h200-20261128T2200Z.log). L2 cache policies (evict_last / evict_first on
 // the reduce-adds, evict_first on K / V, evict_last on Q / dO) moved nothing beyond noise (ws-bwd-l2hints-*.json).
 //
 // DKV_TREE=1 (prefix trees, dualkv/cuda/tree_schedule.py): segment rows are tree nodes (q_start, q_len, runs, pos)
@@ -563,9 +567,6 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
             wgmma_ss(acc_dp[0], kmajor_desc<kBlockKeys>(v_desc, st), kmajor_desc<kStep>(do_desc, st), st > 0);
         wgmma_commit();
     };
-    // Issuing the next step's S^T early, behind this step's dK once dQ_step is stored (P^T kept apart from S^T's
-    // accumulator, or ptxas serializes every wgmma), was correct but 1.8-2.2% slower at (16, 32K) on an H200 whether
-    // dP^T then waited for S^T or queued behind it (experiments/results/checks/s24searly-h200-20261128T2151Z.log).
     const int n_steps = walk_steps(w), count = w.count;
     for (int i = 0; i < n_steps; ++i) {
         const int s = i % kStages;
