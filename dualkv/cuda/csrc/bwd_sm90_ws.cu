@@ -137,6 +137,10 @@ static_assert(!(kDqInStage && DKV_DBG_NODQ), "with dQ_step in the stage the dQ w
 #ifndef DKV_DBG_HALFRED  // 1: each reduce-add covers half the step's rows (wrong dQ: what halving the traffic would save)
 #define DKV_DBG_HALFRED 0
 #endif
+#ifndef DKV_DBG_HALFQDO  // 1: each step loads Q's and dO's even 64-column atoms only (wrong dQ / dK / dV: what halving
+#define DKV_DBG_HALFQDO 0  // the Q / dO bytes into the SM, as a multicast to CTA pairs would, could save)
+#endif
+static_assert(!DKV_DBG_HALFQDO || kAtoms % 2 == 0, "DKV_DBG_HALFQDO needs an even number of 64-column atoms");
 #ifndef DKV_DBG_NOBAR  // 1: no barrier between dS to smem and dQ_step (wrong dQ: times the warpgroups' lockstep)
 #define DKV_DBG_NOBAR 0
 #endif
@@ -415,9 +419,10 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                 const int s = i % kStages;
                 if (i >= kStages) mbar_wait(bar_empty + 8 * s, ((i / kStages) + 1) & 1);
                 const StepInfo si = step_info(w, c, kv_head);
-                mbar_arrive_expect_tx(bar_full + 8 * s, 2 * kStepBytes);
+                mbar_arrive_expect_tx(bar_full + 8 * s, (DKV_DBG_HALFQDO ? 1 : 2) * kStepBytes);
 #pragma unroll
                 for (int a = 0; a < kAtoms; ++a) {
+                    if (DKV_DBG_HALFQDO && a % 2) continue;
                     tma_load_3d(sq0 + s * kStageStride + a * kStep * 128, &tm_q, a * 64, si.head, si.tok0,
                                 bar_full + 8 * s);
                     tma_load_3d(sdo0 + s * kStageStride + a * kStep * 128, &tm_do, a * 64, si.head, si.tok0,
