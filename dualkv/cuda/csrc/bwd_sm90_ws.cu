@@ -45,7 +45,9 @@
 // summed in smem by a producer warp, against 131 ms; with that sum skipped (wrong dQ) 134 ms, so even a free sum only
 // ties (experiments/results/checks/ws-bwd-pairs-*-20261127T11*.json). The bound on any such saving, timed with wrong
 // dQ: reduce-adds of half the rows (DKV_DBG_HALFRED) 5.4% faster at (16, 32K), none 9.7% (H200,
-// checks/s24diag-h200-20261128T2200Z.log). L2 cache policies (evict_last / evict_first on
+// checks/s24diag-h200-20261128T2200Z.log). Half the Q / dO bytes into the SM (DKV_DBG_HALFQDO, wrong gradients; what a
+// TMA multicast of each stage to a CTA pair walking the same query tiles would save, at most) 9.2% faster at (16, 32K),
+// 4.4% at (8, 8K) (checks/s24qdo-h200-20261128T2257Z.log): not tried yet. L2 cache policies (evict_last / evict_first on
 // the reduce-adds, evict_first on K / V, evict_last on Q / dO) moved nothing beyond noise (ws-bwd-l2hints-*.json).
 //
 // DKV_TREE=1 (prefix trees, dualkv/cuda/tree_schedule.py): segment rows are tree nodes (q_start, q_len, runs, pos)
