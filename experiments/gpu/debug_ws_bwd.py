@@ -34,6 +34,7 @@ VARIANTS = {
     "nored": "DKV_DBG_NORED=1",  # wrong dQ: the dQ warp's counters without the reduce-adds
     "halfred": "DKV_DBG_HALFRED=1",  # wrong dQ: reduce-adds of half the rows (half the dQ traffic)
     "halfqdo": "DKV_DBG_HALFQDO=1",  # wrong gradients: half of Q's and dO's atoms loaded (half the Q / dO bytes)
+    "halfqdo_shared": "DKV_DBG_HALFQDO=2",  # the same on the steps whose queries see the key block fully only
     "nobar": "DKV_DBG_NOBAR=1",  # wrong dQ: no barrier of the two consumer warpgroups before dQ_step
 }
 

@@ -115,6 +115,7 @@
 #                                                  # removed): A/B, then tests and verify when faster
 #   bash experiments/gpu/run_pending.sh s24diag    # #12: the WS backward's wrong-dQ diagnostics (halfred, nored, ...)
 #   bash experiments/gpu/run_pending.sh s24qdo     # #12: half the Q / dO bytes (halfqdo), the bound on a multicast
+#   bash experiments/gpu/run_pending.sh s24qdo2    # #12: the same on the shared (non-causal) steps only
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1206,6 +1207,13 @@ s24qdo)
         --variants base,halfqdo,halfred,base --out "$OUT"
     (cd "$OUT" && tar czf s24qdo.tgz diag2.log debug_ws_bwd_timing.json)
     ;;
+s24qdo2)
+    # #12: s24qdo's bound with only the steps whose queries see the key block fully halved (halfqdo_shared: the steps a
+    # pair of adjacent key blocks shares), beside halfqdo and the default twice
+    TAIL=6 step diag3 200 python3 experiments/gpu/debug_ws_bwd.py --timing 16:32768,8:8192 \
+        --variants base,halfqdo_shared,halfqdo,base --out "$OUT"
+    (cd "$OUT" && tar czf s24qdo2.tgz diag3.log debug_ws_bwd_timing.json)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1213,6 +1221,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2)"
    exit 2 ;;
 esac

@@ -47,7 +47,9 @@
 // dQ: reduce-adds of half the rows (DKV_DBG_HALFRED) 5.4% faster at (16, 32K), none 9.7% (H200,
 // checks/s24diag-h200-20261128T2200Z.log). Half the Q / dO bytes into the SM (DKV_DBG_HALFQDO, wrong gradients; what a
 // TMA multicast of each stage to a CTA pair walking the same query tiles would save, at most) 9.2% faster at (16, 32K),
-// 4.4% at (8, 8K) (checks/s24qdo-h200-20261128T2257Z.log): not tried yet. L2 cache policies (evict_last / evict_first on
+// 4.4% at (8, 8K) (checks/s24qdo-h200-20261128T2257Z.log); halved on the steps whose queries see the block fully only
+// (DKV_DBG_HALFQDO=2: responses on prompt keys, 65% of the pairs) 2.7%, so most of it is the causal steps' bytes
+// (checks/s24qdo2-h200-20261128T2258Z.log). Not tried yet. L2 cache policies (evict_last / evict_first on
 // the reduce-adds, evict_first on K / V, evict_last on Q / dO) moved nothing beyond noise (ws-bwd-l2hints-*.json).
 //
 // DKV_TREE=1 (prefix trees, dualkv/cuda/tree_schedule.py): segment rows are tree nodes (q_start, q_len, runs, pos)
@@ -140,8 +142,8 @@ static_assert(!(kDqInStage && DKV_DBG_NODQ), "with dQ_step in the stage the dQ w
 #define DKV_DBG_HALFRED 0
 #endif
 #ifndef DKV_DBG_HALFQDO  // 1: each step loads Q's and dO's even 64-column atoms only (wrong dQ / dK / dV: what halving
-#define DKV_DBG_HALFQDO 0  // the Q / dO bytes into the SM, as a multicast to CTA pairs would, could save)
-#endif
+#define DKV_DBG_HALFQDO 0  // the Q / dO bytes into the SM, as a multicast to CTA pairs would, could save); 2: only the
+#endif                     // steps of queries that see the block's keys fully (those a pair of key blocks shares)
 static_assert(!DKV_DBG_HALFQDO || kAtoms % 2 == 0, "DKV_DBG_HALFQDO needs an even number of 64-column atoms");
 #ifndef DKV_DBG_NOBAR  // 1: no barrier between dS to smem and dQ_step (wrong dQ: times the warpgroups' lockstep)
 #define DKV_DBG_NOBAR 0
@@ -421,10 +423,11 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                 const int s = i % kStages;
                 if (i >= kStages) mbar_wait(bar_empty + 8 * s, ((i / kStages) + 1) & 1);
                 const StepInfo si = step_info(w, c, kv_head);
-                mbar_arrive_expect_tx(bar_full + 8 * s, (DKV_DBG_HALFQDO ? 1 : 2) * kStepBytes);
+                const bool half_qdo = DKV_DBG_HALFQDO == 1 || (DKV_DBG_HALFQDO == 2 && !si.own);
+                mbar_arrive_expect_tx(bar_full + 8 * s, (half_qdo ? 1 : 2) * kStepBytes);
 #pragma unroll
                 for (int a = 0; a < kAtoms; ++a) {
-                    if (DKV_DBG_HALFQDO && a % 2) continue;
+                    if (half_qdo && a % 2) continue;
                     tma_load_3d(sq0 + s * kStageStride + a * kStep * 128, &tm_q, a * 64, si.head, si.tok0,
                                 bar_full + 8 * s);
                     tma_load_3d(sdo0 + s * kStageStride + a * kStep * 128, &tm_do, a * 64, si.head, si.tok0,
