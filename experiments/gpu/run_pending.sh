@@ -156,6 +156,22 @@ ordered_tests() {  # ordered_tests NAME: the mma.sync ordered dQ mode's GPU test
     DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=3 step "$1_tree" 200 python3 -m pytest -q -x -m gpu \
         -p no:cacheprovider proofs_tests/test_tree_cuda.py -k "not atomic"
 }
+ws_backward_tests() {  # ws_backward_tests NAME SECONDS: the warp-specialised backward's GPU tests (two-level at every
+    # head dim, the bf16 sweep, trees; step NAME), under the caller's DUALKV_EXTRA_DEFINES
+    TAIL=3 step "$1" "$2" python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+        proofs_tests/test_tree_cuda_ws.py -k "ws_backward or (shared_prefix_gradients and bf16) or tree"
+}
+define_ab() {  # define_ab MACRO "V1 V2 ..." PREFIX SECONDS BENCH_ARGS...: one `dualkv bench kernel BENCH_ARGS` process
+    # per value, in order, built with DUALKV_EXTRA_DEFINES=MACRO=value (step and $OUT/bench folder PREFIX<run>_<value>)
+    local macro=$1 values=$2 prefix=$3 limit=$4 i=0 v
+    shift 4
+    mkdir -p "$OUT/bench"
+    for v in $values; do
+        i=$((i + 1))
+        DUALKV_EXTRA_DEFINES=$macro=$v step "$prefix${i}_$v" "$limit" python3 -m dualkv bench kernel "$@" \
+            --out "$OUT/bench/$prefix${i}_$v"
+    done
+}
 ws_ncu_profile() {  # ws_ncu_profile SECONDS NAME: ncu of the default WS backward at (16, 32K) (step ncu_ws): source
     # counters with the SASS (CSV), warp states, speed of light; the exports in NAME.tgz
     TAIL=3 step ncu_ws "$1" ncu --clock-control none --profile-from-start off -k regex:bwd_sm90_ws \
@@ -1034,8 +1050,7 @@ final22)
 wsstages3)
     # #12: the head-dim-128 warp-specialised backward on three Q/dO stages (final22's probe, now the tile): its GPU
     # tests (two-level at every head dim, the bf16 sweep, trees)
-    TAIL=3 step pytest_ws3 230 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
-        proofs_tests/test_tree_cuda_ws.py -k "ws_backward or (shared_prefix_gradients and bf16) or tree"
+    ws_backward_tests pytest_ws3 230
     ;;
 s23stages)
     # #12: dualkv verify on the three-stage d = 128 warp-specialised backward (not run with it yet), then three
@@ -1072,8 +1087,7 @@ s23tests)
     # #12 / #13: the unmasked P^T path as the default (the warp-specialised backward's two-level and tree builds, the
     # mma.sync ordered dQ mode's): the WS backward's GPU tests (wsstages3's set), the ordered mode's (two-level, paper
     # API, trees), then dualkv verify
-    TAIL=3 step pytest_ws 260 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
-        proofs_tests/test_tree_cuda_ws.py -k "ws_backward or (shared_prefix_gradients and bf16) or tree"
+    ws_backward_tests pytest_ws 260
     ordered_tests pytest_ordered
     TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
     ;;
@@ -1109,8 +1123,7 @@ s23put)
 s23wide)
     # #12: the d = 256 WS backward's four-offset dQ_step put and unmasked P^T path (s23put's "new" at 256 only): the WS
     # backward's GPU tests (wsstages3's set: two-level at every head dim, the bf16 sweep, trees), then dualkv verify
-    TAIL=3 step pytest_ws 260 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
-        proofs_tests/test_tree_cuda_ws.py -k "ws_backward or (shared_prefix_gradients and bf16) or tree"
+    ws_backward_tests pytest_ws 260
     TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
     ;;
 s23prof)
@@ -1140,13 +1153,7 @@ s24searly)
     # old) and d = 64 / 96 (new / old), own processes; then under it the WS backward's GPU tests (s23tests' set) and
     # dualkv verify. Run at b35eeb2, where each step waited for its S^T before issuing dP^T, and as s24searly2 at
     # 3f4136e, dP^T queued at once (the d = 128 A/B, tests and verify only); the switch is gone since.
-    mkdir -p "$OUT/bench"
-    i=0
-    for v in 1 0 1 0; do
-        i=$((i + 1))
-        DUALKV_EXTRA_DEFINES=DKV_WS_S_EARLY=$v TAIL=5 step searly${i}_$v 80 python3 -m dualkv bench kernel \
-            --systems dualkv --shapes 28:4096,8:8192,16:32768 --mode bwd --out "$OUT/bench/searly${i}_$v"
-    done
+    TAIL=5 define_ab DKV_WS_S_EARLY "1 0 1 0" searly 80 --systems dualkv --shapes 28:4096,8:8192,16:32768 --mode bwd
     for d in 64 96; do
         for v in 1 0; do
             DUALKV_EXTRA_DEFINES=DKV_WS_S_EARLY=$v TAIL=4 step searly${d}_$v 80 python3 -m dualkv bench kernel \
@@ -1154,8 +1161,7 @@ s24searly)
         done
     done
     export DUALKV_EXTRA_DEFINES=DKV_WS_S_EARLY=1
-    TAIL=3 step pytest_ws 260 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
-        proofs_tests/test_tree_cuda_ws.py -k "ws_backward or (shared_prefix_gradients and bf16) or tree"
+    ws_backward_tests pytest_ws 260
     TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
     (cd "$OUT" && tar czf s24searly.tgz *.log bench verify.json && rm -rf bench searly*.log)
     ;;
@@ -1164,13 +1170,7 @@ s24poly)
     # exp2_fma, a degree-3 fit; nvdisasm at d = 128: k = 2 49 MUFU against 65, k = 3 41): bwd A/B at d = 128 for
     # k = 2 / 3 / 0, twice, own processes; then under the k with the lowest (16, 32K) median (when below k = 0's) the WS
     # backward's GPU tests and dualkv verify
-    mkdir -p "$OUT/bench"
-    i=0
-    for v in 2 3 0 2 3 0; do
-        i=$((i + 1))
-        DUALKV_EXTRA_DEFINES=DKV_EXP_POLY=$v TAIL=5 step poly${i}_$v 80 python3 -m dualkv bench kernel \
-            --systems dualkv --shapes 28:4096,8:8192,16:32768 --mode bwd --out "$OUT/bench/poly${i}_$v"
-    done
+    TAIL=5 define_ab DKV_EXP_POLY "2 3 0 2 3 0" poly 80 --systems dualkv --shapes 28:4096,8:8192,16:32768 --mode bwd
     best=$(python3 - "$OUT/bench" <<'PY'
 import glob, json, statistics, sys
 ms = {}
@@ -1186,8 +1186,7 @@ PY
     echo "fastest k: ${best:-0 (the default)}"
     if [ -n "$best" ]; then
         export DUALKV_EXTRA_DEFINES=DKV_EXP_POLY=$best
-        TAIL=3 step pytest_ws 260 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
-            proofs_tests/test_tree_cuda_ws.py -k "ws_backward or (shared_prefix_gradients and bf16) or tree"
+        ws_backward_tests pytest_ws 260
         TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
     fi
     (cd "$OUT" && tar czf s24poly.tgz *.log bench $(ls verify.json 2>/dev/null) && rm -rf bench poly*.log)
