@@ -46,7 +46,10 @@ from dualkv.cuda.tree_schedule import tree_key_tiles, tree_rows, tree_segments  
 
 WORKLOADS = {"a": system_prompt_workload, "b": branching_workload, "c": multi_turn_workload,
              "two-level": lambda: GroupLayout.single(32768, [2048] * 16),
-             "4x8K": lambda: GroupLayout.from_lengths([8192] * 4, [[2048] * 8] * 4)}
+             "4x8K": lambda: GroupLayout.from_lengths([8192] * 4, [[2048] * 8] * 4),
+             "28x4K": lambda: GroupLayout.single(4096, [2048] * 28),
+             "8x8K": lambda: GroupLayout.single(8192, [2048] * 8),
+             "16x1K": lambda: GroupLayout.single(1024, [2048] * 16)}
 SMS, KV_HEADS, GROUP = 132, 8, 4
 L2_TILES = int(50e6 // 65536)  # H100 L2 / (dQ fp32 tile + Q and dO bf16 tiles)
 
@@ -66,21 +69,44 @@ def schedules(layout) -> dict:
         return out
     rows = np.asarray(layout.segment_table, dtype=np.int64).reshape(-1, 4)
     tiles = key_tiles(rows, ws_schedule.BLOCK_KEYS, True, True)
-    return {name: (rows, ws_schedule.launch_order(tiles, rows, node_major_tiles=node), None)
-            for name, node in (("heaviest", False), ("node", True))}
+    out = {name: (rows, ws_schedule.launch_order(tiles, rows, node_major_tiles=node), None)
+           for name, node in (("heaviest", False), ("node", True))}
+    # head-major CTA orders (the two-level default since 2c4891d): the own-first table, each KV head's in turn; the
+    # shared-first table split (every KV head's shared-key tiles, then every head's own-response tiles)
+    own = ws_schedule.launch_order(tiles, rows, node_major_tiles=True)
+    shared = ws_schedule.launch_order(tiles, rows, node_major_tiles=True, shared_first=True)
+    out["node-head"] = (rows, own, HeadMajor(len(own)))
+    out["shared-split"] = (rows, shared, HeadMajor(ws_schedule.head_major_split(shared, rows, True), True))
+    return out
 
 
-def _ctas(tiles: np.ndarray, kv_heads: int) -> list[tuple[int, int]]:
+class HeadMajor:
+    """A two-level schedule's head-major CTA order (:func:`dualkv.cuda.ws_schedule.cta_order`), passed where a tree's
+    ranks go: ``first_tiles`` of the split and whether the dQ order is shared-first."""
+
+    def __init__(self, first_tiles: int, shared_first: bool = False):
+        self.first_tiles, self.shared_first = first_tiles, shared_first
+
+
+def _ctas(tiles: np.ndarray, kv_heads: int, ranks=None) -> list[tuple[int, int]]:
+    if isinstance(ranks, HeadMajor):
+        return [(int(t), int(h)) for h, t in ws_schedule.cta_order(len(tiles), kv_heads, ranks.first_tiles)]
     return [(t, h) for t in range(len(tiles)) for h in range(kv_heads)]
 
 
-def l2_misses(rows, tiles, *, sms: int = SMS, kv_heads: int = KV_HEADS, group: int = GROUP,
+def _rank(tile, st, ranks) -> int:
+    if isinstance(ranks, HeadMajor):
+        return ws_schedule.rank(tile, st, None, ranks.shared_first)
+    return ws_schedule.rank(tile, st, ranks)
+
+
+def l2_misses(rows, tiles, ranks=None, *, sms: int = SMS, kv_heads: int = KV_HEADS, group: int = GROUP,
               l2_tiles: int = L2_TILES) -> dict:
     """The L2 model (module docstring): steps, makespan, ideal, misses and misses per step."""
     walks = [ws_schedule.walk(tuple(t), rows, group) for t in tiles.tolist()]
     free = [(0, s) for s in range(sms)]
     touches = []
-    for t, h in _ctas(tiles, kv_heads):
+    for t, h in _ctas(tiles, kv_heads, ranks):
         start, sm = heapq.heappop(free)
         touches += [(start + i, h * group + st.head, st.seg, st.qt) for i, st in enumerate(walks[t])]
         heapq.heappush(free, (start + len(walks[t]), sm))
@@ -104,8 +130,8 @@ def l2_misses(rows, tiles, *, sms: int = SMS, kv_heads: int = KV_HEADS, group: i
 def with_dq_waits(rows, tiles, ranks, *, sms: int = SMS, kv_heads: int = KV_HEADS, group: int = GROUP) -> dict:
     """The dQ-wait model (module docstring): makespan, ideal, summed waiting steps, and whether it deadlocks."""
     walks = [ws_schedule.walk(tuple(t), rows, group) for t in tiles.tolist()]
-    step_ranks = [[ws_schedule.rank(tuple(t), st, ranks) for st in w] for t, w in zip(tiles.tolist(), walks)]
-    ctas = _ctas(tiles, kv_heads)
+    step_ranks = [[_rank(tuple(t), st, ranks) for st in w] for t, w in zip(tiles.tolist(), walks)]
+    ctas = _ctas(tiles, kv_heads, ranks)
     counter: dict = defaultdict(int)
     parked: dict = defaultdict(list)
     events: list = []
@@ -162,7 +188,7 @@ def main(argv=None) -> int:
             row = {"workload": name, "order": order,
                    **{f"waits_{k}": v for k, v in with_dq_waits(rows, tiles, ranks).items()}}
             for cap in args.l2_tiles:  # the L2 figures move with the modelled capacity: report several
-                row[f"l2_{cap}"] = l2_misses(rows, tiles, l2_tiles=cap)
+                row[f"l2_{cap}"] = l2_misses(rows, tiles, ranks, l2_tiles=cap)
             row["model_seconds"] = time.perf_counter() - t0
             rows_out.append(row)
             misses = "  ".join(f"{row[f'l2_{cap}']['misses_per_step']:.3f}" for cap in args.l2_tiles)

@@ -16,15 +16,16 @@ SEEN: dict = {}
 
 
 def _cpu_fwd(q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, dq_tiles, key_tiles, dkdv_key_tiles, fwd_kernel,
-             fwd_pack, dq_pack, ctx_shared, scale, window_left, causal, deterministic, tree):
+             fwd_pack, dq_pack, ws_first_tiles, ctx_shared, scale, window_left, causal, deterministic, tree):
     SEEN["fwd"] = {"key_tiles": key_tiles, "dkdv_key_tiles": dkdv_key_tiles, "fwd_kernel": fwd_kernel}
     return q * scale, torch.zeros(q.shape[1], q.shape[0], dtype=torch.float32)
 
 
 def _cpu_bwd(dout, d_lse, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles, dkdv_key_tiles,
-             dq_pack, ctx_shared, scale, window_left, causal, deterministic, tree):
+             dq_pack, ws_first_tiles, ctx_shared, scale, window_left, causal, deterministic, tree):
     SEEN["bwd"] = {"key_tiles": key_tiles, "dkdv_key_tiles": dkdv_key_tiles, "dq_tiles": dq_tiles,
-                   "segments": segments, "meta": (dq_pack, ctx_shared, scale, window_left, causal, deterministic, tree)}
+                   "segments": segments,
+                   "meta": (dq_pack, ws_first_tiles, ctx_shared, scale, window_left, causal, deterministic, tree)}
     ctx_k = k_own.new_empty((0,)) if ctx_shared else torch.full_like(k_ctx, 3.0)
     ctx_v = v_own.new_empty((0,)) if ctx_shared else torch.full_like(v_ctx, 4.0)
     return dout * scale, ctx_k, ctx_v, torch.full_like(k_own, 5.0), torch.full_like(v_own, 6.0)
@@ -59,8 +60,8 @@ def test_stand_ins_leave_no_cpu_kernel_behind():
         pass
     with pytest.raises(NotImplementedError, match="CPU"):
         torch.ops.dualkv.fwd(q, q[:, :2], q[:, :2], q[:, :2], q[:, :2], t["segments"], t["fwd_tiles"],
-                             t["dq_tiles"], t["key_tiles"], t["dkdv_key_tiles"], "fwd", 2, 2, True, 0.5, -1, True,
-                             True, False)
+                             t["dq_tiles"], t["key_tiles"], t["dkdv_key_tiles"], "fwd", 2, 2, 3, True, 0.5, -1,
+                             True, True, False)
 
 
 def _tables():
@@ -75,13 +76,13 @@ def test_backward_receives_both_key_tile_orders_and_returns_five_gradients(ctx_s
     q, k_ctx, v_ctx, k_own, v_own = (torch.randn(9, h, 8, requires_grad=True) for h in (4, 2, 2, 2, 2))
     t = _tables()
     out, lse = ops.fwd(q, k_ctx, v_ctx, k_own, v_own, t["segments"], t["fwd_tiles"], t["dq_tiles"], t["key_tiles"],
-                       t["dkdv_key_tiles"], "fwd", 2, 2, ctx_shared, 0.5, -1, True, True, False)
+                       t["dkdv_key_tiles"], "fwd", 2, 2, 3, ctx_shared, 0.5, -1, True, True, False)
     dout = torch.randn_like(out)
     out.backward(dout)
     seen = SEEN["bwd"]
     for name in ("key_tiles", "dkdv_key_tiles", "dq_tiles", "segments"):
         assert torch.equal(seen[name], t[name]), name
-    assert seen["meta"] == (2, ctx_shared, 0.5, -1, True, True, False)
+    assert seen["meta"] == (2, 3, ctx_shared, 0.5, -1, True, True, False)  # ws_first_tiles 3 handed through
     assert torch.equal(q.grad, dout * 0.5)
     assert torch.equal(k_own.grad, torch.full_like(k_own, 5.0)) and torch.equal(v_own.grad, torch.full_like(v_own, 6.0))
     if ctx_shared:   # the context rows are own rows: their gradient arrives through the own slots only
@@ -96,7 +97,7 @@ def test_swapped_key_tile_orders_are_seen():
     q, k, v = (torch.randn(9, h, 8, requires_grad=True) for h in (4, 2, 2))
     t = _tables()
     out, _ = ops.fwd(q, k, v, k, v, t["segments"], t["fwd_tiles"], t["dq_tiles"], t["dkdv_key_tiles"], t["key_tiles"],
-                     "fwd", 2, 2, True, 0.5, -1, True, True, False)
+                     "fwd", 2, 2, 3, True, 0.5, -1, True, True, False)
     out.sum().backward()
     assert torch.equal(SEEN["bwd"]["key_tiles"], t["dkdv_key_tiles"])
     assert torch.equal(SEEN["bwd"]["dkdv_key_tiles"], t["key_tiles"])

@@ -341,3 +341,103 @@ def test_dq_rows_permute_within_the_row(head_dim):
     assert "return chunk ^ (token & 7);" in kernel and "constexpr int kDqRowBytes = kHeadDim * 4;" in kernel
     assert "(dq_chunk(col / 4, tok7 + row) * 4 + col % 4) * 4" in kernel
     assert "src + 4 * ((2 * c) ^ (t & 7))" in cast and "src + 4 * ((2 * c + 1) ^ (t & 7))" in cast
+
+
+def _kernel_cta_head_tile(bid: int, n_tiles: int, kv_heads: int, first_tiles: int, head_major: bool):
+    """csrc/bwd_sm90_ws.cu's cta_head_tile, line for line (int division of non-negative ints)."""
+    if not head_major:
+        return bid % kv_heads, bid // kv_heads
+    first_ctas = first_tiles * kv_heads
+    if bid < first_ctas:
+        return bid // first_tiles, bid % first_tiles
+    rest = n_tiles - first_tiles
+    return (bid - first_ctas) // rest, first_tiles + (bid - first_ctas) % rest
+
+
+@pytest.mark.parametrize("head_major", [True, False])
+def test_cta_order_is_the_kernels_mapping(head_major):
+    from dualkv.cuda.ws_schedule import check_cta_order, cta_order
+
+    for n in (1, 2, 5, 17):
+        for kv in (1, 3, 8):
+            for first in sorted({0, 1, n // 2, n - 1, n}):
+                got = cta_order(n, kv, first, head_major)
+                want = [_kernel_cta_head_tile(b, n, kv, first, head_major) for b in range(n * kv)]
+                assert got.tolist() == [list(x) for x in want], (n, kv, first)
+                check_cta_order(got, n, kv)
+            if head_major:  # the whole table per head: the head-major order before the split existed
+                assert cta_order(n, kv).tolist() == [[b // n, b % n] for b in range(n * kv)]
+    with pytest.raises(ValueError, match="first_tiles"):
+        cta_order(4, 2, 5)
+
+
+def _cta_dq_ranks(tiles, seg, order, group: int, shared_first: bool) -> dict:
+    """(KV head, query head, segment, query tile) -> the ranks reaching that dQ counter, in CTA launch order."""
+    from dualkv.cuda.ws_schedule import rank
+
+    out: dict = {}
+    for head, row in np.asarray(order).tolist():
+        tile = tuple(np.asarray(tiles)[row].tolist())
+        for st in walk(tile, seg, group):
+            out.setdefault((head, st.head, st.seg, st.qt), []).append(rank(tile, st, None, shared_first))
+    return out
+
+
+@pytest.mark.parametrize("shared_first", [False, True], ids=["own-first", "shared-first"])
+@pytest.mark.parametrize("seed", range(2))
+def test_every_cta_split_keeps_the_dq_order(seed, shared_first):
+    """Whatever the split, every dQ counter receives ranks 0..k-1 in CTA launch order (no CTA waits on a later one)."""
+    from dualkv.cuda.ws_schedule import check_cta_order, cta_order, head_major_split
+
+    for layout in _layouts(seed, 12):
+        seg = layout.segment_table
+        tiles = launch_order(key_tiles(seg, BLOCK_KEYS, True), seg, node_major_tiles=True, shared_first=shared_first)
+        n = len(tiles)
+        for first in sorted({0, 1, n // 2, head_major_split(tiles, seg, shared_first), n}):
+            order = cta_order(n, 3, first)
+            check_cta_order(order, n, 3)
+            for key, ranks in _cta_dq_ranks(tiles, seg, order, 2, shared_first).items():
+                assert ranks == list(range(len(ranks))), (key, ranks, first)
+
+
+def test_wrong_cta_orders_are_caught():
+    """Known-wrong orders: two tiles of one KV head swapped (its dQ counters would get rank 1 before rank 0: the
+    kernel would wait forever), a CTA dropped, a CTA repeated."""
+    from dualkv.cuda.ws_schedule import check_cta_order, cta_order
+
+    seg = GroupLayout.single(300, [129, 5]).segment_table
+    tiles = launch_order(key_tiles(seg, BLOCK_KEYS, True), seg)
+    order = cta_order(len(tiles), 2)
+    prompt = [i for i, t in enumerate(tiles.tolist()) if t[0] == 0]  # the prompt's blocks 0, 1, 2 (KV head 0's CTAs)
+    swapped = order.copy()
+    swapped[[prompt[0], prompt[1]]] = swapped[[prompt[1], prompt[0]]]
+    with pytest.raises(RuntimeError, match="out of table order"):
+        check_cta_order(swapped, len(tiles), 2)
+    assert any(r != list(range(len(r))) for r in _cta_dq_ranks(tiles, seg, swapped, 2, False).values())
+    with pytest.raises(RuntimeError, match="once"):
+        check_cta_order(order[1:], len(tiles), 2)
+    with pytest.raises(RuntimeError, match="once"):
+        check_cta_order(np.concatenate([order[:1], order[:-1]]), len(tiles), 2)
+
+
+@pytest.mark.parametrize("shared_first", [False, True], ids=["own-first", "shared-first"])
+def test_plans_split_the_head_major_order_after_the_shared_tiles(shared_first, monkeypatch):
+    """Shared-first plans launch every KV head's shared-key (heavy) tiles before any own-response (light) tile, so the
+    light tiles fill the last wave; own-first plans keep each KV head's whole table together (the split would put
+    every head's light own tiles first)."""
+    from dualkv.cuda import launch
+    from dualkv.cuda.ws_schedule import cta_order, is_own_response
+
+    layout = GroupLayout.from_lengths([300, 700], [[129, 200], [65, 1, 300]])
+    monkeypatch.setattr(launch, "TWO_LEVEL_SHARED_FIRST", shared_first)
+    plan = launch.make_plan(layout.segment_table, head_dim=128, group_size=2, window_left=-1,
+                            device=torch.device("cpu"), ctx_shared=True, fwd_kernel="fwd")
+    tiles, seg = plan.key_tiles.numpy(), layout.segment_table
+    own = np.array([is_own_response(t, seg) for t in tiles.tolist()])
+    if not shared_first:
+        assert plan.ws_first_tiles == len(tiles)
+        return
+    assert plan.ws_first_tiles == int((~own).sum()) and not own[:plan.ws_first_tiles].any()
+    launched_own = own[cta_order(len(tiles), 4, plan.ws_first_tiles)[:, 1]]
+    first_own = int(np.argmax(launched_own))
+    assert launched_own[first_own:].all() and not launched_own[:first_own].any()

@@ -57,6 +57,9 @@ class Plan:
     dq_tile: TileConfig
     dkdv_tile: KeyTileConfig
     tree: bool = False       # a PrefixTreeLayout's schedule (dualkv/cuda/tree_schedule.py): DKV_TREE=1 query kernels
+    # the warp-specialised backward's head-major CTA order: each KV head's first ws_first_tiles rows of key_tiles in
+    # turn, then its other rows (ws_schedule.cta_order; 0 or the table's length: each head's whole table in turn)
+    ws_first_tiles: int = 0
 
 
 def _to_device(a: np.ndarray, device) -> torch.Tensor:
@@ -93,6 +96,7 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
         key_tiles=_to_device(keys, device),
         ctx_shared=ctx_shared, causal=causal, fwd_tile=fwd_tile, dq_tile=dq_tile, dkdv_tile=dkdv_tile,
         dkdv_key_tiles=_to_device(heaviest, device),
+        ws_first_tiles=ws_schedule.head_major_split(keys, segments, TWO_LEVEL_SHARED_FIRST),
     )
 
 
@@ -125,7 +129,7 @@ def make_tree_plan(layout, *, head_dim: int, group_size: int, device: torch.devi
         dq_pack=dq_pack,
         key_tiles=_to_device(keys, device),
         ctx_shared=True, causal=True, fwd_tile=fwd_tile, dq_tile=dq_tile, dkdv_tile=dkdv_tile, tree=True,
-        dkdv_key_tiles=_to_device(heaviest, device),
+        dkdv_key_tiles=_to_device(heaviest, device), ws_first_tiles=len(keys),
     )
 
 
@@ -193,7 +197,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
                  ctx_shared: bool, *, scale: float, window_left: int, d_lse: torch.Tensor | None = None,
                  dq_tile: TileConfig | None = None, dkdv_tile: KeyTileConfig | None = None,
                  kernels: tuple[str, ...] = ("dq", "dkdv"), deterministic: bool = True, causal: bool = True,
-                 tree: bool = False, dkdv_key_tiles_t: torch.Tensor | None = None):
+                 tree: bool = False, dkdv_key_tiles_t: torch.Tensor | None = None, ws_first_tiles: int | None = None):
     """dQ and dK/dV kernels. Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own); with ``ctx_shared`` the context rows are
     own rows of the same tensors and dk_ctx/dv_ctx are empty (their gradient is inside dk_own/dv_own).
 
@@ -215,7 +219,8 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     head dims 64 to 256, the ``auto`` family), else the DKV_TREE=1 dQ kernel and the dK/dV kernel
     (``kernel_family("wgmma_v1")`` forces that pair on sm_90). ``key_tiles_t`` is in the warp-specialised launch order;
     the dK/dV kernel runs ``dkdv_key_tiles_t`` (the same tiles heaviest first, :attr:`Plan.dkdv_key_tiles`) where given,
-    else ``key_tiles_t`` (correct in any order, only slower on a tree).
+    else ``key_tiles_t`` (correct in any order, only slower on a tree). ``ws_first_tiles``: the warp-specialised
+    backward's head-major CTA split (:attr:`Plan.ws_first_tiles`; None, the whole table per KV head).
     """
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
@@ -235,7 +240,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     if (ws_backward_for(head_dim, arch, window, causal, tree) and not dq_tile and not dkdv_tile
             and kernels == ("dq", "dkdv")):
         _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
-                         segments, key_tiles_t, group, scale, tree)
+                         segments, key_tiles_t, group, scale, tree, ws_first_tiles)
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
     keys = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(dout),
             lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0))]
@@ -346,10 +351,12 @@ WS_BWD_STEP = 64
 
 
 def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
-                     segments, key_tiles_t, group: int, scale: float, tree: bool = False) -> None:
+                     segments, key_tiles_t, group: int, scale: float, tree: bool = False,
+                     first_tiles: int | None = None) -> None:
     """The warp-specialised Hopper backward: dK, dV (written) and dQ (fp32, fixed-order adds into one accumulator,
     then scaled and cast into ``dq`` by one more kernel) from one kernel. ``key_tiles_t`` must be in
-    :func:`dualkv.cuda.ws_schedule.launch_order` (the order of this process's two-level / tree dQ order)."""
+    :func:`dualkv.cuda.ws_schedule.launch_order` (the order of this process's two-level / tree dQ order);
+    ``first_tiles``: the head-major CTA split (:func:`dualkv.cuda.ws_schedule.cta_order`; None: the whole table)."""
     from .tma import launch_raw, tensor_map_3d
 
     tokens, heads, head_dim = q.shape
@@ -366,6 +373,8 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
     launch_raw(kern, (key_tiles_t.shape[0] * kv_heads, 1, 1),
                [*maps, lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0)), *dkc_args, *dvc_args,
                 *_strided(dk_own), *_strided(dv_own), dq_acc.data_ptr(), i64(rows * acc_cols), sems.data_ptr(),
-                i32(n_qtiles), qtile_offset.data_ptr() if qtile_offset is not None else 0, segments.data_ptr(), key_tiles_t.data_ptr(), i32(kv_heads),
-                i32(group), f32(scale * LOG2E), f32(scale)])
+                i32(n_qtiles), qtile_offset.data_ptr() if qtile_offset is not None else 0, segments.data_ptr(),
+                key_tiles_t.data_ptr(), i32(kv_heads),
+                i32(key_tiles_t.shape[0] if first_tiles is None else first_tiles), i32(group), f32(scale * LOG2E),
+                f32(scale)])
     _cast_dq(dq_acc, dq, scale)

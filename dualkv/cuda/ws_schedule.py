@@ -252,6 +252,50 @@ def check_launch_order(tiles: np.ndarray, segments: np.ndarray, tree: TreeRanks 
                                "deadlock")
 
 
+def head_major_split(tiles: np.ndarray, segments: np.ndarray | None, shared_first: bool) -> int:
+    """``first_tiles`` of the head-major CTA order (:func:`cta_order`) for a two-level launch order: with the
+    shared-first order, the number of leading shared-key tiles (every KV head's heavy tiles then launch before any
+    light own-response tile); otherwise (or on a tree, ``segments`` None) the whole table (plain head-major)."""
+    rows = np.asarray(tiles).reshape(-1, 4)
+    if not shared_first or segments is None:
+        return int(rows.shape[0])
+    seg = np.asarray(segments).reshape(-1, 4)
+    own = [is_own_response(t, seg) for t in rows.tolist()]
+    return own.index(True) if True in own else int(rows.shape[0])
+
+
+def cta_order(n_tiles: int, kv_heads: int, first_tiles: int | None = None, head_major: bool = True) -> np.ndarray:
+    """int64 (n_tiles * kv_heads, 2): the (KV head, table row) of each CTA in launch (blockIdx.x) order, as
+    ``cta_head_tile`` in csrc/bwd_sm90_ws.cu computes it. Head-major: the table's first ``first_tiles`` rows of every
+    KV head in turn, then its other rows of every KV head in turn (``first_tiles`` None or ``n_tiles``: each head's
+    whole table in turn); otherwise a row's KV heads adjacent. Every KV head sees its rows in table order, so a CTA
+    waits only on CTAs launched before it whenever the table is a valid launch order (:func:`check_cta_order`)."""
+    first = n_tiles if first_tiles is None else first_tiles
+    if not 0 <= first <= n_tiles:
+        raise ValueError(f"first_tiles ({first}) must lie in [0, {n_tiles}]")
+    bid = np.arange(n_tiles * kv_heads)
+    if not head_major:
+        return np.stack([bid % kv_heads, bid // kv_heads], 1)
+    head = np.where(bid < first * kv_heads, bid // max(first, 1), 0)
+    tile = np.where(bid < first * kv_heads, bid % max(first, 1), 0)
+    rest, late = n_tiles - first, bid - first * kv_heads
+    head = np.where(late >= 0, late // max(rest, 1), head)
+    tile = np.where(late >= 0, first + late % max(rest, 1), tile)
+    return np.stack([head, tile], 1)
+
+
+def check_cta_order(order: np.ndarray, n_tiles: int, kv_heads: int) -> None:
+    """Raise unless ``order`` (:func:`cta_order`) launches every (KV head, row) exactly once and each KV head's rows
+    in table order (the dQ counters of a head then receive their contributions in launch order)."""
+    order = np.asarray(order).reshape(-1, 2)
+    if order.shape[0] != n_tiles * kv_heads or len({tuple(r) for r in order.tolist()}) != order.shape[0]:
+        raise RuntimeError(f"the CTA order does not launch each of the {n_tiles} rows x {kv_heads} KV heads once")
+    for h in range(kv_heads):
+        rows = order[order[:, 0] == h, 1]
+        if not np.array_equal(rows, np.arange(n_tiles)):
+            raise RuntimeError(f"KV head {h}'s key tiles launch out of table order: {rows[:8].tolist()}...")
+
+
 def dq_contributors(tiles: np.ndarray, segments: np.ndarray, group: int, tree: TreeRanks | None = None,
                     geo: Geometry = WS, shared_first: bool = False) -> dict[tuple, list[int]]:
     """(segment, query tile, head) -> the ranks of the contributions adding into it, in table (= launch) order."""

@@ -116,6 +116,8 @@
 #   bash experiments/gpu/run_pending.sh s24diag    # #12: the WS backward's wrong-dQ diagnostics (halfred, nored, ...)
 #   bash experiments/gpu/run_pending.sh s24qdo     # #12: half the Q / dO bytes (halfqdo), the bound on a multicast
 #   bash experiments/gpu/run_pending.sh s24qdo2    # #12: the same on the shared (non-causal) steps only
+#   bash experiments/gpu/run_pending.sh s25split   # #12 / #13: the shared-first dQ order with the split head-major CTA
+#                                                  # order (heavy tiles of every KV head first): its GPU test, bwd A/B
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1213,6 +1215,28 @@ s24qdo2)
         --variants base,halfqdo_shared,halfqdo,base --out "$OUT"
     (cd "$OUT" && tar czf s24qdo2.tgz diag3.log debug_ws_bwd_timing.json)
     ;;
+s25split)
+    # #12 / #13: DUALKV_TWO_LEVEL_DQ_ORDER=shared now also splits the WS backward's head-major CTA order (every KV
+    # head's shared-key tiles, then every head's own-response tiles: the light tiles fill the last wave; CPU model
+    # experiments/ws_order_model.py). The split's GPU test (bits equal for every split, both dQ orders), then bwd A/B
+    # own / shared / own / shared (own processes) for the WS backward, one group and four, and the mma.sync family
+    TAIL=3 step splittest 240 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+        -k "cta_split or ws_backward_is_bitwise"
+    mkdir -p "$OUT/bench"
+    i=0
+    for order in own shared own shared; do
+        i=$((i + 1))
+        DUALKV_TWO_LEVEL_DQ_ORDER=$order TAIL=7 step ws${i}_$order 150 python3 -m dualkv bench kernel --systems dualkv \
+            --shapes 28:4096,8:8192,16:32768,8:2048,16:1024 --mode bwd --out "$OUT/bench/ws${i}_$order"
+    done
+    for order in own shared; do
+        DUALKV_TWO_LEVEL_DQ_ORDER=$order TAIL=4 step g4_$order 80 python3 -m dualkv bench kernel --systems dualkv \
+            --groups 4 --shapes 8:8192,8:2048 --mode bwd --out "$OUT/bench/g4_$order"
+        DUALKV_TWO_LEVEL_DQ_ORDER=$order TAIL=6 step mma_$order 200 python3 -m dualkv bench kernel --systems dualkv_mma \
+            --shapes 28:4096,8:8192,16:32768,16:1024 --mode bwd --out "$OUT/bench/mma_$order"
+    done
+    (cd "$OUT" && tar czf s25split.tgz *.log bench && rm -rf bench ws*.log g4_*.log mma_*.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1220,6 +1244,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split)"
    exit 2 ;;
 esac

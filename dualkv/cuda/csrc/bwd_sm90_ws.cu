@@ -156,20 +156,25 @@ constexpr bool kDqInFlight = DKV_DQ_INFLIGHT != 0;
 // (Freeing the smem buffer before publishing the previous add measured 6% slower at (16, 32K): the adds then come
 // faster than L2 absorbs them; checks/ws-bwd-dqpath-h100-20261127T0840Z.json.)
 // CTA order (the spec's head_major, configs.WS_CTA_ORDERS): 0, the KV heads of a key tile adjacent (blockIdx.x =
-// tile * kv_heads + head; prefix trees); 1, each KV head's whole table in turn (blockIdx.x = head * tiles + tile; the
-// two-level default), so the CTAs running together sweep the query rows of ONE KV head's query heads (an eighth of
-// the Q / dO / dQ lines at 8 KV heads). Only the launch order changes: every counter (one query head) still receives
-// its tiles in table order, and a CTA still waits only on CTAs of its own KV head launched before it.
+// tile * kv_heads + head; prefix trees); 1, head-major in two parts: the table's first `first_tiles` tiles of every KV
+// head in turn (blockIdx.x = head * first_tiles + tile), then its other tiles of every KV head in turn. The CTAs running
+// together then sweep the query rows of ONE KV head's query heads (an eighth of the Q / dO / dQ lines at 8 KV heads),
+// and with the shared-first table (the shared-key tiles, the heaviest, first: first_tiles of them) every head's heavy
+// tiles launch before any light own-response tile, so the light ones fill the last wave instead of the last KV head's
+// heaviest tiles running alone (ws_schedule.cta_order; first_tiles = the table's length gives the plain head-major
+// order). Only the launch order changes: every counter (one query head) still receives its tiles in table order, and
+// a CTA still waits only on CTAs of its own KV head launched before it.
 #ifndef DKV_HEAD_MAJOR
 #define DKV_HEAD_MAJOR 0
 #endif
-#if DKV_HEAD_MAJOR
-#define DKV_CTA_HEAD(kv_heads) (blockIdx.x / (gridDim.x / (kv_heads)))
-#define DKV_CTA_TILE(kv_heads) (blockIdx.x % (gridDim.x / (kv_heads)))
-#else
-#define DKV_CTA_HEAD(kv_heads) (blockIdx.x % (kv_heads))
-#define DKV_CTA_TILE(kv_heads) (blockIdx.x / (kv_heads))
-#endif
+__device__ __forceinline__ int2 cta_head_tile(int kv_heads, int first_tiles) {
+    const int bid = blockIdx.x;
+    if (!DKV_HEAD_MAJOR) return make_int2(bid % kv_heads, bid / kv_heads);
+    const int first_ctas = first_tiles * kv_heads;
+    if (bid < first_ctas) return make_int2(bid / first_tiles, bid % first_tiles);
+    const int rest = gridDim.x / kv_heads - first_tiles;
+    return make_int2((bid - first_ctas) / rest, first_tiles + (bid - first_ctas) % rest);
+}
 #ifndef DKV_PRODUCER_REGS
 #define DKV_PRODUCER_REGS 24  // 32 (with 240 for the consumers: exactly the register file) hangs in setmaxnreg
 #endif
@@ -371,7 +376,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     elem_t* __restrict__ dkd, long long dkd_st, long long dkd_sh, elem_t* __restrict__ dvd, long long dvd_st,
     long long dvd_sh, float* __restrict__ dq_acc, long long dqa_head, int* __restrict__ sems, int n_qtiles,
     const int* __restrict__ qtile_offset, const int* __restrict__ segments, const int* __restrict__ key_tiles,
-    int kv_heads, int group_size, float scale_log2, float scale) {
+    int kv_heads, int first_tiles, int group_size, float scale_log2, float scale) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char* base = align_1024(smem_raw);
     const unsigned sk = smem_addr(base), sv = sk + kKeyBytes;
@@ -389,8 +394,9 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     const unsigned bar_dq_full = bar0 + 8 + 16 * kStages, bar_dq_empty = bar_dq_full + 8 * kDqRing;
 
     int key_token0;
-    const int kv_head = DKV_CTA_HEAD(kv_heads);
-    const WsWalk w = make_ws_walk(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size, key_token0);
+    const int2 cta = cta_head_tile(kv_heads, first_tiles);
+    const int kv_head = cta.x;
+    const WsWalk w = make_ws_walk(key_tiles, cta.y, segments, group_size, key_token0);
     const bool has_own = w.kt.own_seg >= 0;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
@@ -664,7 +670,8 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
 #endif
     named_sync(kBarConsumers, kConsumerThreads);
     int token0_again;  // the walk again (cheap): keeping it live across the loop cost registers
-    const WsWalk we = make_ws_walk(key_tiles, DKV_CTA_TILE(kv_heads), segments, group_size, token0_again);
+    const WsWalk we =
+        make_ws_walk(key_tiles, cta_head_tile(kv_heads, first_tiles).y, segments, group_size, token0_again);
     const bool own_keys = we.kt.own_seg >= 0;
     const Segment key_seg = load_segment(segments, own_keys ? we.kt.own_seg : we.kt.dep_begin);
     const long long row0 = own_keys ? key_seg.q_start + we.key0 : key_seg.ctx_start + we.key0;
