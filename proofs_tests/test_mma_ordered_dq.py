@@ -93,15 +93,15 @@ def test_paper_api_counters_receive_ranks_in_order(seed, causal, geo):
 
 
 def test_plans_carry_an_order_the_ordered_kernel_accepts():
-    """The launcher hands the ordered kernel the plan's key tiles as they are."""
-    from dualkv.cuda.launch import make_plan
+    """The launcher hands the ordered kernel the plan's key tiles as they are (in this process's dQ order)."""
+    from dualkv.cuda.launch import TWO_LEVEL_SHARED_FIRST, make_plan
 
     for d in ORDERED_HEAD_DIMS:
         for seg, ctx_shared in ((GroupLayout.from_lengths([200, 70], [[129, 5], [64, 1, 300]]).segment_table, True),
                                 (segments_from_cu_seqlens([0, 65, 66, 300], 257), False)):
             plan = make_plan(seg, head_dim=d, group_size=2, window_left=-1, device=torch.device("cpu"),
                              ctx_shared=ctx_shared, fwd_kernel="fwd")
-            check_dq_order(plan.key_tiles.numpy(), seg, 2, geo=mma_geometry(d))
+            check_dq_order(plan.key_tiles.numpy(), seg, 2, geo=mma_geometry(d), shared_first=TWO_LEVEL_SHARED_FIRST)
 
 
 @pytest.mark.parametrize("seed", range(2))

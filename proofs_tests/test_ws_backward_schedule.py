@@ -99,7 +99,7 @@ def test_node_major_order_keeps_each_segments_tiles_together_and_the_same_tiles(
 @pytest.mark.parametrize("name,reader,choices", [
     ("DUALKV_KEY_TILE_ORDER", "_key_tile_order_from_env", ("node", "heaviest")),
     ("DUALKV_TREE_DQ_ORDER", "_tree_dq_order_from_env", ("root", "nearest")),
-    ("DUALKV_TWO_LEVEL_DQ_ORDER", "_two_level_dq_order_from_env", ("own", "shared"))])
+    ("DUALKV_TWO_LEVEL_DQ_ORDER", "_two_level_dq_order_from_env", ("shared", "own"))])
 def test_order_settings(monkeypatch, name, reader, choices):
     """Unset or empty: the default (first) choice; every choice is taken; anything else raises, naming the setting."""
     from dualkv.cuda import configs
@@ -150,6 +150,7 @@ def test_plans_take_the_key_tile_order_chosen(monkeypatch):
     from dualkv.cuda import launch
 
     layout = GroupLayout.from_lengths([300, 300], [[129, 200], [65, 1]])
+    monkeypatch.setattr(launch, "TWO_LEVEL_SHARED_FIRST", False)  # the own-first tables checked below
     monkeypatch.setattr(launch, "KEY_TILES_NODE_MAJOR", False)
     heaviest = launch.make_plan(layout.segment_table, head_dim=128, group_size=2, window_left=-1,
                                device=torch.device("cpu"), ctx_shared=True, fwd_kernel="fwd")
@@ -192,14 +193,14 @@ def test_out_of_order_tables_are_caught():
 
 
 def test_plans_carry_the_launch_order():
-    from dualkv.cuda.launch import make_plan
+    from dualkv.cuda.launch import TWO_LEVEL_SHARED_FIRST, make_plan
 
     seg = GroupLayout.from_lengths([200, 70], [[129, 5], [64, 1, 300]]).segment_table
     plan = make_plan(seg, head_dim=128, group_size=2, window_left=-1, device=torch.device("cpu"), ctx_shared=True,
                      fwd_kernel="fwd")  # a named kernel: no GPU needed to pick one
     tiles = plan.key_tiles.numpy()
-    check_launch_order(tiles, seg)
-    check_dq_order(tiles, seg, group=2)
+    check_launch_order(tiles, seg, shared_first=TWO_LEVEL_SHARED_FIRST)  # this process's order (the default: shared)
+    check_dq_order(tiles, seg, group=2, shared_first=TWO_LEVEL_SHARED_FIRST)
 
 
 def _reference_grads(q, k, v, dout, layout):

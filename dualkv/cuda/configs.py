@@ -400,11 +400,17 @@ def _key_tile_order_from_env() -> str:
 KEY_TILES_NODE_MAJOR = _key_tile_order_from_env() == "node"
 
 
-#: Two-level layouts' dQ order in the same backwards: "own" (the default: a dependent's tile receives its own causal
-#: blocks first, then the shared keys'; own-response tiles launched first) or "shared" (the shared keys' blocks first,
-#: then its own — a depth-1 tree's root-first order; the shared-key tiles, the heaviest, launched first). Built as the
-#: DKV_TREE_ROOT_FIRST=1 builds without DKV_TREE. Read ONCE, at import, from ``$DUALKV_TWO_LEVEL_DQ_ORDER``.
-TWO_LEVEL_DQ_ORDERS = ("own", "shared")
+#: Two-level layouts' dQ order in the same backwards: "shared" (the default: a dependent's tile receives the shared
+#: keys' blocks first, then its own causal blocks — a depth-1 tree's root-first order; the shared-key tiles, the
+#: heaviest, launched first, and the warp-specialised backward's head-major CTA order split after them, so every KV
+#: head's heavy tiles start before any light own-response tile: Plan.ws_first_tiles) or "own" (a dependent's tile
+#: receives its own causal blocks first; own-response tiles launched first). Built as the DKV_TREE_ROOT_FIRST=1 builds
+#: without DKV_TREE. Both are deterministic; they round dQ differently. "shared" is the default since it measured
+#: faster (H200, bwd ms own -> shared, own processes, experiments/results/checks/s25split-h200-20261129T0110Z.log): WS
+#: backward (28, 4K) 26.9 -> 24.9, (8, 8K) 15.8 -> 15.2, (16, 32K) 127.8 -> 125.7, (8, 2K) 6.7 -> 5.2, (16, 1K)
+#: 9.6 -> 8.5; mma.sync ordered (16, 1K) 16.6 -> 12.1, within 1% elsewhere (235.4 -> 237.6 at (16, 32K)). Read ONCE, at
+#: import, from ``$DUALKV_TWO_LEVEL_DQ_ORDER``.
+TWO_LEVEL_DQ_ORDERS = ("shared", "own")
 
 
 def _two_level_dq_order_from_env() -> str:

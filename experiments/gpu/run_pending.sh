@@ -118,6 +118,8 @@
 #   bash experiments/gpu/run_pending.sh s24qdo2    # #12: the same on the shared (non-causal) steps only
 #   bash experiments/gpu/run_pending.sh s25split   # #12 / #13: the shared-first dQ order with the split head-major CTA
 #                                                  # order (heavy tiles of every KV head first): its GPU test, bwd A/B
+#   bash experiments/gpu/run_pending.sh s25tests   # its GPU tests as the default (WS backward, mma.sync ordered, depth-1
+#                                                  # trees against two-level calls), dualkv verify; then s23tables
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1237,6 +1239,15 @@ s25split)
     done
     (cd "$OUT" && tar czf s25split.tgz *.log bench && rm -rf bench ws*.log g4_*.log mma_*.log)
     ;;
+s25tests)
+    # #12 / #13: the shared-first dQ order (and the WS backward's split CTA order) as the default: the WS backward's
+    # GPU tests, the mma.sync ordered mode's, the depth-1 tree against the two-level call (both families), verify
+    ws_backward_tests pytest_ws 260
+    ordered_tests pytest_ordered
+    TAIL=3 step pytest_depth1 120 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py \
+        -k "depth_one or cta_split"
+    TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1244,6 +1255,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests)"
    exit 2 ;;
 esac
