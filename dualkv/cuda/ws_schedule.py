@@ -10,7 +10,12 @@
   0, 1, ..., k - 1 in launch order — a gap would leave its successors waiting forever, and a rank launched after a
   higher one would deadlock;
 * the launch order (:func:`launch_order`): every own-response tile before every shared-key tile, blocks in order
-  within a run (:func:`dualkv.cuda.schedule.check_block_order`).
+  within a run (:func:`dualkv.cuda.schedule.check_block_order`);
+* the CTA order (:func:`cta_order`): head-major, each KV head's first ``first_tiles`` rows of the table in turn, then
+  its other rows; every KV head sees the table in order, so the two statements above carry over to CTAs.
+
+That is the own-first order (``DUALKV_TWO_LEVEL_DQ_ORDER=own``); the default is the shared-first order below, whose
+CTA order splits after the shared-key tiles (:func:`head_major_split`).
 
 Prefix trees (:class:`dualkv.PrefixTreeLayout` in preorder, the DKV_TREE=1 build; pass :class:`TreeRanks`): a key
 tile ``(i, b, i + 1, end)`` owns block b of node i and its dependents are i's descendants. In the nearest-first

@@ -14,10 +14,13 @@
 // and hand dQ_step (fp32, through smem) to the dQ warp, which adds it into ONE (H, T + 64, kHeadDim) fp32
 // accumulator with bulk reduce-adds IN A FIXED ORDER: each (query head, query tile) has a counter, and a contribution
 // whose rank is r waits until the counter reads r (every earlier contribution has landed), adds, then sets it to r + 1.
-// Ranks: a response's own (causal) key blocks b = 0, 1, ... come first (rank b), then the blocks b of the keys its
-// group shares (rank = own blocks reaching the tile + b); a prompt's (or any context-free segment's) own blocks have
-// rank b. The launcher puts every own-response tile before every shared-key tile and keeps blocks in order within a run
-// (dualkv/cuda/ws_schedule.py states and checks it), so a CTA only ever waits on CTAs launched before it. The dQ warp
+// Ranks (the own-first order, DUALKV_TWO_LEVEL_DQ_ORDER=own): a response's own (causal) key blocks b = 0, 1, ... come
+// first (rank b), then the blocks b of the keys its group shares (rank = own blocks reaching the tile + b); a prompt's
+// (or any context-free segment's) own blocks have rank b; the launcher puts every own-response tile before every
+// shared-key tile. The default shared-first order (the DKV_TREE_ROOT_FIRST=1 build) ranks the shared blocks b first
+// (rank b) and a response's own blocks after all of them, and the launcher puts the shared-key tiles first. Either way
+// blocks stay in order within a run (dualkv/cuda/ws_schedule.py states and checks it), so a CTA only ever waits on
+// CTAs launched before it. The dQ warp
 // keeps one add in flight: it releases a counter once the NEXT step's add is issued (the earlier one has then
 // completed), and frees the smem buffer as soon as the bulk copy has read it. The walk keeps the CTAs of a run in step:
 // first every dependent segment's queries (all see the block), then the own segment's causal queries from the LAST tile
