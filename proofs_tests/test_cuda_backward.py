@@ -91,29 +91,17 @@ def test_ws_backward_cta_split_keeps_the_bits(head_dim, shared_first, monkeypatc
     before the rest) changes only when CTAs start: every split from none to the whole table gives the same bits under
     either dQ order. A wrong blockIdx mapping would drop, repeat or reorder a head's key tiles (wrong gradients, or a
     dQ counter waiting forever)."""
-    from dualkv.cuda import launch, ws_schedule
+    from cta_split_runs import PICKS, assert_same_bits, grads_per_split
+
+    from dualkv.cuda import launch
     from dualkv.cuda.runtime import arch_of
 
     if arch_of(0) != "sm_90":
         pytest.skip("the warp-specialised backward is Hopper-only")
-    lengths = ([3000, 129], [[700, 65, 1, 300, 2048], [64]])
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    tokens = GroupLayout.from_lengths(*lengths).total_tokens
-    q = torch.randn(tokens, 16, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k, v = (torch.randn(tokens, 4, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
-    dout = torch.randn_like(q)
     monkeypatch.setattr(launch, "TWO_LEVEL_SHARED_FIRST", shared_first)
-    split = ws_schedule.head_major_split
-    runs, firsts = [], []
-    for pick in (lambda n, s: s, lambda n, s: 0, lambda n, s: 1, lambda n, s: n // 2, lambda n, s: n - 1):
-        monkeypatch.setattr(ws_schedule, "head_major_split",
-                            lambda tiles, seg, sf, pick=pick: pick(len(tiles), split(tiles, seg, sf)))
-        layout = GroupLayout.from_lengths(*lengths)  # a fresh layout: plans are cached on it
-        runs.append(_grads(layout, q, k, v, dout))
-        firsts += [plan.ws_first_tiles for key, plan in layout._device_cache.items() if key[0] == "plan"]
-    assert len(set(firsts)) >= 4, firsts  # the splits differ
-    for other in runs[1:]:
-        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+    runs, splits = grads_per_split(monkeypatch, head_dim, 2, [(None, pick) for pick in PICKS])
+    assert len(set(splits)) >= 4, splits  # the splits differ
+    assert_same_bits(runs)
 
 
 @pytest.mark.parametrize("mode", ["auto", "split", "atomic"])

@@ -125,6 +125,22 @@ def test_bitwise_deterministic(head_dim, ordered):
     assert len(ordered) == 3
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_cta_orders_keep_the_bits(head_dim, ordered, monkeypatch):
+    """The ordered kernel's CTA order (tile-major, or head-major split anywhere from none to the whole table) changes
+    only when CTAs start: the same bits every time. A wrong blockIdx mapping would drop, repeat or reorder a head's
+    key tiles (wrong gradients, or a dQ counter waiting forever)."""
+    from cta_split_runs import assert_same_bits, grads_per_split
+
+    def order(head_major):
+        return lambda: monkeypatch.setattr(launch, "MMA_HEAD_MAJOR", head_major)
+
+    runs, splits = grads_per_split(monkeypatch, head_dim, 4, [(order(False), "plan"), (order(True), "plan"),
+                                                             (None, "none"), (None, "one"), (None, "half")])
+    assert len(ordered) == 5 and len(set(splits[1:])) >= 3, (ordered, splits)
+    assert_same_bits(runs)
+
+
 def test_windows_keep_the_dq_kernel(ordered):
     """The mode has no sliding window: windowed calls run the separate dQ kernel, correctly."""
     case = AttentionCase((300,), ((65, 127),), 4, 4, 128, window=(50, 0))

@@ -444,12 +444,28 @@ def test_backward_routes_each_key_tile_order(monkeypatch, ordered):
     assert len(dkdv) == 1
     spec, grid, args = dkdv[0]
     n_tiles = plan.key_tiles.shape[0]
-    segments, tiles, kv_heads = args[-6], args[-5], args[-7]  # (..., kv_heads, segments, key tiles, 4 scalars)
+    # (..., kv_heads, first_tiles, segments, key tiles, 4 scalars)
+    segments, tiles, first_tiles, kv_heads = args[-6], args[-5], args[-7], args[-8]
     assert spec.dq_ordered == ordered and segments == plan.segments.data_ptr()
     if ordered:
-        assert grid == (n_tiles * 2, 1, 1) and kv_heads == 2               # tile-major, K/V-head-minor grid
+        assert grid == (n_tiles * 2, 1, 1) and kv_heads == 2               # a 1-D grid of tiles x K/V heads
+        assert first_tiles == (n_tiles if launch.MMA_HEAD_MAJOR else -1)  # the plan gave no split: the whole table
         assert tiles == plan.key_tiles.data_ptr()
         assert [s.kernel for s, _, _ in log] == ["bwd_dkdv", "bwd_dq_frag_cast"]
     else:
         assert grid == (n_tiles, 2, 1) and tiles == plan.dkdv_key_tiles.data_ptr()
         assert [s.kernel for s, _, _ in log] == ["bwd_dq", "bwd_dkdv"]
+
+
+def test_ordered_cta_split_argument(monkeypatch):
+    """The ordered kernel's first_tiles: -1 (a row's KV heads adjacent) without the head-major setting or on a tree;
+    else the plan's split, or the whole table when none is given."""
+    from dualkv.cuda import launch
+
+    tiles = torch.zeros(7, 4, dtype=torch.int32)
+    monkeypatch.setattr(launch, "MMA_HEAD_MAJOR", False)
+    assert launch._mma_cta_split(tiles, False, 3) == -1
+    monkeypatch.setattr(launch, "MMA_HEAD_MAJOR", True)
+    assert launch._mma_cta_split(tiles, False, 3) == 3
+    assert launch._mma_cta_split(tiles, False, None) == 7
+    assert launch._mma_cta_split(tiles, True, 3) == -1

@@ -99,7 +99,8 @@ def test_node_major_order_keeps_each_segments_tiles_together_and_the_same_tiles(
 @pytest.mark.parametrize("name,reader,choices", [
     ("DUALKV_KEY_TILE_ORDER", "_key_tile_order_from_env", ("node", "heaviest")),
     ("DUALKV_TREE_DQ_ORDER", "_tree_dq_order_from_env", ("root", "nearest")),
-    ("DUALKV_TWO_LEVEL_DQ_ORDER", "_two_level_dq_order_from_env", ("shared", "own"))])
+    ("DUALKV_TWO_LEVEL_DQ_ORDER", "_two_level_dq_order_from_env", ("shared", "own")),
+    ("DUALKV_MMA_CTA_ORDER", "_mma_cta_order_from_env", ("tile", "head"))])
 def test_order_settings(monkeypatch, name, reader, choices):
     """Unset or empty: the default (first) choice; every choice is taken; anything else raises, naming the setting."""
     from dualkv.cuda import configs

@@ -437,6 +437,19 @@ def _ws_cta_order_from_env() -> str:
 
 WS_HEAD_MAJOR = _ws_cta_order_from_env() == "head"
 
+#: The mma.sync dK/dV kernel's CTA order in its ordered dQ mode on two-level layouts (a launch argument, no rebuild):
+#: "tile" (a key tile's KV heads adjacent) or "head" (the warp-specialised backward's head-major order with its split,
+#: :attr:`dualkv.cuda.launch.Plan.ws_first_tiles`). Prefix trees always run "tile". A launch order only: the bits do
+#: not change. Read ONCE, at import, from ``$DUALKV_MMA_CTA_ORDER``.
+MMA_CTA_ORDERS = ("tile", "head")
+
+
+def _mma_cta_order_from_env() -> str:
+    return _choice_from_env("DUALKV_MMA_CTA_ORDER", MMA_CTA_ORDERS)
+
+
+MMA_HEAD_MAJOR = _mma_cta_order_from_env() == "head"
+
 
 def current_mma_backward() -> str:
     """The mma.sync backward in force (see :class:`mma_backward`); an unknown ``$DUALKV_MMA_BWD`` raises, naming it."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .configs import (DKDV_TILES, DQ_TILES, KEY_TILES_NODE_MAJOR, TMA_KERNELS, TREE_DQ_ROOT_FIRST,
+from .configs import (DKDV_TILES, DQ_TILES, KEY_TILES_NODE_MAJOR, MMA_HEAD_MAJOR, TMA_KERNELS, TREE_DQ_ROOT_FIRST,
                       TWO_LEVEL_SHARED_FIRST, KeyTileConfig, TileConfig, dkdv_spec, dq_atomic_for, dq_cast_spec,
                       dq_frag_cast_spec, dq_ordered_for, dq_spec, forward_kernel_for, forward_tile, fwd_spec,
                       pack_for, prep_spec, ws_backward_for, ws_bwd_spec)
@@ -189,8 +189,8 @@ def run_prep(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_lse: to
     return lse2, delta
 
 
-#: The dK/dV kernels' ordered-dQ arguments when they are unused: counters, tile offsets, tiles, K/V heads.
-_NO_DQ_ORDER = [0, 0, i32(0), i32(0)]
+#: The dK/dV kernels' ordered-dQ arguments when they are unused: counters, tile offsets, tiles, K/V heads, CTA split.
+_NO_DQ_ORDER = [0, 0, i32(0), i32(0), i32(-1)]
 
 
 def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles_t, dq_pack: int,
@@ -248,7 +248,8 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     grads = [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own)]
     if (not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv")
             and dq_ordered_for(head_dim, arch, window, deterministic=deterministic, causal=causal)):
-        _run_dkdv_ordered(grads, scalars, q, dq, segments, key_tiles_t, k_own.shape[1], causal, scale, tree)
+        _run_dkdv_ordered(grads, scalars, q, dq, segments, key_tiles_t, k_own.shape[1], causal, scale, tree,
+                          ws_first_tiles)
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
     atomic = dq_atomic_for(head_dim, deterministic, arch)
     dq_acc = new_frag_acc(q.shape[0], heads, head_dim, q.device) if atomic else None
@@ -275,12 +276,15 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
 
 def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Tensor, segments: torch.Tensor,
                       key_tiles_t: torch.Tensor, kv_heads: int, causal: bool, scale: float,
-                      tree: bool = False) -> None:
+                      tree: bool = False, first_tiles: int | None = None) -> None:
     """The mma.sync dK/dV kernel in its ordered dQ mode (DKV_DQ_ORDERED): dK, dV (written through ``grads``, the
     launch arguments up to the dQ accumulator) and dQ summed in fp32 in a fixed order into one accumulator in fragment
     order (:mod:`dualkv.cuda.dq_layout`), then scaled and cast into ``dq`` (T_q, H, d). ``key_tiles_t`` must be in
     :func:`dualkv.cuda.ws_schedule.launch_order` (a plan's ``key_tiles``, not its heaviest-first ``dkdv_key_tiles``;
-    ``tree``: a tree plan's, DKV_TREE=1); ``scalars``: the kernel's last arguments (GQA group, scales, window)."""
+    ``tree``: a tree plan's, DKV_TREE=1); ``scalars``: the kernel's last arguments (GQA group, scales, window).
+    The CTAs run head-major, split after ``first_tiles`` rows (:func:`dualkv.cuda.ws_schedule.cta_order`; None: the
+    whole table) where :data:`~dualkv.cuda.configs.MMA_HEAD_MAJOR` says so, never on a tree; else a row's KV heads
+    adjacent."""
     tokens, heads, head_dim = q.shape
     device = device_index(q)
     spec = dkdv_spec(head_dim, q.dtype, False, arch_of(device), causal=causal, dq_ordered=True, tree=tree,
@@ -291,8 +295,17 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
     kern.launch((key_tiles_t.shape[0] * kv_heads, 1, 1),
                 [*grads, *frag_acc_args(dq_acc), sems.data_ptr(),
                  qtile_offset.data_ptr() if qtile_offset is not None else 0, i32(n_qtiles), i32(kv_heads),
-                 segments.data_ptr(), key_tiles_t.data_ptr(), *scalars])
+                 i32(_mma_cta_split(key_tiles_t, tree, first_tiles)), segments.data_ptr(), key_tiles_t.data_ptr(),
+                 *scalars])
     _cast_dq_frag(dq_acc, dq, scale)
+
+
+def _mma_cta_split(key_tiles_t: torch.Tensor, tree: bool, first_tiles: int | None) -> int:
+    """The ordered mma.sync kernel's ``first_tiles`` argument: the head-major split (the whole table when None), or -1
+    (a row's KV heads adjacent) on a tree or without :data:`~dualkv.cuda.configs.MMA_HEAD_MAJOR`."""
+    if tree or not MMA_HEAD_MAJOR:
+        return -1
+    return key_tiles_t.shape[0] if first_tiles is None else first_tiles
 
 
 def _root_first(tree: bool) -> bool:

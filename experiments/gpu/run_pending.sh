@@ -120,6 +120,9 @@
 #                                                  # order (heavy tiles of every KV head first): its GPU test, bwd A/B
 #   bash experiments/gpu/run_pending.sh s25tests   # its GPU tests as the default (WS backward, mma.sync ordered, depth-1
 #                                                  # trees against two-level calls), dualkv verify; then s23tables
+#   bash experiments/gpu/run_pending.sh s25mma     # #13: the ordered mma.sync backward head-major (DUALKV_MMA_CTA_ORDER)
+#                                                  # and with LSE / D one row per thread (DKV_SHARED_FIRST_ROW_STATS):
+#                                                  # the CTA-order GPU tests, bwd A/B
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1248,6 +1251,23 @@ s25tests)
         -k "depth_one or cta_split"
     TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
     ;;
+s25mma)
+    # #13: the ordered mma.sync backward's CTA order (DUALKV_MMA_CTA_ORDER=head: the WS backward's split head-major
+    # order) and its shared-first builds staging LSE / D one row per thread (DKV_SHARED_FIRST_ROW_STATS=1, as the
+    # own-first builds did: sm_90 spills 56 / 96 bytes against 28 / 40). The CTA-order GPU tests (bits equal for every
+    # order, both backwards), then bwd A/B in own processes: default, head, rowstats, both, default
+    TAIL=3 step ctatests 240 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py \
+        proofs_tests/test_cuda_backward.py -k "cta_orders or cta_split"
+    mkdir -p "$OUT/bench"
+    i=0
+    for v in tile:0 head:0 tile:1 head:1 tile:0; do
+        i=$((i + 1))
+        DUALKV_MMA_CTA_ORDER=${v%:*} DUALKV_EXTRA_DEFINES=DKV_SHARED_FIRST_ROW_STATS=${v#*:} TAIL=6 \
+            step mma${i}_${v%:*}${v#*:} 200 python3 -m dualkv bench kernel --systems dualkv_mma \
+            --shapes 28:4096,8:8192,16:32768,16:1024 --mode bwd --out "$OUT/bench/mma${i}_${v%:*}${v#*:}"
+    done
+    (cd "$OUT" && tar czf s25mma.tgz *.log bench && rm -rf bench mma*.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1255,6 +1275,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma)"
    exit 2 ;;
 esac

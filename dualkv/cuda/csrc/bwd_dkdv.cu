@@ -191,6 +191,10 @@ __device__ __forceinline__ int dq_counter(const KeyWalk& w, const Cursor& c, con
 
 }  // namespace
 
+#ifndef DKV_SHARED_FIRST_ROW_STATS  // 1: the two-level shared-first ordered builds stage LSE / D one row per thread too
+#define DKV_SHARED_FIRST_ROW_STATS 0
+#endif
+
 extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_PARAMS) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);
@@ -202,8 +206,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);  // [kBlockKeys][kDsStride] (dQ modes, kQWarps 2)
     elem_t* sP = sdS + kBlockKeys * kDsStride;                           // [kBlockKeys][kDsStride] (kQWarps 2)
 
-    const int tile = kDqOrdered ? blockIdx.x / kv_heads : blockIdx.x;
-    const int kv_head = kDqOrdered ? blockIdx.x % kv_heads : blockIdx.y;
+    // ordered dQ: a 1-D grid, head-major when first_tiles >= 0 (ws_schedule.cta_order), else a row's KV heads adjacent
+    const int2 cta =
+        kDqOrdered ? cta_head_tile(kv_heads, first_tiles, first_tiles >= 0) : make_int2(blockIdx.y, blockIdx.x);
+    const int tile = cta.y;
+    const int kv_head = cta.x;
     const KeyBlock<kBlockM, kDqOrdered> kb =
         make_key_block<kBlockM, kDqOrdered>(key_tiles, tile, segments, group_size, window_left, kBlockKeys);
     const KeyWalk& w = kb.w;
@@ -216,7 +223,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
 
     // Stage the Q/dO rows, LSE and D of one step into buffer `buf` (kDoSingle: all but dO; load_do stages that). The
     // two-level ordered builds in the default order stage LSE / D one row per thread (keywalk.cuh says why only they).
-    constexpr bool kStatsPerThread = kDqOrdered && !kTree && !DKV_TREE_ROOT_FIRST && kBlockM <= kThreads;
+    constexpr bool kStatsPerThread =
+        kDqOrdered && !kTree && (!DKV_TREE_ROOT_FIRST || DKV_SHARED_FIRST_ROW_STATS) && kBlockM <= kThreads;
     auto load_step = [&](const Cursor& c, int buf) {
         load_walk_step<kBlockM, false, kDqOrdered, kDoSingle ? 1 : 3, kStatsPerThread>(
             w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2, delta, lse_sh, sQ + buf * kBlockM * kRowStride,

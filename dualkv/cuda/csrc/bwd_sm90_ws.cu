@@ -165,19 +165,11 @@ constexpr bool kDqInFlight = DKV_DQ_INFLIGHT != 0;
 // and with the shared-first table (the shared-key tiles, the heaviest, first: first_tiles of them) every head's heavy
 // tiles launch before any light own-response tile, so the light ones fill the last wave instead of the last KV head's
 // heaviest tiles running alone (ws_schedule.cta_order; first_tiles = the table's length gives the plain head-major
-// order). Only the launch order changes: every counter (one query head) still receives its tiles in table order, and
-// a CTA still waits only on CTAs of its own KV head launched before it.
+// order; keywalk.cuh's cta_head_tile). Only the launch order changes: every counter (one query head) still receives
+// its tiles in table order, and a CTA still waits only on CTAs of its own KV head launched before it.
 #ifndef DKV_HEAD_MAJOR
 #define DKV_HEAD_MAJOR 0
 #endif
-__device__ __forceinline__ int2 cta_head_tile(int kv_heads, int first_tiles) {
-    const int bid = blockIdx.x;
-    if (!DKV_HEAD_MAJOR) return make_int2(bid % kv_heads, bid / kv_heads);
-    const int first_ctas = first_tiles * kv_heads;
-    if (bid < first_ctas) return make_int2(bid / first_tiles, bid % first_tiles);
-    const int rest = gridDim.x / kv_heads - first_tiles;
-    return make_int2((bid - first_ctas) / rest, first_tiles + (bid - first_ctas) % rest);
-}
 #ifndef DKV_PRODUCER_REGS
 #define DKV_PRODUCER_REGS 24  // 32 (with 240 for the consumers: exactly the register file) hangs in setmaxnreg
 #endif
@@ -397,7 +389,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     const unsigned bar_dq_full = bar0 + 8 + 16 * kStages, bar_dq_empty = bar_dq_full + 8 * kDqRing;
 
     int key_token0;
-    const int2 cta = cta_head_tile(kv_heads, first_tiles);
+    const int2 cta = cta_head_tile(kv_heads, first_tiles, DKV_HEAD_MAJOR);
     const int kv_head = cta.x;
     const WsWalk w = make_ws_walk(key_tiles, cta.y, segments, group_size, key_token0);
     const bool has_own = w.kt.own_seg >= 0;
@@ -674,7 +666,8 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     named_sync(kBarConsumers, kConsumerThreads);
     int token0_again;  // the walk again (cheap): keeping it live across the loop cost registers
     const WsWalk we =
-        make_ws_walk(key_tiles, cta_head_tile(kv_heads, first_tiles).y, segments, group_size, token0_again);
+        make_ws_walk(key_tiles, cta_head_tile(kv_heads, first_tiles, DKV_HEAD_MAJOR).y, segments, group_size,
+                     token0_again);
     const bool own_keys = we.kt.own_seg >= 0;
     const Segment key_seg = load_segment(segments, own_keys ? we.kt.own_seg : we.kt.dep_begin);
     const long long row0 = own_keys ? key_seg.q_start + we.key0 : key_seg.ctx_start + we.key0;

@@ -32,7 +32,9 @@
 
 // dK/dV of context rows (dkc, dvc) and own rows (dkd, dvd); dq_acc: the atomic and ordered modes' fp32 dQ in
 // fragment order (dualkv/cuda/dq_layout.py: head stride dqa_sh, a scratch block at dqa_st floats from dq_acc), and
-// dq_sems, qtile_offset, n_qtiles, kv_heads: the ordered mode's counters and grid (else unused).
+// dq_sems, qtile_offset, n_qtiles, kv_heads, first_tiles: the ordered mode's counters and grid (first_tiles >= 0:
+// head-major CTAs split after that many table rows, keywalk.cuh's cta_head_tile; < 0: a row's KV heads adjacent;
+// else unused).
 #define DKV_DKDV_PARAMS                                                  \
     DKV_BWD_IN_PARAMS,                                                   \
     elem_t* __restrict__ dkc, long long dkc_st, long long dkc_sh,        \
@@ -41,6 +43,6 @@
     elem_t* __restrict__ dvd, long long dvd_st, long long dvd_sh,        \
     float* __restrict__ dq_acc, long long dqa_st, long long dqa_sh,      \
     int* __restrict__ dq_sems, const int* __restrict__ qtile_offset,     \
-    int n_qtiles, int kv_heads,                                          \
+    int n_qtiles, int kv_heads, int first_tiles,                         \
     const int* __restrict__ segments, const int* __restrict__ key_tiles, \
     int group_size, float scale_log2, float scale, int window_left

@@ -13,6 +13,19 @@
 
 namespace dkv {
 
+// The (KV head, key-tile row) of this CTA in the backwards whose dQ adds in a fixed order (ws_schedule.cta_order):
+// head-major, every KV head's first `first_tiles` rows of the table in turn, then its other rows of every KV head in
+// turn; otherwise a row's KV heads adjacent. Each KV head sees the table in order either way, so a CTA waits only on
+// CTAs launched before it.
+__device__ __forceinline__ int2 cta_head_tile(int kv_heads, int first_tiles, bool head_major) {
+    const int bid = blockIdx.x;
+    if (!head_major) return make_int2(bid % kv_heads, bid / kv_heads);
+    const int first_ctas = first_tiles * kv_heads;
+    if (bid < first_ctas) return make_int2(bid / first_tiles, bid % first_tiles);
+    const int rest = gridDim.x / kv_heads - first_tiles;
+    return make_int2((bid - first_ctas) / rest, first_tiles + (bid - first_ctas) % rest);
+}
+
 // One key tile of the schedule: keys [blk * kBlockKeys, ...) of the own region of segment own_seg (own_seg < 0:
 // of the context tensor), seen fully by segments [dep_begin, dep_end).
 struct KeyTile {
