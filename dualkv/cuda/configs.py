@@ -440,7 +440,9 @@ WS_HEAD_MAJOR = _ws_cta_order_from_env() == "head"
 #: The mma.sync dK/dV kernel's CTA order in its ordered dQ mode on two-level layouts (a launch argument, no rebuild):
 #: "tile" (a key tile's KV heads adjacent) or "head" (the warp-specialised backward's head-major order with its split,
 #: :attr:`dualkv.cuda.launch.Plan.ws_first_tiles`). Prefix trees always run "tile". A launch order only: the bits do
-#: not change. Read ONCE, at import, from ``$DUALKV_MMA_CTA_ORDER``.
+#: not change (checked on the GPU). "tile" stays the default: "head" measured no faster at (28, 4K) / (8, 8K) / (16, 32K)
+#: and 35% slower at (16, 1K) (H200, checks/s25mma-h200-20261129T0131Z.log). Read ONCE, at import, from
+#: ``$DUALKV_MMA_CTA_ORDER``.
 MMA_CTA_ORDERS = ("tile", "head")
 
 

@@ -123,6 +123,8 @@
 #   bash experiments/gpu/run_pending.sh s25mma     # #13: the ordered mma.sync backward head-major (DUALKV_MMA_CTA_ORDER)
 #                                                  # and with LSE / D one row per thread (DKV_SHARED_FIRST_ROW_STATS):
 #                                                  # the CTA-order GPU tests, bwd A/B
+#   bash experiments/gpu/run_pending.sh s25final   # the ordered mode's GPU tests with LSE / D one row per thread (sm_90
+#                                                  # shared-first default), then #13's table (s23tables' table13)
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1268,6 +1270,17 @@ s25mma)
     done
     (cd "$OUT" && tar czf s25mma.tgz *.log bench && rm -rf bench mma*.log)
     ;;
+s25final)
+    # #13: the ordered mma.sync mode's GPU tests now that its sm_90 shared-first builds stage LSE / D one row per thread,
+    # the CTA-order tests, then the mma.sync family against the FA2 cascade at the issue's four shapes
+    ordered_tests pytest_ordered
+    TAIL=3 step ctatests 240 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py \
+        proofs_tests/test_cuda_backward.py -k "cta_orders or cta_split"
+    mkdir -p "$OUT/bench"
+    TAIL=12 step table13 200 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
+        --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
+    (cd "$OUT" && tar czf s25final.tgz *.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1275,6 +1288,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final)"
    exit 2 ;;
 esac

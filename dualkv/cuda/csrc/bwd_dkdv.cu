@@ -191,8 +191,17 @@ __device__ __forceinline__ int dq_counter(const KeyWalk& w, const Cursor& c, con
 
 }  // namespace
 
-#ifndef DKV_SHARED_FIRST_ROW_STATS  // 1: the two-level shared-first ordered builds stage LSE / D one row per thread too
+// The two-level shared-first ordered builds stage LSE / D one row per thread too (1), or by the strided loop (0). On
+// sm_90 it spills 56 / 96 bytes against 28 / 40 and measured 0.9-1% faster (H200, bwd ms at (28, 4K) / (8, 8K) /
+// (16, 32K): 45.49 / 28.11 / 235.25 against 46.02 / 28.37 / 237.72 and 45.90 / 28.34 / 237.69, own processes,
+// experiments/results/checks/s25mma-h200-20261129T0131Z.log); on sm_80 it would spill 20 / 24 bytes where the loop
+// spills none, and no sm_80 GPU was there to time it, so those builds keep the loop.
+#ifndef DKV_SHARED_FIRST_ROW_STATS
+#if __CUDA_ARCH__ >= 900
+#define DKV_SHARED_FIRST_ROW_STATS 1
+#else
 #define DKV_SHARED_FIRST_ROW_STATS 0
+#endif
 #endif
 
 extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_PARAMS) {

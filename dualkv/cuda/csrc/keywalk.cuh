@@ -202,9 +202,10 @@ __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w,
     // mma.sync backward at (28, 4K) / (8, 8K) / (16, 32K), two runs each, own processes: ordered 46.35 / 28.73 / 240.49
     // and 46.36 / 28.90 / 239.38 ms against the loop's 46.95 / 29.18 / 242.14 and 46.90 / 29.36 / 242.45; the atomic
     // mode's build ran 0.8-2.5% slower that way, so the other builds keep the loop
-    // (experiments/results/checks/lsestage-h200-20261128T1456Z.log), and so do the ordered tree builds and the opt-in
-    // shared-first ones, which it made spill (d = 128, sm_90 / sm_80: trees 28 / 8 bytes against 8 / none,
-    // shared-first 56 / 20 against 28 / none) and which were not timed with it. (The loop is spelled out rather than
+    // (experiments/results/checks/lsestage-h200-20261128T1456Z.log), and so do the ordered tree builds, which it made
+    // spill (d = 128, sm_90 / sm_80: 28 / 8 bytes against 8 / none) and which were not timed with it. The two-level
+    // shared-first builds (the default order) take it on sm_90 only (bwd_dkdv.cu, DKV_SHARED_FIRST_ROW_STATS, says
+    // why). (The loop is spelled out rather than
     // calling stage_row: that form changed the atomic build's SASS, which was timed as it is.)
     static_assert(!kRowPerThread || kStep <= kThreads, "one LSE / D row per thread needs kStep threads");
     auto stage_row = [&](int r) {
