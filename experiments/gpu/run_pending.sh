@@ -125,6 +125,8 @@
 #                                                  # the CTA-order GPU tests, bwd A/B
 #   bash experiments/gpu/run_pending.sh s25final   # the ordered mode's GPU tests with LSE / D one row per thread (sm_90
 #                                                  # shared-first default), then #13's table (s23tables' table13)
+#   bash experiments/gpu/run_pending.sh s25floor   # #12 dispatch floor at the new default: fused, hybrid and cuDNN cascade
+#                                                  # at head dims 64 / 96 / 128
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1281,6 +1283,13 @@ s25final)
         --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd,fwdbwd --out "$OUT/bench"
     (cd "$OUT" && tar czf s25final.tgz *.log bench)
     ;;
+s25floor)
+    # #12: the dispatch floor (CASCADE_FASTER) at the shared-first default: the fused kernels (deterministic), the hybrid
+    # (what deterministic=False runs at 64 / 128 on Hopper) and the cuDNN cascade, bwd and fwd+bwd, one process per
+    # head dim at (16, 4K), (8, 8K), (16, 32K)
+    TAIL=14 head_dim_bench floor 110 dualkv,dualkv_hybrid,cudnn_cascade bwd,fwdbwd 128 64 96
+    (cd "$OUT" && tar czf s25floor.tgz *.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1288,6 +1297,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor)"
    exit 2 ;;
 esac
