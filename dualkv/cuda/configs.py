@@ -519,6 +519,10 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
 #:   cascade: d = 192 43.2 / 48.1 / 50.2, 154.0 / 178.9 / 180.9, 360.0 / 415.1 / 412.4 (cdb0def, kernel-h32-8-d192-
 #:   20261127-184057.json); d = 256 54.7 / 55.6 / 57.7, 202.7 / 204.5 / 207.5, 463.6 / 467.2 / 471.6 (e77ca1a,
 #:   kernel-h32-8-d256-20261127-185057.json); the fused backward the fastest at all six.
+#: - On an H200 at the shared-first default (7227113) the fused kernels beat the hybrid at 128 at (16, 4K), (8, 8K),
+#:   (16, 32K): fwd+bwd 19.50 / 19.62 / 168.91 ms against 20.83 / 20.84 / 169.91, with less memory; at 64 the two are
+#:   within 1% (12.92 / 13.04 / 109.01 against 13.14 / 12.93 / 108.50) (experiments/results/checks/s25floor-h200-
+#:   20261129T0145Z.log). The 128 entry stays until an H100, where it was measured, says the same.
 CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 64): "hybrid"}
 #: Head dims above 128 that the cuDNN cascade serves on an arch (measured and GPU-tested: 192 and 256 on Hopper);
 #: up to 128 it serves every head dim, and any other is left to the fused kernels.
