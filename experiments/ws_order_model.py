@@ -2,8 +2,10 @@
 dualkv/cuda/ws_schedule.py), for choosing a tree launch order and dQ order before spending GPU time on it.
 
 Two questions, one model each (both count time in steps: one CTA step = one 64-query x 128-key tile of one query
-head; one CTA per SM; CTAs start in launch order, kv head innermost, as the kernel's 1-D grid in the tile-major
-CTA order — what trees run; two-level layouts default to head-major since 2c4891d, which this model does not cover):
+head; one CTA per SM; CTAs start in launch order: kv head innermost, as the kernel's 1-D grid in the tile-major
+CTA order — what trees run — or, for the two-level orders "node-head" (own-first, each KV head's whole table in turn)
+and "shared-split" (shared-first, every KV head's shared-key tiles, then every head's own-response tiles; the default
+since 7227113), the head-major order of :func:`dualkv.cuda.ws_schedule.cta_order`):
 
 * **L2 reuse** (:func:`l2_misses`): CTAs run without waiting; every step touches its (query head, query tile)'s dQ
   accumulator tile and Q/dO tiles (64 KB together: 64 x 128 fp32 + two 64 x 128 bf16); an LRU cache of
@@ -21,6 +23,8 @@ removing the dQ hand-off saves ~39% of workload a's backward; adds without order
 so traffic, not waiting, is the cost there; on workload c the waits are the whole cost.
 
     python experiments/ws_order_model.py --workloads a,c,two-level,4x8K --out experiments/results/models/ws-order-model.json
+    python experiments/ws_order_model.py --workloads 28x4K,8x8K,16x1K --l2-tiles 763 \
+        --out experiments/results/models/ws-order-model-split-cpu-20261129.json
 """
 
 from __future__ import annotations
