@@ -92,13 +92,17 @@ class HeadMajor:
         self.first_tiles, self.shared_first = first_tiles, shared_first
 
 
-def _ctas(tiles: np.ndarray, kv_heads: int, ranks=None) -> list[tuple[int, int]]:
+def _ctas(tiles: np.ndarray, kv_heads: int, ranks: "ws_schedule.TreeRanks | HeadMajor | None" = None
+          ) -> list[tuple[int, int]]:
+    """(table row, KV head) of each CTA in launch order: head-major for a :class:`HeadMajor`, else tile-major."""
     if isinstance(ranks, HeadMajor):
         return [(int(t), int(h)) for h, t in ws_schedule.cta_order(len(tiles), kv_heads, ranks.first_tiles)]
     return [(t, h) for t in range(len(tiles)) for h in range(kv_heads)]
 
 
-def _rank(tile, st, ranks) -> int:
+def _rank(tile: tuple[int, int, int, int], st: ws_schedule.Step,
+          ranks: "ws_schedule.TreeRanks | HeadMajor | None") -> int:
+    """The dQ rank of a step: a two-level order's (shared-first or own-first) or a tree's."""
     if isinstance(ranks, HeadMajor):
         return ws_schedule.rank(tile, st, None, ranks.shared_first)
     return ws_schedule.rank(tile, st, ranks)

@@ -4,7 +4,7 @@ same bits from each."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -18,7 +18,8 @@ PICKS: dict[str, Callable[[int, int], int]] = {"plan": lambda n, s: s, "none": l
                                                "half": lambda n, s: n // 2, "all_but_one": lambda n, s: n - 1}
 
 
-def grads_per_split(monkeypatch, head_dim: int, seed: int, variants) -> tuple[list, list[int]]:
+def grads_per_split(monkeypatch, head_dim: int, seed: int,
+                    variants: Sequence[tuple[Optional[Callable[[], None]], str]]) -> tuple[list, list[int]]:
     """For each (setup, pick) of ``variants`` (setup: a callable run first, or None; pick: a key of :data:`PICKS`):
     dQ, dK, dV of shared_prefix_attention on :data:`LENGTHS` (16 query heads, 4 KV heads, bf16) with the plan's
     split replaced by the pick, each on a fresh layout (plans are cached on it). Returns the gradients and the splits
@@ -44,6 +45,7 @@ def grads_per_split(monkeypatch, head_dim: int, seed: int, variants) -> tuple[li
     return runs, splits
 
 
-def assert_same_bits(runs) -> None:
+def assert_same_bits(runs: list) -> None:
+    """Every run's gradients equal the first run's, bit for bit."""
     for other in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))

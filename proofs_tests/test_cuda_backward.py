@@ -93,14 +93,18 @@ def test_ws_backward_cta_split_keeps_the_bits(head_dim, shared_first, monkeypatc
     dQ counter waiting forever)."""
     from cta_split_runs import PICKS, assert_same_bits, grads_per_split
 
-    from dualkv.cuda import launch
+    from dualkv.cuda import configs, launch
     from dualkv.cuda.runtime import arch_of
 
     if arch_of(0) != "sm_90":
         pytest.skip("the warp-specialised backward is Hopper-only")
     monkeypatch.setattr(launch, "TWO_LEVEL_SHARED_FIRST", shared_first)
+    monkeypatch.setattr(configs, "WS_HEAD_MAJOR", True)  # the head-major build, whatever $DUALKV_WS_CTA_ORDER says
+    ran, real = [], launch._run_backward_ws
+    monkeypatch.setattr(launch, "_run_backward_ws", lambda *a, **k: ran.append(a[18]) or real(*a, **k))
     runs, splits = grads_per_split(monkeypatch, head_dim, 2, [(None, pick) for pick in PICKS])
     assert len(set(splits)) >= 4, splits  # the splits differ
+    assert ran == splits, (ran, splits)  # the WS backward ran once per split, with that split
     assert_same_bits(runs)
 
 
@@ -173,7 +177,7 @@ def test_opcheck_custom_ops():
     v = torch.randn(layout.total_tokens, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     plan = layout_plan(layout, head_dim=64, group_size=2, window_left=-1, device=q.device)
     args = (q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles, plan.dkdv_key_tiles,
-            plan.fwd_kernel, plan.fwd_pack, plan.dq_pack, True, 0.125, -1, True, True, plan.tree)
+            plan.fwd_kernel, plan.fwd_pack, plan.dq_pack, plan.ws_first_tiles, True, 0.125, -1, True, True, plan.tree)
     torch.library.opcheck(torch.ops.dualkv.fwd.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 

@@ -46,10 +46,10 @@ def _call2_table(rng: random.Random) -> np.ndarray:
     return map_call2(np.cumsum([0] + rows).tolist(), np.cumsum([0] + lens).tolist(), p).segments
 
 
-def _ordered_tiles(seg: np.ndarray, geo: Geometry, ctx_shared: bool) -> np.ndarray:
-    tiles = launch_order(key_tiles(seg, geo.block_keys, ctx_shared, geo.causal), seg)
+def _ordered_tiles(seg: np.ndarray, geo: Geometry, ctx_shared: bool, shared_first: bool = False) -> np.ndarray:
+    tiles = launch_order(key_tiles(seg, geo.block_keys, ctx_shared, geo.causal), seg, shared_first=shared_first)
     check_block_order(tiles)
-    check_launch_order(tiles, seg)
+    check_launch_order(tiles, seg, shared_first=shared_first)
     return tiles
 
 
@@ -67,29 +67,32 @@ def test_geometry_is_the_kernels():
     assert "DKV_DQ_ORDERED" not in dict(dkdv_spec(64, torch.bfloat16, False, "sm_80").defines())
 
 
+@pytest.mark.parametrize("shared_first", [True, False], ids=["shared-first", "own-first"])
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("geo", GEOMETRIES, ids=repr)
-def test_shared_prefix_counters_receive_ranks_in_order(seed, geo):
+def test_shared_prefix_counters_receive_ranks_in_order(seed, geo, shared_first):
     rng = random.Random(seed)
     for layout in _group_layouts(rng, 20):
         seg = layout.segment_table
-        tiles = _ordered_tiles(seg, geo, ctx_shared=True)
+        tiles = _ordered_tiles(seg, geo, ctx_shared=True, shared_first=shared_first)
         for group in (1, 2):
-            check_dq_order(tiles, seg, group, geo=geo)
+            check_dq_order(tiles, seg, group, geo=geo, shared_first=shared_first)
 
 
+@pytest.mark.parametrize("shared_first", [True, False], ids=["shared-first", "own-first"])
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "non_causal"])
 @pytest.mark.parametrize("geo", GEOMETRIES, ids=repr)
-def test_paper_api_counters_receive_ranks_in_order(seed, causal, geo):
+def test_paper_api_counters_receive_ranks_in_order(seed, causal, geo, shared_first):
     """Call 2 (a separate context tensor; several context lengths; causal or not) and non-causal call 1."""
     geo = replace(geo, causal=causal)
     rng = random.Random(100 + seed)
     for _ in range(20):
         seg = _call2_table(rng)
-        check_dq_order(_ordered_tiles(seg, geo, ctx_shared=False), seg, 2, geo=geo)
+        check_dq_order(_ordered_tiles(seg, geo, False, shared_first), seg, 2, geo=geo, shared_first=shared_first)
         prompts = segments_from_cu_seqlens(np.cumsum([0] + [rng.choice(LENGTHS) for _ in range(3)]).tolist(), 0)
-        check_dq_order(_ordered_tiles(prompts, geo, ctx_shared=True), prompts, 1, geo=geo)
+        check_dq_order(_ordered_tiles(prompts, geo, True, shared_first), prompts, 1, geo=geo,
+                       shared_first=shared_first)
 
 
 def test_plans_carry_an_order_the_ordered_kernel_accepts():
@@ -109,12 +112,13 @@ def test_other_geometries(seed):
     """The statements are the kernel's at any step / key block (the WS constants are only the default)."""
     rng = random.Random(seed)
     for geo in (Geometry(32, 128), Geometry(64, 64), Geometry(16, 64, causal=False), Geometry(64, 256)):
-        for layout in _group_layouts(rng, 8):
-            if geo.causal:
-                seg = layout.segment_table
-                check_dq_order(_ordered_tiles(seg, geo, True), seg, 2, geo=geo)
-        seg = _call2_table(rng)
-        check_dq_order(_ordered_tiles(seg, geo, False), seg, 1, geo=geo)
+        for shared in (True, False):
+            for layout in _group_layouts(rng, 8):
+                if geo.causal:
+                    seg = layout.segment_table
+                    check_dq_order(_ordered_tiles(seg, geo, True, shared), seg, 2, geo=geo, shared_first=shared)
+            seg = _call2_table(rng)
+            check_dq_order(_ordered_tiles(seg, geo, False, shared), seg, 1, geo=geo, shared_first=shared)
     with pytest.raises(ValueError, match="multiple of step"):
         Geometry(64, 96)
 
@@ -459,7 +463,8 @@ def test_backward_routes_each_key_tile_order(monkeypatch, ordered):
 
 def test_ordered_cta_split_argument(monkeypatch):
     """The ordered kernel's first_tiles: -1 (a row's KV heads adjacent) without the head-major setting or on a tree;
-    else the plan's split, or the whole table when none is given."""
+    else the plan's split, or the whole table when none is given; a split outside the table raises (the kernel would
+    read past it)."""
     from dualkv.cuda import launch
 
     tiles = torch.zeros(7, 4, dtype=torch.int32)
@@ -469,3 +474,33 @@ def test_ordered_cta_split_argument(monkeypatch):
     assert launch._mma_cta_split(tiles, False, 3) == 3
     assert launch._mma_cta_split(tiles, False, None) == 7
     assert launch._mma_cta_split(tiles, True, 3) == -1
+    for bad in (-1, 8):
+        with pytest.raises(ValueError, match="ws_first_tiles must lie in"):
+            launch._mma_cta_split(tiles, False, bad)
+
+
+def test_run_backward_hands_the_plans_split_to_the_ordered_kernel(monkeypatch):
+    """With the head-major setting, the ordered kernel's first_tiles argument is the plan's split (the shared-first
+    plan's count of shared-key tiles), handed through run_backward."""
+    from dualkv.cuda import launch
+
+    log = []
+    monkeypatch.setattr(launch, "device_index", lambda t: 0)
+    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_80")
+    monkeypatch.setattr(launch, "get_kernel", lambda spec, device: _StandInKernel(spec, log))
+    monkeypatch.setattr(launch, "run_prep", lambda dout, out, lse, d_lse: (lse.clone(), lse.clone()))
+    monkeypatch.setattr(launch, "TWO_LEVEL_SHARED_FIRST", True)
+    monkeypatch.setattr(launch, "MMA_HEAD_MAJOR", True)
+    layout = GroupLayout.from_lengths([200, 70], [[129, 5], [64, 1, 300]])
+    plan = launch.make_plan(layout.segment_table, head_dim=64, group_size=2, window_left=-1,
+                            device=torch.device("cpu"), ctx_shared=True, fwd_kernel="fwd")
+    assert 0 < plan.ws_first_tiles < plan.key_tiles.shape[0]
+    t = layout.total_tokens
+    q, dout, out = (torch.zeros(t, 4, 64, dtype=torch.bfloat16) for _ in range(3))
+    k = torch.zeros(t, 2, 64, dtype=torch.bfloat16)
+    with mma_backward("ordered"):
+        launch.run_backward(dout, q, k, k, k, k, out, torch.zeros(4, t), plan.segments, plan.dq_tiles,
+                            plan.key_tiles, plan.dq_pack, True, scale=0.125, window_left=-1,
+                            ws_first_tiles=plan.ws_first_tiles)
+    (args,) = [a for spec, _, a in log if spec.kernel == "bwd_dkdv"]
+    assert args[-7] == plan.ws_first_tiles and args[-8] == 2  # first_tiles after kv_heads

@@ -34,11 +34,12 @@ def launches(monkeypatch):
     monkeypatch.setattr(launch, "arch_of", lambda index: "sm_90")
     monkeypatch.setattr(launch, "get_kernel", lambda spec, index: _Recorder(spec, log))
     monkeypatch.setattr(launch, "run_prep", lambda dout, out, lse, d_lse=None: (lse, lse))
-    monkeypatch.setattr(launch, "_run_backward_ws", lambda *a: log.append(("ws", None, [a[14].data_ptr()])))
+    # (…, segments, key_tiles_t 14, group, scale, tree, ws_first_tiles 18)
+    monkeypatch.setattr(launch, "_run_backward_ws", lambda *a: log.append(("ws", None, [a[14].data_ptr(), a[18]])))
     return log
 
 
-def _backward(plan, ws: bool, deterministic: bool, monkeypatch):
+def _backward(plan, ws: bool, deterministic: bool, monkeypatch, **kwargs):
     monkeypatch.setattr(launch, "ws_backward_for", lambda *a, **k: ws)
     t = int(plan.segments[:, 1].sum())
     q, dout, out = (torch.randn(t, 4, 128, dtype=torch.bfloat16) for _ in range(3))
@@ -46,7 +47,7 @@ def _backward(plan, ws: bool, deterministic: bool, monkeypatch):
     lse = torch.zeros(4, t)
     launch.run_backward(dout, q, k, k, k, k, out, lse, plan.segments, plan.dq_tiles, plan.key_tiles, plan.dq_pack,
                         True, scale=0.1, window_left=-1, deterministic=deterministic,
-                        dkdv_key_tiles_t=plan.dkdv_key_tiles)
+                        dkdv_key_tiles_t=plan.dkdv_key_tiles, **kwargs)
 
 
 @pytest.mark.parametrize("mode", ["split", "atomic"])
@@ -74,6 +75,11 @@ def test_dkdv_kernel_gets_the_heaviest_first_table(deterministic, mode, launches
 
 
 def test_warp_specialised_backward_gets_the_launch_order(launches, monkeypatch):
+    """The launch order and the plan's head-major split (None when the caller gives none: the whole table)."""
+    monkeypatch.setattr(launch, "TWO_LEVEL_SHARED_FIRST", True)
     plan = launch.make_plan(GroupLayout.from_lengths([300], [[129, 5, 64]]).segment_table, **PLAN_ARGS)
+    assert 0 < plan.ws_first_tiles < plan.key_tiles.shape[0]
     _backward(plan, ws=True, deterministic=True, monkeypatch=monkeypatch)
-    assert launches == [("ws", None, [plan.key_tiles.data_ptr()])]
+    _backward(plan, ws=True, deterministic=True, monkeypatch=monkeypatch, ws_first_tiles=plan.ws_first_tiles)
+    assert launches == [("ws", None, [plan.key_tiles.data_ptr(), None]),
+                        ("ws", None, [plan.key_tiles.data_ptr(), plan.ws_first_tiles])]

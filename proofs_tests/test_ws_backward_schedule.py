@@ -345,8 +345,20 @@ def test_dq_rows_permute_within_the_row(head_dim):
     assert "src + 4 * ((2 * c) ^ (t & 7))" in cast and "src + 4 * ((2 * c + 1) ^ (t & 7))" in cast
 
 
-def _kernel_cta_head_tile(bid: int, n_tiles: int, kv_heads: int, first_tiles: int, head_major: bool):
-    """csrc/bwd_sm90_ws.cu's cta_head_tile, line for line (int division of non-negative ints)."""
+#: csrc/keywalk.cuh's cta_head_tile, the statements _kernel_cta_head_tile restates (whitespace-normalised).
+KERNEL_CTA_HEAD_TILE = (
+    "if (!head_major) return make_int2(bid % kv_heads, bid / kv_heads);",
+    "const int first_ctas = first_tiles * kv_heads;",
+    "if (bid < first_ctas) return make_int2(bid / first_tiles, bid % first_tiles);",
+    "const int rest = gridDim.x / kv_heads - first_tiles;",
+    "return make_int2((bid - first_ctas) / rest, first_tiles + (bid - first_ctas) % rest);",
+)
+
+
+def _kernel_cta_head_tile(bid: int, n_tiles: int, kv_heads: int, first_tiles: int,
+                          head_major: bool) -> tuple[int, int]:
+    """csrc/keywalk.cuh's cta_head_tile (KERNEL_CTA_HEAD_TILE), line for line: (KV head, table row); gridDim.x is
+    n_tiles * kv_heads at both launch sites."""
     if not head_major:
         return bid % kv_heads, bid // kv_heads
     first_ctas = first_tiles * kv_heads
@@ -354,6 +366,20 @@ def _kernel_cta_head_tile(bid: int, n_tiles: int, kv_heads: int, first_tiles: in
         return bid // first_tiles, bid % first_tiles
     rest = n_tiles - first_tiles
     return (bid - first_ctas) // rest, first_tiles + (bid - first_ctas) % rest
+
+
+def test_the_kernels_cta_mapping_is_the_restated_one():
+    """The statements _kernel_cta_head_tile restates are the kernel's, in order (so the mirror below tests the code
+    that runs)."""
+    from pathlib import Path
+
+    import dualkv.cuda
+
+    src = (Path(dualkv.cuda.__file__).parent / "csrc" / "keywalk.cuh").read_text()
+    body = src[src.index("cta_head_tile(int kv_heads, int first_tiles, bool head_major) {"):]
+    body = " ".join(body[:body.index("\n}\n")].split())
+    at = [body.find(" ".join(line.split())) for line in KERNEL_CTA_HEAD_TILE]
+    assert -1 not in at and at == sorted(at), at
 
 
 @pytest.mark.parametrize("head_major", [True, False])

@@ -419,8 +419,9 @@ def _two_level_dq_order_from_env() -> str:
 
 TWO_LEVEL_SHARED_FIRST = _two_level_dq_order_from_env() == "shared"
 
-#: The warp-specialised backward's CTA order on two-level layouts: "head" (the default: each KV head's whole key-tile
-#: table in turn, so the CTAs running together sweep the Q / dO / dQ rows of one KV head's query heads) or "tile" (a key
+#: The warp-specialised backward's CTA order on two-level layouts: "head" (the default: each KV head's key-tile table in
+#: turn, so the CTAs running together sweep the Q / dO / dQ rows of one KV head's query heads; split after the plan's
+#: ws_first_tiles rows, which under the shared-first default puts every head's prompt tiles first) or "tile" (a key
 #: tile's KV heads adjacent). A launch order only: every dQ counter still receives its tiles in table order, so the bits
 #: do not change. "head" is the default because it was faster or tied on every two-level layout measured (H100,
 #: experiments/results/checks/order-bench-headmajor-h100-20261127T0503Z.json: 4 groups x (8, 8K) 89.4 -> 83.8 ms, 8
@@ -440,8 +441,8 @@ WS_HEAD_MAJOR = _ws_cta_order_from_env() == "head"
 #: The mma.sync dK/dV kernel's CTA order in its ordered dQ mode on two-level layouts (a launch argument, no rebuild):
 #: "tile" (a key tile's KV heads adjacent) or "head" (the warp-specialised backward's head-major order with its split,
 #: :attr:`dualkv.cuda.launch.Plan.ws_first_tiles`). Prefix trees always run "tile". A launch order only: the bits do
-#: not change (checked on the GPU). "tile" stays the default: "head" measured no faster at (28, 4K) / (8, 8K) / (16, 32K)
-#: and 35% slower at (16, 1K) (H200, checks/s25mma-h200-20261129T0131Z.log). Read ONCE, at import, from
+#: not change (checked on the GPU). "tile" stays the default: "head" measured no faster at (28, 4K) / (8, 8K) /
+#: (16, 32K) and 35% slower at (16, 1K) (H200, checks/s25mma-h200-20261129T0131Z.log). Read ONCE, at import, from
 #: ``$DUALKV_MMA_CTA_ORDER``.
 MMA_CTA_ORDERS = ("tile", "head")
 
@@ -521,7 +522,7 @@ def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
 #:   kernel-h32-8-d256-20261127-185057.json); the fused backward the fastest at all six.
 #: - On an H200 at the shared-first default (7227113) the fused kernels beat the hybrid at 128 at (16, 4K), (8, 8K),
 #:   (16, 32K): fwd+bwd 19.50 / 19.62 / 168.91 ms against 20.83 / 20.84 / 169.91, with less memory; at 64 the two are
-#:   within 1% (12.92 / 13.04 / 109.01 against 13.14 / 12.93 / 108.50) (experiments/results/checks/s25floor-h200-
+#:   within 2% (12.92 / 13.04 / 109.01 against 13.14 / 12.93 / 108.50) (experiments/results/checks/s25floor-h200-
 #:   20261129T0145Z.log). The 128 entry stays until an H100, where it was measured, says the same.
 CASCADE_FASTER = {("sm_90", 128): "hybrid", ("sm_90", 64): "hybrid"}
 #: Head dims above 128 that the cuDNN cascade serves on an arch (measured and GPU-tested: 192 and 256 on Hopper);

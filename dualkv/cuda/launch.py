@@ -300,12 +300,22 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
     _cast_dq_frag(dq_acc, dq, scale)
 
 
+def _cta_split(key_tiles_t: torch.Tensor, first_tiles: int | None) -> int:
+    """The head-major CTA split a kernel gets: ``first_tiles``, or the whole table when None. Out of [0, rows] the
+    kernels would read past the key-tile table, so that raises."""
+    rows = key_tiles_t.shape[0]
+    first = rows if first_tiles is None else int(first_tiles)
+    if not 0 <= first <= rows:
+        raise ValueError(f"ws_first_tiles must lie in [0, {rows}] (the key-tile table's rows), got {first}")
+    return first
+
+
 def _mma_cta_split(key_tiles_t: torch.Tensor, tree: bool, first_tiles: int | None) -> int:
-    """The ordered mma.sync kernel's ``first_tiles`` argument: the head-major split (the whole table when None), or -1
-    (a row's KV heads adjacent) on a tree or without :data:`~dualkv.cuda.configs.MMA_HEAD_MAJOR`."""
+    """The ordered mma.sync kernel's ``first_tiles`` argument: the head-major split (:func:`_cta_split`), or -1 (a
+    row's KV heads adjacent) on a tree or without :data:`~dualkv.cuda.configs.MMA_HEAD_MAJOR`."""
     if tree or not MMA_HEAD_MAJOR:
         return -1
-    return key_tiles_t.shape[0] if first_tiles is None else first_tiles
+    return _cta_split(key_tiles_t, first_tiles)
 
 
 def _root_first(tree: bool) -> bool:
@@ -388,6 +398,5 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
                 *_strided(dk_own), *_strided(dv_own), dq_acc.data_ptr(), i64(rows * acc_cols), sems.data_ptr(),
                 i32(n_qtiles), qtile_offset.data_ptr() if qtile_offset is not None else 0, segments.data_ptr(),
                 key_tiles_t.data_ptr(), i32(kv_heads),
-                i32(key_tiles_t.shape[0] if first_tiles is None else first_tiles), i32(group), f32(scale * LOG2E),
-                f32(scale)])
+                i32(_cta_split(key_tiles_t, first_tiles)), i32(group), f32(scale * LOG2E), f32(scale)])
     _cast_dq(dq_acc, dq, scale)

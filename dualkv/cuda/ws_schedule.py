@@ -271,7 +271,7 @@ def head_major_split(tiles: np.ndarray, segments: np.ndarray | None, shared_firs
 
 def cta_order(n_tiles: int, kv_heads: int, first_tiles: int | None = None, head_major: bool = True) -> np.ndarray:
     """int64 (n_tiles * kv_heads, 2): the (KV head, table row) of each CTA in launch (blockIdx.x) order, as
-    ``cta_head_tile`` in csrc/bwd_sm90_ws.cu computes it. Head-major: the table's first ``first_tiles`` rows of every
+    ``cta_head_tile`` in csrc/keywalk.cuh computes it. Head-major: the table's first ``first_tiles`` rows of every
     KV head in turn, then its other rows of every KV head in turn (``first_tiles`` None or ``n_tiles``: each head's
     whole table in turn); otherwise a row's KV heads adjacent. Every KV head sees its rows in table order, so a CTA
     waits only on CTAs launched before it whenever the table is a valid launch order (:func:`check_cta_order`)."""

@@ -88,7 +88,8 @@ def tune(shape=(16, 32768)):
                            ctx_shared=True, **override)
             res[f"{kernel} {tile}"] = time_ms(lambda: run_backward(
                 dout, q, k, v, k, v, out, lse, pl.segments, pl.dq_tiles, pl.key_tiles, pl.dq_pack, True, scale=scale,
-                window_left=-1, kernels=(kernel,), dkdv_key_tiles_t=pl.dkdv_key_tiles, **override), "cuda", 5)[0]
+                window_left=-1, kernels=(kernel,), dkdv_key_tiles_t=pl.dkdv_key_tiles, ws_first_tiles=pl.ws_first_tiles,
+                **override), "cuda", 5)[0]
         except Exception as err:
             res[f"{kernel} {tile}"] = repr(err)[:200]
     return {k2: (round(v2, 2) if isinstance(v2, float) else v2) for k2, v2 in res.items()}

@@ -125,7 +125,8 @@ def backward_speed(shapes, reps: int) -> list:
                     ms = time_ms(lambda: run_backward(dout, q, k, v, k, v, out, lse, plan.segments, plan.dq_tiles,
                                                       plan.key_tiles, plan.dq_pack, True, scale=scale,
                                                       window_left=-1, kernels=kernels,
-                                                      dkdv_key_tiles_t=plan.dkdv_key_tiles), "cuda", reps)[0]
+                                                      dkdv_key_tiles_t=plan.dkdv_key_tiles,
+                                                      ws_first_tiles=plan.ws_first_tiles), "cuda", reps)[0]
                     row = {"N": n, "P": p, "system": f"{family}:{'+'.join(kernels)}", "ms": round(ms, 2)}
                     if len(kernels) == 2:
                         row["tflops"] = round(attention_flops(pairs, 32, 128, "bwd") / ms / 1e9, 1)

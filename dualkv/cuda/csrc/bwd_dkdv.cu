@@ -192,8 +192,9 @@ __device__ __forceinline__ int dq_counter(const KeyWalk& w, const Cursor& c, con
 }  // namespace
 
 // The two-level shared-first ordered builds stage LSE / D one row per thread too (1), or by the strided loop (0). On
-// sm_90 it spills 56 / 96 bytes against 28 / 40 and measured 0.9-1% faster (H200, bwd ms at (28, 4K) / (8, 8K) /
-// (16, 32K): 45.49 / 28.11 / 235.25 against 46.02 / 28.37 / 237.72 and 45.90 / 28.34 / 237.69, own processes,
+// sm_90 the causal d = 128 build then spills (stores / loads) 56 / 96 bytes against 28 / 40 and measured 0.9-1% faster
+// (H200, bwd ms at (28, 4K) / (8, 8K) / (16, 32K): 45.49 / 28.11 / 235.25 against 46.02 / 28.37 / 237.72 and 45.90 /
+// 28.34 / 237.69, own processes,
 // experiments/results/checks/s25mma-h200-20261129T0131Z.log); on sm_80 it would spill 20 / 24 bytes where the loop
 // spills none, and no sm_80 GPU was there to time it, so those builds keep the loop.
 #ifndef DKV_SHARED_FIRST_ROW_STATS

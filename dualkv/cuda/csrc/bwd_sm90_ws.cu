@@ -159,14 +159,15 @@ constexpr bool kDqInFlight = DKV_DQ_INFLIGHT != 0;
 // (Freeing the smem buffer before publishing the previous add measured 6% slower at (16, 32K): the adds then come
 // faster than L2 absorbs them; checks/ws-bwd-dqpath-h100-20261127T0840Z.json.)
 // CTA order (the spec's head_major, configs.WS_CTA_ORDERS): 0, the KV heads of a key tile adjacent (blockIdx.x =
-// tile * kv_heads + head; prefix trees); 1, head-major in two parts: the table's first `first_tiles` tiles of every KV
-// head in turn (blockIdx.x = head * first_tiles + tile), then its other tiles of every KV head in turn. The CTAs running
-// together then sweep the query rows of ONE KV head's query heads (an eighth of the Q / dO / dQ lines at 8 KV heads),
-// and with the shared-first table (the shared-key tiles, the heaviest, first: first_tiles of them) every head's heavy
-// tiles launch before any light own-response tile, so the light ones fill the last wave instead of the last KV head's
-// heaviest tiles running alone (ws_schedule.cta_order; first_tiles = the table's length gives the plain head-major
-// order; keywalk.cuh's cta_head_tile). Only the launch order changes: every counter (one query head) still receives
-// its tiles in table order, and a CTA still waits only on CTAs of its own KV head launched before it.
+// tile * kv_heads + head; prefix trees); 1, head-major in two parts: the table's first `first_tiles` tiles of every
+// KV head in turn (blockIdx.x = head * first_tiles + tile), then its other tiles of every KV head in turn. The CTAs
+// running together then sweep the query rows of ONE KV head's query heads (an eighth of the Q / dO / dQ lines at 8
+// KV heads), and with the shared-first table (the shared-key tiles, the heaviest, first: first_tiles of them) every
+// head's heavy tiles launch before any light own-response tile, so the light ones fill the last wave instead of the
+// last KV head's heaviest tiles running alone (ws_schedule.cta_order; first_tiles = the table's length gives the
+// plain head-major order; keywalk.cuh's cta_head_tile). Only the launch order changes: every counter (one query
+// head) still receives its tiles in table order, and a CTA still waits only on CTAs of its own KV head launched
+// before it.
 #ifndef DKV_HEAD_MAJOR
 #define DKV_HEAD_MAJOR 0
 #endif
