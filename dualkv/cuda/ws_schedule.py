@@ -34,7 +34,7 @@ blocks in order): the CTAs of one node start together and sweep the same query t
 accumulator and Q/dO tiles they share can be reused from L2, and the longest walks (the roots') start first.
 
 Shared-first two-level order (``shared_first=True``, the kernels' DKV_TREE_ROOT_FIRST=1 builds without DKV_TREE,
-chosen by ``DUALKV_TWO_LEVEL_DQ_ORDER=shared``): a dependent's query tile receives the shared (context) keys' blocks
+``DUALKV_TWO_LEVEL_DQ_ORDER=shared``, the default): a dependent's query tile receives the shared (context) keys' blocks
 b first (rank b), then its own causal blocks (rank ceil(ctx_len / block_keys) + b) — a depth-1 tree's root-first
 order — and the shared-key tiles, the heaviest, are launched before the own-response tiles.
 
