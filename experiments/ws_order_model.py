@@ -25,6 +25,8 @@ so traffic, not waiting, is the cost there; on workload c the waits are the whol
     python experiments/ws_order_model.py --workloads a,c,two-level,4x8K --out experiments/results/models/ws-order-model.json
     python experiments/ws_order_model.py --workloads 28x4K,8x8K,16x1K --l2-tiles 763 \
         --out experiments/results/models/ws-order-model-split-cpu-20261129.json
+    python experiments/ws_order_model.py --workloads 16x1K,16x512-R4K,8x256-R4K --l2-tiles 763 \
+        --split-dependents 2,4,8 --out experiments/results/models/ws-order-model-deps-cpu-20261129.json
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ from dualkv.cuda import ws_schedule  # noqa: E402
 from dualkv.cuda.schedule import key_tiles  # noqa: E402
 from dualkv.cuda.tree_schedule import tree_key_tiles, tree_rows, tree_segments  # noqa: E402
 
-WORKLOADS = {"a": system_prompt_workload, "b": branching_workload, "c": multi_turn_workload,
+WORKLOADS = {"16x512-R4K": lambda: GroupLayout.single(512, [4096] * 16),
+             "8x256-R4K": lambda: GroupLayout.single(256, [4096] * 8),
+             "a": system_prompt_workload, "b": branching_workload, "c": multi_turn_workload,
              "two-level": lambda: GroupLayout.single(32768, [2048] * 16),
              "4x8K": lambda: GroupLayout.from_lengths([8192] * 4, [[2048] * 8] * 4),
              "28x4K": lambda: GroupLayout.single(4096, [2048] * 28),
@@ -90,6 +94,22 @@ class HeadMajor:
 
     def __init__(self, first_tiles: int, shared_first: bool = False):
         self.first_tiles, self.shared_first = first_tiles, shared_first
+
+
+def split_dependents(tiles: np.ndarray, first_tiles: int, parts: int) -> tuple[np.ndarray, "HeadMajor"]:
+    """A candidate kernel change, modelled: each of the first ``first_tiles`` rows (a shared-first table's shared-key
+    tiles) has its dependent segments cut into ``parts`` contiguous ranges, one CTA each. The first keeps the own
+    (causal) steps; the others are dependent-only rows (own_seg -1 here, so the walk has no own phase). Every counter
+    still receives block b once, from the CTA whose range holds its segment, so the shared-first ranks are unchanged;
+    the kernel would also have to sum the parts' dK / dV in a fixed order, which the model does not time. Returns the
+    new table (split rows first) and its head-major split."""
+    head, rest = [], []
+    for own, blk, begin, end in np.asarray(tiles[:first_tiles]).tolist():
+        cuts = np.linspace(begin, end, min(parts, max(end - begin, 1)) + 1).round().astype(int)
+        head.append([own, blk, int(cuts[0]), int(cuts[1])])
+        rest += [[-1, blk, int(a), int(b)] for a, b in zip(cuts[1:-1], cuts[2:])]
+    table = np.asarray(head + rest + np.asarray(tiles[first_tiles:]).tolist(), dtype=np.int64).reshape(-1, 4)
+    return table, HeadMajor(len(head) + len(rest), True)
 
 
 def _ctas(tiles: np.ndarray, kv_heads: int, ranks: "ws_schedule.TreeRanks | HeadMajor | None" = None
@@ -187,6 +207,9 @@ def main(argv=None) -> int:
     p.add_argument("--l2-tiles", type=lambda t: [int(x) for x in t.split(",")], default=[L2_TILES, 2 * L2_TILES],
                    help="modelled L2 capacities in 64 KB objects (default: the H100's 50 MB, and twice that)")
     p.add_argument("--out", default=None, help="JSON file (default: print only)")
+    p.add_argument("--split-dependents", type=lambda t: [int(x) for x in t.split(",")], default=[],
+                   help="also model the shared-split order with each shared-key tile's dependents cut into this many "
+                        "CTAs (two-level workloads; :func:`split_dependents`), e.g. 2,4,8")
     args = p.parse_args(argv)
     rows_out = []
     for name in args.workloads.split(","):
@@ -203,6 +226,14 @@ def main(argv=None) -> int:
             print(f"{name:<10} {order:<12} misses/step at {args.l2_tiles} objects: {misses}  makespan with waits "
                   f"{row['waits_makespan']} vs ideal {row['waits_ideal']:.0f}  deadlock {row['waits_deadlock']}",
                   flush=True)
+            if order == "shared-split":
+                for parts in args.split_dependents:
+                    table, split = split_dependents(tiles, ranks.first_tiles, parts)
+                    got = with_dq_waits(rows, table, split)
+                    rows_out.append({"workload": name, "order": f"shared-split-deps{parts}",
+                                     **{f"waits_{k}": v for k, v in got.items()}})
+                    print(f"{name:<10} {'  dependents / ' + str(parts):<12} makespan with waits {got['makespan']} vs "
+                          f"ideal {got['ideal']:.0f}  deadlock {got['deadlock']}", flush=True)
     if args.out:
         record = {"benchmark": "ws_order_model (a CPU model, not a measurement)",
                   "config": {"sms": SMS, "kv_heads": KV_HEADS, "group": GROUP, "l2_tiles": args.l2_tiles},
