@@ -399,18 +399,6 @@ def test_cta_order_is_the_kernels_mapping(head_major):
         cta_order(4, 2, 5)
 
 
-def _cta_dq_ranks(tiles, seg, order, group: int, shared_first: bool) -> dict:
-    """(KV head, query head, segment, query tile) -> the ranks reaching that dQ counter, in CTA launch order."""
-    from dualkv.cuda.ws_schedule import rank
-
-    out: dict = {}
-    for head, row in np.asarray(order).tolist():
-        tile = tuple(np.asarray(tiles)[row].tolist())
-        for st in walk(tile, seg, group):
-            out.setdefault((head, st.head, st.seg, st.qt), []).append(rank(tile, st, None, shared_first))
-    return out
-
-
 @pytest.mark.parametrize("shared_first", [False, True], ids=["own-first", "shared-first"])
 @pytest.mark.parametrize("seed", range(2))
 def test_every_cta_split_keeps_the_dq_order(seed, shared_first):
@@ -424,8 +412,7 @@ def test_every_cta_split_keeps_the_dq_order(seed, shared_first):
         for first in sorted({0, 1, n // 2, head_major_split(tiles, seg, shared_first), n}):
             order = cta_order(n, 3, first)
             check_cta_order(order, n, 3)
-            for key, ranks in _cta_dq_ranks(tiles, seg, order, 2, shared_first).items():
-                assert ranks == list(range(len(ranks))), (key, ranks, first)
+            check_dq_order(tiles, seg, group=2, shared_first=shared_first, ctas=order)
 
 
 def test_wrong_cta_orders_are_caught():
@@ -441,7 +428,9 @@ def test_wrong_cta_orders_are_caught():
     swapped[[prompt[0], prompt[1]]] = swapped[[prompt[1], prompt[0]]]
     with pytest.raises(RuntimeError, match="out of table order"):
         check_cta_order(swapped, len(tiles), 2)
-    assert any(r != list(range(len(r))) for r in _cta_dq_ranks(tiles, seg, swapped, 2, False).values())
+    check_dq_order(tiles, seg, group=2, ctas=order)
+    with pytest.raises(RuntimeError, match="not 0..k-1"):
+        check_dq_order(tiles, seg, group=2, ctas=swapped)
     with pytest.raises(RuntimeError, match="once"):
         check_cta_order(order[1:], len(tiles), 2)
     with pytest.raises(RuntimeError, match="once"):

@@ -278,15 +278,14 @@ def cta_order(n_tiles: int, kv_heads: int, first_tiles: int | None = None, head_
     first = n_tiles if first_tiles is None else first_tiles
     if not 0 <= first <= n_tiles:
         raise ValueError(f"first_tiles ({first}) must lie in [0, {n_tiles}]")
-    bid = np.arange(n_tiles * kv_heads)
     if not head_major:
+        bid = np.arange(n_tiles * kv_heads)
         return np.stack([bid % kv_heads, bid // kv_heads], 1)
-    head = np.where(bid < first * kv_heads, bid // max(first, 1), 0)
-    tile = np.where(bid < first * kv_heads, bid % max(first, 1), 0)
-    rest, late = n_tiles - first, bid - first * kv_heads
-    head = np.where(late >= 0, late // max(rest, 1), head)
-    tile = np.where(late >= 0, first + late % max(rest, 1), tile)
-    return np.stack([head, tile], 1)
+
+    def each_head(rows: np.ndarray) -> np.ndarray:  # rows of every KV head in turn
+        return np.stack([np.repeat(np.arange(kv_heads), len(rows)), np.tile(rows, kv_heads)], 1)
+
+    return np.concatenate([each_head(np.arange(first)), each_head(np.arange(first, n_tiles))]).astype(np.int64)
 
 
 def check_cta_order(order: np.ndarray, n_tiles: int, kv_heads: int) -> None:
@@ -302,21 +301,27 @@ def check_cta_order(order: np.ndarray, n_tiles: int, kv_heads: int) -> None:
 
 
 def dq_contributors(tiles: np.ndarray, segments: np.ndarray, group: int, tree: TreeRanks | None = None,
-                    geo: Geometry = WS, shared_first: bool = False) -> dict[tuple, list[int]]:
-    """(segment, query tile, head) -> the ranks of the contributions adding into it, in table (= launch) order."""
+                    geo: Geometry = WS, shared_first: bool = False,
+                    ctas: np.ndarray | None = None) -> dict[tuple, list[int]]:
+    """(segment, query tile, head) -> the ranks of the contributions adding into it, in table (= launch) order; with
+    ``ctas`` (:func:`cta_order`), (KV head, segment, query tile, head) -> the ranks in that CTA launch order."""
     if tree is not None and not geo.causal:
         raise ValueError("tree ranks are defined for causal kernels only")
+    rows = np.asarray(tiles).reshape(-1, 4).tolist()
+    launched = [(None, row) for row in range(len(rows))] if ctas is None else np.asarray(ctas).tolist()
     out: dict[tuple, list[int]] = defaultdict(list)
-    for tile in np.asarray(tiles).reshape(-1, 4).tolist():
-        for st in walk(tile, segments, group, geo):
-            out[(st.seg, st.qt, st.head)].append(rank(tile, st, tree, shared_first))
+    for kv_head, row in launched:
+        for st in walk(rows[row], segments, group, geo):
+            key = (st.seg, st.qt, st.head) if ctas is None else (kv_head, st.seg, st.qt, st.head)
+            out[key].append(rank(rows[row], st, tree, shared_first))
     return out
 
 
 def check_dq_order(tiles: np.ndarray, segments: np.ndarray, group: int = 1, tree: TreeRanks | None = None,
-                   geo: Geometry = WS, shared_first: bool = False) -> None:
-    """Raise unless every dQ counter receives ranks 0, 1, ..., k - 1 in launch order (see the module docstring)."""
-    for key, ranks in dq_contributors(tiles, segments, group, tree, geo, shared_first).items():
+                   geo: Geometry = WS, shared_first: bool = False, ctas: np.ndarray | None = None) -> None:
+    """Raise unless every dQ counter receives ranks 0, 1, ..., k - 1 in launch order (see the module docstring): the
+    table's, or with ``ctas`` that CTA order's."""
+    for key, ranks in dq_contributors(tiles, segments, group, tree, geo, shared_first, ctas).items():
         if ranks != list(range(len(ranks))):
             raise RuntimeError(f"dQ counter {key} would receive ranks {ranks}: not 0..k-1 in launch order")
 
