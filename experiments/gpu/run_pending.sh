@@ -127,6 +127,9 @@
 #                                                  # shared-first default), then #13's table (s23tables' table13)
 #   bash experiments/gpu/run_pending.sh s25floor   # #12 dispatch floor at the new default: fused, hybrid and cuDNN cascade
 #                                                  # at head dims 64 / 96 / 128
+#   bash experiments/gpu/run_pending.sh s26a       # the GPU tests changed after session 25's last call (opcheck, the WS
+#                                                  # split spy, the WS depth-1 tree's dQ bits); short prompts with long
+#                                                  # responses (the common RL case) against both cascades
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1290,6 +1293,21 @@ s25floor)
     TAIL=14 head_dim_bench floor 110 dualkv,dualkv_hybrid,cudnn_cascade bwd,fwdbwd 128 64 96
     (cd "$OUT" && tar czf s25floor.tgz *.log bench)
     ;;
+s26a)
+    # Session 25's CPU-only test fixes on the GPU (opcheck's arguments, the CTA-split spy, the WS depth-1 tree demanding
+    # equal dQ bits), then short prompts / long responses, where the CPU model puts the WS backward 1.45-1.66x off ideal:
+    # both families against both cascades, bwd and fwd+bwd, one group and four
+    TAIL=3 step pending 300 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+        proofs_tests/test_tree_cuda_ws.py -k "opcheck or cta_split or depth_one"
+    mkdir -p "$OUT/bench"
+    TAIL=14 step short2k 200 python3 -m dualkv bench kernel --systems dualkv,cudnn_cascade,dualkv_mma,cascade \
+        --shapes 16:1024,16:512 --R 2048 --mode bwd,fwdbwd --out "$OUT/bench/short2k"
+    TAIL=14 step short4k 200 python3 -m dualkv bench kernel --systems dualkv,cudnn_cascade,dualkv_mma,cascade \
+        --shapes 16:512,8:256 --R 4096 --mode bwd,fwdbwd --out "$OUT/bench/short4k"
+    TAIL=10 step short4g 150 python3 -m dualkv bench kernel --systems dualkv,cudnn_cascade \
+        --shapes 8:512 --R 4096 --groups 4 --mode bwd,fwdbwd --out "$OUT/bench/short4g"
+    (cd "$OUT" && tar czf s26a.tgz *.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1297,6 +1315,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a)"
    exit 2 ;;
 esac
