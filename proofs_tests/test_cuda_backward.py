@@ -169,15 +169,19 @@ def test_gradients_are_bitwise_deterministic():
 
 
 def test_opcheck_custom_ops():
+    from dualkv.cuda import launch
     from dualkv.cuda.api import layout_plan
 
     layout = GroupLayout.from_lengths([70], [[33, 5]])
     q = torch.randn(layout.total_tokens, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(layout.total_tokens, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn(layout.total_tokens, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    plan = layout_plan(layout, head_dim=64, group_size=2, window_left=-1, device=q.device)
+    plan = layout_plan(layout, head_dim=64, group_size=2, window_left=-1, device=q.device, kv_heads=2)
+    if launch.TWO_LEVEL_SHARED_FIRST and launch.WS_SPLIT == "auto":  # the split table goes through the ops too
+        assert plan.ws_parts == 2 and plan.ws_key_tiles is not None
     args = (q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles, plan.dkdv_key_tiles,
-            plan.fwd_kernel, plan.fwd_pack, plan.dq_pack, plan.ws_first_tiles, True, 0.125, -1, True, True, plan.tree)
+            plan.ws_key_tiles, plan.fwd_kernel, plan.fwd_pack, plan.dq_pack, plan.ws_first_tiles, plan.ws_parts, True,
+            0.125, -1, True, True, plan.tree)
     torch.library.opcheck(torch.ops.dualkv.fwd.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 

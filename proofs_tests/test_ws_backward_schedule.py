@@ -376,10 +376,13 @@ def test_the_kernels_cta_mapping_is_the_restated_one():
     import dualkv.cuda
 
     src = (Path(dualkv.cuda.__file__).parent / "csrc" / "keywalk.cuh").read_text()
-    body = src[src.index("cta_head_tile(int kv_heads, int first_tiles, bool head_major) {"):]
+    body = src[src.index("cta_head_tile(int kv_heads, int first_tiles, bool head_major, int bid) {"):]
     body = " ".join(body[:body.index("\n}\n")].split())
     at = [body.find(" ".join(line.split())) for line in KERNEL_CTA_HEAD_TILE]
     assert -1 not in at and at == sorted(at), at
+    # the overload without bid reads blockIdx.x; the epilogues' second look reads %ctaid.x itself
+    assert "return cta_head_tile(kv_heads, first_tiles, head_major, blockIdx.x);" in src
+    assert 'asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(bid));' in src
 
 
 @pytest.mark.parametrize("head_major", [True, False])

@@ -99,8 +99,8 @@ def resolve_deterministic(deterministic: bool | None, head_dim: int | None = Non
 
 def _run(q, k_ctx, v_ctx, k_own, v_own, plan: Plan, scale: float, window_left: int, deterministic: bool | None):
     return _fwd_op(q, k_ctx, v_ctx, k_own, v_own, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles,
-                   plan.dkdv_key_tiles, plan.fwd_kernel, plan.fwd_pack, plan.dq_pack, plan.ws_first_tiles,
-                   plan.ctx_shared, scale,
+                   plan.dkdv_key_tiles, plan.ws_key_tiles, plan.fwd_kernel, plan.fwd_pack, plan.dq_pack,
+                   plan.ws_first_tiles, plan.ws_parts, plan.ctx_shared, scale,
                    window_left, plan.causal,
                    resolve_deterministic(deterministic, q.shape[-1], ws_backward_for(
                        q.shape[-1], arch_of(device_index(q.device)), window_left >= 0, plan.causal, plan.tree)),
@@ -129,7 +129,7 @@ def flash_attn_dualkv_varlen_func(q, k_context, v_context, k_decoded, v_decoded,
     mapping = map_call2(cu_q, cu_k, context_seqlen)
     inputs = _pad_head_dim(gather_inputs(mapping, q, k_context, v_context, k_decoded, v_decoded), padded)
     plan = make_plan(mapping.segments, head_dim=padded, group_size=h // hk, window_left=window[0], device=q.device,
-                     ctx_shared=False, causal=causal)
+                     ctx_shared=False, causal=causal, kv_heads=hk)
     out, lse = _run(*inputs, plan, resolve_scale(softmax_scale, d), window[0], deterministic)
     out, lse = scatter_outputs(mapping, out, lse)
     return _finish_padded(out, lse, d, return_lse)
@@ -148,21 +148,22 @@ def context_attention(q, k, v, cu_seqlens=None, max_seqlen=None, softmax_scale=N
     return _finish_padded(out, lse, d, return_lse)
 
 
-def _order_key() -> tuple[bool, bool, bool]:
+def _order_key() -> tuple[bool, bool, bool, str]:
     """The launch/dQ orders a cached plan was built for (the settings the launcher reads: a plan must never meet
-    kernels built for another dQ order)."""
-    return launch.KEY_TILES_NODE_MAJOR, launch.TREE_DQ_ROOT_FIRST, launch.TWO_LEVEL_SHARED_FIRST
+    kernels built for another dQ order), and its split of the shared-key tiles."""
+    return launch.KEY_TILES_NODE_MAJOR, launch.TREE_DQ_ROOT_FIRST, launch.TWO_LEVEL_SHARED_FIRST, launch.WS_SPLIT
 
 
 def layout_plan(layout: GroupLayout, *, head_dim: int, group_size: int, window_left: int,
-                device: torch.device) -> Plan:
-    """The kernels' schedule of a layout, built once per (shape, device) and cached on the layout."""
+                device: torch.device, kv_heads: int | None = None) -> Plan:
+    """The kernels' schedule of a layout, built once per (shape, device) and cached on the layout (``kv_heads``
+    sizes the warp-specialised backward's split, :func:`~dualkv.cuda.launch.ws_split_for`)."""
     fwd_kernel = forward_kernel_for(head_dim, arch_of(device_index(device)))
-    key = ("plan", head_dim, group_size, window_left, str(device), fwd_kernel, _order_key())
+    key = ("plan", head_dim, group_size, kv_heads, window_left, str(device), fwd_kernel, _order_key())
     plan = layout._device_cache.get(key)
     if plan is None:
         plan = make_plan(layout.segment_table, head_dim=head_dim, group_size=group_size, window_left=window_left,
-                         device=device, ctx_shared=True, fwd_kernel=fwd_kernel)
+                         device=device, ctx_shared=True, fwd_kernel=fwd_kernel, kv_heads=kv_heads)
         layout._device_cache[key] = plan
     return plan
 
@@ -253,7 +254,8 @@ def shared_prefix_attention(q, k, v, layout: GroupLayout | PrefixTreeLayout, sof
 
         return cascade(q, k, v, layout, softmax_scale=softmax_scale, return_lse=return_lse)
     q, k, v = _pad_head_dim((q, k, v), padded)
-    plan = layout_plan(layout, head_dim=padded, group_size=h // hk, window_left=window[0], device=q.device)
+    plan = layout_plan(layout, head_dim=padded, group_size=h // hk, window_left=window[0], device=q.device,
+                       kv_heads=hk)
     if path == "hybrid" and padded == d:
         from .hybrid import FusedForwardCascadeBackward
 

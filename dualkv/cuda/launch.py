@@ -14,11 +14,11 @@ import numpy as np
 import torch
 
 from .configs import (DKDV_TILES, DQ_TILES, KEY_TILES_NODE_MAJOR, MMA_HEAD_MAJOR, TMA_KERNELS, TREE_DQ_ROOT_FIRST,
-                      TWO_LEVEL_SHARED_FIRST, KeyTileConfig, TileConfig, dkdv_spec, dq_atomic_for, dq_cast_spec,
+                      TWO_LEVEL_SHARED_FIRST, WS_SPLIT, KeyTileConfig, TileConfig, dkdv_spec, dq_atomic_for, dq_cast_spec,
                       dq_frag_cast_spec, dq_ordered_for, dq_spec, forward_kernel_for, forward_tile, fwd_spec,
                       pack_for, prep_spec, ws_backward_for, ws_bwd_spec)
 from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
-from . import ws_schedule
+from . import ws_schedule, ws_split
 from .dq_layout import acc_rows, new_frag_acc
 from .schedule import check_block_order, key_tiles, tile_table
 
@@ -60,6 +60,10 @@ class Plan:
     # the warp-specialised backward's head-major CTA order: each KV head's first ws_first_tiles rows of key_tiles in
     # turn, then its other rows (ws_schedule.cta_order; 0 or the table's length: each head's whole table in turn)
     ws_first_tiles: int = 0
+    # the warp-specialised backward's own table where it splits the shared-key tiles (ws_split: ws_parts rows each, first
+    # in the table; head-major split ws_first_tiles + its extra rows); None: it runs key_tiles
+    ws_key_tiles: torch.Tensor | None = None
+    ws_parts: int = 1
 
 
 def _to_device(a: np.ndarray, device) -> torch.Tensor:
@@ -69,9 +73,12 @@ def _to_device(a: np.ndarray, device) -> torch.Tensor:
 def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_left: int, device: torch.device,
               ctx_shared: bool, fwd_kernel: str | None = None, fwd_tile: TileConfig | None = None,
               fwd_pack: int | None = None, dq_tile: TileConfig | None = None,
-              dkdv_tile: KeyTileConfig | None = None, causal: bool = True) -> Plan:
+              dkdv_tile: KeyTileConfig | None = None, causal: bool = True, kv_heads: int | None = None,
+              sms: int | None = None) -> Plan:
     """Schedules for the default kernels and tiles of ``head_dim`` (the kernel/tile/pack arguments override them,
-    for tuning; a forward tile without a forward kernel means the mma.sync forward)."""
+    for tuning; a forward tile without a forward kernel means the mma.sync forward). ``kv_heads`` and ``sms`` (default:
+    the device's multiprocessors) size the warp-specialised backward's split of the shared-key tiles
+    (:func:`ws_split_for`); without ``kv_heads`` nothing is split."""
     fwd_kernel = fwd_kernel or ("fwd" if fwd_tile else forward_kernel_for(head_dim, arch_of(device_index(device))))
     fwd_tile = fwd_tile or forward_tile(fwd_kernel, head_dim)
     fwd_pack = fwd_pack or pack_for(group_size, fwd_tile)
@@ -84,6 +91,8 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
                                     shared_first=TWO_LEVEL_SHARED_FIRST)
     check_block_order(keys)
     ws_schedule.check_launch_order(keys, segments, shared_first=TWO_LEVEL_SHARED_FIRST)
+    first_tiles = ws_schedule.head_major_split(keys, segments, TWO_LEVEL_SHARED_FIRST)
+    split = ws_split_for(keys, segments, first_tiles, kv_heads, sms, device, causal)
     return Plan(
         segments=_to_device(segments, device),
         fwd_kernel=fwd_kernel,
@@ -96,8 +105,27 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
         key_tiles=_to_device(keys, device),
         ctx_shared=ctx_shared, causal=causal, fwd_tile=fwd_tile, dq_tile=dq_tile, dkdv_tile=dkdv_tile,
         dkdv_key_tiles=_to_device(heaviest, device),
-        ws_first_tiles=ws_schedule.head_major_split(keys, segments, TWO_LEVEL_SHARED_FIRST),
+        ws_first_tiles=first_tiles,
+        ws_key_tiles=_to_device(split.tiles, device) if split.parts > 1 else None, ws_parts=split.parts,
     )
+
+
+def ws_split_for(keys: np.ndarray, segments: np.ndarray, first_tiles: int, kv_heads: int | None, sms: int | None,
+                 device, causal: bool = True) -> ws_split.WsSplit:
+    """The warp-specialised backward's split of a two-level launch table (:mod:`dualkv.cuda.ws_split`): under the
+    shared-first dQ order, causal, with ``kv_heads`` known, as :data:`~dualkv.cuda.configs.WS_SPLIT` says ("auto":
+    :func:`~dualkv.cuda.ws_split.split_parts` for ``sms`` multiprocessors, default the device's; a number: that many
+    parts where every shared-key tile has as many dependents). Otherwise one part: the table unchanged."""
+    parts = 1
+    if TWO_LEVEL_SHARED_FIRST and causal and kv_heads and WS_SPLIT != "off" and first_tiles > 0:
+        if WS_SPLIT == "auto":
+            if sms is None and torch.device(device).type == "cuda":
+                sms = torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+            parts = ws_split.split_parts(keys, first_tiles, kv_heads, sms) if sms else 1
+        else:
+            rows = np.asarray(keys).reshape(-1, 4)[:first_tiles]
+            parts = min(int(WS_SPLIT), int((rows[:, 3] - rows[:, 2]).min()))
+    return ws_split.split_shared_tiles(keys, segments, first_tiles, max(parts, 1))
 
 
 def make_tree_plan(layout, *, head_dim: int, group_size: int, device: torch.device,
@@ -197,7 +225,8 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
                  ctx_shared: bool, *, scale: float, window_left: int, d_lse: torch.Tensor | None = None,
                  dq_tile: TileConfig | None = None, dkdv_tile: KeyTileConfig | None = None,
                  kernels: tuple[str, ...] = ("dq", "dkdv"), deterministic: bool = True, causal: bool = True,
-                 tree: bool = False, dkdv_key_tiles_t: torch.Tensor | None = None, ws_first_tiles: int | None = None):
+                 tree: bool = False, dkdv_key_tiles_t: torch.Tensor | None = None, ws_first_tiles: int | None = None,
+                 ws_key_tiles_t: torch.Tensor | None = None, ws_parts: int = 1):
     """dQ and dK/dV kernels. Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own); with ``ctx_shared`` the context rows are
     own rows of the same tensors and dk_ctx/dv_ctx are empty (their gradient is inside dk_own/dv_own).
 
@@ -221,6 +250,8 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     the dK/dV kernel runs ``dkdv_key_tiles_t`` (the same tiles heaviest first, :attr:`Plan.dkdv_key_tiles`) where given,
     else ``key_tiles_t`` (correct in any order, only slower on a tree). ``ws_first_tiles``: the warp-specialised
     backward's head-major CTA split (:attr:`Plan.ws_first_tiles`; None, the whole table per KV head).
+    ``ws_key_tiles_t`` / ``ws_parts``: the warp-specialised backward's split table (:attr:`Plan.ws_key_tiles`), run in
+    place of ``key_tiles_t`` by that backward only.
     """
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
@@ -239,8 +270,9 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
         dkc_args, dvc_args = _strided(dk_ctx), _strided(dv_ctx)
     if (ws_backward_for(head_dim, arch, window, causal, tree) and not dq_tile and not dkdv_tile
             and kernels == ("dq", "dkdv")):
+        split = _ws_split_args(key_tiles_t, ws_key_tiles_t, ws_parts, ws_first_tiles)
         _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
-                         segments, key_tiles_t, group, scale, tree, ws_first_tiles)
+                         segments, split[0], group, scale, tree, split[1], split[2:])
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
     keys = [*_strided(q), *_strided(k_ctx), *_strided(v_ctx), *_strided(k_own), *_strided(v_own), *_strided(dout),
             lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0))]
@@ -373,13 +405,30 @@ def _cast_dq_frag(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
 WS_BWD_STEP = 64
 
 
+def _ws_split_args(key_tiles_t: torch.Tensor, ws_key_tiles_t: torch.Tensor | None, parts: int,
+                   first_tiles: int | None) -> tuple:
+    """(table, first_tiles, parts, partial_rows) the warp-specialised backward runs: ``key_tiles_t`` as it is, or
+    its split (:mod:`dualkv.cuda.ws_split`: each of the first (rows added) / (parts - 1) rows became ``parts`` rows,
+    first in the table), whose head-major split moves by the rows added."""
+    if ws_key_tiles_t is None or parts <= 1:
+        return key_tiles_t, first_tiles, 1, 0
+    added = ws_key_tiles_t.shape[0] - key_tiles_t.shape[0]
+    if parts > ws_split.MAX_PARTS or added <= 0 or added % (parts - 1) or first_tiles is None:
+        raise ValueError(f"a split key-tile table of {ws_key_tiles_t.shape[0]} rows is no {parts}-part split of "
+                         f"{key_tiles_t.shape[0]} rows with a head-major split (first_tiles {first_tiles})")
+    runs = added // (parts - 1)
+    return ws_key_tiles_t, first_tiles + added, parts, runs * parts
+
+
 def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
                      segments, key_tiles_t, group: int, scale: float, tree: bool = False,
-                     first_tiles: int | None = None) -> None:
+                     first_tiles: int | None = None, split: tuple[int, int] = (1, 0)) -> None:
     """The warp-specialised Hopper backward: dK, dV (written) and dQ (fp32, fixed-order adds into one accumulator,
     then scaled and cast into ``dq`` by one more kernel) from one kernel. ``key_tiles_t`` must be in
     :func:`dualkv.cuda.ws_schedule.launch_order` (the order of this process's two-level / tree dQ order);
-    ``first_tiles``: the head-major CTA split (:func:`dualkv.cuda.ws_schedule.cta_order`; None: the whole table)."""
+    ``first_tiles``: the head-major CTA split (:func:`dualkv.cuda.ws_schedule.cta_order`; None: the whole table).
+    ``split``: (parts, partial rows) of a split table (:mod:`dualkv.cuda.ws_split`): its first partial rows put fp32
+    dK / dV partials into a workspace that the last CTA of each run of ``parts`` sums."""
     from .tma import launch_raw, tensor_map_3d
 
     tokens, heads, head_dim = q.shape
@@ -393,10 +442,31 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
     dq_acc = torch.zeros((heads, rows, acc_cols), dtype=torch.float32, device=q.device)
     maps = [tensor_map_3d(q, step), tensor_map_3d(dout, step), tensor_map_3d(k_own, keys), tensor_map_3d(v_own, keys),
             tensor_map_3d(k_ctx, keys), tensor_map_3d(v_ctx, keys)]
+    part_args, part_buffers = _part_buffers(spec, split, kv_heads, q.device)  # (kept alive until launched)
     launch_raw(kern, (key_tiles_t.shape[0] * kv_heads, 1, 1),
                [*maps, lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0)), *dkc_args, *dvc_args,
                 *_strided(dk_own), *_strided(dv_own), dq_acc.data_ptr(), i64(rows * acc_cols), sems.data_ptr(),
                 i32(n_qtiles), qtile_offset.data_ptr() if qtile_offset is not None else 0, segments.data_ptr(),
                 key_tiles_t.data_ptr(), i32(kv_heads),
-                i32(_cta_split(key_tiles_t, first_tiles)), i32(group), f32(scale * LOG2E), f32(scale)])
+                i32(_cta_split(key_tiles_t, first_tiles)), i32(group), f32(scale * LOG2E), f32(scale),
+                *part_args])
     _cast_dq(dq_acc, dq, scale)
+
+
+#: The warp-specialised backward's consumer threads (kConsumerThreads in csrc/bwd_sm90_ws.cu).
+WS_CONSUMER_THREADS = 256
+
+
+def _part_buffers(spec, split: tuple[int, int], kv_heads: int, device) -> tuple[list, tuple]:
+    """The split key tiles' kernel arguments (part_acc, part_sems, parts, partial_rows): an fp32 slot of the
+    consumers' dK / dV fragments per (partial row, KV head) (``kPartFloats`` in csrc/bwd_sm90_ws.cu: dK and dV, or one
+    role's accumulator in the wide builds, 4 floats per 8 tile columns per consumer thread) and a zeroed counter per
+    (run, KV head); null pointers when nothing is split. Returns (arguments, the buffers behind them)."""
+    parts, partial_rows = split
+    if parts <= 1 or partial_rows == 0:
+        return [0, 0, i32(1), i32(0)], ()
+    arrays = 1 if spec.tile.dsplit == 2 else 2
+    part_floats = arrays * (spec.tile_head_dim // 8) * 4 * WS_CONSUMER_THREADS
+    part_acc = torch.empty((partial_rows * kv_heads * part_floats,), dtype=torch.float32, device=device)
+    part_sems = torch.zeros((partial_rows // parts * kv_heads,), dtype=torch.int32, device=device)
+    return [part_acc.data_ptr(), part_sems.data_ptr(), i32(parts), i32(partial_rows)], (part_acc, part_sems)

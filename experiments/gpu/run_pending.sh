@@ -130,6 +130,9 @@
 #   bash experiments/gpu/run_pending.sh s26a       # the GPU tests changed after session 25's last call (opcheck, the WS
 #                                                  # split spy, the WS depth-1 tree's dQ bits); short prompts with long
 #                                                  # responses (the common RL case) against both cascades
+#   bash experiments/gpu/run_pending.sh s26b       # the WS backward's split shared-key tiles (ws_split.py): its GPU tests,
+#                                                  # bwd A/B off / auto at short prompts, against the cuDNN cascade
+#   bash experiments/gpu/run_pending.sh s26c       # its GPU tests as the default: the WS backward's suite, dualkv verify
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1308,6 +1311,36 @@ s26a)
         --shapes 8:512 --R 4096 --groups 4 --mode bwd,fwdbwd --out "$OUT/bench/short4g"
     (cd "$OUT" && tar czf s26a.tgz *.log bench)
     ;;
+s26b)
+    # #12: the WS backward's split shared-key tiles (DUALKV_WS_SPLIT, ws_split.py; short prompts, long responses): its GPU
+    # tests (criterion at every WS head dim, dQ bits, reproducible dK / dV, the paper API, opcheck through the split
+    # table), bwd A/B off / auto / off / auto in own processes, then auto against the cuDNN cascade and the big shapes
+    TAIL=3 step splittests 300 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_ws_split.py \
+        proofs_tests/test_cuda_backward.py -k "split or opcheck"
+    mkdir -p "$OUT/bench"
+    i=0
+    for s in off auto off auto; do
+        i=$((i + 1))
+        DUALKV_WS_SPLIT=$s TAIL=5 step sa${i}_$s 120 python3 -m dualkv bench kernel --systems dualkv \
+            --shapes 16:1024,16:512 --R 2048 --mode bwd --out "$OUT/bench/sa${i}_$s"
+        DUALKV_WS_SPLIT=$s TAIL=5 step sb${i}_$s 120 python3 -m dualkv bench kernel --systems dualkv \
+            --shapes 16:512,8:256 --R 4096 --mode bwd --out "$OUT/bench/sb${i}_$s"
+    done
+    TAIL=10 step cmp2k 150 python3 -m dualkv bench kernel --systems dualkv,cudnn_cascade --shapes 16:1024,16:512 \
+        --R 2048 --mode bwd,fwdbwd --out "$OUT/bench/cmp2k"
+    TAIL=10 step cmp4k 150 python3 -m dualkv bench kernel --systems dualkv,cudnn_cascade --shapes 16:512,8:256 \
+        --R 4096 --mode bwd,fwdbwd --out "$OUT/bench/cmp4k"
+    TAIL=6 step big 200 python3 -m dualkv bench kernel --systems dualkv --shapes 28:4096,8:8192,16:32768 \
+        --mode bwd --out "$OUT/bench/big"
+    (cd "$OUT" && tar czf s26b.tgz *.log bench)
+    ;;
+s26c)
+    # #12: the split as the default: the WS backward's GPU suite, the mma.sync ordered mode's (its table is unsplit),
+    # dualkv verify
+    ws_backward_tests pytest_ws 260
+    TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
+    (cd "$OUT" && tar czf s26c.tgz *.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1315,6 +1348,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c)"
    exit 2 ;;
 esac

@@ -17,13 +17,23 @@ namespace dkv {
 // head-major, every KV head's first `first_tiles` rows of the table in turn, then its other rows of every KV head in
 // turn; otherwise a row's KV heads adjacent. Each KV head sees the table in order either way, so a CTA waits only on
 // CTAs launched before it.
-__device__ __forceinline__ int2 cta_head_tile(int kv_heads, int first_tiles, bool head_major) {
-    const int bid = blockIdx.x;
+__device__ __forceinline__ int2 cta_head_tile(int kv_heads, int first_tiles, bool head_major, int bid) {
     if (!head_major) return make_int2(bid % kv_heads, bid / kv_heads);
     const int first_ctas = first_tiles * kv_heads;
     if (bid < first_ctas) return make_int2(bid / first_tiles, bid % first_tiles);
     const int rest = gridDim.x / kv_heads - first_tiles;
     return make_int2((bid - first_ctas) / rest, first_tiles + (bid - first_ctas) % rest);
+}
+__device__ __forceinline__ int2 cta_head_tile(int kv_heads, int first_tiles, bool head_major) {
+    return cta_head_tile(kv_heads, first_tiles, head_major, blockIdx.x);
+}
+
+// blockIdx.x read anew (a volatile read the compiler cannot merge with an earlier one): what a kernel uses to find
+// its CTA's (head, tile) again after its main loop, so that no copy of it stays live (or spilled) across the loop.
+__device__ __forceinline__ int block_index_again() {
+    int bid;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(bid));
+    return bid;
 }
 
 // One key tile of the schedule: keys [blk * kBlockKeys, ...) of the own region of segment own_seg (own_seg < 0:
