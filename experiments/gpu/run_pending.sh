@@ -1338,6 +1338,8 @@ s26c)
     # #12: the split as the default: the WS backward's GPU suite, the mma.sync ordered mode's (its table is unsplit),
     # dualkv verify
     ws_backward_tests pytest_ws 260
+    TAIL=3 step splittests 200 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_ws_split.py \
+        proofs_tests/test_cuda_backward.py -k "split or opcheck or deterministic"
     TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
     (cd "$OUT" && tar czf s26c.tgz *.log)
     ;;
