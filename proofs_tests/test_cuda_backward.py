@@ -181,9 +181,9 @@ def test_opcheck_custom_ops():
     v = torch.randn(layout.total_tokens, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     plan = layout_plan(layout, head_dim=64, group_size=2, window_left=-1, device=q.device, kv_heads=2)
     if launch.TWO_LEVEL_SHARED_FIRST and launch.WS_SPLIT == "auto":  # the split table goes through the ops too
-        assert plan.ws_parts == 2 and plan.ws_key_tiles is not None
+        assert plan.split_parts == 2 and plan.split_key_tiles is not None
     args = (q, k, v, k, v, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles, plan.dkdv_key_tiles,
-            plan.ws_key_tiles, plan.fwd_kernel, plan.fwd_pack, plan.dq_pack, plan.ws_first_tiles, plan.ws_parts, True,
+            plan.split_key_tiles, plan.fwd_kernel, plan.fwd_pack, plan.dq_pack, plan.ws_first_tiles, plan.split_parts, True,
             0.125, -1, True, True, plan.tree)
     torch.library.opcheck(torch.ops.dualkv.fwd.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))

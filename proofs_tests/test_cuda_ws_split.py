@@ -1,6 +1,7 @@
-"""GPU (Hopper): the warp-specialised backward with split shared-key tiles (dualkv/cuda/ws_split.py): every head dim
-of that kernel meets FlashAttention's criterion against the float64 oracle with the tiles cut into 2 and 3 parts, dQ
-keeps the unsplit kernel's bits, dK / dV stay bitwise reproducible run to run, and the split really ran."""
+"""GPU: the backwards whose dQ adds in a fixed order with split shared-key tiles (dualkv/cuda/ws_split.py): the
+warp-specialised one (Hopper) at every head dim it serves, and the mma.sync ordered dQ mode (any GPU), meet
+FlashAttention's criterion against the float64 oracle with the tiles cut into 2 and 3 parts; dQ keeps the unsplit
+kernel's bits, dK / dV stay bitwise reproducible run to run, and the split really ran."""
 
 import pytest
 import torch
@@ -80,3 +81,49 @@ def test_split_keeps_dq_bits_and_is_reproducible(head_dim, split_runs, monkeypat
         assert torch.equal(got[0], off[0]), "dQ changed with the split"
         for a, b in zip(got[1:], off[1:]):
             assert (a.float() - b.float()).abs().max() <= 1e-2 * b.float().abs().max()
+
+
+@pytest.fixture
+def mma_ordered_runs(monkeypatch):
+    """The mma.sync family with its ordered dQ mode (what an A100 runs by default here); records the (parts, partial
+    rows) each launch of that mode got."""
+    from dualkv.cuda import launch
+    from dualkv.cuda.configs import kernel_family, mma_backward
+
+    seen, real = [], launch._run_dkdv_ordered
+    monkeypatch.setattr(launch, "_run_dkdv_ordered", lambda *a, **k: seen.append(a[11]) or real(*a, **k))
+    with kernel_family("mma"), mma_backward("ordered"):
+        yield seen
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+def test_mma_ordered_split_meets_the_criterion(head_dim, mma_ordered_runs, monkeypatch):
+    """The mma.sync ordered dQ mode runs the same split table (split_parts.cuh in bwd_dkdv.cu)."""
+    from dualkv.cuda import launch
+
+    case = AttentionCase(PROMPTS, RESPONSES, 8, 2, head_dim, window=(-1, -1))
+    for parts in ("3", "2"):
+        monkeypatch.setattr(launch, "WS_SPLIT", parts)
+        mma_ordered_runs.clear()
+        assert_rows_pass(shared_prefix_check(case, dtype=torch.bfloat16, device="cuda"))
+        assert mma_ordered_runs and all(s[0] == int(parts) and s[1] > 0 for s in mma_ordered_runs), mma_ordered_runs
+
+
+def test_mma_ordered_split_keeps_dq_bits_and_is_reproducible(mma_ordered_runs, monkeypatch):
+    from dualkv.cuda import launch
+
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    tokens = GroupLayout.from_lengths(PROMPTS, RESPONSES).total_tokens
+    q = torch.randn(tokens, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(tokens, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    dout = torch.randn_like(q)
+    runs = {}
+    for parts in ("off", "3", "3", "3"):
+        monkeypatch.setattr(launch, "WS_SPLIT", parts)
+        runs.setdefault(parts, []).append(_grads(GroupLayout.from_lengths(PROMPTS, RESPONSES), q, k, v, dout))
+    assert [s[0] for s in mma_ordered_runs] == [1, 3, 3, 3], mma_ordered_runs
+    for got in runs["3"][1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs["3"][0], got)), "split dK / dV differ between runs"
+    assert torch.equal(runs["3"][0][0], runs["off"][0][0]), "dQ changed with the split"
+    for a, b in zip(runs["3"][0][1:], runs["off"][0][1:]):
+        assert (a.float() - b.float()).abs().max() <= 1e-2 * b.float().abs().max()

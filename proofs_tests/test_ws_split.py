@@ -158,45 +158,76 @@ def test_plan_carries_the_split(monkeypatch):
     args = dict(head_dim=128, group_size=2, window_left=-1, device=torch.device("cpu"), ctx_shared=True,
                 fwd_kernel="fwd")
     monkeypatch.setattr(launch, "WS_SPLIT", "auto")
-    assert launch.make_plan(seg, **args).ws_key_tiles is None  # kv_heads unknown: no split
+    assert launch.make_plan(seg, **args).split_key_tiles is None  # kv_heads unknown: no split
     plan = launch.make_plan(seg, **args, kv_heads=2, sms=132)
-    assert plan.ws_parts == 5
-    keys, ws_tiles = plan.key_tiles.numpy(), plan.ws_key_tiles.numpy()
+    assert plan.split_parts == 5
+    keys, ws_tiles = plan.key_tiles.numpy(), plan.split_key_tiles.numpy()
     ws_split.check_split(ws_split.WsSplit(ws_tiles, plan.ws_first_tiles + len(ws_tiles) - len(keys), 5,
                                           3 * 5), keys, seg)
-    table, first, parts, partial = launch._ws_split_args(plan.key_tiles, plan.ws_key_tiles, plan.ws_parts,
+    table, first, parts, partial = launch._ws_split_args(plan.key_tiles, plan.split_key_tiles, plan.split_parts,
                                                          plan.ws_first_tiles)
-    assert table is plan.ws_key_tiles and (first, parts, partial) == (plan.ws_first_tiles + 12, 5, 15)
+    assert table is plan.split_key_tiles and (first, parts, partial) == (plan.ws_first_tiles + 12, 5, 15)
     assert launch._ws_split_args(plan.key_tiles, None, 1, 3) == (plan.key_tiles, 3, 1, 0)
     with pytest.raises(ValueError, match="no 6-part split"):  # 12 rows added are no whole runs of 6
-        launch._ws_split_args(plan.key_tiles, plan.ws_key_tiles, 6, plan.ws_first_tiles)
+        launch._ws_split_args(plan.key_tiles, plan.split_key_tiles, 6, plan.ws_first_tiles)
     monkeypatch.setattr(launch, "WS_SPLIT", "3")
-    assert launch.make_plan(seg, **args, kv_heads=2, sms=132).ws_parts == 3
+    assert launch.make_plan(seg, **args, kv_heads=2, sms=132).split_parts == 3
     monkeypatch.setattr(launch, "WS_SPLIT", "off")
-    assert launch.make_plan(seg, **args, kv_heads=2, sms=132).ws_key_tiles is None
+    assert launch.make_plan(seg, **args, kv_heads=2, sms=132).split_key_tiles is None
     monkeypatch.setattr(launch, "WS_SPLIT", "auto")
     monkeypatch.setattr(launch, "TWO_LEVEL_SHARED_FIRST", False)  # the own-first order: shared rows are not first
-    assert launch.make_plan(seg, **args, kv_heads=2, sms=132).ws_key_tiles is None
+    assert launch.make_plan(seg, **args, kv_heads=2, sms=132).split_key_tiles is None
 
 
-def test_kernel_and_launcher_agree_on_the_part_slots():
-    """The kernel's per-CTA slot (kPartFloats) is what the launcher allocates: dK and dV (one role in the wide builds),
-    4 floats per 8 tile columns per consumer thread; the kernel takes the four split arguments last."""
+def test_kernels_and_launcher_agree_on_the_part_slots():
+    """Each kernel's per-CTA slot (kPartFloats) is what the launcher allocates (launch.part_slot_floats), and both
+    kernels take the four split arguments last."""
     import re
 
     from dualkv.cuda.build import CSRC
-    from dualkv.cuda.configs import ws_bwd_spec
+    from dualkv.cuda.configs import dkdv_spec, ws_bwd_spec
 
-    src = (CSRC / "bwd_sm90_ws.cu").read_text()
-    assert "constexpr int kPartArrays = DKV_WIDE ? 1 : 2;" in src
-    assert "constexpr long long kPartFloats = (long long)kPartArrays * kPartN8 * 4 * kConsumerThreads;" in src
-    assert re.search(r"constexpr int kConsumerThreads = (\d+);", src).group(1) == str(launch.WS_CONSUMER_THREADS)
+    ws = (CSRC / "bwd_sm90_ws.cu").read_text()
+    assert "constexpr int kPartArrays = DKV_WIDE ? 1 : 2;" in ws
+    assert "constexpr long long kPartFloats = (long long)kPartArrays * (kHeadDimAcc / 8) * 4 * kConsumerThreads;" in ws
+    assert re.search(r"constexpr int kConsumerThreads = (\d+);", ws).group(1) == str(launch.WS_CONSUMER_THREADS)
     assert re.search(r"float scale, float\* __restrict__ part_acc,\s+int\* __restrict__ part_sems, int parts, "
-                     r"int partial_rows\)", src)
+                     r"int partial_rows\)", ws)
+    mma = (CSRC / "bwd_dkdv.cu").read_text()
+    assert "constexpr long long kPartFloats = 2LL * kKeySlabs * (kCols / 8) * 4 * kThreads;" in mma
+    assert re.search(r"constexpr int kCols = kHeadDim / kDSplit / kQWarps;", mma)
+    assert re.search(r"int window_left,\s+\\\s+float\* __restrict__ part_acc, int\* __restrict__ part_sems, int parts, "
+                     r"int partial_rows", (CSRC / "kernel_params.cuh").read_text())
     for head_dim, floats in ((64, 2 * 8 * 4 * 256), (96, 2 * 16 * 4 * 256), (128, 2 * 16 * 4 * 256),
                              (192, 24 * 4 * 256), (256, 32 * 4 * 256)):
         spec = ws_bwd_spec(head_dim, torch.bfloat16)
+        assert launch.part_slot_floats(spec) == floats, head_dim
         args, buffers = launch._part_buffers(spec, (2, 4), 3, torch.device("cpu"))
         assert buffers[0].numel() == 4 * 3 * floats and buffers[1].numel() == 2 * 3, head_dim
         assert (buffers[1] == 0).all()
+    for head_dim in (64, 96, 128):  # the ordered mma.sync kernel: every thread's dK and dV, head_dim / dsplit columns
+        for arch in ("sm_80", "sm_90"):
+            spec = dkdv_spec(head_dim, torch.bfloat16, False, arch, causal=True, dq_ordered=True)
+            # 2 arrays x qwarps slabs x (head_dim / dsplit / qwarps) / 8 x 4 floats x threads
+            assert launch.part_slot_floats(spec) == 2 * (head_dim // spec.tile.dsplit) * spec.tile.warps * 32 // 2
     assert launch._part_buffers(ws_bwd_spec(128, torch.bfloat16), (1, 0), 3, "cpu")[1] == ()
+
+
+def test_split_tables_keep_the_mma_ordered_dq_order():
+    """The mma.sync ordered mode runs the same split table at its own geometry, tile-major (a row's KV heads
+    adjacent, its default) or head-major: every counter still receives ranks 0..k-1 in launch order."""
+    from dualkv.cuda.ws_schedule import mma_geometry
+
+    for layout in _layouts(5, 8):
+        seg = layout.segment_table
+        geo = mma_geometry(128)
+        tiles = ws_schedule.launch_order(key_tiles(seg, geo.block_keys, True), seg, node_major_tiles=True,
+                                         shared_first=True)
+        first = ws_schedule.head_major_split(tiles, seg, True)
+        fewest = int((tiles[:first, 3] - tiles[:first, 2]).min())
+        if fewest < 2:
+            continue
+        split = ws_split.split_shared_tiles(tiles, seg, first, 2)
+        for head_major in (False, True):
+            ctas = cta_order(len(split.tiles), 2, split.first_tiles, head_major)
+            check_dq_order(split.tiles, seg, group=2, geo=geo, shared_first=True, ctas=ctas)

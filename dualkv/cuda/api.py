@@ -99,8 +99,8 @@ def resolve_deterministic(deterministic: bool | None, head_dim: int | None = Non
 
 def _run(q, k_ctx, v_ctx, k_own, v_own, plan: Plan, scale: float, window_left: int, deterministic: bool | None):
     return _fwd_op(q, k_ctx, v_ctx, k_own, v_own, plan.segments, plan.fwd_tiles, plan.dq_tiles, plan.key_tiles,
-                   plan.dkdv_key_tiles, plan.ws_key_tiles, plan.fwd_kernel, plan.fwd_pack, plan.dq_pack,
-                   plan.ws_first_tiles, plan.ws_parts, plan.ctx_shared, scale,
+                   plan.dkdv_key_tiles, plan.split_key_tiles, plan.fwd_kernel, plan.fwd_pack, plan.dq_pack,
+                   plan.ws_first_tiles, plan.split_parts, plan.ctx_shared, scale,
                    window_left, plan.causal,
                    resolve_deterministic(deterministic, q.shape[-1], ws_backward_for(
                        q.shape[-1], arch_of(device_index(q.device)), window_left >= 0, plan.causal, plan.tree)),

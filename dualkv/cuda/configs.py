@@ -438,12 +438,14 @@ def _ws_cta_order_from_env() -> str:
 
 WS_HEAD_MAJOR = _ws_cta_order_from_env() == "head"
 
-#: The warp-specialised backward's split key tiles (:mod:`dualkv.cuda.ws_split`) on two-level layouts under the
-#: shared-first dQ order: "auto" (the default: each shared-key tile cut into :func:`~dualkv.cuda.ws_split.split_parts`
-#: CTAs when the shared-key CTAs alone would not fill the GPU: short prompts, long responses), "off", or a number of
-#: parts (2 to 8) forced wherever every shared-key tile has that many dependents (for tests and A/B). dQ keeps its bits;
-#: dK / dV of the split tiles are summed in a fixed order (bitwise reproducible, rounded differently from "off").
-#: Read ONCE, at import, from ``$DUALKV_WS_SPLIT`` (plans are cached).
+#: The split shared-key tiles (:mod:`dualkv.cuda.ws_split`) of the backwards whose dQ adds in a fixed order (the
+#: warp-specialised one; the mma.sync ordered dQ mode) on two-level layouts under the shared-first dQ order: "auto" (the
+#: default: each shared-key tile cut into :func:`~dualkv.cuda.ws_split.split_parts` CTAs when the shared-key CTAs alone
+#: would not fill the GPU: short prompts, long responses), "off", or a number of parts (2 to 8) forced wherever every
+#: shared-key tile has that many dependents (for tests and A/B). dQ keeps its bits; dK / dV of the split tiles are
+#: summed in a fixed order (bitwise reproducible, rounded differently from "off"). "auto" is the default because it
+#: made the WS backward 21-34% faster at one-group shapes with P = 256-1K (H200, ws_split's docstring) and changes
+#: nothing where the shared-key CTAs fill the GPU. Read ONCE, at import, from ``$DUALKV_WS_SPLIT`` (plans are cached).
 WS_SPLITS = ("auto", "off", "2", "3", "4", "5", "6", "7", "8")
 WS_SPLIT = _choice_from_env("DUALKV_WS_SPLIT", WS_SPLITS)
 

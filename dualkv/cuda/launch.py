@@ -60,10 +60,11 @@ class Plan:
     # the warp-specialised backward's head-major CTA order: each KV head's first ws_first_tiles rows of key_tiles in
     # turn, then its other rows (ws_schedule.cta_order; 0 or the table's length: each head's whole table in turn)
     ws_first_tiles: int = 0
-    # the warp-specialised backward's own table where it splits the shared-key tiles (ws_split: ws_parts rows each, first
-    # in the table; head-major split ws_first_tiles + its extra rows); None: it runs key_tiles
-    ws_key_tiles: torch.Tensor | None = None
-    ws_parts: int = 1
+    # the table of the backwards whose dQ adds in a fixed order (warp-specialised; mma.sync ordered) where they split
+    # the shared-key tiles (ws_split: split_parts rows each, first in the table; head-major split ws_first_tiles + the
+    # rows added); None: they run key_tiles
+    split_key_tiles: torch.Tensor | None = None
+    split_parts: int = 1
 
 
 def _to_device(a: np.ndarray, device) -> torch.Tensor:
@@ -106,7 +107,7 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
         ctx_shared=ctx_shared, causal=causal, fwd_tile=fwd_tile, dq_tile=dq_tile, dkdv_tile=dkdv_tile,
         dkdv_key_tiles=_to_device(heaviest, device),
         ws_first_tiles=first_tiles,
-        ws_key_tiles=_to_device(split.tiles, device) if split.parts > 1 else None, ws_parts=split.parts,
+        split_key_tiles=_to_device(split.tiles, device) if split.parts > 1 else None, split_parts=split.parts,
     )
 
 
@@ -219,6 +220,7 @@ def run_prep(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_lse: to
 
 #: The dK/dV kernels' ordered-dQ arguments when they are unused: counters, tile offsets, tiles, K/V heads, CTA split.
 _NO_DQ_ORDER = [0, 0, i32(0), i32(0), i32(-1)]
+_NO_SPLIT = [0, 0, i32(1), i32(0)]  # DKV_DKDV_PARAMS' part_acc, part_sems, parts, partial_rows: nothing split
 
 
 def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles_t, dq_pack: int,
@@ -226,7 +228,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
                  dq_tile: TileConfig | None = None, dkdv_tile: KeyTileConfig | None = None,
                  kernels: tuple[str, ...] = ("dq", "dkdv"), deterministic: bool = True, causal: bool = True,
                  tree: bool = False, dkdv_key_tiles_t: torch.Tensor | None = None, ws_first_tiles: int | None = None,
-                 ws_key_tiles_t: torch.Tensor | None = None, ws_parts: int = 1):
+                 split_key_tiles_t: torch.Tensor | None = None, split_parts: int = 1):
     """dQ and dK/dV kernels. Returns (dq, dk_ctx, dv_ctx, dk_own, dv_own); with ``ctx_shared`` the context rows are
     own rows of the same tensors and dk_ctx/dv_ctx are empty (their gradient is inside dk_own/dv_own).
 
@@ -250,8 +252,8 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     the dK/dV kernel runs ``dkdv_key_tiles_t`` (the same tiles heaviest first, :attr:`Plan.dkdv_key_tiles`) where given,
     else ``key_tiles_t`` (correct in any order, only slower on a tree). ``ws_first_tiles``: the warp-specialised
     backward's head-major CTA split (:attr:`Plan.ws_first_tiles`; None, the whole table per KV head).
-    ``ws_key_tiles_t`` / ``ws_parts``: the warp-specialised backward's split table (:attr:`Plan.ws_key_tiles`), run in
-    place of ``key_tiles_t`` by that backward only.
+    ``split_key_tiles_t`` / ``split_parts``: the split table (:attr:`Plan.split_key_tiles`), run in place of
+    ``key_tiles_t`` by the backwards whose dQ adds in a fixed order (warp-specialised, mma.sync ordered).
     """
     heads, head_dim = q.shape[1], q.shape[2]
     group = heads // k_own.shape[1]
@@ -270,7 +272,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
         dkc_args, dvc_args = _strided(dk_ctx), _strided(dv_ctx)
     if (ws_backward_for(head_dim, arch, window, causal, tree) and not dq_tile and not dkdv_tile
             and kernels == ("dq", "dkdv")):
-        split = _ws_split_args(key_tiles_t, ws_key_tiles_t, ws_parts, ws_first_tiles)
+        split = _ws_split_args(key_tiles_t, split_key_tiles_t, split_parts, ws_first_tiles)
         _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
                          segments, split[0], group, scale, tree, split[1], split[2:])
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
@@ -280,8 +282,9 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     grads = [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own)]
     if (not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv")
             and dq_ordered_for(head_dim, arch, window, deterministic=deterministic, causal=causal)):
-        _run_dkdv_ordered(grads, scalars, q, dq, segments, key_tiles_t, k_own.shape[1], causal, scale, tree,
-                          ws_first_tiles)
+        split = _ws_split_args(key_tiles_t, split_key_tiles_t, split_parts, ws_first_tiles)
+        _run_dkdv_ordered(grads, scalars, q, dq, segments, split[0], k_own.shape[1], causal, scale, tree, split[1],
+                          split[2:])
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
     atomic = dq_atomic_for(head_dim, deterministic, arch)
     dq_acc = new_frag_acc(q.shape[0], heads, head_dim, q.device) if atomic else None
@@ -300,7 +303,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
         dkdv_tiles = key_tiles_t if dkdv_key_tiles_t is None else dkdv_key_tiles_t
         dkdv_kernel.launch((dkdv_tiles.shape[0], k_own.shape[1], 1),
                            [*grads, *(frag_acc_args(dq_acc) if atomic else [0, i64(0), i64(0)]), *_NO_DQ_ORDER,
-                            segments.data_ptr(), dkdv_tiles.data_ptr(), *scalars])
+                            segments.data_ptr(), dkdv_tiles.data_ptr(), *scalars, *_NO_SPLIT])
     if atomic:
         _cast_dq_frag(dq_acc, dq, scale)
     return dq, dk_ctx, dv_ctx, dk_own, dv_own
@@ -308,7 +311,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
 
 def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Tensor, segments: torch.Tensor,
                       key_tiles_t: torch.Tensor, kv_heads: int, causal: bool, scale: float,
-                      tree: bool = False, first_tiles: int | None = None) -> None:
+                      tree: bool = False, first_tiles: int | None = None, split: tuple[int, int] = (1, 0)) -> None:
     """The mma.sync dK/dV kernel in its ordered dQ mode (DKV_DQ_ORDERED): dK, dV (written through ``grads``, the
     launch arguments up to the dQ accumulator) and dQ summed in fp32 in a fixed order into one accumulator in fragment
     order (:mod:`dualkv.cuda.dq_layout`), then scaled and cast into ``dq`` (T_q, H, d). ``key_tiles_t`` must be in
@@ -316,7 +319,8 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
     ``tree``: a tree plan's, DKV_TREE=1); ``scalars``: the kernel's last arguments (GQA group, scales, window).
     The CTAs run head-major, split after ``first_tiles`` rows (:func:`dualkv.cuda.ws_schedule.cta_order`; None: the
     whole table) where :data:`~dualkv.cuda.configs.MMA_HEAD_MAJOR` says so, never on a tree; else a row's KV heads
-    adjacent."""
+    adjacent. ``split``: (parts, partial rows) of a split table (:func:`_ws_split_args`), as the warp-specialised
+    backward takes it."""
     tokens, heads, head_dim = q.shape
     device = device_index(q)
     spec = dkdv_spec(head_dim, q.dtype, False, arch_of(device), causal=causal, dq_ordered=True, tree=tree,
@@ -324,11 +328,12 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
     kern = get_kernel(spec, device)
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, spec.tile.block_m, tree)
     dq_acc = new_frag_acc(tokens, heads, head_dim, q.device)
+    part_args, part_buffers = _part_buffers(spec, split, kv_heads, q.device)  # (kept alive until launched)
     kern.launch((key_tiles_t.shape[0] * kv_heads, 1, 1),
                 [*grads, *frag_acc_args(dq_acc), sems.data_ptr(),
                  qtile_offset.data_ptr() if qtile_offset is not None else 0, i32(n_qtiles), i32(kv_heads),
                  i32(_mma_cta_split(key_tiles_t, tree, first_tiles)), segments.data_ptr(), key_tiles_t.data_ptr(),
-                 *scalars])
+                 *scalars, *part_args])
     _cast_dq_frag(dq_acc, dq, scale)
 
 
@@ -405,19 +410,19 @@ def _cast_dq_frag(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
 WS_BWD_STEP = 64
 
 
-def _ws_split_args(key_tiles_t: torch.Tensor, ws_key_tiles_t: torch.Tensor | None, parts: int,
+def _ws_split_args(key_tiles_t: torch.Tensor, split_key_tiles_t: torch.Tensor | None, parts: int,
                    first_tiles: int | None) -> tuple:
     """(table, first_tiles, parts, partial_rows) the warp-specialised backward runs: ``key_tiles_t`` as it is, or
     its split (:mod:`dualkv.cuda.ws_split`: each of the first (rows added) / (parts - 1) rows became ``parts`` rows,
     first in the table), whose head-major split moves by the rows added."""
-    if ws_key_tiles_t is None or parts <= 1:
+    if split_key_tiles_t is None or parts <= 1:
         return key_tiles_t, first_tiles, 1, 0
-    added = ws_key_tiles_t.shape[0] - key_tiles_t.shape[0]
+    added = split_key_tiles_t.shape[0] - key_tiles_t.shape[0]
     if parts > ws_split.MAX_PARTS or added <= 0 or added % (parts - 1) or first_tiles is None:
-        raise ValueError(f"a split key-tile table of {ws_key_tiles_t.shape[0]} rows is no {parts}-part split of "
+        raise ValueError(f"a split key-tile table of {split_key_tiles_t.shape[0]} rows is no {parts}-part split of "
                          f"{key_tiles_t.shape[0]} rows with a head-major split (first_tiles {first_tiles})")
     runs = added // (parts - 1)
-    return ws_key_tiles_t, first_tiles + added, parts, runs * parts
+    return split_key_tiles_t, first_tiles + added, parts, runs * parts
 
 
 def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
@@ -457,6 +462,18 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
 WS_CONSUMER_THREADS = 256
 
 
+def part_slot_floats(spec) -> int:
+    """Floats of one CTA's slot of split dK / dV partials (csrc/split_parts.cuh), as the kernel's kPartFloats: the
+    warp-specialised backward's consumers hold dK and dV (its wide builds one role's accumulator each), 4 floats per
+    8 tile columns per consumer thread; the mma.sync dK/dV kernel's threads hold dK and dV of kKeySlabs (qwarps) slabs
+    of head_dim / dsplit / qwarps columns each."""
+    t = spec.tile
+    if spec.kernel == "bwd_sm90_ws":
+        return (1 if t.dsplit == 2 else 2) * (spec.tile_head_dim // 8) * 4 * WS_CONSUMER_THREADS
+    cols = spec.head_dim // t.dsplit // t.qwarps
+    return 2 * t.qwarps * (cols // 8) * 4 * t.warps * 32
+
+
 def _part_buffers(spec, split: tuple[int, int], kv_heads: int, device) -> tuple[list, tuple]:
     """The split key tiles' kernel arguments (part_acc, part_sems, parts, partial_rows): an fp32 slot of the
     consumers' dK / dV fragments per (partial row, KV head) (``kPartFloats`` in csrc/bwd_sm90_ws.cu: dK and dV, or one
@@ -464,9 +481,8 @@ def _part_buffers(spec, split: tuple[int, int], kv_heads: int, device) -> tuple[
     (run, KV head); null pointers when nothing is split. Returns (arguments, the buffers behind them)."""
     parts, partial_rows = split
     if parts <= 1 or partial_rows == 0:
-        return [0, 0, i32(1), i32(0)], ()
-    arrays = 1 if spec.tile.dsplit == 2 else 2
-    part_floats = arrays * (spec.tile_head_dim // 8) * 4 * WS_CONSUMER_THREADS
+        return list(_NO_SPLIT), ()
+    part_floats = part_slot_floats(spec)
     part_acc = torch.empty((partial_rows * kv_heads * part_floats,), dtype=torch.float32, device=device)
     part_sems = torch.zeros((partial_rows // parts * kv_heads,), dtype=torch.int32, device=device)
     return [part_acc.data_ptr(), part_sems.data_ptr(), i32(parts), i32(partial_rows)], (part_acc, part_sems)

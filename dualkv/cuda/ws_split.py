@@ -1,23 +1,29 @@
-"""Split key tiles for the warp-specialised Hopper backward (``csrc/bwd_sm90_ws.cu``): short prompts, long responses.
+"""Split shared-key tiles for the backwards whose dQ adds in a fixed order (the warp-specialised Hopper backward,
+``csrc/bwd_sm90_ws.cu``, and the mma.sync dK/dV kernel's ordered dQ mode, ``csrc/bwd_dkdv.cu``): short prompts, long
+responses.
 
 With the shared-first dQ order the table starts with the shared-key tiles (a prompt's key blocks, each seen by every
 response of its group), and one CTA per (tile, KV head) walks every dependent's query tiles. A short prompt has few
 such tiles, so few CTAs carry most of the work: at (N, P, R) = (16, 1K, 2K) on 8 KV heads, 64 CTAs of ~2100 steps each
 while the whole backward is ~2100 steps per SM of 132, and the responses' own tiles wait on them for their dQ rank.
-Measured on an H200, the backward there was 1.18x the cuDNN cascade's (8.51 against 7.19 ms;
-experiments/results/checks/s26a-h200-*.log).
+Measured on an H200 before the split, the WS backward there took 1.18x the cuDNN cascade's (8.51 against 7.19 ms;
+experiments/results/checks/s26a-h200-20261129T0414Z.log).
 
 :func:`split_shared_tiles` cuts each shared-key row into ``parts`` rows with the same keys and contiguous, disjoint
 ranges of its dependents (the first keeps the prompt's own causal walk; the others have ``own_seg = -1`` and read the
 keys through their dependents' context, as the paper's call-2 tiles do). dQ is untouched: each (head, query tile)
 still receives every key block exactly once, at the same rank, in the same CTA order, so its bits do not change. The
-parts' fp32 dK / dV are summed by the last CTA of each run to finish, in part order (the kernel's ``part_sum``), so
-the result stays bitwise reproducible; it differs from the unsplit kernel's by fp32 rounding only.
+parts' fp32 dK / dV are summed by the last CTA of each run to finish, in part order (``csrc/split_parts.cuh``), so the
+result stays bitwise reproducible; it differs from the unsplit kernel's by fp32 rounding only.
 
 :func:`split_parts` chooses ``parts``: enough for the shared-key CTAs to fill the GPU once
 (``sms // (shared rows x KV heads)``), at most :data:`MAX_PARTS` and the fewest dependents of any shared row; 1 (no
-split) when they fill it already. A CPU schedule model (``experiments/ws_order_model.py``) put the makespan at 1.04x
-its ideal at (16, 1K) with the split against 1.45x without.
+split) when they fill it already (every shape of the seed's Table 1). A CPU schedule model
+(``experiments/ws_order_model.py``) put the WS backward's makespan at 1.04x its ideal at (16, 1K) with the split
+against 1.45x without. Measured (H200, WS backward, ms off -> auto, two runs each; checks/s26b-h200-20261129T0444Z.log):
+(16, 1K) R = 2K 8.96 / 8.68 -> 7.09 / 6.61, (16, 512) 8.63 / 8.35 -> 5.67 / 5.55, (16, 512) R = 4K 20.30 / 19.89 ->
+15.55 / 15.09, (8, 256) R = 4K 10.72 / 10.56 -> 7.68 / 7.38; the backward is then 1.04-1.10x the cuDNN cascade's
+there and fwd+bwd 1.27-1.44x.
 """
 
 from __future__ import annotations

@@ -133,6 +133,8 @@
 #   bash experiments/gpu/run_pending.sh s26b       # the WS backward's split shared-key tiles (ws_split.py): its GPU tests,
 #                                                  # bwd A/B off / auto at short prompts, against the cuDNN cascade
 #   bash experiments/gpu/run_pending.sh s26c       # its GPU tests as the default: the WS backward's suite, dualkv verify
+#   bash experiments/gpu/run_pending.sh s26d       # the split in the mma.sync ordered dQ mode: its GPU tests, the ordered
+#                                                  # suite, bwd A/B off / auto at short prompts, against the FA2 cascade
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1343,6 +1345,25 @@ s26c)
     TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
     (cd "$OUT" && tar czf s26c.tgz *.log)
     ;;
+s26d)
+    # #13: the split shared-key tiles in the mma.sync ordered dQ mode (bwd_dkdv.cu, split_parts.cuh): its GPU tests and
+    # the WS ones (the refactor into split_parts.cuh), the ordered mode's suite, bwd A/B off / auto / off / auto in own
+    # processes, then auto against the FA2 cascade
+    TAIL=3 step splittests 240 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_ws_split.py
+    ordered_tests pytest_ordered
+    mkdir -p "$OUT/bench"
+    i=0
+    for s in off auto off auto; do
+        i=$((i + 1))
+        DUALKV_WS_SPLIT=$s TAIL=5 step ma${i}_$s 120 python3 -m dualkv bench kernel --systems dualkv_mma \
+            --shapes 16:1024,16:512 --R 2048 --mode bwd --out "$OUT/bench/ma${i}_$s"
+    done
+    TAIL=10 step mcmp 150 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 16:1024,16:512 \
+        --R 2048 --mode bwd,fwdbwd --out "$OUT/bench/mcmp"
+    TAIL=10 step mcmp4k 150 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 16:512,8:256 \
+        --R 4096 --mode bwd,fwdbwd --out "$OUT/bench/mcmp4k"
+    (cd "$OUT" && tar czf s26d.tgz *.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1350,6 +1371,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d)"
    exit 2 ;;
 esac

@@ -40,6 +40,7 @@
 #include "flags.cuh"
 #include "kernel_params.cuh"
 #include "keywalk.cuh"
+#include "split_parts.cuh"
 
 #ifndef DKV_DQ_ORDERED
 #define DKV_DQ_ORDERED 0
@@ -157,6 +158,8 @@ constexpr int kDsStride = kBlockM + 8;  // padded row stride of the transposed d
 static_assert(!kDqHere || (kDqColParts * kDqRowWarps == kWarps && kDqCols % 16 == 0), "dQ warp layout");
 
 using KeyWalk = Walk<kBlockM, kDqOrdered>;
+// Split key tiles (the ordered mode, split_parts.cuh): one CTA's slot holds every thread's dK and dV slabs.
+constexpr long long kPartFloats = 2LL * kKeySlabs * (kCols / 8) * 4 * kThreads;
 
 // Ordered dQ: the rank of this step's contribution at its (head, query tile) counter (ws_schedule.rank): block b of
 // the segment's own keys has rank b; for a dependent, the own blocks reaching the tile come first, and in a tree
@@ -472,6 +475,28 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     if (kDqOrdered && threadIdx.x == 0 && pending != nullptr) {
         if (DKV_DQ_FENCE == 1) __threadfence();
         st_release(pending, pending_rank + 1);
+    }
+    if (kDqOrdered) {  // a split key tile (split_parts.cuh): its run's last CTA stores the sum of the run's dK / dV
+        const int row = cta_head_tile(kv_heads, first_tiles, first_tiles >= 0, block_index_again()).y;
+        if (row < partial_rows) {
+            float* slot = part_acc + ((long long)row * kv_heads + kv_head) * kPartFloats;
+#pragma unroll
+            for (int sl = 0; sl < kKeySlabs; ++sl) {
+                part_put<kCols / 8, kThreads>(slot, acc_dk[sl], sl, threadIdx.x);
+                part_put<kCols / 8, kThreads>(slot, acc_dv[sl], kKeySlabs + sl, threadIdx.x);
+            }
+            // (LSE's smem is free: the last step's reads came before the barrier above)
+            if (!part_last(part_sems + (long long)(row / parts) * kv_heads + kv_head, parts, threadIdx.x,
+                           reinterpret_cast<volatile int*>(sLse), [] { __syncthreads(); }))
+                return;
+            const float* slot0 = part_acc + ((long long)(row - row % parts) * kv_heads + kv_head) * kPartFloats;
+#pragma unroll
+            for (int sl = 0; sl < kKeySlabs; ++sl) {
+                part_sum<kCols / 8, kThreads>(slot0, kv_heads * kPartFloats, parts, acc_dk[sl], sl, threadIdx.x);
+                part_sum<kCols / 8, kThreads>(slot0, kv_heads * kPartFloats, parts, acc_dv[sl], kKeySlabs + sl,
+                                              threadIdx.x);
+            }
+        }
     }
 
     // dK (scaled) and dV through smem (the K/V tiles are free now), coalesced 16-byte stores of valid keys.

@@ -66,6 +66,7 @@
 // b of node i has rank A[i] + b at every tile it reaches, and the launcher puts shallower nodes' tiles first.
 #include "keywalk.cuh"
 #include "sm90.cuh"
+#include "split_parts.cuh"
 #include "tma.cuh"
 
 using namespace dkv;
@@ -360,63 +361,10 @@ __device__ __forceinline__ void ws_probs_t(float (&acc)[kN8][4], const float* ls
         }
 }
 
-// Split key tiles (ws_schedule.split_shared_tiles): the table's first `partial_rows` rows come in runs of `parts` rows
-// whose CTAs hold the same keys and walk disjoint ranges of their dependents, so a prompt's few key tiles no longer
-// each walk every response alone (the critical path of short prompts with long responses). dQ is untouched: every
-// (head, query tile) still receives each key block once, at the same rank. dK / dV: each CTA of a run puts its fp32
-// fragments into its slot (row * kv_heads + kv_head; kPartFloats floats, float4s thread-minor), and the last of the
-// run to arrive (a counter per run and KV head) sums the run's slots in part order - the same order whichever CTA is
-// last, so the bits do not depend on timing - then stores like an unsplit CTA.
-constexpr int kPartArrays = DKV_WIDE ? 1 : 2;  // dK and dV in every consumer; wide builds: one role each
-constexpr int kPartN8 = kHeadDimAcc / 8;
-constexpr long long kPartFloats = (long long)kPartArrays * kPartN8 * 4 * kConsumerThreads;
-
-template <int kN8>
-__device__ __forceinline__ void part_put(float* part_acc, long long slot, const float (&acc)[kN8][4], int array,
-                                         int ct) {
-    float4* dst = reinterpret_cast<float4*>(part_acc + slot * kPartFloats) + array * kN8 * kConsumerThreads + ct;
-#pragma unroll
-    for (int nt = 0; nt < kN8; ++nt)
-        __stcg(dst + nt * kConsumerThreads, make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]));
-}
-
-// acc = (slot0 + (slot0 + step)) + ... (parts slots, added in part order per element), read from L2.
-template <int kN8>
-__device__ __forceinline__ void part_sum(const float* part_acc, long long slot0, long long step, int parts,
-                                         float (&acc)[kN8][4], int array, int ct) {
-    const float4* src = reinterpret_cast<const float4*>(part_acc + slot0 * kPartFloats) + array * kN8 * kConsumerThreads + ct;
-#pragma unroll
-    for (int nt = 0; nt < kN8; ++nt) {
-        const float4 v = __ldcg(src + nt * kConsumerThreads);
-        acc[nt][0] = v.x;
-        acc[nt][1] = v.y;
-        acc[nt][2] = v.z;
-        acc[nt][3] = v.w;
-    }
-#pragma unroll 1
-    for (int p = 1; p < parts; ++p) {
-        src += step * kPartFloats / 4;
-#pragma unroll
-        for (int nt = 0; nt < kN8; ++nt) {
-            const float4 v = __ldcg(src + nt * kConsumerThreads);
-            acc[nt][0] += v.x;
-            acc[nt][1] += v.y;
-            acc[nt][2] += v.z;
-            acc[nt][3] += v.w;
-        }
-    }
-}
-
-// After every consumer's part_put: whether this CTA is its run's last (it then sums and stores). s_flag: an smem int.
-__device__ __forceinline__ bool part_last(int* part_sems, long long counter, int parts, int ct, volatile int* s_flag) {
-    __threadfence();  // this thread's slot before the count that tells the last CTA to read it
-    named_sync(kBarConsumers, kConsumerThreads);
-    if (ct == 0) *s_flag = atomicAdd(part_sems + counter, 1) == parts - 1;
-    named_sync(kBarConsumers, kConsumerThreads);
-    const bool last = *s_flag != 0;
-    if (last) __threadfence();
-    return last;
-}
+// Split key tiles (split_parts.cuh): one CTA's slot holds dK and dV in every consumer (the wide builds: one role's
+// accumulator), 4 floats per 8 tile columns per consumer thread.
+constexpr int kPartArrays = DKV_WIDE ? 1 : 2;
+constexpr long long kPartFloats = (long long)kPartArrays * (kHeadDimAcc / 8) * 4 * kConsumerThreads;
 
 }  // namespace
 
@@ -585,13 +533,15 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         wide_consumer_loop(acc, walk_steps(w), w.count, wg, cw, lane, base, sk, sv, sq0, sdo0, sds0, s_lse, s_delta,
                            s_info, bar_full, bar_dq_full, scale_log2);
         row = cta_head_tile(kv_heads, first_tiles, DKV_HEAD_MAJOR, block_index_again()).y;
-        if (row < partial_rows) {  // a split key tile (part_put)
-            const long long slot0 = (long long)(row - row % parts) * kv_heads + kv_head;
-            part_put(part_acc, (long long)row * kv_heads + kv_head, acc, 0, ct);
-            if (!part_last(part_sems, (long long)(row / parts) * kv_heads + kv_head, parts, ct,
-                           reinterpret_cast<volatile int*>(s_lse)))
+        if (row < partial_rows) {  // a split key tile (split_parts.cuh)
+            part_put<kHeadDimAcc / 8, kConsumerThreads>(part_acc + ((long long)row * kv_heads + kv_head) * kPartFloats,
+                                                        acc, 0, ct);
+            if (!part_last(part_sems + (long long)(row / parts) * kv_heads + kv_head, parts, ct,
+                           reinterpret_cast<volatile int*>(s_lse), [] { named_sync(kBarConsumers, kConsumerThreads); }))
                 return;
-            part_sum(part_acc, slot0, kv_heads, parts, acc, 0, ct);
+            part_sum<kHeadDimAcc / 8, kConsumerThreads>(
+                part_acc + ((long long)(row - row % parts) * kv_heads + kv_head) * kPartFloats, kv_heads * kPartFloats,
+                parts, acc, 0, ct);
         }
         named_sync(kBarConsumers, kConsumerThreads);  // K and V are no longer read: dK into K's tile, dV into V's
         const float acc_scale = wg ? scale : 1.f;
@@ -720,15 +670,16 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
     }
 
     row = cta_head_tile(kv_heads, first_tiles, DKV_HEAD_MAJOR, block_index_again()).y;
-    if (row < partial_rows) {  // a split key tile (part_put)
-        const long long slot0 = (long long)(row - row % parts) * kv_heads + kv_head;
-        part_put(part_acc, (long long)row * kv_heads + kv_head, acc_dk, 0, ct);
-        part_put(part_acc, (long long)row * kv_heads + kv_head, acc_dv, 1, ct);
-        if (!part_last(part_sems, (long long)(row / parts) * kv_heads + kv_head, parts, ct,
-                       reinterpret_cast<volatile int*>(s_lse)))
+    if (row < partial_rows) {  // a split key tile (split_parts.cuh)
+        float* slot = part_acc + ((long long)row * kv_heads + kv_head) * kPartFloats;
+        part_put<kHeadDimAcc / 8, kConsumerThreads>(slot, acc_dk, 0, ct);
+        part_put<kHeadDimAcc / 8, kConsumerThreads>(slot, acc_dv, 1, ct);
+        if (!part_last(part_sems + (long long)(row / parts) * kv_heads + kv_head, parts, ct,
+                       reinterpret_cast<volatile int*>(s_lse), [] { named_sync(kBarConsumers, kConsumerThreads); }))
             return;
-        part_sum(part_acc, slot0, kv_heads, parts, acc_dk, 0, ct);
-        part_sum(part_acc, slot0, kv_heads, parts, acc_dv, 1, ct);
+        const float* slot0 = part_acc + ((long long)(row - row % parts) * kv_heads + kv_head) * kPartFloats;
+        part_sum<kHeadDimAcc / 8, kConsumerThreads>(slot0, kv_heads * kPartFloats, parts, acc_dk, 0, ct);
+        part_sum<kHeadDimAcc / 8, kConsumerThreads>(slot0, kv_heads * kPartFloats, parts, acc_dv, 1, ct);
     }
     // dK (scaled) and dV: swizzled into the K / V tiles (no longer read once every consumer is here), then coalesced
     // 16-byte stores of the block's valid rows.

@@ -34,7 +34,8 @@
 // fragment order (dualkv/cuda/dq_layout.py: head stride dqa_sh, a scratch block at dqa_st floats from dq_acc), and
 // dq_sems, qtile_offset, n_qtiles, kv_heads, first_tiles: the ordered mode's counters and grid (first_tiles >= 0:
 // head-major CTAs split after that many table rows, keywalk.cuh's cta_head_tile; < 0: a row's KV heads adjacent;
-// else unused).
+// else unused); part_acc, part_sems, parts, partial_rows: the ordered mode's split key tiles (split_parts.cuh; parts 1
+// and no partial rows otherwise).
 #define DKV_DKDV_PARAMS                                                  \
     DKV_BWD_IN_PARAMS,                                                   \
     elem_t* __restrict__ dkc, long long dkc_st, long long dkc_sh,        \
@@ -45,4 +46,5 @@
     int* __restrict__ dq_sems, const int* __restrict__ qtile_offset,     \
     int n_qtiles, int kv_heads, int first_tiles,                         \
     const int* __restrict__ segments, const int* __restrict__ key_tiles, \
-    int group_size, float scale_log2, float scale, int window_left
+    int group_size, float scale_log2, float scale, int window_left,      \
+    float* __restrict__ part_acc, int* __restrict__ part_sems, int parts, int partial_rows
