@@ -97,12 +97,13 @@ class HeadMajor:
 
 
 def split_dependents(tiles: np.ndarray, first_tiles: int, parts: int) -> tuple[np.ndarray, "HeadMajor"]:
-    """A candidate kernel change, modelled: each of the first ``first_tiles`` rows (a shared-first table's shared-key
-    tiles) has its dependent segments cut into ``parts`` contiguous ranges, one CTA each. The first keeps the own
-    (causal) steps; the others are dependent-only rows (own_seg -1 here, so the walk has no own phase). Every counter
-    still receives block b once, from the CTA whose range holds its segment, so the shared-first ranks are unchanged;
-    the kernel would also have to sum the parts' dK / dV in a fixed order, which the model does not time. Returns the
-    new table (split rows first) and its head-major split."""
+    """The split shared-key tiles as modelled before they were built (as :mod:`dualkv.cuda.ws_split`, which cuts the
+    dependents by query rows and keeps each tile's parts adjacent): each of the first ``first_tiles`` rows (a
+    shared-first table's shared-key tiles) has its dependent segments cut into ``parts`` contiguous ranges, one CTA
+    each. The first keeps the own (causal) steps; the others are dependent-only rows (own_seg -1, so the walk has no
+    own phase). Every counter still receives block b once, from the CTA whose range holds its segment, so the
+    shared-first ranks are unchanged; the kernels also sum the parts' dK / dV in a fixed order, which the model does
+    not time. Returns the new table (split rows first) and its head-major split."""
     head, rest = [], []
     for own, blk, begin, end in np.asarray(tiles[:first_tiles]).tolist():
         cuts = np.linspace(begin, end, min(parts, max(end - begin, 1)) + 1).round().astype(int)

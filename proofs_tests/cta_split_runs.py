@@ -21,11 +21,14 @@ PICKS: dict[str, Callable[[int, int], int]] = {"plan": lambda n, s: s, "none": l
 def grads_per_split(monkeypatch, head_dim: int, seed: int,
                     variants: Sequence[tuple[Optional[Callable[[], None]], str]]) -> tuple[list, list[int]]:
     """For each (setup, pick) of ``variants`` (setup: a callable run first, or None; pick: a key of :data:`PICKS`):
-    dQ, dK, dV of shared_prefix_attention on :data:`LENGTHS` (16 query heads, 4 KV heads, bf16) with the plan's
-    split replaced by the pick, each on a fresh layout (plans are cached on it). Returns the gradients and the splits
-    the plans carried."""
-    from dualkv.cuda import ws_schedule
+    dQ, dK, dV of shared_prefix_attention on :data:`LENGTHS` (16 query heads, 4 KV heads, bf16; the shared-key tiles
+    unsplit) with the plan's split replaced by the pick, each on a fresh layout (plans are cached on it). Returns the
+    gradients and the splits the plans carried."""
+    from dualkv.cuda import launch, ws_schedule
 
+    # a pick's first rows would also be split into as many parts as fill the GPU (ws_split), each pick rounding dK / dV
+    # differently; the split has its own tests (test_cuda_ws_split.py)
+    monkeypatch.setattr(launch, "WS_SPLIT", "off")
     gen = torch.Generator(device="cuda").manual_seed(seed)
     tokens = GroupLayout.from_lengths(*LENGTHS).total_tokens
     q = torch.randn(tokens, 16, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)

@@ -100,9 +100,6 @@ def test_ws_backward_cta_split_keeps_the_bits(head_dim, shared_first, monkeypatc
         pytest.skip("the warp-specialised backward is Hopper-only")
     monkeypatch.setattr(launch, "TWO_LEVEL_SHARED_FIRST", shared_first)
     monkeypatch.setattr(configs, "WS_HEAD_MAJOR", True)  # the head-major build, whatever $DUALKV_WS_CTA_ORDER says
-    # a pick's first rows would be split into as many parts as fill the GPU (ws_split), each pick rounding dK / dV
-    # differently; the split has its own tests (test_cuda_ws_split.py)
-    monkeypatch.setattr(launch, "WS_SPLIT", "off")
     ran, real = [], launch._run_backward_ws
     monkeypatch.setattr(launch, "_run_backward_ws", lambda *a, **k: ran.append(a[18]) or real(*a, **k))
     runs, splits = grads_per_split(monkeypatch, head_dim, 2, [(None, pick) for pick in PICKS])

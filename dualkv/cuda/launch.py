@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from .configs import (DKDV_TILES, DQ_TILES, KEY_TILES_NODE_MAJOR, MMA_HEAD_MAJOR, TMA_KERNELS, TREE_DQ_ROOT_FIRST,
-                      TWO_LEVEL_SHARED_FIRST, WS_SPLIT, KeyTileConfig, TileConfig, dkdv_spec, dq_atomic_for, dq_cast_spec,
-                      dq_frag_cast_spec, dq_ordered_for, dq_spec, forward_kernel_for, forward_tile, fwd_spec,
-                      pack_for, prep_spec, ws_backward_for, ws_bwd_spec)
+                      TWO_LEVEL_SHARED_FIRST, WS_SPLIT, KeyTileConfig, TileConfig, dkdv_spec, dq_atomic_for,
+                      dq_cast_spec, dq_frag_cast_spec, dq_ordered_for, dq_spec, forward_kernel_for, forward_tile,
+                      fwd_spec, pack_for, prep_spec, ws_backward_for, ws_bwd_spec)
 from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
 from . import ws_schedule, ws_split
 from .dq_layout import acc_rows, new_frag_acc

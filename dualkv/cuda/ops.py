@@ -33,8 +33,9 @@ def _(q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, dq_tiles, key_tiles, d
 @torch.library.custom_op("dualkv::bwd", mutates_args=(), device_types="cuda")
 def bwd(dout: Tensor, d_lse: Tensor | None, q: Tensor, k_ctx: Tensor, v_ctx: Tensor, k_own: Tensor, v_own: Tensor,
         out: Tensor, lse: Tensor, segments: Tensor, dq_tiles: Tensor, key_tiles: Tensor, dkdv_key_tiles: Tensor,
-        split_key_tiles: Tensor | None, dq_pack: int, ws_first_tiles: int, split_parts: int, ctx_shared: bool, scale: float,
-        window_left: int, causal: bool, deterministic: bool, tree: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        split_key_tiles: Tensor | None, dq_pack: int, ws_first_tiles: int, split_parts: int, ctx_shared: bool,
+        scale: float, window_left: int, causal: bool, deterministic: bool,
+        tree: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles, dq_pack,
                         ctx_shared, scale=scale, window_left=window_left, d_lse=d_lse, deterministic=deterministic,
                         causal=causal, tree=tree, dkdv_key_tiles_t=dkdv_key_tiles, ws_first_tiles=ws_first_tiles,
@@ -42,16 +43,18 @@ def bwd(dout: Tensor, d_lse: Tensor | None, q: Tensor, k_ctx: Tensor, v_ctx: Ten
 
 
 @bwd.register_fake
-def _(dout, d_lse, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles, dkdv_key_tiles, split_key_tiles,
-      dq_pack, ws_first_tiles, split_parts, ctx_shared, scale, window_left, causal, deterministic, tree):
+def _(dout, d_lse, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles, dkdv_key_tiles,
+      split_key_tiles, dq_pack, ws_first_tiles, split_parts, ctx_shared, scale, window_left, causal, deterministic,
+      tree):
     ctx_k = k_own.new_empty((0,)) if ctx_shared else k_ctx.new_empty(k_ctx.shape)
     ctx_v = v_own.new_empty((0,)) if ctx_shared else v_ctx.new_empty(v_ctx.shape)
     return q.new_empty(q.shape), ctx_k, ctx_v, k_own.new_empty(k_own.shape), v_own.new_empty(v_own.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    (q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, dq_tiles, key_tiles, dkdv_key_tiles, split_key_tiles, fwd_kernel,
-     fwd_pack, dq_pack, ws_first_tiles, split_parts, ctx_shared, scale, window_left, causal, deterministic, tree) = inputs
+    (q, k_ctx, v_ctx, k_own, v_own, segments, fwd_tiles, dq_tiles, key_tiles, dkdv_key_tiles, split_key_tiles,
+     fwd_kernel, fwd_pack, dq_pack, ws_first_tiles, split_parts, ctx_shared, scale, window_left, causal, deterministic,
+     tree) = inputs
     out, lse = output
     ctx.save_for_backward(q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles, dkdv_key_tiles,
                           split_key_tiles)

@@ -84,7 +84,8 @@ def split_shared_tiles(tiles: np.ndarray, segments: np.ndarray, first_tiles: int
     out = []
     for own, blk, begin, end in rows[:first_tiles].tolist():
         if end - begin < parts:
-            raise ValueError(f"key tile {[own, blk, begin, end]} has {end - begin} dependents: too few for {parts} parts")
+            raise ValueError(f"key tile {[own, blk, begin, end]} has {end - begin} dependents: too few for {parts} "
+                             "parts")
         cuts = [begin + c for c in _cuts(seg[begin:end, 1], parts)]
         out += [[own if p == 0 else -1, blk, cuts[p], cuts[p + 1]] for p in range(parts)]
     table = np.concatenate([np.asarray(out, dtype=np.int64).reshape(-1, 4), rows[first_tiles:]])

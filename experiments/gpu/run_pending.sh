@@ -135,6 +135,7 @@
 #   bash experiments/gpu/run_pending.sh s26c       # its GPU tests as the default: the WS backward's suite, dualkv verify
 #   bash experiments/gpu/run_pending.sh s26d       # the split in the mma.sync ordered dQ mode: its GPU tests, the ordered
 #                                                  # suite, bwd A/B off / auto at short prompts, against the FA2 cascade
+#   bash experiments/gpu/run_pending.sh s26e       # the CTA-order tests with the split off in their helper, the ordered suite
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1364,6 +1365,15 @@ s26d)
         --R 4096 --mode bwd,fwdbwd --out "$OUT/bench/mcmp4k"
     (cd "$OUT" && tar czf s26d.tgz *.log bench)
     ;;
+s26e)
+    # #13: the ordered mma.sync suite after s26d's failure (test_cta_orders_keep_the_bits compared CTA-split picks that now
+    # also split the shared tiles; cta_split_runs turns that split off), the CTA-split tests of both backwards. Few
+    # files come back: the logs go into one tarball
+    ordered_tests pytest_ordered
+    TAIL=3 step ctatests 240 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py \
+        proofs_tests/test_cuda_backward.py -k "cta_orders or cta_split"
+    (cd "$OUT" && tar czf s26e.tgz *.log && rm -f pytest_*.log ctatests.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1371,6 +1381,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e)"
    exit 2 ;;
 esac
