@@ -136,6 +136,7 @@
 #   bash experiments/gpu/run_pending.sh s26d       # the split in the mma.sync ordered dQ mode: its GPU tests, the ordered
 #                                                  # suite, bwd A/B off / auto at short prompts, against the FA2 cascade
 #   bash experiments/gpu/run_pending.sh s26e       # the CTA-order tests with the split off in their helper, the ordered suite
+#   bash experiments/gpu/run_pending.sh s26f       # the split's A/B off / auto at more one-group shapes and at 28 / 4 heads
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1374,6 +1375,20 @@ s26e)
         proofs_tests/test_cuda_backward.py -k "cta_orders or cta_split"
     (cd "$OUT" && tar czf s26e.tgz *.log && rm -f pytest_*.log ctatests.log)
     ;;
+s26f)
+    # #12: DUALKV_WS_SPLIT off / auto / off / auto (own processes, WS backward) at more one-group shapes (2 to 8 parts) and
+    # with 28 query / 4 KV heads (Qwen2.5-7B): the split must never be slower. Few files come back: one tarball
+    mkdir -p "$OUT/bench"
+    i=0
+    for s in off auto off auto; do
+        i=$((i + 1))
+        DUALKV_WS_SPLIT=$s TAIL=6 step fa${i}_$s 100 python3 -m dualkv bench kernel --systems dualkv \
+            --shapes 8:1024,4:1024,8:512,32:512 --R 2048 --mode bwd --reps 10 --out "$OUT/bench/fa${i}_$s"
+        DUALKV_WS_SPLIT=$s TAIL=4 step fb${i}_$s 100 python3 -m dualkv bench kernel --systems dualkv --heads 28 \
+            --kv-heads 4 --shapes 16:1024,8:512 --R 2048 --mode bwd --reps 10 --out "$OUT/bench/fb${i}_$s"
+    done
+    (cd "$OUT" && tar czf s26f.tgz *.log bench && rm -rf fa*.log fb*.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1381,6 +1396,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f)"
    exit 2 ;;
 esac
