@@ -448,8 +448,9 @@ def test_backward_routes_each_key_tile_order(monkeypatch, ordered):
     assert len(dkdv) == 1
     spec, grid, args = dkdv[0]
     n_tiles = plan.key_tiles.shape[0]
-    # (..., kv_heads, first_tiles, segments, key tiles, 4 scalars)
-    segments, tiles, first_tiles, kv_heads = args[-6], args[-5], args[-7], args[-8]
+    # (..., kv_heads, first_tiles, segments, key tiles, 4 scalars, 4 split arguments: nothing split in this plan)
+    segments, tiles, first_tiles, kv_heads = args[-10], args[-9], args[-11], args[-12]
+    assert [int(a) for a in args[-4:]] == [0, 0, 1, 0]
     assert spec.dq_ordered == ordered and segments == plan.segments.data_ptr()
     if ordered:
         assert grid == (n_tiles * 2, 1, 1) and kv_heads == 2               # a 1-D grid of tiles x K/V heads
@@ -503,4 +504,39 @@ def test_run_backward_hands_the_plans_split_to_the_ordered_kernel(monkeypatch):
                             plan.key_tiles, plan.dq_pack, True, scale=0.125, window_left=-1,
                             ws_first_tiles=plan.ws_first_tiles)
     (args,) = [a for spec, _, a in log if spec.kernel == "bwd_dkdv"]
-    assert args[-7] == plan.ws_first_tiles and args[-8] == 2  # first_tiles after kv_heads
+    assert args[-11] == plan.ws_first_tiles and args[-12] == 2  # first_tiles after kv_heads (then 8 more arguments)
+
+
+@pytest.mark.parametrize("head_major", [True, False], ids=["head", "tile"])
+def test_run_backward_hands_a_split_table_to_the_ordered_kernel(monkeypatch, head_major):
+    """A plan with split shared-key tiles (ws_split): the ordered kernel runs the split table on a grid of its rows x
+    K/V heads, its head-major split moved by the rows added (tile order: -1), and gets slots and counters for the
+    partial rows and the number of parts as its last four arguments."""
+    from dualkv.cuda import launch, split_args
+
+    log = []
+    monkeypatch.setattr(launch, "device_index", lambda t: 0)
+    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_80")
+    monkeypatch.setattr(launch, "get_kernel", lambda spec, device: _StandInKernel(spec, log))
+    monkeypatch.setattr(launch, "run_prep", lambda dout, out, lse, d_lse: (lse.clone(), lse.clone()))
+    monkeypatch.setattr(launch, "TWO_LEVEL_SHARED_FIRST", True)
+    monkeypatch.setattr(launch, "MMA_HEAD_MAJOR", head_major)
+    monkeypatch.setattr(launch, "WS_SPLIT", "auto")
+    layout = GroupLayout.from_lengths([200, 70], [[129, 5], [64, 3, 300]])  # every prompt has >= 2 responses
+    plan = launch.make_plan(layout.segment_table, head_dim=64, group_size=2, window_left=-1,
+                            device=torch.device("cpu"), ctx_shared=True, fwd_kernel="fwd", kv_heads=2, sms=132)
+    assert plan.split_parts == 2
+    rows, added = plan.split_key_tiles.shape[0], plan.split_key_tiles.shape[0] - plan.key_tiles.shape[0]
+    t = layout.total_tokens
+    q, dout, out = (torch.zeros(t, 4, 64, dtype=torch.bfloat16) for _ in range(3))
+    k = torch.zeros(t, 2, 64, dtype=torch.bfloat16)
+    with mma_backward("ordered"):
+        launch.run_backward(dout, q, k, k, k, k, out, torch.zeros(4, t), plan.segments, plan.dq_tiles,
+                            plan.key_tiles, plan.dq_pack, True, scale=0.125, window_left=-1,
+                            ws_first_tiles=plan.ws_first_tiles, split_key_tiles_t=plan.split_key_tiles,
+                            split_parts=plan.split_parts)
+    ((spec, grid, args),) = [entry for entry in log if entry[0].kernel == "bwd_dkdv"]
+    assert grid == (rows * 2, 1, 1) and args[-9] == plan.split_key_tiles.data_ptr()
+    assert args[-11] == (plan.ws_first_tiles + added if head_major else -1)
+    assert args[-4] != 0 and args[-3] != 0 and int(args[-2]) == 2 and int(args[-1]) == plan.ws_first_tiles * 2
+    assert split_args.part_slot_floats(spec) > 0

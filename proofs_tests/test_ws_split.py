@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dualkv import GroupLayout
-from dualkv.cuda import launch, ws_schedule, ws_split
+from dualkv.cuda import launch, split_args, ws_schedule, ws_split
 from dualkv.cuda.schedule import check_block_order, key_tiles, segments_from_cu_seqlens
 from dualkv.cuda.ws_schedule import BLOCK_KEYS, check_dq_order, check_launch_order, cta_order, numeric_backward
 
@@ -160,18 +160,24 @@ def test_plan_carries_the_split(monkeypatch):
     monkeypatch.setattr(launch, "WS_SPLIT", "auto")
     assert launch.make_plan(seg, **args).split_key_tiles is None  # kv_heads unknown: no split
     plan = launch.make_plan(seg, **args, kv_heads=2, sms=132)
-    assert plan.split_parts == 5
+    assert plan.split_parts == 5 and plan.ws_first_tiles == 3  # every shared-key row split: 3 runs of 5
     keys, ws_tiles = plan.key_tiles.numpy(), plan.split_key_tiles.numpy()
     ws_split.check_split(ws_split.WsSplit(ws_tiles, plan.ws_first_tiles + len(ws_tiles) - len(keys), 5,
                                           3 * 5), keys, seg)
-    table, first, parts, partial = launch._ws_split_args(plan.key_tiles, plan.split_key_tiles, plan.split_parts,
+    table, first, parts, partial = split_args.split_args(plan.key_tiles, plan.split_key_tiles, plan.split_parts,
                                                          plan.ws_first_tiles)
     assert table is plan.split_key_tiles and (first, parts, partial) == (plan.ws_first_tiles + 12, 5, 15)
-    assert launch._ws_split_args(plan.key_tiles, None, 1, 3) == (plan.key_tiles, 3, 1, 0)
+    assert split_args.split_args(plan.key_tiles, None, 1, 3) == (plan.key_tiles, 3, 1, 0)
     with pytest.raises(ValueError, match="no 6-part split"):  # 12 rows added are no whole runs of 6
-        launch._ws_split_args(plan.key_tiles, plan.split_key_tiles, 6, plan.ws_first_tiles)
+        split_args.split_args(plan.key_tiles, plan.split_key_tiles, 6, plan.ws_first_tiles)
+    with pytest.raises(ValueError, match="no 2-part split"):  # 12 runs of 2 would be more runs than shared rows
+        split_args.split_args(plan.key_tiles, plan.split_key_tiles, 2, plan.ws_first_tiles)
+    with pytest.raises(ValueError, match="head-major split"):
+        split_args.split_args(plan.key_tiles, plan.split_key_tiles, 5, None)
     monkeypatch.setattr(launch, "WS_SPLIT", "3")
     assert launch.make_plan(seg, **args, kv_heads=2, sms=132).split_parts == 3
+    monkeypatch.setattr(launch, "WS_SPLIT", "8")  # at most the fewest dependents of a shared-key row (5 here)
+    assert launch.make_plan(seg, **args, kv_heads=2, sms=132).split_parts == 5
     monkeypatch.setattr(launch, "WS_SPLIT", "off")
     assert launch.make_plan(seg, **args, kv_heads=2, sms=132).split_key_tiles is None
     monkeypatch.setattr(launch, "WS_SPLIT", "auto")
@@ -180,7 +186,7 @@ def test_plan_carries_the_split(monkeypatch):
 
 
 def test_kernels_and_launcher_agree_on_the_part_slots():
-    """Each kernel's per-CTA slot (kPartFloats) is what the launcher allocates (launch.part_slot_floats), and both
+    """Each kernel's per-CTA slot (kPartFloats) is what the launcher allocates (split_args.part_slot_floats), and both
     kernels take the four split arguments last."""
     import re
 
@@ -190,7 +196,7 @@ def test_kernels_and_launcher_agree_on_the_part_slots():
     ws = (CSRC / "bwd_sm90_ws.cu").read_text()
     assert "constexpr int kPartArrays = DKV_WIDE ? 1 : 2;" in ws
     assert "constexpr long long kPartFloats = (long long)kPartArrays * (kHeadDimAcc / 8) * 4 * kConsumerThreads;" in ws
-    assert re.search(r"constexpr int kConsumerThreads = (\d+);", ws).group(1) == str(launch.WS_CONSUMER_THREADS)
+    assert re.search(r"constexpr int kConsumerThreads = (\d+);", ws).group(1) == str(split_args.WS_CONSUMER_THREADS)
     assert re.search(r"float scale, float\* __restrict__ part_acc,\s+int\* __restrict__ part_sems, int parts, "
                      r"int partial_rows\)", ws)
     mma = (CSRC / "bwd_dkdv.cu").read_text()
@@ -201,16 +207,16 @@ def test_kernels_and_launcher_agree_on_the_part_slots():
     for head_dim, floats in ((64, 2 * 8 * 4 * 256), (96, 2 * 16 * 4 * 256), (128, 2 * 16 * 4 * 256),
                              (192, 24 * 4 * 256), (256, 32 * 4 * 256)):
         spec = ws_bwd_spec(head_dim, torch.bfloat16)
-        assert launch.part_slot_floats(spec) == floats, head_dim
-        args, buffers = launch._part_buffers(spec, (2, 4), 3, torch.device("cpu"))
+        assert split_args.part_slot_floats(spec) == floats, head_dim
+        args, buffers = split_args.part_buffers(spec, (2, 4), 3, torch.device("cpu"))
         assert buffers[0].numel() == 4 * 3 * floats and buffers[1].numel() == 2 * 3, head_dim
         assert (buffers[1] == 0).all()
     for head_dim in (64, 96, 128):  # the ordered mma.sync kernel: every thread's dK and dV, head_dim / dsplit columns
         for arch in ("sm_80", "sm_90"):
             spec = dkdv_spec(head_dim, torch.bfloat16, False, arch, causal=True, dq_ordered=True)
             # 2 arrays x qwarps slabs x (head_dim / dsplit / qwarps) / 8 x 4 floats x threads
-            assert launch.part_slot_floats(spec) == 2 * (head_dim // spec.tile.dsplit) * spec.tile.warps * 32 // 2
-    assert launch._part_buffers(ws_bwd_spec(128, torch.bfloat16), (1, 0), 3, "cpu")[1] == ()
+            assert split_args.part_slot_floats(spec) == 2 * (head_dim // spec.tile.dsplit) * spec.tile.warps * 32 // 2
+    assert split_args.part_buffers(ws_bwd_spec(128, torch.bfloat16), (1, 0), 3, "cpu")[1] == ()
 
 
 def test_split_tables_keep_the_mma_ordered_dq_order():

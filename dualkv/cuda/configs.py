@@ -441,11 +441,13 @@ WS_HEAD_MAJOR = _ws_cta_order_from_env() == "head"
 #: The split shared-key tiles (:mod:`dualkv.cuda.ws_split`) of the backwards whose dQ adds in a fixed order (the
 #: warp-specialised one; the mma.sync ordered dQ mode) on two-level layouts under the shared-first dQ order: "auto" (the
 #: default: each shared-key tile cut into :func:`~dualkv.cuda.ws_split.split_parts` CTAs when the shared-key CTAs alone
-#: would not fill the GPU: short prompts, long responses), "off", or a number of parts (2 to 8) forced wherever every
-#: shared-key tile has that many dependents (for tests and A/B). dQ keeps its bits; dK / dV of the split tiles are
-#: summed in a fixed order (bitwise reproducible, rounded differently from "off"). "auto" is the default because it
-#: made the WS backward 21-34% faster at one-group shapes with P = 256-1K (H200, ws_split's docstring) and changes
-#: nothing where the shared-key CTAs fill the GPU. Read ONCE, at import, from ``$DUALKV_WS_SPLIT`` (plans are cached).
+#: would not fill the GPU: short prompts, long responses), "off", or a number N (2 to 8; for tests and A/B): at most N
+#: parts, no more than the fewest dependents of a shared-key tile, also where "auto" would not split (each partial row
+#: then takes a 128 KiB fp32 slot per KV head at d = 128). dQ keeps its bits; dK / dV of the split tiles are summed in a
+#: fixed order (bitwise reproducible, rounded differently from "off"). "auto" is the default because it made the WS
+#: backward 19-48% faster at nine of ten one-group shapes with P = 256-1K measured, and 1.5% / 23% in the two runs of
+#: the tenth, (4, 1K) (H200, ws_split's docstring), and changes nothing where the shared-key CTAs fill the GPU. Read
+#: ONCE, at import, from ``$DUALKV_WS_SPLIT`` (plans are cached).
 WS_SPLITS = ("auto", "off", "2", "3", "4", "5", "6", "7", "8")
 WS_SPLIT = _choice_from_env("DUALKV_WS_SPLIT", WS_SPLITS)
 

@@ -19,6 +19,7 @@ from .configs import (DKDV_TILES, DQ_TILES, KEY_TILES_NODE_MAJOR, MMA_HEAD_MAJOR
                       fwd_spec, pack_for, prep_spec, ws_backward_for, ws_bwd_spec)
 from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
 from . import ws_schedule, ws_split
+from .split_args import NO_SPLIT, part_buffers, split_args
 from .dq_layout import acc_rows, new_frag_acc
 from .schedule import check_block_order, key_tiles, tile_table
 
@@ -93,7 +94,8 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
     check_block_order(keys)
     ws_schedule.check_launch_order(keys, segments, shared_first=TWO_LEVEL_SHARED_FIRST)
     first_tiles = ws_schedule.head_major_split(keys, segments, TWO_LEVEL_SHARED_FIRST)
-    split = ws_split_for(keys, segments, first_tiles, kv_heads, sms, device, causal)
+    split = ws_split_for(keys, segments, ws_split.shared_rows(keys, segments) if TWO_LEVEL_SHARED_FIRST else 0,
+                         kv_heads, sms, device, causal)
     return Plan(
         segments=_to_device(segments, device),
         fwd_kernel=fwd_kernel,
@@ -111,12 +113,14 @@ def make_plan(segments: np.ndarray, *, head_dim: int, group_size: int, window_le
     )
 
 
-def ws_split_for(keys: np.ndarray, segments: np.ndarray, first_tiles: int, kv_heads: int | None, sms: int | None,
-                 device, causal: bool = True) -> ws_split.WsSplit:
-    """The warp-specialised backward's split of a two-level launch table (:mod:`dualkv.cuda.ws_split`): under the
+def ws_split_for(keys: np.ndarray, segments: np.ndarray, shared: int, kv_heads: int | None, sms: int | None,
+                 device: torch.device | str, causal: bool = True) -> ws_split.WsSplit:
+    """The split of a two-level launch table ``keys`` (int32 (n, 4); segments (S, 4)) for the backwards whose dQ adds
+    in a fixed order (:mod:`dualkv.cuda.ws_split`): its first ``shared`` rows (the shared-key tiles) cut under the
     shared-first dQ order, causal, with ``kv_heads`` known, as :data:`~dualkv.cuda.configs.WS_SPLIT` says ("auto":
-    :func:`~dualkv.cuda.ws_split.split_parts` for ``sms`` multiprocessors, default the device's; a number: that many
-    parts where every shared-key tile has as many dependents). Otherwise one part: the table unchanged."""
+    :func:`~dualkv.cuda.ws_split.split_parts` for ``sms`` multiprocessors, default the device's; a number N: at most N
+    parts, no more than the fewest dependents of a shared row). Otherwise one part: the table unchanged."""
+    first_tiles = shared
     parts = 1
     if TWO_LEVEL_SHARED_FIRST and causal and kv_heads and WS_SPLIT != "off" and first_tiles > 0:
         if WS_SPLIT == "auto":
@@ -220,7 +224,6 @@ def run_prep(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_lse: to
 
 #: The dK/dV kernels' ordered-dQ arguments when they are unused: counters, tile offsets, tiles, K/V heads, CTA split.
 _NO_DQ_ORDER = [0, 0, i32(0), i32(0), i32(-1)]
-_NO_SPLIT = [0, 0, i32(1), i32(0)]  # DKV_DKDV_PARAMS' part_acc, part_sems, parts, partial_rows: nothing split
 
 
 def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles_t, dq_pack: int,
@@ -272,7 +275,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
         dkc_args, dvc_args = _strided(dk_ctx), _strided(dv_ctx)
     if (ws_backward_for(head_dim, arch, window, causal, tree) and not dq_tile and not dkdv_tile
             and kernels == ("dq", "dkdv")):
-        split = _ws_split_args(key_tiles_t, split_key_tiles_t, split_parts, ws_first_tiles)
+        split = split_args(key_tiles_t, split_key_tiles_t, split_parts, ws_first_tiles)
         _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
                          segments, split[0], group, scale, tree, split[1], split[2:])
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
@@ -282,7 +285,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     grads = [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own)]
     if (not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv")
             and dq_ordered_for(head_dim, arch, window, deterministic=deterministic, causal=causal)):
-        split = _ws_split_args(key_tiles_t, split_key_tiles_t, split_parts, ws_first_tiles)
+        split = split_args(key_tiles_t, split_key_tiles_t, split_parts, ws_first_tiles)
         _run_dkdv_ordered(grads, scalars, q, dq, segments, split[0], k_own.shape[1], causal, scale, tree, split[1],
                           split[2:])
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
@@ -303,7 +306,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
         dkdv_tiles = key_tiles_t if dkdv_key_tiles_t is None else dkdv_key_tiles_t
         dkdv_kernel.launch((dkdv_tiles.shape[0], k_own.shape[1], 1),
                            [*grads, *(frag_acc_args(dq_acc) if atomic else [0, i64(0), i64(0)]), *_NO_DQ_ORDER,
-                            segments.data_ptr(), dkdv_tiles.data_ptr(), *scalars, *_NO_SPLIT])
+                            segments.data_ptr(), dkdv_tiles.data_ptr(), *scalars, *NO_SPLIT])
     if atomic:
         _cast_dq_frag(dq_acc, dq, scale)
     return dq, dk_ctx, dv_ctx, dk_own, dv_own
@@ -319,8 +322,8 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
     ``tree``: a tree plan's, DKV_TREE=1); ``scalars``: the kernel's last arguments (GQA group, scales, window).
     The CTAs run head-major, split after ``first_tiles`` rows (:func:`dualkv.cuda.ws_schedule.cta_order`; None: the
     whole table) where :data:`~dualkv.cuda.configs.MMA_HEAD_MAJOR` says so, never on a tree; else a row's KV heads
-    adjacent. ``split``: (parts, partial rows) of a split table (:func:`_ws_split_args`), as the warp-specialised
-    backward takes it."""
+    adjacent. ``split``: (parts, partial rows) of a split table (:func:`~dualkv.cuda.split_args.split_args`), as the
+    warp-specialised backward takes it."""
     tokens, heads, head_dim = q.shape
     device = device_index(q)
     spec = dkdv_spec(head_dim, q.dtype, False, arch_of(device), causal=causal, dq_ordered=True, tree=tree,
@@ -328,7 +331,7 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
     kern = get_kernel(spec, device)
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, spec.tile.block_m, tree)
     dq_acc = new_frag_acc(tokens, heads, head_dim, q.device)
-    part_args, part_buffers = _part_buffers(spec, split, kv_heads, q.device)  # (kept alive until launched)
+    part_args, buffers = part_buffers(spec, split, kv_heads, q.device)  # (buffers: kept alive until launched)
     kern.launch((key_tiles_t.shape[0] * kv_heads, 1, 1),
                 [*grads, *frag_acc_args(dq_acc), sems.data_ptr(),
                  qtile_offset.data_ptr() if qtile_offset is not None else 0, i32(n_qtiles), i32(kv_heads),
@@ -410,21 +413,6 @@ def _cast_dq_frag(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
 WS_BWD_STEP = 64
 
 
-def _ws_split_args(key_tiles_t: torch.Tensor, split_key_tiles_t: torch.Tensor | None, parts: int,
-                   first_tiles: int | None) -> tuple:
-    """(table, first_tiles, parts, partial_rows) the warp-specialised backward runs: ``key_tiles_t`` as it is, or
-    its split (:mod:`dualkv.cuda.ws_split`: each of the first (rows added) / (parts - 1) rows became ``parts`` rows,
-    first in the table), whose head-major split moves by the rows added."""
-    if split_key_tiles_t is None or parts <= 1:
-        return key_tiles_t, first_tiles, 1, 0
-    added = split_key_tiles_t.shape[0] - key_tiles_t.shape[0]
-    if parts > ws_split.MAX_PARTS or added <= 0 or added % (parts - 1) or first_tiles is None:
-        raise ValueError(f"a split key-tile table of {split_key_tiles_t.shape[0]} rows is no {parts}-part split of "
-                         f"{key_tiles_t.shape[0]} rows with a head-major split (first_tiles {first_tiles})")
-    runs = added // (parts - 1)
-    return split_key_tiles_t, first_tiles + added, parts, runs * parts
-
-
 def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
                      segments, key_tiles_t, group: int, scale: float, tree: bool = False,
                      first_tiles: int | None = None, split: tuple[int, int] = (1, 0)) -> None:
@@ -447,7 +435,7 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
     dq_acc = torch.zeros((heads, rows, acc_cols), dtype=torch.float32, device=q.device)
     maps = [tensor_map_3d(q, step), tensor_map_3d(dout, step), tensor_map_3d(k_own, keys), tensor_map_3d(v_own, keys),
             tensor_map_3d(k_ctx, keys), tensor_map_3d(v_ctx, keys)]
-    part_args, part_buffers = _part_buffers(spec, split, kv_heads, q.device)  # (kept alive until launched)
+    part_args, buffers = part_buffers(spec, split, kv_heads, q.device)  # (buffers: kept alive until launched)
     launch_raw(kern, (key_tiles_t.shape[0] * kv_heads, 1, 1),
                [*maps, lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0)), *dkc_args, *dvc_args,
                 *_strided(dk_own), *_strided(dv_own), dq_acc.data_ptr(), i64(rows * acc_cols), sems.data_ptr(),
@@ -457,32 +445,3 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
                 *part_args])
     _cast_dq(dq_acc, dq, scale)
 
-
-#: The warp-specialised backward's consumer threads (kConsumerThreads in csrc/bwd_sm90_ws.cu).
-WS_CONSUMER_THREADS = 256
-
-
-def part_slot_floats(spec) -> int:
-    """Floats of one CTA's slot of split dK / dV partials (csrc/split_parts.cuh), as the kernel's kPartFloats: the
-    warp-specialised backward's consumers hold dK and dV (its wide builds one role's accumulator each), 4 floats per
-    8 tile columns per consumer thread; the mma.sync dK/dV kernel's threads hold dK and dV of kKeySlabs (qwarps) slabs
-    of head_dim / dsplit / qwarps columns each."""
-    t = spec.tile
-    if spec.kernel == "bwd_sm90_ws":
-        return (1 if t.dsplit == 2 else 2) * (spec.tile_head_dim // 8) * 4 * WS_CONSUMER_THREADS
-    cols = spec.head_dim // t.dsplit // t.qwarps
-    return 2 * t.qwarps * (cols // 8) * 4 * t.warps * 32
-
-
-def _part_buffers(spec, split: tuple[int, int], kv_heads: int, device) -> tuple[list, tuple]:
-    """The split key tiles' kernel arguments (part_acc, part_sems, parts, partial_rows): an fp32 slot of the
-    consumers' dK / dV fragments per (partial row, KV head) (``kPartFloats`` in csrc/bwd_sm90_ws.cu: dK and dV, or one
-    role's accumulator in the wide builds, 4 floats per 8 tile columns per consumer thread) and a zeroed counter per
-    (run, KV head); null pointers when nothing is split. Returns (arguments, the buffers behind them)."""
-    parts, partial_rows = split
-    if parts <= 1 or partial_rows == 0:
-        return list(_NO_SPLIT), ()
-    part_floats = part_slot_floats(spec)
-    part_acc = torch.empty((partial_rows * kv_heads * part_floats,), dtype=torch.float32, device=device)
-    part_sems = torch.zeros((partial_rows // parts * kv_heads,), dtype=torch.int32, device=device)
-    return [part_acc.data_ptr(), part_sems.data_ptr(), i32(parts), i32(partial_rows)], (part_acc, part_sems)

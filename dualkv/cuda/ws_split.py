@@ -6,8 +6,8 @@ With the shared-first dQ order the table starts with the shared-key tiles (a pro
 response of its group), and one CTA per (tile, KV head) walks every dependent's query tiles. A short prompt has few
 such tiles, so few CTAs carry most of the work: at (N, P, R) = (16, 1K, 2K) on 8 KV heads, 64 CTAs of ~2100 steps each
 while the whole backward is ~2100 steps per SM of 132, and the responses' own tiles wait on them for their dQ rank.
-Measured on an H200 before the split, the WS backward there took 1.18x the cuDNN cascade's (8.51 against 7.19 ms;
-experiments/results/checks/s26a-h200-20261129T0414Z.log).
+Measured on an H200 before the split, the WS backward there was 1.18x slower than the cuDNN cascade's (8.51 against
+7.19 ms; experiments/results/checks/s26a-h200-20261129T0414Z.log).
 
 :func:`split_shared_tiles` cuts each shared-key row into ``parts`` rows with the same keys and contiguous, disjoint
 ranges of its dependents (the first keeps the prompt's own causal walk; the others have ``own_seg = -1`` and read the
@@ -22,8 +22,10 @@ split) when they fill it already (every shape of the seed's Table 1). A CPU sche
 (``experiments/ws_order_model.py``) put the WS backward's makespan at 1.04x its ideal at (16, 1K) with the split
 against 1.45x without. Measured (H200, WS backward, ms off -> auto, two runs each; checks/s26b-h200-20261129T0444Z.log):
 (16, 1K) R = 2K 8.96 / 8.68 -> 7.09 / 6.61, (16, 512) 8.63 / 8.35 -> 5.67 / 5.55, (16, 512) R = 4K 20.30 / 19.89 ->
-15.55 / 15.09, (8, 256) R = 4K 10.72 / 10.56 -> 7.68 / 7.38; the backward is then 1.04-1.10x the cuDNN cascade's
-there and fwd+bwd 1.27-1.44x.
+15.55 / 15.09, (8, 256) R = 4K 10.72 / 10.56 -> 7.68 / 7.38; there the backward is then 1.04-1.10x and fwd+bwd
+1.27-1.44x faster than the cuDNN cascade. At R = 2K (checks/s26f-h200-20261129T0503Z.log): (8, 1K) 4.45 / 4.82 -> 3.62 / 3.82,
+(4, 1K) 2.64 / 2.81 -> 2.60 / 2.17, (8, 512) 4.24 / 4.50 -> 3.22 / 3.07, (32, 512) 15.00 / 15.34 -> 9.66 / 9.70; with
+28 query / 4 KV heads (16, 1K) 10.59 / 10.71 -> 5.85 / 6.16 and (8, 512) 5.66 / 5.79 -> 2.92 / 3.28.
 """
 
 from __future__ import annotations
@@ -45,6 +47,17 @@ class WsSplit:
     first_tiles: int
     parts: int
     partial_rows: int
+
+
+def shared_rows(tiles: np.ndarray, segments: np.ndarray) -> int:
+    """The leading rows of a launch table (int32 (n, 4)) that are not a response's own tiles: under the shared-first
+    order, its shared-key tiles (segments: the (S, 4) segment table)."""
+    from .ws_schedule import is_own_response
+
+    seg = np.asarray(segments).reshape(-1, 4)
+    rows = np.asarray(tiles).reshape(-1, 4).tolist()
+    own = [is_own_response(t, seg) for t in rows]
+    return own.index(True) if True in own else len(rows)
 
 
 def split_parts(tiles: np.ndarray, first_tiles: int, kv_heads: int, sms: int, max_parts: int = MAX_PARTS) -> int:

@@ -140,7 +140,8 @@ static_assert((DKV_DQ_RELEASE == 0 || DKV_DQ_RELEASE == 1) && !(DKV_DQ_RELEASE =
 // a key block holds whole query tiles, so a causal own walk starts at a counter's tile
 static_assert(!kDqOrdered || (!kWindow && kBlockKeys % kBlockM == 0), "ordered dQ: no window, whole query tiles");
 constexpr bool kTree = DKV_TREE != 0;
-// (a macro, not a constexpr: a new namespace-scope constant would change every other build's cubin bytes)
+// (a macro, not a constexpr, when it was added: a new namespace-scope constant would have changed every other build's
+// cubin bytes)
 static_assert(!DKV_TREE_ROOT_FIRST || kDqOrdered, "the root-first / shared-first dQ order is the ordered dQ mode's");
 constexpr bool kDqPrefetch = kDqOrdered && DKV_DQ_PREFETCH != 0;
 static_assert(!kTree || (kDqOrdered && kCausal), "the dK/dV kernel's tree build is the causal ordered dQ mode's");
