@@ -137,6 +137,9 @@
 #                                                  # suite, bwd A/B off / auto at short prompts, against the FA2 cascade
 #   bash experiments/gpu/run_pending.sh s26e       # the CTA-order tests with the split off in their helper, the ordered suite
 #   bash experiments/gpu/run_pending.sh s26f       # the split's A/B off / auto at more one-group shapes and at 28 / 4 heads
+#   bash experiments/gpu/run_pending.sh s26next    # what the last commits of session 26 had not run on a GPU: the WS suite,
+#                                                  # the split tests, the wgmma_v1 pair (DKV_DKDV_PARAMS' new arguments),
+#                                                  # head dim 96, dualkv verify
 # Everything lands in $OUT (JSON + logs); each step has its own time limit so one hang does not take the rest.
 set -u
 source "$(dirname "$0")/device_env.sh"
@@ -1389,6 +1392,17 @@ s26f)
     done
     (cd "$OUT" && tar czf s26f.tgz *.log bench && rm -rf fa*.log fb*.log bench)
     ;;
+s26next)
+    # Session 26 ran out of device time before these ran at its last commit: the WS backward's suite and dualkv verify
+    # (last at 566e871, before the sum moved into split_parts.cuh), the split tests (last at f08f3f2), and the wgmma_v1
+    # dK/dV kernel (bwd_dkdv_sm90), whose DKV_DKDV_PARAMS gained the four split arguments in f08f3f2
+    ws_backward_tests pytest_ws 260
+    TAIL=3 step wgmmav1 200 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_ws_split.py \
+        proofs_tests/test_cuda_hd96.py proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda_ws.py \
+        -k "split or wgmma or hd96 or head_dim_96 or atomic_dq_mode"
+    TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
+    (cd "$OUT" && tar czf s26next.tgz *.log && rm -f pytest_*.log wgmmav1.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1396,6 +1410,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next)"
    exit 2 ;;
 esac
