@@ -27,6 +27,8 @@ so traffic, not waiting, is the cost there; on workload c the waits are the whol
         --out experiments/results/models/ws-order-model-split-cpu-20261129.json
     python experiments/ws_order_model.py --workloads 16x1K,16x512-R4K,8x256-R4K --l2-tiles 763 \
         --split-dependents 2,4,8 --out experiments/results/models/ws-order-model-deps-cpu-20261129.json
+    python experiments/ws_order_model.py --workloads 4x1K,8x1K,16x1K,8x512 --l2-tiles 763 --ws-split \
+        --out experiments/results/models/ws-order-model-wssplit-cpu-20261129.json
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ from dualkv.cuda.schedule import key_tiles  # noqa: E402
 from dualkv.cuda.tree_schedule import tree_key_tiles, tree_rows, tree_segments  # noqa: E402
 
 WORKLOADS = {"16x512-R4K": lambda: GroupLayout.single(512, [4096] * 16),
+             "4x1K": lambda: GroupLayout.single(1024, [2048] * 4),
+             "8x1K": lambda: GroupLayout.single(1024, [2048] * 8),
+             "8x512": lambda: GroupLayout.single(512, [2048] * 8),
              "8x256-R4K": lambda: GroupLayout.single(256, [4096] * 8),
              "a": system_prompt_workload, "b": branching_workload, "c": multi_turn_workload,
              "two-level": lambda: GroupLayout.single(32768, [2048] * 16),
@@ -111,6 +116,16 @@ def split_dependents(tiles: np.ndarray, first_tiles: int, parts: int) -> tuple[n
         rest += [[-1, blk, int(a), int(b)] for a, b in zip(cuts[1:-1], cuts[2:])]
     table = np.asarray(head + rest + np.asarray(tiles[first_tiles:]).tolist(), dtype=np.int64).reshape(-1, 4)
     return table, HeadMajor(len(head) + len(rest), True)
+
+
+def ws_split_table(rows: np.ndarray, tiles: np.ndarray) -> tuple[np.ndarray, "HeadMajor", int]:
+    """The split the kernels run (:mod:`dualkv.cuda.ws_split`, ``DUALKV_WS_SPLIT=auto`` at :data:`SMS` SMs and
+    :data:`KV_HEADS` KV heads) of a shared-first table: (table, its head-major split, parts)."""
+    from dualkv.cuda import ws_split
+
+    shared = ws_split.shared_rows(tiles, rows)
+    split = ws_split.split_shared_tiles(tiles, rows, shared, ws_split.split_parts(tiles, shared, KV_HEADS, SMS))
+    return split.tiles, HeadMajor(split.first_tiles, True), split.parts
 
 
 def _ctas(tiles: np.ndarray, kv_heads: int, ranks: "ws_schedule.TreeRanks | HeadMajor | None" = None
@@ -211,6 +226,8 @@ def main(argv=None) -> int:
     p.add_argument("--split-dependents", type=lambda t: [int(x) for x in t.split(",")], default=[],
                    help="also model the shared-split order with each shared-key tile's dependents cut into this many "
                         "CTAs (two-level workloads; :func:`split_dependents`), e.g. 2,4,8")
+    p.add_argument("--ws-split", action="store_true",
+                   help="also model the split the kernels run (dualkv.cuda.ws_split, auto; :func:`ws_split_table`)")
     args = p.parse_args(argv)
     rows_out = []
     for name in args.workloads.split(","):
@@ -234,6 +251,13 @@ def main(argv=None) -> int:
                     rows_out.append({"workload": name, "order": f"shared-split-deps{parts}",
                                      **{f"waits_{k}": v for k, v in got.items()}})
                     print(f"{name:<10} {'  dependents / ' + str(parts):<12} makespan with waits {got['makespan']} vs "
+                          f"ideal {got['ideal']:.0f}  deadlock {got['deadlock']}", flush=True)
+                if args.ws_split:
+                    table, split, parts = ws_split_table(rows, tiles)
+                    got = with_dq_waits(rows, table, split)
+                    rows_out.append({"workload": name, "order": "shared-split-ws_split", "parts": parts,
+                                     **{f"waits_{k}": v for k, v in got.items()}})
+                    print(f"{name:<10} {'  ws_split x' + str(parts):<12} makespan with waits {got['makespan']} vs "
                           f"ideal {got['ideal']:.0f}  deadlock {got['deadlock']}", flush=True)
     if args.out:
         record = {"benchmark": "ws_order_model (a CPU model, not a measurement)",

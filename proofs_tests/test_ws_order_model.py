@@ -60,3 +60,16 @@ def test_the_split_order_and_split_dependents_finish_and_shorten_a_short_prompt_
     assert pairs == sorted((blk, dep) for _, blk, b, e in tiles[:split.first_tiles].tolist() for dep in range(b, e))
     with_cut = with_dq_waits(rows, table, cut, sms=16, kv_heads=2)
     assert not with_cut["deadlock"] and with_cut["makespan"] < got["shared-split"]["makespan"], with_cut
+
+
+def test_the_kernels_split_table_finishes_and_shortens_a_short_prompt_batch():
+    """The split the kernels run (ws_split at the model's SMS / KV_HEADS, auto) on a short-prompt batch: no deadlock,
+    a shorter makespan than the unsplit shared-split order (the kernels measured 19-48% faster at such shapes)."""
+    from dualkv import GroupLayout
+    from ws_order_model import ws_split_table
+
+    rows, tiles, ranks = schedules(GroupLayout.single(1024, [2048] * 4))["shared-split"]
+    table, split, parts = ws_split_table(rows, tiles)
+    assert parts == 2 and len(table) == len(tiles) + split.first_tiles // 2
+    before, after = with_dq_waits(rows, tiles, ranks), with_dq_waits(rows, table, split)
+    assert not after["deadlock"] and after["makespan"] < before["makespan"], (before, after)
