@@ -421,11 +421,9 @@ class _StandInKernel:
         self.log.append((self.spec, grid, args))
 
 
-@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "split"])
-def test_backward_routes_each_key_tile_order(monkeypatch, ordered):
-    """run_backward's wiring with stand-in kernels: the ordered dK/dV kernel gets the plan's launch order (its dQ
-    ranks need it), a 1-D grid of tiles x K/V heads, zeroed counters and the dq cast; the split pair keeps the
-    heaviest-first table for its dK/dV kernel. A table in the wrong slot would be seen here."""
+@pytest.fixture
+def stand_in_launches(monkeypatch) -> list:
+    """run_backward on the CPU with stand-in kernels (sm_80): the (spec, grid, args) of every launch, in order."""
     from dualkv.cuda import launch
 
     log = []
@@ -433,6 +431,17 @@ def test_backward_routes_each_key_tile_order(monkeypatch, ordered):
     monkeypatch.setattr(launch, "arch_of", lambda device: "sm_80")
     monkeypatch.setattr(launch, "get_kernel", lambda spec, device: _StandInKernel(spec, log))
     monkeypatch.setattr(launch, "run_prep", lambda dout, out, lse, d_lse: (lse.clone(), lse.clone()))
+    return log
+
+
+@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "split"])
+def test_backward_routes_each_key_tile_order(monkeypatch, stand_in_launches, ordered):
+    """run_backward's wiring with stand-in kernels: the ordered dK/dV kernel gets the plan's launch order (its dQ
+    ranks need it), a 1-D grid of tiles x K/V heads, zeroed counters and the dq cast; the split pair keeps the
+    heaviest-first table for its dK/dV kernel. A table in the wrong slot would be seen here."""
+    from dualkv.cuda import launch
+
+    log = stand_in_launches
     layout = GroupLayout.from_lengths([200, 70], [[129, 5], [64, 1, 300]])
     plan = launch.make_plan(layout.segment_table, head_dim=64, group_size=2, window_left=-1,
                             device=torch.device("cpu"), ctx_shared=True, fwd_kernel="fwd")
@@ -480,16 +489,12 @@ def test_ordered_cta_split_argument(monkeypatch):
             launch._mma_cta_split(tiles, False, bad)
 
 
-def test_run_backward_hands_the_plans_split_to_the_ordered_kernel(monkeypatch):
+def test_run_backward_hands_the_plans_split_to_the_ordered_kernel(monkeypatch, stand_in_launches):
     """With the head-major setting, the ordered kernel's first_tiles argument is the plan's split (the shared-first
     plan's count of shared-key tiles), handed through run_backward."""
     from dualkv.cuda import launch
 
-    log = []
-    monkeypatch.setattr(launch, "device_index", lambda t: 0)
-    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_80")
-    monkeypatch.setattr(launch, "get_kernel", lambda spec, device: _StandInKernel(spec, log))
-    monkeypatch.setattr(launch, "run_prep", lambda dout, out, lse, d_lse: (lse.clone(), lse.clone()))
+    log = stand_in_launches
     monkeypatch.setattr(launch, "TWO_LEVEL_SHARED_FIRST", True)
     monkeypatch.setattr(launch, "MMA_HEAD_MAJOR", True)
     layout = GroupLayout.from_lengths([200, 70], [[129, 5], [64, 1, 300]])
@@ -508,17 +513,13 @@ def test_run_backward_hands_the_plans_split_to_the_ordered_kernel(monkeypatch):
 
 
 @pytest.mark.parametrize("head_major", [True, False], ids=["head", "tile"])
-def test_run_backward_hands_a_split_table_to_the_ordered_kernel(monkeypatch, head_major):
+def test_run_backward_hands_a_split_table_to_the_ordered_kernel(monkeypatch, stand_in_launches, head_major):
     """A plan with split shared-key tiles (ws_split): the ordered kernel runs the split table on a grid of its rows x
     K/V heads, its head-major split moved by the rows added (tile order: -1), and gets slots and counters for the
     partial rows and the number of parts as its last four arguments."""
     from dualkv.cuda import launch, split_args
 
-    log = []
-    monkeypatch.setattr(launch, "device_index", lambda t: 0)
-    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_80")
-    monkeypatch.setattr(launch, "get_kernel", lambda spec, device: _StandInKernel(spec, log))
-    monkeypatch.setattr(launch, "run_prep", lambda dout, out, lse, d_lse: (lse.clone(), lse.clone()))
+    log = stand_in_launches
     monkeypatch.setattr(launch, "TWO_LEVEL_SHARED_FIRST", True)
     monkeypatch.setattr(launch, "MMA_HEAD_MAJOR", head_major)
     monkeypatch.setattr(launch, "WS_SPLIT", "auto")

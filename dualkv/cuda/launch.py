@@ -120,17 +120,15 @@ def ws_split_for(keys: np.ndarray, segments: np.ndarray, shared: int, kv_heads: 
     shared-first dQ order, causal, with ``kv_heads`` known, as :data:`~dualkv.cuda.configs.WS_SPLIT` says ("auto":
     :func:`~dualkv.cuda.ws_split.split_parts` for ``sms`` multiprocessors, default the device's; a number N: at most N
     parts, no more than the fewest dependents of a shared row). Otherwise one part: the table unchanged."""
-    first_tiles = shared
     parts = 1
-    if TWO_LEVEL_SHARED_FIRST and causal and kv_heads and WS_SPLIT != "off" and first_tiles > 0:
+    if TWO_LEVEL_SHARED_FIRST and causal and kv_heads and WS_SPLIT != "off" and shared > 0:
         if WS_SPLIT == "auto":
             if sms is None and torch.device(device).type == "cuda":
                 sms = torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
-            parts = ws_split.split_parts(keys, first_tiles, kv_heads, sms) if sms else 1
+            parts = ws_split.split_parts(keys, shared, kv_heads, sms) if sms else 1
         else:
-            rows = np.asarray(keys).reshape(-1, 4)[:first_tiles]
-            parts = min(int(WS_SPLIT), int((rows[:, 3] - rows[:, 2]).min()))
-    return ws_split.split_shared_tiles(keys, segments, first_tiles, max(parts, 1))
+            parts = min(int(WS_SPLIT), ws_split.fewest_dependents(keys, shared))
+    return ws_split.split_shared_tiles(keys, segments, shared, max(parts, 1))
 
 
 def make_tree_plan(layout, *, head_dim: int, group_size: int, device: torch.device,

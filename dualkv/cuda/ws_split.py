@@ -64,11 +64,16 @@ def split_parts(tiles: np.ndarray, first_tiles: int, kv_heads: int, sms: int, ma
     """How many CTAs each of the first ``first_tiles`` rows of a shared-first table (its shared-key tiles) is cut
     into: ``sms // (first_tiles * kv_heads)``, capped by ``max_parts`` and by the fewest dependents of those rows;
     1 means no split."""
-    rows = np.asarray(tiles).reshape(-1, 4)[:first_tiles]
     if first_tiles <= 0 or kv_heads <= 0:
         return 1
-    fewest = int((rows[:, 3] - rows[:, 2]).min())
-    return max(1, min(sms // (first_tiles * kv_heads), max_parts, fewest))
+    return max(1, min(sms // (first_tiles * kv_heads), max_parts, fewest_dependents(tiles, first_tiles)))
+
+
+def fewest_dependents(tiles: np.ndarray, first_tiles: int) -> int:
+    """The fewest dependents of the first ``first_tiles`` rows of a table (int32 (n, 4)): the most parts they split
+    into."""
+    rows = np.asarray(tiles).reshape(-1, 4)[:first_tiles]
+    return int((rows[:, 3] - rows[:, 2]).min())
 
 
 def _cuts(q_lens: np.ndarray, parts: int) -> list[int]:
