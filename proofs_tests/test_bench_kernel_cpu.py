@@ -73,6 +73,37 @@ def test_bench_shape_builds_multi_group_micro_batches(tmp_path):
     assert latest_kernel_rows(paths)[0] == []  # not Qwen3-8B's attention shape: no Table 1 rows
 
 
+def test_ragged_responses_are_seeded_and_kept_out_of_table_1(tmp_path):
+    """``r_range`` draws each response's length from LO..HI, the same micro-batch for every call with one seed; the
+    rows carry the range and the mean as R, and the equal-length readers (Table 1, plots) leave them out."""
+    import pytest
+
+    from dualkv.bench.plot import latest_kernel_rows
+
+    lens = kb.response_lens(5, 0, groups=3, r_range=(7, 40), seed=4)
+    assert len(lens) == 3 and all(len(g) == 5 and all(7 <= r <= 40 for r in g) for g in lens)
+    assert lens == kb.response_lens(5, 0, groups=3, r_range=(7, 40), seed=4)
+    assert len({r for g in lens for r in g}) > 3  # not one length
+    assert kb.response_lens(2, 16, groups=2) == [[16, 16], [16, 16]]
+    with pytest.raises(ValueError, match="LO <= HI"):
+        kb.response_lens(2, 16, r_range=(9, 3))
+    assert kb.parse_r_range("64:512") == (64, 512) and kb.parse_r_range(None) is None
+    for bad in ("64", "a:b", "0:5", "9:3"):
+        with pytest.raises(SystemExit, match="--R-range"):
+            kb.parse_r_range(bad)
+
+    rows = kb.bench_shape(3, 40, 16, ["reference"], heads=2, kv_heads=1, head_dim=32, dtype=torch.float32,
+                          modes=("fwd",), reps=2, device="cpu", groups=2, r_range=(5, 30))
+    want_R = round(sum(map(sum, kb.response_lens(3, 16, 2, (5, 30), 0))) / 6)
+    assert [(r.r_range, r.R, r.status) for r in rows] == [("5-30", want_R, "ok")]
+    single = kb.bench_shape(3, 40, 16, ["reference"], heads=2, kv_heads=1, head_dim=32, dtype=torch.float32,
+                            modes=("fwd",), reps=2, device="cpu", r_range=(5, 30))
+    paths = [kb.write_results(single, tmp_path / "a.json")]
+    shape = {"heads": 2, "kv_heads": 1, "head_dim": 32}
+    assert latest_kernel_rows(paths, **shape)[0] == []
+    assert [r["r_range"] for r in latest_kernel_rows(paths, r_range="5-30", **shape)[0]] == ["5-30"]
+
+
 def test_bench_kernel_refuses_fewer_than_one_group(monkeypatch):
     import argparse
 
@@ -102,7 +133,7 @@ def test_default_attention_shape_is_qwen3_8bs_everywhere(tmp_path, monkeypatch):
     assert {k: getattr(row, k) for k in qwen} == qwen
     assert defaults(kb.bench_shape) == defaults(kb.bench_varying) == defaults(plot.latest_kernel_rows) == qwen
     assert defaults(compare) == {"heads": 32, "head_dim": 128}
-    assert plot._ROW_DEFAULTS == {"groups": 1, **qwen}
+    assert plot._ROW_DEFAULTS == {"groups": 1, "r_range": None, **qwen}
 
     calls = []
 
@@ -131,3 +162,29 @@ def test_default_attention_shape_is_qwen3_8bs_everywhere(tmp_path, monkeypatch):
         assert check["heads"] // check["kv_heads"] == shape["heads"] // shape["kv_heads"]
         assert re.fullmatch(rf"kernel-{tag + '-' if tag else ''}\d{{8}}-\d{{6}}\.json", path.name), path.name
         assert {k: json.loads(path.read_text())["rows"][0][k] for k in qwen} == shape
+
+
+def test_bench_kernel_cli_passes_the_response_range(tmp_path, monkeypatch):
+    """``--R-range LO:HI`` reaches every shape's benchmark and tags the result file; a malformed one is refused."""
+    import argparse
+
+    import pytest
+
+    seen = []
+
+    def fake_bench_shape(n, p, r, systems, **kw):
+        seen.append(kw["r_range"])
+        return [kb.BenchRow(systems[0], n, p, r, "fwd", 1.0, None, None, None, "ok")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kb, "bench_shape", fake_bench_shape)
+    monkeypatch.setattr(kb, "check_systems_agree", lambda systems, **kw: {})
+    monkeypatch.setattr(kb, "environment", lambda device: {"gpu": "none"})
+    parser = argparse.ArgumentParser()
+    kb.add_arguments(parser)
+    args = ["--systems", "reference", "--shapes", "2:64,4:32", "--mode", "fwd", "--out", str(tmp_path)]
+    assert kb.run(parser.parse_args([*args, "--R-range", "128:4096"])) == 0
+    assert seen == [(128, 4096), (128, 4096)]
+    (path,) = tmp_path.iterdir()
+    assert re.fullmatch(r"kernel-R128-4096-\d{8}-\d{6}\.json", path.name), path.name
+    with pytest.raises(SystemExit, match="--R-range"):
+        kb.run(parser.parse_args([*args, "--R-range", "4096:128"]))

@@ -53,6 +53,33 @@ class BenchRow:
     heads: int = QWEN3_8B_ATTENTION.heads
     kv_heads: int = QWEN3_8B_ATTENTION.kv_heads
     head_dim: int = QWEN3_8B_ATTENTION.head_dim
+    r_range: str | None = None  # ragged responses (``--R-range``): "LO-HI", each R_i uniform in it; R is then their mean
+
+
+def response_lens(N: int, R: int, groups: int = 1, r_range: tuple[int, int] | None = None,
+                  seed: int = 0) -> list[list[int]]:
+    """Each group's N response lengths: all R, or with ``r_range`` = (LO, HI) each drawn uniformly from LO..HI (a
+    generator seeded by ``seed``, so every system and every run of one shape sees the same micro-batch)."""
+    if r_range is None:
+        return [[R] * N for _ in range(groups)]
+    lo, hi = r_range
+    if not 1 <= lo <= hi:
+        raise ValueError(f"a response-length range needs 1 <= LO <= HI, got {lo}:{hi}")
+    rng = random.Random(seed)
+    return [[rng.randint(lo, hi) for _ in range(N)] for _ in range(groups)]
+
+
+def parse_r_range(text: str | None) -> tuple[int, int] | None:
+    """``--R-range LO:HI`` as (LO, HI); None for no range."""
+    if not text:
+        return None
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise SystemExit(f"--R-range takes LO:HI (two integers), got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise SystemExit(f"--R-range needs 1 <= LO <= HI, got {text!r}")
+    return lo, hi
 
 
 def random_inputs(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int,
@@ -88,11 +115,17 @@ def _timed_call(system, mode: str, dout):
 def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = QWEN3_8B_ATTENTION.heads,
                 kv_heads: int = QWEN3_8B_ATTENTION.kv_heads, head_dim: int = QWEN3_8B_ATTENTION.head_dim,
                 dtype: torch.dtype = torch.bfloat16, modes: Sequence[str] = ("fwd",),
-                reps: int = 10, seed: int = 0, device: str = "cuda", groups: int = 1) -> list[BenchRow]:
+                reps: int = 10, seed: int = 0, device: str = "cuda", groups: int = 1,
+                r_range: tuple[int, int] | None = None) -> list[BenchRow]:
     """Every system on one micro-batch of ``groups`` groups, each a P-token prompt with N responses of R tokens
-    (packed P + NR per group, groups one after another); a row per (system, mode)."""
-    layout = GroupLayout.from_lengths([P] * groups, [[R] * N] * groups)
-    shape = {"groups": groups, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim}
+    (packed P + NR per group, groups one after another), or with ``r_range`` = (LO, HI) responses of lengths drawn
+    from LO..HI (:func:`response_lens`; the rows' R is their mean); a row per (system, mode)."""
+    lens = response_lens(N, R, groups, r_range, seed)
+    layout = GroupLayout.from_lengths([P] * groups, lens)
+    if r_range is not None:
+        R = round(sum(map(sum, lens)) / (N * groups))
+    shape = {"groups": groups, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
+             "r_range": None if r_range is None else f"{r_range[0]}-{r_range[1]}"}
     pairs = useful_pairs(layout)
     rows: list[BenchRow] = []
     for name in systems:
@@ -215,6 +248,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list of " + ",".join(SYSTEMS))
     p.add_argument("--shapes", default=None, help="comma list of N:P (default: the seed's Table 1)")
     p.add_argument("--R", type=int, default=2048)
+    p.add_argument("--R-range", default=None, metavar="LO:HI",
+                   help="ragged responses, as an RL step makes them: each length drawn uniformly from LO..HI "
+                        "(seeded: every system sees the same micro-batch); replaces --R, the rows' R is the mean")
     p.add_argument("--groups", type=int, default=1,
                    help="groups per micro-batch: each shape N:P becomes GROUPS prompts of P tokens with N responses")
     qwen = QWEN3_8B_ATTENTION
@@ -238,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
     shapes = TABLE1 if not args.shapes else [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
     if args.groups < 1:
         raise SystemExit(f"--groups must be at least 1, got {args.groups}")
+    r_range = parse_r_range(args.R_range)
     if args.heads < 1 or args.kv_heads < 1 or args.heads % args.kv_heads:
         raise SystemExit(f"--heads ({args.heads}) must be a positive multiple of --kv-heads ({args.kv_heads})")
     rows: list[BenchRow] = []
@@ -245,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.groups}x N={n} P={p} ..." if args.groups > 1 else f"N={n} P={p} ...", file=sys.stderr,
               flush=True)
         rows += bench_shape(n, p, args.R, systems, modes=modes, reps=args.reps, groups=args.groups,
-                            heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim)
+                            heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, r_range=r_range)
     # the agreement check at a small shape with the run's head dim and GQA ratio (the kernels it names are the ones
     # timed); the varying micro-batches at the run's attention shape
     agreement_shape = {"heads": 2 * (args.heads // args.kv_heads), "kv_heads": 2, "head_dim": args.head_dim}
@@ -255,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
                                          head_dim=args.head_dim)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     tags = ([f"groups{args.groups}"] if args.groups > 1 else []) + \
+        ([f"R{r_range[0]}-{r_range[1]}"] if r_range else []) + \
         ([f"h{args.heads}-{args.kv_heads}-d{args.head_dim}"]
          if (args.heads, args.kv_heads, args.head_dim) != astuple(QWEN3_8B_ATTENTION) else [])
     name = "-".join(["kernel", *tags, stamp]) + ".json"

@@ -110,23 +110,26 @@ def _pyplot():
     return plt
 
 
-#: The attention shape of rows written before ``dualkv bench kernel`` recorded it (Qwen3-8B's, one group).
-_ROW_DEFAULTS = {"groups": 1, **asdict(QWEN3_8B_ATTENTION)}
+#: The attention shape of rows written before ``dualkv bench kernel`` recorded it (Qwen3-8B's, one group, every
+#: response R tokens long).
+_ROW_DEFAULTS = {"groups": 1, "r_range": None, **asdict(QWEN3_8B_ATTENTION)}
 
 
 def row_shape(row: dict) -> dict:
-    """A ``dualkv bench kernel`` row's micro-batch and attention shape: groups, heads, kv_heads, head_dim (rows that
-    do not say have :data:`_ROW_DEFAULTS`'s)."""
+    """A ``dualkv bench kernel`` row's micro-batch and attention shape: groups, r_range (ragged responses), heads,
+    kv_heads, head_dim (rows that do not say have :data:`_ROW_DEFAULTS`'s)."""
     return {key: row.get(key, default) for key, default in _ROW_DEFAULTS.items()}
 
 
 def latest_kernel_rows(paths: Sequence[str | Path], groups: int = 1, heads: int = QWEN3_8B_ATTENTION.heads,
                        kv_heads: int = QWEN3_8B_ATTENTION.kv_heads,
-                       head_dim: int = QWEN3_8B_ATTENTION.head_dim) -> tuple[list[dict], dict]:
+                       head_dim: int = QWEN3_8B_ATTENTION.head_dim,
+                       r_range: str | None = None) -> tuple[list[dict], dict]:
     """Rows of ``dualkv bench kernel`` files on micro-batches of ``groups`` groups (``--groups``) at one attention
     shape (default Qwen3-8B's, the seed's Table 1; rows written before those options are single-group at that
-    shape), a later file replacing an earlier one's (system, N, P, mode) row, and the last file's environment."""
-    want = {"groups": groups, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim}
+    shape), responses of equal length unless ``r_range`` names the ragged rows' range ("LO-HI", ``--R-range``), a
+    later file replacing an earlier one's (system, N, P, mode) row, and the last file's environment."""
+    want = {"groups": groups, "r_range": r_range, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim}
     latest, env = {}, {}
     for path in paths:
         data = json.loads(Path(path).read_text())

@@ -137,6 +137,8 @@
 #                                                  # suite, bwd A/B off / auto at short prompts, against the FA2 cascade
 #   bash experiments/gpu/run_pending.sh s26e       # the CTA-order tests with the split off in their helper, the ordered suite
 #   bash experiments/gpu/run_pending.sh s26f       # the split's A/B off / auto at more one-group shapes and at 28 / 4 heads
+#   bash experiments/gpu/run_pending.sh s27rl      # realistic RL micro-batches (groups, ragged responses): both families,
+#                                                  # both cascades, and the split off
 #   bash experiments/gpu/run_pending.sh s26next    # what the last commits of session 26 had not run on a GPU: the WS suite,
 #                                                  # the split tests, the wgmma_v1 pair (DKV_DKDV_PARAMS' new arguments),
 #                                                  # head dim 96, dualkv verify
@@ -1403,6 +1405,28 @@ s26next)
     TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify.json"
     (cd "$OUT" && tar czf s26next.tgz *.log && rm -f pytest_*.log wgmmav1.log)
     ;;
+s27rl)
+    # #12 / #13: realistic RL micro-batches (several groups, short prompts, ragged responses: --R-range), both families
+    # against both cascades, fwd / bwd / fwd+bwd; then both families again with the shared-tile split off (their own
+    # processes): the split must not lose on ragged multi-group batches. Few files come back: one tarball + the table
+    mkdir -p "$OUT/bench"
+    rl() {  # rl NAME SYSTEMS GROUPS SHAPES RANGE
+        TAIL=1 step $1 170 python3 -m dualkv bench kernel --systems $2 --groups $3 --shapes $4 --R-range $5 \
+            --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/$1"
+    }
+    peers=dualkv,cudnn_cascade,cascade,dualkv_mma
+    rl g4 $peers 4 8:512,8:1024 256:4096
+    rl g2 $peers 2 16:1024,16:2048 256:4096
+    rl g8 $peers 8 8:256 128:2048
+    rl g1 $peers 1 16:2048,16:4096 512:8192
+    for b in "g4 4 8:512,8:1024 256:4096" "g2 2 16:1024,16:2048 256:4096" "g8 8 8:256 128:2048" \
+             "g1 1 16:2048,16:4096 512:8192"; do
+        set -- $b
+        DUALKV_WS_SPLIT=off rl ${1}off dualkv,dualkv_mma $2 $3 $4
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/rl-table.json"
+    (cd "$OUT" && tar czf s27rl.tgz *.log bench && rm -rf g*.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1410,6 +1434,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl)"
    exit 2 ;;
 esac
