@@ -1,9 +1,9 @@
 """The fragment-order dQ accumulator of the atomic and ordered dQ modes (dualkv/cuda/dq_layout.py): one-to-one; the kernel's lane
 addresses (modelled as the kernel spells them, the warp layout taken from the dK/dV tiles) land where the layout says,
 make one run of 32 floats per add instruction on slabs that start a token group, and on whole steps of segments that
-start anywhere put every existing row exactly once where the cast reads it, the rows past a segment in the scratch
-block and nothing out of bounds; the kernel and the cast spell the layout as the model does; and on a GPU the cast
-kernel reads it back exactly."""
+start anywhere put every existing row exactly once where the cast reads it, the rows past a segment (zeros) on later
+rows or the tail rows and nothing out of bounds; the kernel and the cast spell the layout as the model does; and on a
+GPU the cast kernel reads it back exactly."""
 
 import re
 
@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from dualkv.cuda.configs import ATOMIC_HEAD_DIMS, DKDV_TILES
-from dualkv.cuda.dq_layout import (SCRATCH_PER_HEAD_DIM, acc_rows, frag_offset, from_rows, kernel_add_offset,
-                                   new_frag_acc, to_rows)
+from dualkv.cuda.dq_layout import TAIL_ROWS, acc_rows, frag_offset, from_rows, kernel_add_offset, new_frag_acc, to_rows
 
 
 def _dq_warps(head_dim: int) -> tuple[int, int, int]:
@@ -41,7 +40,7 @@ def test_kernel_lanes_add_where_the_layout_says(head_dim, slab_tok):
     for dq_part in range(parts):
         for nt in range(dq_cols // 8):
             for e in range(4):
-                got = [kernel_add_offset(slab_tok, 16, lane // 4, lane % 4, nt, e, dq_part, dq_cols, head_dim)
+                got = [kernel_add_offset(slab_tok, lane // 4, lane % 4, nt, e, dq_part, dq_cols, head_dim)
                        for lane in range(32)]
                 want = [int(frag_offset(slab_tok + lane // 4 + 8 * (e >> 1),
                                         dq_part * dq_cols + nt * 8 + 2 * (lane % 4) + (e & 1), head_dim))
@@ -51,16 +50,16 @@ def test_kernel_lanes_add_where_the_layout_says(head_dim, slab_tok):
                 assert runs == (1 if slab_tok % 8 == 0 else 2)
 
 
-def _simulate_steps(head_dim: int, seg_lens: list[int], heads: int, wrong_scratch: bool = False) -> np.ndarray:
+def _simulate_steps(head_dim: int, seg_lens: list[int], heads: int, past_rows_value: float = 0.0) -> np.ndarray:
     """Every query step (block_m rows from each segment's start, segments back to back at any token) of every head
     adds each (token, head, column)'s id through the kernel's addresses into a float64 model of the allocation
-    (accumulator + scratch); returns it."""
+    (accumulator + tail rows); rows past the step's last query add ``past_rows_value`` (the kernel's: a zero).
+    Returns it."""
     slabs, parts, dq_cols = _dq_warps(head_dim)
     block_m = DKDV_TILES[head_dim].block_m
     tokens = sum(seg_lens)
     head_stride = acc_rows(tokens) * head_dim
-    scratch = heads * head_stride
-    flat = np.zeros(scratch + SCRATCH_PER_HEAD_DIM * head_dim)
+    flat = np.zeros(heads * head_stride + TAIL_ROWS * head_dim)
     q_start = 0
     for seg_len in seg_lens:
         for pos in range(0, seg_len, block_m):
@@ -76,9 +75,10 @@ def _simulate_steps(head_dim: int, seg_lens: list[int], heads: int, wrong_scratc
                             for e in range(4):
                                 row = g + 8 * (e >> 1)
                                 col = dq_part * dq_cols + nt * 8 + 2 * t4 + (e & 1)
-                                value = ((slab_tok + row) * heads + head) * head_dim + col + 1 if row < valid else 1e9
-                                off = kernel_add_offset(slab_tok, 16 if wrong_scratch else valid, g, t4, nt, e,
-                                                        dq_part, dq_cols, head_dim, head, head_stride, scratch)
+                                value = ((slab_tok + row) * heads + head) * head_dim + col + 1 if row < valid \
+                                    else past_rows_value
+                                off = kernel_add_offset(slab_tok, g, t4, nt, e, dq_part, dq_cols, head_dim, head,
+                                                        head_stride)
                                 assert 0 <= off < flat.size
                                 flat[off] += value
         q_start += seg_len
@@ -86,31 +86,72 @@ def _simulate_steps(head_dim: int, seg_lens: list[int], heads: int, wrong_scratc
 
 
 @pytest.mark.parametrize("head_dim", ATOMIC_HEAD_DIMS)
-def test_whole_steps_put_every_row_once_and_the_rest_in_scratch(head_dim):
+def test_whole_steps_put_every_row_once(head_dim):
+    """Segments of awkward lengths back to back (the last one ending in a partial step, one of a single token): every
+    existing row lands once where the cast reads it, and the adds of rows past a segment, zeros, stay inside the
+    allocation (the next segment's rows, the next head's, or the tail rows). Known wrong: if those rows added anything
+    but zero, the next segment's rows would change."""
     seg_lens, heads = [13, 70, 1, 129], 2
     tokens = sum(seg_lens)
-    flat = _simulate_steps(head_dim, seg_lens, heads)
-    acc = torch.from_numpy(flat[:heads * acc_rows(tokens) * head_dim]).view(heads, acc_rows(tokens), head_dim)
     ids = torch.arange(tokens * heads * head_dim, dtype=torch.float64).view(tokens, heads, head_dim) + 1
-    assert torch.equal(to_rows(acc, tokens), ids)
+
+    def rows_of(flat):
+        acc = torch.from_numpy(flat[:heads * acc_rows(tokens) * head_dim]).view(heads, acc_rows(tokens), head_dim)
+        return acc, to_rows(acc, tokens)
+
+    acc, got = rows_of(_simulate_steps(head_dim, seg_lens, heads))
+    assert torch.equal(got, ids)
     assert int((acc != 0).sum()) == ids.numel()  # the padding rows of the last token group hold nothing
-    assert flat[heads * acc_rows(tokens) * head_dim:].sum() > 0  # the rows past each segment went to scratch
-    with pytest.raises(AssertionError):  # known wrong: rows past a segment added where the next segment's are
-        wrong = _simulate_steps(head_dim, seg_lens, heads, wrong_scratch=True)
-        assert torch.equal(to_rows(torch.from_numpy(wrong[:heads * acc_rows(tokens) * head_dim])
-                                   .view(heads, acc_rows(tokens), head_dim), tokens), ids)
+    assert not torch.equal(rows_of(_simulate_steps(head_dim, seg_lens, heads, past_rows_value=1.0))[1], ids)
 
 
 @pytest.mark.parametrize("head_dim", ATOMIC_HEAD_DIMS)
-def test_scratch_holds_every_redirected_add(head_dim):
-    """A slab's rows past its step's last query add at scratch + nt * 64 + (e % 2) * 32: below the block's size for
-    every register of every column part."""
-    _, _, dq_cols = _dq_warps(head_dim)
-    top = max(nt * 64 + (e & 1) * 32 for nt in range(dq_cols // 8) for e in range(4))
-    assert top < SCRATCH_PER_HEAD_DIM * head_dim
+def test_tail_rows_hold_every_add_past_the_last_token(head_dim):
+    """A step that starts at the last token adds its other 63 rows behind the last head's block: inside the tail rows
+    for every register of every column part and lane, whatever the token count's remainder modulo 8."""
+    _, parts, dq_cols = _dq_warps(head_dim)
+    for tokens in (1, 7, 8, 13):
+        heads = 3
+        stride = acc_rows(tokens) * head_dim
+        step = DKDV_TILES[head_dim].block_m
+        offsets = [kernel_add_offset(tokens - 1 + slab * 16, lane // 4, lane % 4, nt, e, dq_part, dq_cols, head_dim,
+                                     heads - 1, stride)
+                   for slab in range(step // 16) for dq_part in range(parts) for nt in range(dq_cols // 8)
+                   for e in range(4) for lane in range(32)]
+        assert max(offsets) < (heads * acc_rows(tokens) + TAIL_ROWS) * head_dim
     acc = new_frag_acc(13, 3, head_dim, "cpu")
     assert acc.shape == (3, 16, head_dim)
-    assert acc.untyped_storage().nbytes() == (acc.numel() + SCRATCH_PER_HEAD_DIM * head_dim) * 4
+    assert acc.untyped_storage().nbytes() == (acc.numel() + TAIL_ROWS * head_dim) * 4
+
+
+def _one_scratch_offset(slab_tok, valid_rows, g, t4, nt, e, dq_part, dq_cols, head_dim):
+    """Known wrong (what the kernel did before): rows past the step's last query, every lane at one address."""
+    if g + 8 * (e >> 1) < valid_rows:
+        return kernel_add_offset(slab_tok, g, t4, nt, e, dq_part, dq_cols, head_dim)
+    return nt * 64 + (e & 1) * 32
+
+
+@pytest.mark.parametrize("head_dim", ATOMIC_HEAD_DIMS)
+@pytest.mark.parametrize("spelling", ["kernel", "one scratch"])
+def test_adds_past_a_segment_do_not_share_an_address(head_dim, spelling):
+    """The adds of a slab's missing rows (every response of a ragged micro-batch ends in some) must not serialize:
+    within an add instruction the 32 lanes hit 32 distinct floats, one run when the slab starts a token group. The
+    earlier spelling, every such lane at one scratch address, is caught."""
+    _, parts, dq_cols = _dq_warps(head_dim)
+    distinct = []
+    for slab_tok in (0, 3):
+        for nt, e in ((0, 0), (dq_cols // 8 - 1, 3)):
+            for dq_part in range(parts):
+                if spelling == "kernel":
+                    lanes = [kernel_add_offset(slab_tok, lane // 4, lane % 4, nt, e, dq_part, dq_cols, head_dim)
+                             for lane in range(32)]
+                else:
+                    lanes = [_one_scratch_offset(slab_tok, 0, lane // 4, lane % 4, nt, e, dq_part, dq_cols, head_dim)
+                             for lane in range(32)]
+                distinct.append(len(set(lanes)) == 32)
+                if slab_tok == 0 and spelling == "kernel":
+                    assert sorted(lanes) == list(range(min(lanes), min(lanes) + 32))
+    assert all(distinct) == (spelling == "kernel")
 
 
 def test_round_trip_and_a_wrong_reader_is_caught():
@@ -133,15 +174,12 @@ def test_kernel_and_cast_spell_the_model():
     kernel, cast = (_squash((CSRC / name).read_text()) for name in ("bwd_dkdv.cu", "bwd_dq_frag_cast.cu"))
     for expr in ("float* lane_lo = dq_acc + head * dqa_sh + (tok >> 3) * (8 * kHeadDim) + (tok & 7) * 4 + t4 + "
                  "dq_part * kDqCols * 8;",
-                 "float* scratch = dq_acc + dqa_st;",
-                 "float* rows_lo = g < valid_rows ? lane_lo : scratch;",
-                 "float* rows_hi = g + 8 < valid_rows ? lane_lo + 8 * kHeadDim : scratch;",
-                 "float* at = (e < 2 ? rows_lo : rows_hi) + nt * 64 + (e & 1) * 32;",
+                 "float* at = lane_lo + (e >> 1) * 8 * kHeadDim + nt * 64 + (e & 1) * 32;",
                  "red_add(at, acc_dq[sl][nt][e]);", "atomicAdd(at, acc_dq[sl][nt][e]);",
                  "const int slab = dq_rw * kDqSlabs + sl;",
-                 "const long long tok = sg.seg.q_start + cur.pos + slab * 16 + g;",
-                 "const int valid_rows = cur.p_hi - cur.pos - slab * 16 + 1;"):
+                 "const long long tok = sg.seg.q_start + cur.pos + slab * 16 + g;"):
         assert expr in kernel, expr
+    assert "scratch" not in kernel.split("const int slab = dq_rw * kDqSlabs + sl;")[1].split("cur = nxt;")[0]
     for expr in ("const float* src = acc + h * acc_sh + (t >> 3) * (8 * kHeadDim) + 64 * c + 4 * r8;",
                  "const float4 odd = *reinterpret_cast<const float4*>(src + 32);",
                  "make_uint4(pack2(even.x * scale, odd.x * scale), pack2(even.y * scale, odd.y * scale), "

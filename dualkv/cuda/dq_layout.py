@@ -22,16 +22,21 @@ def acc_rows(tokens: int) -> int:
     return -(-tokens // GROUP) * GROUP
 
 
-#: Floats of scratch per head dim behind the accumulator: the adds of a slab's rows past its step's last query land
-#: there (at offsets below 8 * the warp's dQ columns, at most 8 head_dim - 32) instead of being branched around.
-SCRATCH_PER_HEAD_DIM = 8
+#: Rows behind the accumulator (one query step, 64, at most past the last token): a slab's rows past its step's last
+#: query add where their tokens' rows are, instead of being branched around. Their Q and dO rows are zero-filled and
+#: their LSE infinite, so they add exactly +0 or -0, which changes no bit of an accumulator that starts at +0: into
+#: the next segment's rows, the next head's first rows, or, past the last head, these rows. (One shared scratch
+#: block with every lane at one address had serialized those adds: on ragged micro-batches, where every response
+#: ends in a partial query tile, the ordered backward took 3-5x the FA2 cascade's time; H200,
+#: experiments/results/checks/s27rl-h200-20261129T0734Z.log.)
+TAIL_ROWS = 64
 
 
 def new_frag_acc(tokens: int, heads: int, head_dim: int, device) -> torch.Tensor:
-    """A zeroed accumulator (H, acc_rows(tokens), d), fp32, in fragment order, with the scratch block behind it in
-    the same allocation."""
+    """A zeroed accumulator (H, acc_rows(tokens), d), fp32, in fragment order, with :data:`TAIL_ROWS` rows behind it
+    in the same allocation."""
     rows = acc_rows(tokens)
-    flat = torch.zeros(heads * rows * head_dim + SCRATCH_PER_HEAD_DIM * head_dim, dtype=torch.float32, device=device)
+    flat = torch.zeros((heads * rows + TAIL_ROWS) * head_dim, dtype=torch.float32, device=device)
     return flat[:heads * rows * head_dim].view(heads, rows, head_dim)
 
 
@@ -42,17 +47,15 @@ def frag_offset(token, col, head_dim: int):
             + (col % GROUP) // 2)
 
 
-def kernel_add_offset(slab_tok: int, valid_rows: int, g: int, t4: int, nt: int, e: int, dq_part: int, dq_cols: int,
-                      head_dim: int, head: int = 0, head_stride: int = 0, scratch: int = 0) -> int:
+def kernel_add_offset(slab_tok: int, g: int, t4: int, nt: int, e: int, dq_part: int, dq_cols: int, head_dim: int,
+                      head: int = 0, head_stride: int = 0) -> int:
     """The float offset (from the accumulator's start) at which bwd_dkdv.cu's lane (g, t4) of column part ``dq_part``
-    adds fragment register (nt, e) of the 16-row slab whose row 0 is token ``slab_tok`` and whose first
-    ``valid_rows`` rows exist; rows past them add at ``scratch`` (the block behind the accumulator). Spelled as the
-    kernel spells it (``lane_lo``, ``rows_lo``, ``rows_hi`` plus a constant)."""
+    adds fragment register (nt, e) of the 16-row slab whose row 0 is token ``slab_tok`` (rows past the step's last
+    query too: they add zeros, see :data:`TAIL_ROWS`). Spelled as the kernel spells it (``lane_lo`` plus a
+    constant)."""
     tok = slab_tok + g
     lane_lo = head * head_stride + (tok >> 3) * (8 * head_dim) + (tok & 7) * 4 + t4 + dq_part * dq_cols * 8
-    rows_lo = lane_lo if g < valid_rows else scratch
-    rows_hi = lane_lo + 8 * head_dim if g + 8 < valid_rows else scratch
-    return (rows_lo if e < 2 else rows_hi) + nt * 64 + (e & 1) * 32
+    return lane_lo + (e >> 1) * 8 * head_dim + nt * 64 + (e & 1) * 32
 
 
 def _offsets(tokens: int, head_dim: int, device) -> torch.Tensor:

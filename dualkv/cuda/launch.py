@@ -396,8 +396,9 @@ def _cast_dq(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
 
 
 def frag_acc_args(dq_acc: torch.Tensor) -> list:
-    """The dK/dV kernel's (dq_acc, dqa_st, dqa_sh) for the atomic and ordered dQ modes: the accumulator, the offset of
-    the scratch block behind it (where a slab's rows past its step's last query add), and the head stride."""
+    """The dK/dV kernel's (dq_acc, dqa_st, dqa_sh) for the atomic and ordered dQ modes: the accumulator, its float
+    count (no longer read: the rows past a step's last query add zeros in place, dq_layout.TAIL_ROWS), and the head
+    stride."""
     return [dq_acc.data_ptr(), i64(dq_acc.numel()), i64(dq_acc.stride(0))]
 
 

@@ -139,6 +139,8 @@
 #   bash experiments/gpu/run_pending.sh s26f       # the split's A/B off / auto at more one-group shapes and at 28 / 4 heads
 #   bash experiments/gpu/run_pending.sh s27rl      # realistic RL micro-batches (groups, ragged responses): both families,
 #                                                  # both cascades, and the split off
+#   bash experiments/gpu/run_pending.sh s27fix     # the mma.sync dQ adds past a step's last query in place: suites,
+#                                                  # verify (mma), ragged micro-batches, Table 1 against FA2
 #   bash experiments/gpu/run_pending.sh s26next    # what the last commits of session 26 had not run on a GPU: the WS suite,
 #                                                  # the split tests, the wgmma_v1 pair (DKV_DKDV_PARAMS' new arguments),
 #                                                  # head dim 96, dualkv verify
@@ -158,6 +160,12 @@ table1_bench() {  # table1_bench PREFIX SYSTEMS TAIL_A TAIL_B: the seed's Table 
         --systems $2 --mode fwd,bwd,fwdbwd --out "$OUT/bench"
     TAIL=$4 step ${1}b 230 python3 -m dualkv bench kernel --shapes 16:65536,4:131072 \
         --systems $2 --mode fwd,bwd,fwdbwd --out "$OUT/bench"
+}
+rl() {  # rl NAME SYSTEMS GROUPS SHAPES RANGE: one `dualkv bench kernel` process (step NAME) on micro-batches of GROUPS
+    # groups with ragged responses (--R-range RANGE), fwd / bwd / fwd+bwd, into $OUT/bench/NAME
+    mkdir -p "$OUT/bench"
+    TAIL=1 step $1 170 python3 -m dualkv bench kernel --systems $2 --groups $3 --shapes $4 --R-range $5 \
+        --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/$1"
 }
 head_dim_bench() {  # head_dim_bench PREFIX SECONDS SYSTEMS MODES DIM...: $SHAPES (default (16, 4K), (8, 8K),
     # (16, 32K)) at each head dim, one process (step PREFIX<dim>) each
@@ -1410,10 +1418,6 @@ s27rl)
     # against both cascades, fwd / bwd / fwd+bwd; then both families again with the shared-tile split off (their own
     # processes): the split must not lose on ragged multi-group batches. Few files come back: one tarball + the table
     mkdir -p "$OUT/bench"
-    rl() {  # rl NAME SYSTEMS GROUPS SHAPES RANGE
-        TAIL=1 step $1 170 python3 -m dualkv bench kernel --systems $2 --groups $3 --shapes $4 --R-range $5 \
-            --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/$1"
-    }
     peers=dualkv,cudnn_cascade,cascade,dualkv_mma
     rl g4 $peers 4 8:512,8:1024 256:4096
     rl g2 $peers 2 16:1024,16:2048 256:4096
@@ -1427,6 +1431,23 @@ s27rl)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/rl-table.json"
     (cd "$OUT" && tar czf s27rl.tgz *.log bench && rm -rf g*.log bench)
     ;;
+s27fix)
+    # #13: the mma.sync dK/dV kernel's rows past a step's last query add their zeros in place (no shared scratch block,
+    # whose one-address adds serialized on ragged micro-batches): the family's GPU suites (ordered, ordered trees, its
+    # backward and tree tests with the atomic mode, the dQ layout's cast, the split), dualkv verify under
+    # DUALKV_KERNELS=mma, then ragged micro-batches and three Table 1 shapes against the FA2 cascade
+    ordered_tests pytest_ordered
+    mma_backward_tests pytest_mma
+    TAIL=3 step pytest_layout 150 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_dq_layout.py \
+        proofs_tests/test_cuda_ws_split.py
+    DUALKV_KERNELS=mma TAIL=3 step verify_mma 200 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma.json"
+    rl g4 dualkv_mma,dualkv_mma_atomic,cascade,dualkv 4 8:512,8:1024 256:4096
+    rl g1 dualkv_mma,dualkv_mma_atomic,cascade,dualkv 1 16:2048,16:4096 512:8192
+    TAIL=1 step t1 240 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 28:4096,8:8192,16:32768 \
+        --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/fix-table.json"
+    (cd "$OUT" && tar czf s27fix.tgz *.log bench && rm -rf pytest_*.log g*.log t1.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1434,6 +1455,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix)"
    exit 2 ;;
 esac

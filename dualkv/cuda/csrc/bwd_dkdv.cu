@@ -424,27 +424,28 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             // then covers 32 consecutive floats when the slab starts a token group (two runs otherwise), every
             // address is one of two lane pointers plus a constant, and nothing is staged (the atomic mode's staged
             // row runs took ~170 instructions per warp and step; without them its backward measured 0.3-1.5%
-            // faster on H100, checks/frag-*, and the cast needs no fp32 temporary). Rows past the step's last query
-            // add into a scratch block (dqa_st floats on) instead of branching around their adds (branches made the
-            // compiler rebuild the addresses for every pair of adds). The ordered mode adds the same way, after its
+            // faster on H100, checks/frag-*, and the cast needs no fp32 temporary). A slab's rows past its step's last
+            // query add where their tokens' rows are (the next segment's, or the rows behind the accumulator,
+            // dualkv/cuda/dq_layout.py TAIL_ROWS): their Q and dO rows are zero-filled and their LSE infinite, so
+            // what they add is exactly +0 or -0, which changes no bit of an accumulator that starts at +0. (They once
+            // went to one scratch block, every lane at one address, to keep those adds away from other rows: those
+            // adds then serialized, and on ragged micro-batches, where every response ends in a partial query tile,
+            // the ordered backward took 3-5x the FA2 cascade's time; experiments/results/checks/s27rl-*.) The
+            // ordered mode adds the same way, after its
             // wait: as fire-and-forget REDs (flags.cuh red_add), ordered for the next contributor by its next
             // step's dS barrier (the last step's: the barrier after the loop) and thread 0's release after it
             // (DKV_DQ_FENCE).
 #pragma unroll
             for (int sl = 0; sl < kDqSlabs; ++sl) {
                 const int slab = dq_rw * kDqSlabs + sl;
-                const int valid_rows = cur.p_hi - cur.pos - slab * 16 + 1;  // of the slab's 16
                 const long long tok = sg.seg.q_start + cur.pos + slab * 16 + g;
                 float* lane_lo = dq_acc + head * dqa_sh + (tok >> 3) * (8 * kHeadDim) + (tok & 7) * 4 + t4 +
                                  dq_part * kDqCols * 8;
-                float* scratch = dq_acc + dqa_st;
-                float* rows_lo = g < valid_rows ? lane_lo : scratch;
-                float* rows_hi = g + 8 < valid_rows ? lane_lo + 8 * kHeadDim : scratch;
 #pragma unroll
                 for (int nt = 0; nt < kDqCols / 8; ++nt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        float* at = (e < 2 ? rows_lo : rows_hi) + nt * 64 + (e & 1) * 32;
+                        float* at = lane_lo + (e >> 1) * 8 * kHeadDim + nt * 64 + (e & 1) * 32;
                         if (kDqOrdered) {
                             red_add(at, acc_dq[sl][nt][e]);
                         } else {

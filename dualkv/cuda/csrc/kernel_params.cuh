@@ -31,7 +31,7 @@
     int group_size, float scale_log2, float scale, int window_left
 
 // dK/dV of context rows (dkc, dvc) and own rows (dkd, dvd); dq_acc: the atomic and ordered modes' fp32 dQ in
-// fragment order (dualkv/cuda/dq_layout.py: head stride dqa_sh, a scratch block at dqa_st floats from dq_acc), and
+// fragment order (dualkv/cuda/dq_layout.py: head stride dqa_sh; dqa_st, its float count, is no longer read), and
 // dq_sems, qtile_offset, n_qtiles, kv_heads, first_tiles: the ordered mode's counters and grid (first_tiles >= 0:
 // head-major CTAs split after that many table rows, keywalk.cuh's cta_head_tile; < 0: a row's KV heads adjacent;
 // else unused); part_acc, part_sems, parts, partial_rows: the ordered mode's split key tiles (split_parts.cuh; parts 1
