@@ -1448,6 +1448,24 @@ s27fix)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/fix-table.json"
     (cd "$OUT" && tar czf s27fix.tgz *.log bench && rm -rf pytest_*.log g*.log t1.log bench)
     ;;
+s27ab)
+    # #13: where the mma.sync dK/dV kernel adds a step's rows past its last query (DKV_DQ_PAST_ROWS, an A/B switch of
+    # that call's tree: 0 in place, 0f1939c's; 1 a scratch slab per query head, each lane at its own address; 2 one
+    # scratch block, every lane at one address, as before 0f1939c), own processes: bwd at two Table 1 shapes (twice,
+    # alternating), then fwd / bwd / fwd+bwd on a ragged 4-group micro-batch
+    mkdir -p "$OUT/bench"
+    i=0
+    for v in 0 1 2 0 1 2; do
+        i=$((i + 1))
+        DUALKV_EXTRA_DEFINES=DKV_DQ_PAST_ROWS=$v TAIL=1 step ab${i}_$v 150 python3 -m dualkv bench kernel \
+            --systems dualkv_mma --shapes 8:8192,16:32768 --mode bwd --reps 10 --out "$OUT/bench/ab${i}_$v"
+    done
+    for v in 0 1 2; do
+        DUALKV_EXTRA_DEFINES=DKV_DQ_PAST_ROWS=$v rl rg_$v dualkv_mma 4 8:512,8:1024 256:4096
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/ab-table.json"
+    (cd "$OUT" && tar czf s27ab.tgz *.log bench && rm -rf ab*.log rg*.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1455,6 +1473,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab)"
    exit 2 ;;
 esac
