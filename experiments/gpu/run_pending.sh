@@ -1466,6 +1466,20 @@ s27ab)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/ab-table.json"
     (cd "$OUT" && tar czf s27ab.tgz *.log bench && rm -rf ab*.log rg*.log bench)
     ;;
+s27sweep)
+    # #12 / #13: ragged 4-group micro-batches at other attention shapes (Qwen2.5-7B's 28 / 4 heads; head dims 64 and 256),
+    # both families against both cascades: any pathology like the one s27rl found
+    mkdir -p "$OUT/bench"
+    peers=dualkv,cudnn_cascade,dualkv_mma,cascade
+    TAIL=1 step q28 100 python3 -m dualkv bench kernel --systems $peers --heads 28 --kv-heads 4 --groups 4 \
+        --shapes 8:512 --R-range 256:4096 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/q28"
+    TAIL=1 step d64 100 python3 -m dualkv bench kernel --systems $peers --head-dim 64 --groups 4 \
+        --shapes 8:512 --R-range 256:4096 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/d64"
+    TAIL=1 step d256 100 python3 -m dualkv bench kernel --systems $peers --heads 16 --kv-heads 8 --head-dim 256 \
+        --groups 4 --shapes 8:512 --R-range 256:4096 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/d256"
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/sweep-table.json"
+    (cd "$OUT" && tar czf s27sweep.tgz *.log bench && rm -rf q28.log d64.log d256.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1473,6 +1487,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep)"
    exit 2 ;;
 esac
