@@ -235,7 +235,8 @@ def other_shapes_section(root: Path) -> str:
     blocks = []
     for path in sorted(root.glob("kernel-*.json")):
         data = _load(path)
-        shapes = {(s["heads"], s["kv_heads"], s["head_dim"]) for s in map(row_shape, data["rows"]) if s["groups"] == 1}
+        shapes = {(s["heads"], s["kv_heads"], s["head_dim"]) for s in map(row_shape, data["rows"])
+                  if s["groups"] == 1 and s["r_range"] is None}
         for heads, kv_heads, head_dim in sorted(shapes - {astuple(QWEN3_8B_ATTENTION)}):
             rows, env = latest_kernel_rows([path], heads=heads, kv_heads=kv_heads, head_dim=head_dim)
             run = KernelRun((path,), tuple(rows), env, ())

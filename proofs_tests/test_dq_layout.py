@@ -122,6 +122,9 @@ def test_tail_rows_hold_every_add_past_the_last_token(head_dim):
     acc = new_frag_acc(13, 3, head_dim, "cpu")
     assert acc.shape == (3, 16, head_dim)
     assert acc.untyped_storage().nbytes() == (acc.numel() + TAIL_ROWS * head_dim) * 4
+    # a tile with a longer query step (a dkdv_tile override) gets the rows its step can add past the last token
+    assert new_frag_acc(13, 3, head_dim, "cpu", step_rows=100).untyped_storage().nbytes() == \
+        (acc.numel() + 104 * head_dim) * 4
 
 
 def _one_scratch_offset(slab_tok, valid_rows, g, t4, nt, e, dq_part, dq_cols, head_dim):

@@ -179,3 +179,18 @@ def test_worst_check_is_a_failing_or_nan_one(summarize):
     assert summarize._worst({"floor": floor, "close": close})[0] == "close"
     assert summarize._worst({"nan": nan, "close": close})[0] == "nan"
     assert summarize._worst({"close": close, "nan": nan})[0] == "nan"
+
+
+def test_ragged_kernel_files_are_left_out_of_every_table(summarize, tmp_path):
+    """`dualkv bench kernel --R-range` rows (ragged responses) belong to no equal-length table: neither Table 1 nor
+    the other-shapes section lists them (at Qwen3-8B's shape or another), and summarize does not fail on them."""
+    results = tmp_path / "results"
+    results.mkdir()
+    env = {"commit": "abcdef0123", "gpu": "test GPU", "date": "2026-11-27T00:00Z"}
+    for name, shape in (("kernel-R1-9-x.json", {"heads": 32, "kv_heads": 8, "head_dim": 128}),
+                        ("kernel-R1-9-h8-2-d64-x.json", {"heads": 8, "kv_heads": 2, "head_dim": 64})):
+        rows = [{"system": "dualkv", "N": 2, "P": 64, "R": 5, "mode": "fwdbwd", "ms": 2.0, "tflops": 1.0,
+                 "speedup_vs_fa2": None, "peak_mem_gib": 0.5, "status": "ok", "groups": 1, "r_range": "1-9", **shape}]
+        (results / name).write_text(json.dumps({"environment": env, "benchmark": "kernel", "rows": rows}))
+    assert summarize.kernel_runs(results) == []
+    assert "d=64" not in summarize.other_shapes_section(results)

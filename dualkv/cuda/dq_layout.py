@@ -22,21 +22,23 @@ def acc_rows(tokens: int) -> int:
     return -(-tokens // GROUP) * GROUP
 
 
-#: Rows behind the accumulator (one query step, 64, at most past the last token): a slab's rows past its step's last
-#: query add where their tokens' rows are, instead of being branched around. Their Q and dO rows are zero-filled and
-#: their LSE infinite, so they add exactly +0 or -0, which changes no bit of an accumulator that starts at +0: into
-#: the next segment's rows, the next head's first rows, or, past the last head, these rows. (One shared scratch
-#: block with every lane at one address had serialized those adds: on ragged micro-batches, where every response
-#: ends in a partial query tile, the ordered backward took 3-5x the FA2 cascade's time; H200,
+#: Rows behind the accumulator (a query step of the default tiles, 64; :func:`new_frag_acc` takes a larger step's).
+#: A slab's rows past its step's last query add where their tokens' rows are, instead of being branched around: into
+#: the next segment's rows, the next head's first rows, or, past the last head, these rows. Their Q and dO rows are
+#: zero-filled and their LSE infinite, so they add exactly +0 or -0, which leaves every nonzero value as it is (a
+#: zero's sign could change only were an ordered add's result a negative subnormal, which red.add flushes to -0).
+#: (One shared scratch block with every lane at one address had serialized those adds: on ragged micro-batches, where
+#: every response ends in a partial query tile, the ordered backward took 2.2-3.6x the FA2 cascade's; H200,
 #: experiments/results/checks/s27rl-h200-20261129T0734Z.log.)
 TAIL_ROWS = 64
 
 
-def new_frag_acc(tokens: int, heads: int, head_dim: int, device) -> torch.Tensor:
-    """A zeroed accumulator (H, acc_rows(tokens), d), fp32, in fragment order, with :data:`TAIL_ROWS` rows behind it
-    in the same allocation."""
+def new_frag_acc(tokens: int, heads: int, head_dim: int, device, step_rows: int = TAIL_ROWS) -> torch.Tensor:
+    """A zeroed accumulator (H, acc_rows(tokens), d), fp32, in fragment order, with the rows a query step of
+    ``step_rows`` can add past the last token behind it in the same allocation (at least :data:`TAIL_ROWS`)."""
     rows = acc_rows(tokens)
-    flat = torch.zeros((heads * rows + TAIL_ROWS) * head_dim, dtype=torch.float32, device=device)
+    tail = max(TAIL_ROWS, acc_rows(step_rows))
+    flat = torch.zeros((heads * rows + tail) * head_dim, dtype=torch.float32, device=device)
     return flat[:heads * rows * head_dim].view(heads, rows, head_dim)
 
 

@@ -288,7 +288,6 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
                           split[2:])
         return dq, dk_ctx, dv_ctx, dk_own, dv_own
     atomic = dq_atomic_for(head_dim, deterministic, arch)
-    dq_acc = new_frag_acc(q.shape[0], heads, head_dim, q.device) if atomic else None
     dq_kspec = dq_spec(head_dim, q.dtype, group, window, arch, kernel="bwd_dq" if dq_tile else None, causal=causal,
                        tree=tree)
     dq_kernel = get_kernel(replace(dq_kspec, pack=dq_pack, tile=dq_tile or dq_kspec.tile), device)
@@ -300,6 +299,8 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
                            kernel="bwd_dkdv" if dkdv_tile else None,  # a tile override is an mma.sync tile
                            causal=causal)
     dkdv_kernel = get_kernel(replace(dkdv_kspec, tile=dkdv_tile or dkdv_kspec.tile), device)
+    dq_acc = new_frag_acc(q.shape[0], heads, head_dim, q.device, (dkdv_tile or dkdv_kspec.tile).block_m) \
+        if atomic else None
     if "dkdv" in kernels:
         dkdv_tiles = key_tiles_t if dkdv_key_tiles_t is None else dkdv_key_tiles_t
         dkdv_kernel.launch((dkdv_tiles.shape[0], k_own.shape[1], 1),
@@ -328,7 +329,7 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
                      root_first=_root_first(tree))
     kern = get_kernel(spec, device)
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, spec.tile.block_m, tree)
-    dq_acc = new_frag_acc(tokens, heads, head_dim, q.device)
+    dq_acc = new_frag_acc(tokens, heads, head_dim, q.device, spec.tile.block_m)
     part_args, buffers = part_buffers(spec, split, kv_heads, q.device)  # (buffers: kept alive until launched)
     kern.launch((key_tiles_t.shape[0] * kv_heads, 1, 1),
                 [*grads, *frag_acc_args(dq_acc), sems.data_ptr(),

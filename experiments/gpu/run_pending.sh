@@ -1452,7 +1452,11 @@ s27ab)
     # #13: where the mma.sync dK/dV kernel adds a step's rows past its last query (DKV_DQ_PAST_ROWS, an A/B switch of
     # that call's tree: 0 in place, 0f1939c's; 1 a scratch slab per query head, each lane at its own address; 2 one
     # scratch block, every lane at one address, as before 0f1939c), own processes: bwd at two Table 1 shapes (twice,
-    # alternating), then fwd / bwd / fwd+bwd on a ragged 4-group micro-batch
+    # alternating), then fwd / bwd / fwd+bwd on a ragged 4-group micro-batch (checks/s27ab-h200-20261129T0816Z.log).
+    # The switch is not in the committed kernel: rerunning this part would time the same code three times
+    if ! grep -q DKV_DQ_PAST_ROWS dualkv/cuda/csrc/bwd_dkdv.cu; then
+        echo "s27ab needs the DKV_DQ_PAST_ROWS switch, which lived only in that call's tree"; exit 2
+    fi
     mkdir -p "$OUT/bench"
     i=0
     for v in 0 1 2 0 1 2; do

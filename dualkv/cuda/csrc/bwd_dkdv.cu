@@ -427,14 +427,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             // faster on H100, checks/frag-*, and the cast needs no fp32 temporary). A slab's rows past its step's last
             // query add where their tokens' rows are (the next segment's, or the rows behind the accumulator,
             // dualkv/cuda/dq_layout.py TAIL_ROWS): their Q and dO rows are zero-filled and their LSE infinite, so
-            // what they add is exactly +0 or -0, which changes no bit of an accumulator that starts at +0. (They once
-            // went to one scratch block, every lane at one address, to keep those adds away from other rows: those
-            // adds then serialized, and on ragged micro-batches, where every response ends in a partial query tile,
-            // the ordered backward took 3-5x the FA2 cascade's time; experiments/results/checks/s27rl-*.) The
-            // ordered mode adds the same way, after its
-            // wait: as fire-and-forget REDs (flags.cuh red_add), ordered for the next contributor by its next
-            // step's dS barrier (the last step's: the barrier after the loop) and thread 0's release after it
-            // (DKV_DQ_FENCE).
+            // what they add is exactly +0 or -0, which leaves every nonzero value as it is (and a zero a zero: only
+            // its sign could change, were an ordered add's result a negative subnormal, which red.add flushes to -0).
+            // (They once went to one scratch block, every lane at one address, to keep those adds away from other
+            // rows: those adds serialized, and on ragged micro-batches, where every response ends in a partial query
+            // tile, the ordered backward took 2.2-3.6x the FA2 cascade's; experiments/results/checks/s27rl-*.) The
+            // ordered mode adds the same way, after its wait: as fire-and-forget REDs (flags.cuh red_add), ordered
+            // for the next contributor by its next step's dS barrier (the last step's: the barrier after the loop)
+            // and thread 0's release after it (DKV_DQ_FENCE).
 #pragma unroll
             for (int sl = 0; sl < kDqSlabs; ++sl) {
                 const int slab = dq_rw * kDqSlabs + sl;
