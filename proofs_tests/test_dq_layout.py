@@ -170,6 +170,25 @@ def _squash(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
+def test_rows_past_a_step_are_zero_where_the_kernel_relies_on_it():
+    """bwd_dkdv.cu adds a step's rows past its last query in place (not into scratch), which is exact only because
+    those rows contribute +-0: their Q and dO rows are zero-filled (cp.async with a source size of 0) and their LSE is
+    infinite and D zero (P = 0, dS = 0). The sources must keep saying so."""
+    from dualkv.cuda.build import CSRC
+
+    common, keywalk = (_squash((CSRC / name).read_text()) for name in ("common.cuh", "keywalk.cuh"))
+    assert "const int src_bytes = valid ? 16 : 0;" in common
+    assert "const bool ok = r0 + i * kRowsPerPass < count; cp_async_16(dst + i * kDstStep, ok ? src : any_valid, ok);" \
+        in common
+    assert "return r < count ? first + r * row_stride : nullptr;" in common
+    assert "const int n = min(kStep, c.p_hi + 1 - c.pos);" in keywalk
+    for staged in ("if (r >= n) { sLse[r] = kInf; sDelta[r] = 0.f; } else {",):
+        assert keywalk.count(staged) == 2, staged  # both ways of staging LSE / D (one row per thread, strided loop)
+    for call in ("load_strided_rows<kStep, kSwizzle>(sQ, q + tok0 * q_st + head * q_sh, q_st, n, q);",
+                 "load_strided_rows<kStep, kSwizzle>(sdO, dout + tok0 * do_st + head * do_sh, do_st, n, q);"):
+        assert call in keywalk, call
+
+
 def test_kernel_and_cast_spell_the_model():
     """The kernel's and the cast's index expressions are the model's (whitespace aside)."""
     from dualkv.cuda.build import CSRC
