@@ -96,6 +96,7 @@ def test_ragged_responses_are_seeded_and_kept_out_of_table_1(tmp_path):
                           modes=("fwd",), reps=2, device="cpu", groups=2, r_range=(5, 30))
     want_R = round(sum(map(sum, kb.response_lens(3, 16, 2, (5, 30), 0))) / 6)
     assert [(r.r_range, r.R, r.status) for r in rows] == [("5-30", want_R, "ok")]
+    assert " 5-30 " in kb.format_rows(rows).splitlines()[1]  # the printed table names the range
     single = kb.bench_shape(3, 40, 16, ["reference"], heads=2, kv_heads=1, head_dim=32, dtype=torch.float32,
                             modes=("fwd",), reps=2, device="cpu", r_range=(5, 30))
     paths = [kb.write_results(single, tmp_path / "a.json")]

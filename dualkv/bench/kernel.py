@@ -53,7 +53,7 @@ class BenchRow:
     heads: int = QWEN3_8B_ATTENTION.heads
     kv_heads: int = QWEN3_8B_ATTENTION.kv_heads
     head_dim: int = QWEN3_8B_ATTENTION.head_dim
-    r_range: str | None = None  # ragged responses (``--R-range``): "LO-HI", each R_i uniform in it; R is then their mean
+    r_range: str | None = None  # ragged responses (``--R-range``): "LO-HI", each R_i drawn in it; R is their mean
 
 
 def response_lens(N: int, R: int, groups: int = 1, r_range: tuple[int, int] | None = None,
@@ -230,7 +230,7 @@ def write_results(rows: Sequence[BenchRow], path: str | Path, extra: dict | None
 
 
 def format_rows(rows: Sequence[BenchRow]) -> str:
-    lines = [f"{'system':<14} {'G':>2} {'N':>3} {'P':>7} {'mode':<6} {'ms':>9} {'min-max':>17} {'TFLOP/s':>8} "
+    lines = [f"{'system':<14} {'G':>2} {'N':>3} {'P':>7} {'R':>9} {'mode':<6} {'ms':>9} {'min-max':>17} {'TFLOP/s':>8} "
              f"{'x FA2':>6} {'GiB':>6}"]
     for r in rows:
         ms = f"{r.ms:9.2f}" if r.ms else f"{r.status:>9}"
@@ -238,7 +238,9 @@ def format_rows(rows: Sequence[BenchRow]) -> str:
         tf = f"{r.tflops:8.1f}" if r.tflops else f"{'-':>8}"
         sp = f"{r.speedup_vs_fa2:6.2f}" if r.speedup_vs_fa2 else f"{'-':>6}"
         mem = f"{r.peak_mem_gib:6.1f}" if r.peak_mem_gib else f"{'-':>6}"
-        lines.append(f"{r.system:<14} {r.groups:>2} {r.N:>3} {r.P:>7} {r.mode:<6} {ms} {spread} {tf} {sp} {mem}")
+        responses = r.r_range or str(r.R)  # ragged responses: their range
+        lines.append(f"{r.system:<14} {r.groups:>2} {r.N:>3} {r.P:>7} {responses:>9} {r.mode:<6} {ms} {spread} {tf} "
+                     f"{sp} {mem}")
     return "\n".join(lines)
 
 
