@@ -26,7 +26,8 @@ def batch_label(row: dict) -> str:
     """'4 x (8, 512), R 256-4096 (mean 2190)' for a row of ``groups`` groups of N responses on a P-token prompt."""
     groups = row.get("groups", 1)
     responses = f"R {row['r_range']} (mean {row['R']})" if row.get("r_range") else f"R {row['R']}"
-    return f"{groups} x ({row['N']}, {row['P']}), {responses}" if groups > 1 else f"({row['N']}, {row['P']}), {responses}"
+    shape = f"({row['N']}, {row['P']}), {responses}"
+    return f"{groups} x {shape}" if groups > 1 else shape
 
 
 def summarize(files: list[Path]) -> list[dict]:
