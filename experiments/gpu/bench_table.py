@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("paths", nargs="+", help="result files or folders holding them")
     p.add_argument("--json", default=None, help="also write the entries here")
     args = p.parse_args(argv)
+    missing = [path for path in args.paths if not Path(path).exists()]
+    if missing:
+        print(f"no such file or folder: {', '.join(missing)}", file=sys.stderr)
+        return 1
     files = result_files(args.paths)
     if not files:
         print(f"no kernel-*.json under {args.paths}", file=sys.stderr)
