@@ -298,9 +298,9 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     dkdv_kspec = dkdv_spec(head_dim, q.dtype, window, arch, dq_atomic=atomic,
                            kernel="bwd_dkdv" if dkdv_tile else None,  # a tile override is an mma.sync tile
                            causal=causal)
-    dkdv_kernel = get_kernel(replace(dkdv_kspec, tile=dkdv_tile or dkdv_kspec.tile), device)
-    dq_acc = new_frag_acc(q.shape[0], heads, head_dim, q.device, (dkdv_tile or dkdv_kspec.tile).block_m) \
-        if atomic else None
+    dkdv_kspec = replace(dkdv_kspec, tile=dkdv_tile or dkdv_kspec.tile)
+    dkdv_kernel = get_kernel(dkdv_kspec, device)
+    dq_acc = new_frag_acc(q.shape[0], heads, head_dim, q.device, dkdv_kspec.tile.block_m) if atomic else None
     if "dkdv" in kernels:
         dkdv_tiles = key_tiles_t if dkdv_key_tiles_t is None else dkdv_key_tiles_t
         dkdv_kernel.launch((dkdv_tiles.shape[0], k_own.shape[1], 1),
