@@ -22,6 +22,20 @@ def test_every_specialization_compiles_for_sm80_and_sm90(tmp_path):
     assert expected >= 2 * 7 * 2  # every head dim, both dtypes, both archs at least
 
 
+def test_kernels_command_filters_by_kernel_and_names_a_missing_nvrtc(tmp_path):
+    """``dualkv kernels --kernel K`` compiles K's specializations alone (with ptxas's report under --resources), and
+    ``--nvrtc-lib DIR`` without an NVRTC in DIR fails by name before compiling anything."""
+    env = dict(os.environ, DUALKV_CACHE_DIR=str(tmp_path / "cache"))
+    base = [sys.executable, "-m", "dualkv", "kernels", "--arch", "sm_80", "--kernel", "bwd_prep", "--no-progress"]
+    proc = subprocess.run(base + ["--resources"], capture_output=True, text=True, env=env)
+    expected = len([spec for spec in all_specs("sm_80") if spec.kernel == "bwd_prep"])
+    assert proc.returncode == 0 and f"compiled {expected}/{expected} kernel specializations" in proc.stdout, proc.stderr
+    assert proc.stdout.count("sm_80 bwd_prep d=") == expected and "regs, spill" in proc.stdout
+    proc = subprocess.run(base + ["--nvrtc-lib", str(tmp_path)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and "no libnvrtc.so.* with its libnvrtc-builtins.so.* there" in proc.stderr
+    assert "compiled" not in proc.stdout
+
+
 def test_cache_is_content_addressed(tmp_path, monkeypatch):
     monkeypatch.setenv("DUALKV_CACHE_DIR", str(tmp_path))
     spec = fwd_spec(64, torch.bfloat16, 1, False, "sm_90", kernel="fwd")
@@ -200,24 +214,22 @@ def test_dkdv_layout_refuses_tiles_it_cannot_run():
 
 
 #: Spill bytes the ordered dQ mode may exceed the atomic mode's by, per (arch, head dim, causal, tree, shared-first): at
-#: 255 registers ptxas spills some d = 128 ordered builds a little (the rank-ordered walk, the counter of the adds in
-#: flight and the counter read early stay live through the step), where the atomic builds spill nothing. Measured on
-#: the FlashAttention-2-like warp layout (DKDV_TILES qwarps=2; sm_80 with one dO buffer) after the rows past a step's
-#: last query began adding their zeros in place (no scratch select, dq_layout.TAIL_ROWS): own-first sm_80 causal 24,
-#: non-causal 4; shared-first (the default two-level order) sm_80 causal 44, sm_90 causal 32, non-causal 44; own-first
-#: sm_90 causal 32, non-causal 44; trees none. Before, with the scratch select: sm_80 0 / 32 / 0 / 32 and sm_90 28 / 56
-#: / 56 / 56, trees 0 / 8 (sm_80 / sm_90). The sm_90 causal shared-first build ran 0.9-1% faster with 56 than with 28
-#: (LSE / D one row per thread, bwd_dkdv.cu); the sm_80 builds were not timed (no A100). Every other build, d <= 96
-#: included: none.
-ORDERED_SPILL_ALLOWANCE = {("sm_80", 128, True, False, False): 24, ("sm_80", 128, False, False, False): 4,
-                           ("sm_80", 128, True, False, True): 44, ("sm_90", 128, True, False, False): 32,
-                           ("sm_90", 128, False, False, False): 44, ("sm_90", 128, True, False, True): 32,
-                           ("sm_90", 128, False, False, True): 44}
+#: 255 registers ptxas spills the sm_90 d = 128 causal builds a little (the rank-ordered walk, the counter of the adds
+#: in flight and the counter read early stay live through the step), where the atomic builds spill nothing. Measured
+#: with NVRTC 13.5 (the CPU's) after the split sum moved to its own build (DKV_DQ_SPLIT) and the ordered builds' Q / dO
+#: copies began re-reading the thread index (common.cuh, DKV_ROWS_TID_AGAIN): sm_90 causal own-first 20, shared-first
+#: (the default two-level order, and its split build) 20; every other build none, sm_80 included. Before (fb9d77d):
+#: sm_80 own-first causal 24, non-causal 4, shared-first causal 44; sm_90 causal 32, non-causal 44. ptxas's choice moves
+#: with its version: the GPU machine's NVRTC 13.0 spills the sm_90 causal shared-first build 60 / 104 bytes (stores /
+#: loads; fb9d77d 96 / 152, eca2523 12 / 12), and the ordered backward measured 237.0 against fb9d77d's 244.3 ms at
+#: (16, 32K) (H200, experiments/results/checks/s28variants-h200-20261129T1051Z.log).
+ORDERED_SPILL_ALLOWANCE = {("sm_90", 128, True, False, False): 20, ("sm_90", 128, True, False, True): 20}
 
 
 def test_ordered_dq_mode_spills_no_more_than_the_atomic_mode():
     """The ordered dQ mode (DKV_DQ_ORDERED: the atomic mode's products plus per-step counter waits) compiles for sm_80
-    and sm_90 at every head dim it has, causal and not, in both two-level dQ orders and its tree build, and spills no
+    and sm_90 at every head dim it has, causal and not, in both two-level dQ orders, its split build and its tree build,
+    and spills no
     more than the atomic mode (see ORDERED_SPILL_ALLOWANCE); its sm_80 builds' shared memory fits an A100's 163 KB, its
     sm_90 builds' an H100's 227 KB."""
     from dualkv.cuda.configs import ORDERED_HEAD_DIMS, SM80_MAX_SMEM, dkdv_spec
@@ -225,13 +237,15 @@ def test_ordered_dq_mode_spills_no_more_than_the_atomic_mode():
     def spills(spec):
         return resource_usage(compile_spec(spec, use_cache=False, verbose=True).log)["spill_stores"]
 
-    cases = [(arch, d, causal, tree, shared, dtype) for arch in ("sm_80", "sm_90") for d in ORDERED_HEAD_DIMS
-             for causal, tree, shared in ((True, False, False), (False, False, False), (True, True, False),
-                                          (True, False, True), (False, False, True))
+    cases = [(arch, d, causal, tree, shared, dtype, split) for arch in ("sm_80", "sm_90") for d in ORDERED_HEAD_DIMS
+             for causal, tree, shared, split in ((True, False, False, False), (False, False, False, False),
+                                                 (True, True, False, False), (True, False, True, False),
+                                                 (False, False, True, False), (True, False, True, True))
              for dtype in (torch.bfloat16, torch.float16) if dtype == torch.bfloat16 or d == 128]
-    specs = [(dkdv_spec(d, dtype, False, arch, causal=causal, dq_ordered=True, tree=tree, root_first=shared),
+    specs = [(dkdv_spec(d, dtype, False, arch, causal=causal, dq_ordered=True, tree=tree, root_first=shared,
+                        split=split),
               dkdv_spec(d, dtype, False, arch, dq_atomic=True, kernel="bwd_dkdv", causal=causal))
-             for arch, d, causal, tree, shared, dtype in cases]
+             for arch, d, causal, tree, shared, dtype, split in cases]
     usage = [(spills(ordered), spills(atomic)) for ordered, atomic in specs]
     for case, (ordered, atomic), (spec, _) in zip(cases, usage, specs):
         assert ordered <= atomic + ORDERED_SPILL_ALLOWANCE.get(case[:5], 0), (spec, ordered, atomic)

@@ -326,7 +326,7 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
     tokens, heads, head_dim = q.shape
     device = device_index(q)
     spec = dkdv_spec(head_dim, q.dtype, False, arch_of(device), causal=causal, dq_ordered=True, tree=tree,
-                     root_first=_root_first(tree))
+                     root_first=_root_first(tree), split=split[0] > 1)
     kern = get_kernel(spec, device)
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, spec.tile.block_m, tree)
     dq_acc = new_frag_acc(tokens, heads, head_dim, q.device, spec.tile.block_m)

@@ -54,6 +54,9 @@ def part_buffers(spec: KernelSpec, split: tuple[int, int], kv_heads: int,
     parts, partial_rows = split
     if parts <= 1 or partial_rows == 0:
         return list(NO_SPLIT), ()
+    if spec.kernel == "bwd_dkdv" and not spec.split:
+        raise ValueError(f"a split key-tile table ({parts} parts) needs the dK/dV kernel's split build (split=True), "
+                         f"got {spec}")
     part_acc = torch.empty((partial_rows * kv_heads * part_slot_floats(spec),), dtype=torch.float32, device=device)
     part_sems = torch.zeros((partial_rows // parts * kv_heads,), dtype=torch.int32, device=device)
     return [part_acc.data_ptr(), part_sems.data_ptr(), i32(parts), i32(partial_rows)], (part_acc, part_sems)

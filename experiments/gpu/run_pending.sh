@@ -141,6 +141,10 @@
 #                                                  # both cascades, and the split off
 #   bash experiments/gpu/run_pending.sh s27fix     # the mma.sync dQ adds past a step's last query in place: suites,
 #                                                  # verify (mma), ragged micro-batches, Table 1 against FA2
+#   bash experiments/gpu/run_pending.sh s28next    # what session 28 ran only in part: the mma.sync family's backward and
+#                                                  # tree suites (atomic included) and verify under DUALKV_KERNELS=mma,
+#                                                  # ragged micro-batches and Table 1 against the FA2 cascade, per-kernel
+#                                                  # times against fb9d77d (needs _hd: git archive fb9d77d dualkv)
 #   bash experiments/gpu/run_pending.sh s26next    # what the last commits of session 26 had not run on a GPU: the WS suite,
 #                                                  # the split tests, the wgmma_v1 pair (DKV_DKDV_PARAMS' new arguments),
 #                                                  # head dim 96, dualkv verify
@@ -1484,6 +1488,23 @@ s27sweep)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/sweep-table.json"
     (cd "$OUT" && tar czf s27sweep.tgz *.log bench && rm -rf q28.log d64.log d256.log bench)
     ;;
+s28next)
+    # #13: the split sum in the ordered mode's own build (DKV_DQ_SPLIT) and the copies' thread-index re-read
+    # (DKV_ROWS_TID_AGAIN): session 28's call ran the ordered, ordered-tree, layout and split suites only
+    # (checks/s28variants-h200-20261129T1051Z.log); here the family's other suites, verify, and the speed tables
+    mma_backward_tests pytest_mma
+    DUALKV_KERNELS=mma TAIL=3 step verify_mma 200 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma.json"
+    rl g4 dualkv_mma,dualkv_mma_atomic,cascade 4 8:512,8:1024 256:4096
+    rl g1 dualkv_mma,dualkv_mma_atomic,cascade 1 16:2048,16:4096 512:8192
+    TAIL=1 step t1 240 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 28:4096,8:8192,16:32768 \
+        --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
+    if [ -d _hd ]; then
+        TOOL=kernel_times OTHER=_hd OTHER_NAME=fb9d77d TAIL=6 bash experiments/gpu/ab_trees.sh --system dualkv_mma \
+            --shapes 8:8192,16:32768 > "$OUT/kt.log" 2>&1; grep -E "^==|dkdv" "$OUT/kt.log"
+    fi
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s28next-table.json"
+    (cd "$OUT" && tar czf s28next.tgz *.log bench && rm -rf pytest_*.log g*.log t1.log kt.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1491,6 +1512,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next)"
    exit 2 ;;
 esac

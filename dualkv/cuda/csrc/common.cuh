@@ -16,6 +16,15 @@
 #ifndef DKV_CAUSAL
 #define DKV_CAUSAL 1
 #endif
+// DKV_ROWS_TID_AGAIN (1: set by bwd_dkdv.cu's ordered dQ builds): load_strided_rows reads the thread index anew, so
+// that its per-thread row and column offsets are not held (or spilled) across the caller's main loop (NVRTC 13.0, d =
+// 128 sm_90 causal shared-first ordered build: 60 / 104 bytes of spill stores / loads against 92 / 136; 238.4-238.9
+// against 240.5 ms at (16, 32K) on an H200, experiments/results/checks/s28variants-h200-20261129T1051Z.log). Only those
+// builds take it: at 255 registers ptxas's allocation of the other mma.sync kernels moved with any respelling of these
+// lines (NVRTC 13.0 spilled 104 bytes of the d = 128 forward against 8, and it ran ~10 ms slower at (16, 32K)).
+#ifndef DKV_ROWS_TID_AGAIN
+#define DKV_ROWS_TID_AGAIN 0
+#endif
 
 namespace dkv {
 
@@ -57,6 +66,15 @@ __device__ __forceinline__ unsigned pack2(float a, float b) {
     elem2_t v = float2_to_elem2(a, b);
     return *reinterpret_cast<unsigned*>(&v);
 }
+
+#if DKV_ROWS_TID_AGAIN
+// threadIdx.x read anew (a volatile read the compiler cannot merge with an earlier one).
+__device__ __forceinline__ int thread_index_again() {
+    int tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    return tid;
+}
+#endif
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -146,7 +164,12 @@ __device__ __forceinline__ void load_strided_rows(elem_t* smem, const elem_t* fi
     constexpr int kSlots = kSwizzle ? kHeadDimAcc / 8 : kChunksPerRow;  // chunk columns the threads tile
     constexpr int kRowsPerPass = kThreads / kSlots;
     if constexpr (kThreads % kSlots == 0 && kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0) {
+#if DKV_ROWS_TID_AGAIN
+        const int tid = thread_index_again();
+        const int r0 = tid / kSlots, c = tid % kSlots;
+#else
         const int r0 = threadIdx.x / kSlots, c = threadIdx.x % kSlots;
+#endif
         if constexpr (kSlots != kChunksPerRow) {
             if (c >= kChunksPerRow) return;
         }
