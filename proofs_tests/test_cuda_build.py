@@ -3,11 +3,12 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from dualkv.cuda.build import KernelBuildError, compile_spec, resource_usage
+from dualkv.cuda.build import KernelBuildError, compile_spec, nvrtc_version, resource_usage
 from dualkv.cuda.configs import FWD_TILES, SM90_FWD_TILES, KernelSpec, TileConfig, all_specs, fwd_spec, kernel_family
 
 
@@ -34,6 +35,35 @@ def test_kernels_command_filters_by_kernel_and_names_a_missing_nvrtc(tmp_path):
     proc = subprocess.run(base + ["--nvrtc-lib", str(tmp_path)], capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and "no libnvrtc.so.* with its libnvrtc-builtins.so.* there" in proc.stderr
     assert "compiled" not in proc.stdout
+
+
+def test_nvrtc_from_the_environment(tmp_path):
+    """``$DUALKV_NVRTC_LIB`` compiles with the NVRTC of that folder: the installed one's folder works (its version is
+    the one in use, and the benchmark settings record both), a folder without one fails by the variable's name, and so does one whose version is not the one
+    already bound (here: a stand-in builtins file naming 9.9 next to the real library)."""
+    from cuda import pathfinder
+
+    installed = Path(pathfinder.load_nvidia_dynamic_lib("nvrtc").abs_path).parent
+    script = ("import torch\nfrom dualkv.bench.harness import kernel_settings\nfrom dualkv.cuda.build import compile_spec\n"
+              "from dualkv.cuda.configs import prep_spec\nsettings = kernel_settings()\n"
+              "print(len(compile_spec(prep_spec(64, torch.bfloat16, 'sm_80'), use_cache=False).cubin) > 0, "
+              "settings['nvrtc'], settings['nvrtc_lib'])")
+
+    def run(lib_dir):
+        env = dict(os.environ, DUALKV_NVRTC_LIB=str(lib_dir), DUALKV_CACHE_DIR=str(tmp_path / "cache"))
+        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+
+    ok = run(installed)  # (the benchmark's settings record the version and the folder)
+    version = next(installed.glob("libnvrtc-builtins.so.*")).name.split(".so.", 1)[1]
+    assert ok.returncode == 0 and ok.stdout.split() == ["True", version, str(installed)], ok.stderr
+    empty = run(tmp_path)
+    assert empty.returncode != 0 and "DUALKV_NVRTC_LIB=" in empty.stderr and "no libnvrtc.so.*" in empty.stderr
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "libnvrtc.so.13").symlink_to(next(installed.glob("libnvrtc.so.*")))
+    (other / "libnvrtc-builtins.so.9.9").symlink_to(next(installed.glob("libnvrtc-builtins.so.*")))
+    wrong = run(other)
+    assert wrong.returncode != 0 and "not the 9.9 there" in wrong.stderr, wrong.stderr
 
 
 def test_cache_is_content_addressed(tmp_path, monkeypatch):
@@ -216,21 +246,25 @@ def test_dkdv_layout_refuses_tiles_it_cannot_run():
 #: Spill bytes the ordered dQ mode may exceed the atomic mode's by, per (arch, head dim, causal, tree, shared-first): at
 #: 255 registers ptxas spills the sm_90 d = 128 causal builds a little (the rank-ordered walk, the counter of the adds
 #: in flight and the counter read early stay live through the step), where the atomic builds spill nothing. Measured
-#: with NVRTC 13.5 (the CPU's) after the split sum moved to its own build (DKV_DQ_SPLIT) and the ordered builds' Q / dO
+#: with NVRTC 13.5 (the CPU's) after the split sum moved to its own build (DKV_SPLIT_TILES) and the ordered builds' row
 #: copies began re-reading the thread index (common.cuh, DKV_ROWS_TID_AGAIN): sm_90 causal own-first 20, shared-first
 #: (the default two-level order, and its split build) 20; every other build none, sm_80 included. Before (fb9d77d):
 #: sm_80 own-first causal 24, non-causal 4, shared-first causal 44; sm_90 causal 32, non-causal 44. ptxas's choice moves
 #: with its version: the GPU machine's NVRTC 13.0 spills the sm_90 causal shared-first build 60 / 104 bytes (stores /
-#: loads; fb9d77d 96 / 152, eca2523 12 / 12), and the ordered backward measured 237.0 against fb9d77d's 244.3 ms at
+#: loads; fb9d77d 96 / 152, eca2523 12 / 12), and its dK/dV kernel measured 237.0 against fb9d77d's 244.3 ms at
 #: (16, 32K) (H200, experiments/results/checks/s28variants-h200-20261129T1051Z.log).
 ORDERED_SPILL_ALLOWANCE = {("sm_90", 128, True, False, False): 20, ("sm_90", 128, True, False, True): 20}
+#: The NVRTC version ORDERED_SPILL_ALLOWANCE was measured with, and the bound for every build under another version:
+#: the largest ordered-build spill NVRTC 13.0 gave is 88 bytes (sm_90 d = 128 own-first causal and non-causal
+#: shared-first, experiments/results/checks/s28spills-cpu-20261129.log), so its excess over an atomic build is at most
+#: that, and 96 catches a build that grew beyond what any measured ptxas did.
+ALLOWANCE_NVRTC, OTHER_NVRTC_ALLOWANCE = "13.5", 96
 
 
 def test_ordered_dq_mode_spills_no_more_than_the_atomic_mode():
     """The ordered dQ mode (DKV_DQ_ORDERED: the atomic mode's products plus per-step counter waits) compiles for sm_80
-    and sm_90 at every head dim it has, causal and not, in both two-level dQ orders, its split build and its tree build,
-    and spills no
-    more than the atomic mode (see ORDERED_SPILL_ALLOWANCE); its sm_80 builds' shared memory fits an A100's 163 KB, its
+    and sm_90 at every head dim it has, causal and not, in both two-level dQ orders, its split-tiles build and its tree
+    build, and spills no more than the atomic mode (see ORDERED_SPILL_ALLOWANCE); its sm_80 builds' shared memory fits an A100's 163 KB, its
     sm_90 builds' an H100's 227 KB."""
     from dualkv.cuda.configs import ORDERED_HEAD_DIMS, SM80_MAX_SMEM, dkdv_spec
 
@@ -243,12 +277,14 @@ def test_ordered_dq_mode_spills_no_more_than_the_atomic_mode():
                                                  (False, False, True, False), (True, False, True, True))
              for dtype in (torch.bfloat16, torch.float16) if dtype == torch.bfloat16 or d == 128]
     specs = [(dkdv_spec(d, dtype, False, arch, causal=causal, dq_ordered=True, tree=tree, root_first=shared,
-                        split=split),
+                        split_tiles=split),
               dkdv_spec(d, dtype, False, arch, dq_atomic=True, kernel="bwd_dkdv", causal=causal))
              for arch, d, causal, tree, shared, dtype, split in cases]
     usage = [(spills(ordered), spills(atomic)) for ordered, atomic in specs]
+    measured = nvrtc_version() == ALLOWANCE_NVRTC
     for case, (ordered, atomic), (spec, _) in zip(cases, usage, specs):
-        assert ordered <= atomic + ORDERED_SPILL_ALLOWANCE.get(case[:5], 0), (spec, ordered, atomic)
+        allowance = ORDERED_SPILL_ALLOWANCE.get(case[:5], 0) if measured else OTHER_NVRTC_ALLOWANCE
+        assert ordered <= atomic + allowance, (spec, ordered, atomic, nvrtc_version())
         assert spec.smem_bytes <= (SM80_MAX_SMEM if spec.arch == "sm_80" else 227 * 1024), spec
 
 

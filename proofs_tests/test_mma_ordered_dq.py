@@ -294,38 +294,53 @@ def test_unsupported_ordered_specs_are_refused():
         KernelSpec("bwd_dkdv", 192, "bf16", DKDV_TILES[192], 1, False, "sm_80", dq_ordered=True)
     with pytest.raises(ValueError, match="whole query steps"):
         replace(base, tile=replace(DKDV_TILES[128], block_m=48))
-    assert dict(replace(base, split=True).defines())["DKV_DQ_SPLIT"] == "1"
+    assert dict(replace(base, split_tiles=True).defines())["DKV_SPLIT_TILES"] == "1"
     for wrong in (dict(tree=True), dict(dq_ordered=False)):  # split tables exist for the two-level ordered mode only
         with pytest.raises(ValueError, match="split shared-key tiles have a build"):
-            replace(base, split=True, **wrong)
+            replace(base, split_tiles=True, **wrong)
 
 
 def test_split_tables_need_the_split_build():
-    """The ordered dK/dV kernel sums split tiles only in its split build (DKV_DQ_SPLIT): handing a split table's
+    """The ordered dK/dV kernel sums split tiles only in its split build (DKV_SPLIT_TILES): handing a split table's
     buffers to the other build would leave every part's dK / dV unsummed, so split_args refuses it by name."""
     from dualkv.cuda import split_args
 
     plain = dkdv_spec(64, torch.bfloat16, False, "sm_80", dq_ordered=True, root_first=True)
-    with pytest.raises(ValueError, match="split build"):
+    with pytest.raises(ValueError, match="split-tiles build"):
         split_args.part_buffers(plain, (2, 4), 2, "cpu")
-    args, buffers = split_args.part_buffers(replace(plain, split=True), (2, 4), 2, "cpu")
+    args, buffers = split_args.part_buffers(replace(plain, split_tiles=True), (2, 4), 2, "cpu")
     assert int(args[2]) == 2 and int(args[3]) == 4 and len(buffers) == 2
     assert split_args.part_buffers(plain, (1, 0), 2, "cpu") == (split_args.NO_SPLIT, ())
 
 
+def test_split_tiles_macro_is_the_specs_alone(monkeypatch):
+    """DKV_SPLIT_TILES must match the launcher's table (a split table on a build without the sum leaves the parts
+    unsummed), so, like the dQ-order macros, DUALKV_EXTRA_DEFINES may not set it."""
+    from dualkv.cuda.build import compile_spec
+
+    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_SPLIT_TILES=0")
+    with pytest.raises(ValueError, match="DKV_SPLIT_TILES"):
+        compile_spec(dkdv_spec(64, torch.bfloat16, False, "sm_80", dq_ordered=True, root_first=True, split_tiles=True),
+                     use_cache=False)
+
+
 def test_the_split_epilogue_is_the_split_builds_only():
-    """bwd_dkdv.cu compiles the split sum only into DKV_DQ_SPLIT builds (in the others ptxas spilled in the main loop,
-    experiments/results/checks/s28variants-*), and re-reads the thread index for the Q / dO copies in the ordered
-    builds alone (common.cuh keeps the other kernels' spelling); every split build is in the compiled set."""
+    """bwd_dkdv.cu compiles the split sum only into DKV_SPLIT_TILES builds (in the others it added to ptxas's spills in
+    the main loop, experiments/results/checks/s28variants-*), and re-reads the thread index for its row copies in the
+    ordered builds alone (common.cuh keeps the other kernels' spelling, and only bwd_dkdv.cu sets the switch); every
+    split-tiles build is in the compiled set."""
     from dualkv.cuda.build import CSRC
     from dualkv.cuda.configs import TWO_LEVEL_SHARED_FIRST, all_specs
 
     kernel, common = (CSRC / "bwd_dkdv.cu").read_text(), (CSRC / "common.cuh").read_text()
-    assert "if (kDqSplit) {  // a split key tile (split_parts.cuh)" in kernel
+    assert "if (kSplitTiles) {  // a split key tile (split_parts.cuh)" in kernel
     assert "if (kDqOrdered) {  // a split key tile" not in kernel
     assert "#if defined(DKV_DQ_ORDERED) && DKV_DQ_ORDERED && !defined(DKV_ROWS_TID_AGAIN)" in kernel
     assert "#else\n        const int r0 = threadIdx.x / kSlots, c = threadIdx.x % kSlots;\n#endif" in common
-    split_specs = [spec for spec in all_specs("sm_80") if spec.split]
+    assert "#define DKV_ROWS_TID_AGAIN 0" in common
+    setters = [path.name for path in CSRC.glob("*.cu*") if "#define DKV_ROWS_TID_AGAIN 1" in path.read_text()]
+    assert setters == ["bwd_dkdv.cu"], setters
+    split_specs = [spec for spec in all_specs("sm_80") if spec.split_tiles]
     assert {spec.head_dim for spec in split_specs} == (set(ORDERED_HEAD_DIMS) if TWO_LEVEL_SHARED_FIRST else set())
     assert all(spec.dq_ordered and spec.causal and spec.root_first and not spec.tree for spec in split_specs)
 
@@ -495,7 +510,7 @@ def test_backward_routes_each_key_tile_order(monkeypatch, stand_in_launches, ord
     segments, tiles, first_tiles, kv_heads = args[-10], args[-9], args[-11], args[-12]
     assert [int(a) for a in args[-4:]] == [0, 0, 1, 0]
     assert spec.dq_ordered == ordered and segments == plan.segments.data_ptr()
-    assert not spec.split and "DKV_DQ_SPLIT" not in dict(spec.defines())  # the build without the split epilogue
+    assert not spec.split_tiles and "DKV_SPLIT_TILES" not in dict(spec.defines())  # the build without the split epilogue
     if ordered:
         assert grid == (n_tiles * 2, 1, 1) and kv_heads == 2               # a 1-D grid of tiles x K/V heads
         assert first_tiles == (n_tiles if launch.MMA_HEAD_MAJOR else -1)  # the plan gave no split: the whole table
@@ -576,4 +591,4 @@ def test_run_backward_hands_a_split_table_to_the_ordered_kernel(monkeypatch, sta
     assert args[-11] == (plan.ws_first_tiles + added if head_major else -1)
     assert args[-4] != 0 and args[-3] != 0 and int(args[-2]) == 2 and int(args[-1]) == plan.ws_first_tiles * 2
     assert split_args.part_slot_floats(spec) > 0
-    assert spec.split and dict(spec.defines())["DKV_DQ_SPLIT"] == "1"  # the build with the split sum
+    assert spec.split_tiles and dict(spec.defines())["DKV_SPLIT_TILES"] == "1"  # the build with the split sum

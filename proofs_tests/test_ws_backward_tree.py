@@ -370,13 +370,16 @@ def test_tree_ws_backward_compiles_like_the_two_level_build():
 #: Spill / stack bytes the mma.sync ordered-dQ d = 128 TREE builds in the root-first order (the trees' default) may
 #: exceed the nearest-first builds' by, per arch (NVRTC 13.5, the CPU's): on the FlashAttention-2-like warp layout
 #: (DKDV_TILES qwarps=2) the sm_90 build spills 20 / stack 24 against none, sm_80 none against none, since the split sum
-#: left the builds that split nothing and the ordered builds' Q / dO copies re-read the thread index (fb9d77d: 24 / 8
-#: against none on sm_80, 32 / 32 against none on sm_90). Both builds passed the ordered tree GPU tests that way
-#: (experiments/results/checks/s28variants-h200-20261129T1051Z.log); not timed on trees. (NVRTC 13.0, the GPU
-#: machine's, spills the root-first sm_90 build none and the nearest-first one 8.) (On the 16-key layout they had
+#: left the builds that split nothing and the ordered builds' row copies re-read the thread index (fb9d77d: 24 / 8
+#: against none on sm_80, 32 / 32 against none on sm_90). The sm_90 root-first build passed the ordered tree GPU tests
+#: that way on an H200 (experiments/results/checks/s28variants-h200-20261129T1051Z.log; the sm_80 and nearest-first
+#: builds did not run there); not timed on trees. Measured with NVRTC 13.5; under another version the bound is 32
+#: (NVRTC 13.0, the GPU machine's, spills the root-first sm_90 build none and the nearest-first one 8). (On the 16-key layout they had
 #: spilled 28 against 20 and 48 against 16 and ran the tree workloads 7-10% (a, b) faster than the split backward on an
 #: H100, checks/mmatrees-h100-20261128T0706Z.json.)
 ROOT_FIRST_TREE_EXTRA = {("sm_90", 128): 24}
+#: The NVRTC version ROOT_FIRST_TREE_EXTRA was measured with (ptxas's allocation moves with it).
+ALLOWANCE_NVRTC = "13.5"
 
 
 def test_root_first_tree_builds_compile_without_more_spills():
@@ -386,9 +389,9 @@ def test_root_first_tree_builds_compile_without_more_spills():
     two-level shared-first builds, which spill up to 32 more bytes (the warp-specialised one's 24-register dQ warp 40
     against 24 on three Q/dO stages, 36 against 20 on two; the mma.sync d=128 one on sm_80 28 against 0 since the
     row-run dQ adds of ec28eb2, 16 before, when the builds passed the GPU tests on an H100 at 2dbc730; not GPU-run in
-    this order since; on the FA2-like warp layout none against none on sm_80, 28 against 28 on sm_90): bounded here so
+    this order since; on the FA2-like warp layout, NVRTC 13.5, none against none on sm_80, 20 against 20 on sm_90): bounded here so
     it cannot grow unnoticed."""
-    from dualkv.cuda.build import compile_spec, resource_usage
+    from dualkv.cuda.build import compile_spec, nvrtc_version, resource_usage
     from dualkv.cuda.configs import dkdv_spec, ws_bwd_spec
 
     pairs = [(ws_bwd_spec(128, torch.bfloat16, tree=tree, root_first=True), ws_bwd_spec(128, torch.bfloat16, tree=tree))
@@ -402,7 +405,7 @@ def test_root_first_tree_builds_compile_without_more_spills():
         got = resource_usage(compile_spec(root, use_cache=False, verbose=True).log)
         base = resource_usage(compile_spec(nearest, use_cache=False, verbose=True).log)
         assert not got["wgmma_serialized"], (root, got)
-        if not root.tree:
+        if not root.tree or nvrtc_version() != ALLOWANCE_NVRTC:
             extra = 32
         else:
             extra = ROOT_FIRST_TREE_EXTRA.get((root.arch, root.head_dim), 0) if root.kernel == "bwd_dkdv" else 0

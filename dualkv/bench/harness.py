@@ -192,8 +192,9 @@ def kernel_settings() -> dict:
     """The process-wide kernel settings (read once, at import) a timing depends on: the tree and two-level dQ orders,
     the key-tile launch order, the warp-specialised backward's and the ordered mma.sync backward's CTA orders, the
     mma.sync dK/dV layout switch
-    (``DUALKV_MMA_BWD_QWARPS``), and any debug macros. (The kernel family
-    and mma.sync backward are per benchmark system.)"""
+    (``DUALKV_MMA_BWD_QWARPS``), any debug macros, and the NVRTC the kernels compile with (its version moves ptxas's
+    register allocation; ``DUALKV_NVRTC_LIB``). (The kernel family and mma.sync backward are per benchmark system.)"""
+    from ..cuda.build import nvrtc_version
     from ..cuda.configs import (KEY_TILES_NODE_MAJOR, MMA_BWD_QWARPS, MMA_HEAD_MAJOR, TREE_DQ_ORDER,
                                 TWO_LEVEL_SHARED_FIRST, WS_HEAD_MAJOR)
 
@@ -201,7 +202,8 @@ def kernel_settings() -> dict:
             "two_level_dq_order": "shared" if TWO_LEVEL_SHARED_FIRST else "own",
             "ws_cta_order": "head" if WS_HEAD_MAJOR else "tile", "mma_cta_order": "head" if MMA_HEAD_MAJOR else "tile",
             "mma_bwd_qwarps": MMA_BWD_QWARPS,
-            "extra_defines": os.environ.get("DUALKV_EXTRA_DEFINES") or None}
+            "extra_defines": os.environ.get("DUALKV_EXTRA_DEFINES") or None,
+            "nvrtc": nvrtc_version(), "nvrtc_lib": os.environ.get("DUALKV_NVRTC_LIB") or None}
 
 
 @dataclass

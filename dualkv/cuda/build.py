@@ -3,11 +3,15 @@
 The cache key covers the source files (all of ``csrc/``), the options (macros, arch), and the NVRTC version; it
 lives in ``$DUALKV_CACHE_DIR`` (default: cuda.core's per-user cache dir + ``/dualkv``). Entries are written
 atomically (cuda.core's :class:`FileStreamProgramCache`), so several processes may compile at once.
+``$DUALKV_NVRTC_LIB`` (a folder holding libnvrtc.so.* and its builtins) compiles with that NVRTC instead of the
+installed one: at 255 registers ptxas's allocation of the mma.sync backward moved a lot between versions
+(experiments/results/checks/s28spills-cpu-20261129.log).
 Compilation needs no GPU: CI builds every specialization for sm_80 and sm_90.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import io
 import os
@@ -80,6 +84,64 @@ def _disk_cache():
         return _caches[path]
 
 
+def load_nvrtc(lib_dir: str) -> tuple[int, int]:
+    """Load the NVRTC in ``lib_dir`` (libnvrtc.so.* and its libnvrtc-builtins.so.*, as the nvidia-cuda-nvrtc wheel
+    lays them out) before cuda.bindings binds one, so that every compilation of this process uses it; returns its
+    (major, minor). Raises :class:`KernelBuildError` if the folder holds none, or if another NVRTC is in use already
+    (cuda.bindings binds the library once per process, at its first call)."""
+    folder = Path(lib_dir)
+    libs = sorted(folder.glob("libnvrtc.so.*"))
+    builtins = sorted(folder.glob("libnvrtc-builtins.so.*"))
+    if not libs or not builtins:
+        raise KernelBuildError(f"{lib_dir}: no libnvrtc.so.* with its libnvrtc-builtins.so.* there")
+    try:
+        for lib in (builtins[0], libs[0]):
+            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    except OSError as err:
+        raise KernelBuildError(f"{lib_dir}: cannot load its NVRTC: {err}") from err
+    from cuda.bindings import nvrtc  # (binds the library loaded above: it is found by its soname)
+
+    _, major, minor = nvrtc.nvrtcVersion()
+    wanted = ".".join(builtins[0].name.split(".so.", 1)[1].split(".")[:2])  # "13.0" (of 13.0, or 13.0.88)
+    if f"{major}.{minor}" != wanted:
+        raise KernelBuildError(f"{lib_dir}: NVRTC {major}.{minor} is in use in this process, not the {wanted} there "
+                               "(it must be loaded before anything compiles)")
+    return major, minor
+
+
+_nvrtc_lock = threading.Lock()
+_nvrtc_chosen: list[str] = []
+
+
+def _nvrtc_from_env() -> None:
+    """Load ``$DUALKV_NVRTC_LIB``'s NVRTC once per process, before the first compilation."""
+    lib_dir = os.environ.get("DUALKV_NVRTC_LIB")
+    if not lib_dir:
+        return
+    with _nvrtc_lock:
+        if _nvrtc_chosen and _nvrtc_chosen[0] == lib_dir:
+            return
+        if _nvrtc_chosen:
+            raise KernelBuildError(f"DUALKV_NVRTC_LIB changed from {_nvrtc_chosen[0]} to {lib_dir} in one process")
+        try:
+            load_nvrtc(lib_dir)
+        except KernelBuildError as err:
+            raise KernelBuildError(f"DUALKV_NVRTC_LIB={err}") from err
+        _nvrtc_chosen.append(lib_dir)
+
+
+def nvrtc_version() -> str | None:
+    """The NVRTC version this process compiles with ("13.0"; ``$DUALKV_NVRTC_LIB``'s when that is set, which this
+    loads first), or None without cuda-bindings."""
+    try:
+        _nvrtc_from_env()
+        from cuda.bindings import nvrtc
+    except ImportError:
+        return None
+    _, major, minor = nvrtc.nvrtcVersion()
+    return f"{major}.{minor}"
+
+
 def extra_defines() -> list[tuple[str, str]]:
     """Debug macros from ``$DUALKV_EXTRA_DEFINES`` ("NAME=VALUE,NAME2=VALUE2"): for bisecting a kernel on a GPU
     (they are part of the compile options, hence of the cache key)."""
@@ -89,7 +151,8 @@ def extra_defines() -> list[tuple[str, str]]:
 
 #: Macros that fix a kernel's dQ order (and so must match the launcher's schedule) or its CTA order (part of the
 #: specification, so that cached cubins and recorded settings name it): only the spec may set them.
-SCHEDULE_MACROS = ("DKV_TREE", "DKV_TREE_ROOT_FIRST", "DKV_DQ_ORDERED", "DKV_DQ_ATOMIC", "DKV_HEAD_MAJOR")
+SCHEDULE_MACROS = ("DKV_TREE", "DKV_TREE_ROOT_FIRST", "DKV_DQ_ORDERED", "DKV_DQ_ATOMIC", "DKV_HEAD_MAJOR",
+                   "DKV_SPLIT_TILES")
 
 
 def _options(spec: KernelSpec, verbose: bool):
@@ -108,7 +171,9 @@ def _options(spec: KernelSpec, verbose: bool):
 
 
 def compile_spec(spec: KernelSpec, *, use_cache: bool = True, verbose: bool = False) -> BuiltKernel:
-    """Compile (or fetch from the disk cache) one specialization to a cubin."""
+    """Compile (or fetch from the disk cache) one specialization to a cubin (with ``$DUALKV_NVRTC_LIB``'s NVRTC when
+    that is set)."""
+    _nvrtc_from_env()
     from cuda.core import Program
     from cuda.core.utils import make_program_cache_key
 

@@ -2,22 +2,21 @@
 
 ptxas's register allocation moves with the NVRTC version, and at 255 registers the mma.sync backward's spills moved a
 lot between 13.0 and 13.5 (experiments/results/checks/s28spills-cpu-20261129.log): ``--nvrtc-lib DIR`` compiles with
-another NVRTC (e.g. a GPU machine's, unpacked from its ``nvidia-cuda-nvrtc`` wheel) to see what that machine runs."""
+another NVRTC (e.g. a GPU machine's, unpacked from its ``nvidia-cuda-nvrtc`` wheel) to see what that machine runs, as
+``$DUALKV_NVRTC_LIB`` does for every compilation of a process (dualkv/cuda/build.py)."""
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import sys
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 from tqdm.auto import tqdm
 
 from ..cli import subcommand
-from .build import KernelBuildError, compile_spec, resource_usage
-from .configs import ARCHS, all_specs
+from .build import KernelBuildError, compile_spec, load_nvrtc, resource_usage
+from .configs import ARCHS, KERNELS, all_specs
 
 
 def _args(p: argparse.ArgumentParser) -> None:
@@ -26,39 +25,18 @@ def _args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", action="append", choices=ARCHS, help="target architecture (repeatable; default: all)")
     p.add_argument("--resources", action="store_true", help="recompile with ptxas -v and print registers/spills")
     p.add_argument("--json", metavar="PATH", help="write per-spec results as JSON")
-    p.add_argument("--kernel", action="append", help="only this kernel (repeatable; e.g. bwd_dkdv)")
+    p.add_argument("--kernel", action="append", choices=KERNELS, help="only this kernel (repeatable)")
     p.add_argument("--nvrtc-lib", metavar="DIR", help="compile with the NVRTC in DIR (libnvrtc.so.* and its builtins, "
                    "e.g. nvidia/cu13/lib of an unpacked nvidia-cuda-nvrtc wheel) instead of the installed one")
     p.add_argument("--jobs", type=int, default=2, help="parallel NVRTC compilations")
     p.add_argument("--no-progress", action="store_true")
 
 
-def load_nvrtc(lib_dir: str) -> tuple[int, int]:
-    """Load the NVRTC in ``lib_dir`` (its builtins first) before cuda.bindings loads one, so that every compilation of
-    this process uses it; returns its (major, minor). Raises if the directory holds none, or if another NVRTC was in
-    use already (cuda.bindings binds the library once per process)."""
-    folder = Path(lib_dir)
-    libs = sorted(folder.glob("libnvrtc.so.*"))
-    builtins = sorted(folder.glob("libnvrtc-builtins.so.*"))
-    if not libs or not builtins:
-        raise ValueError(f"--nvrtc-lib {lib_dir}: no libnvrtc.so.* with its libnvrtc-builtins.so.* there")
-    for lib in (builtins[0], libs[0]):
-        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
-    from cuda.bindings import nvrtc  # (binds the library already loaded under its soname)
-
-    _, major, minor = nvrtc.nvrtcVersion()
-    wanted = builtins[0].name.split(".so.", 1)[1]  # e.g. "13.0"
-    if f"{major}.{minor}" != wanted:
-        raise ValueError(f"--nvrtc-lib {lib_dir}: NVRTC {major}.{minor} is in use, not the {wanted} there (load it "
-                         "before anything compiles)")
-    return major, minor
-
-
 def _run(args: argparse.Namespace) -> int:
     if args.nvrtc_lib:
         try:
             major, minor = load_nvrtc(args.nvrtc_lib)
-        except (ValueError, OSError) as err:
+        except KernelBuildError as err:
             print(f"dualkv kernels: {err}", file=sys.stderr)
             return 2
         print(f"NVRTC {major}.{minor} from {args.nvrtc_lib}", file=sys.stderr)
@@ -80,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
                                      disable=args.no_progress, file=sys.stderr):
             row = {"kernel": spec.kernel, "arch": spec.arch, "head_dim": spec.head_dim, "dtype": spec.dtype,
                    "pack": spec.pack, "window": spec.window, "causal": spec.causal, "tree": spec.tree,
-                   "root_first": spec.root_first, "split": spec.split, "tile": repr(spec.tile),
+                   "root_first": spec.root_first, "split_tiles": spec.split_tiles, "tile": repr(spec.tile),
                    "smem_bytes": spec.smem_bytes, "dq_mode": _dq_mode(spec), "ok": err is None}
             if built is not None and built.log:
                 row.update(resource_usage(built.log))
@@ -92,7 +70,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{r['arch']} {r['kernel']} d={r['head_dim']:<3} {r['dtype']} pack={r['pack']} "
                   f"window={int(r['window'])} causal={int(r['causal'])}"
                   + (f" dq={r['dq_mode']}" if r["dq_mode"] else "") + (" tree" if r["tree"] else "")
-                  + (" root/shared-first" if r["root_first"] else "") + (" split" if r["split"] else "")
+                  + (" root/shared-first" if r["root_first"] else "") + (" split-tiles" if r["split_tiles"] else "")
                   + f": {r.get('registers')} regs, spill "
                   f"{r.get('spill_stores')}/"
                   f"{r.get('spill_loads')} B, smem {r['smem_bytes']} B"

@@ -635,7 +635,7 @@ class KernelSpec:
     dq_ordered: bool = False  # bwd_dkdv only: also accumulate dQ, in a fixed order (deterministic; DKV_DQ_ORDERED)
     root_first: bool = False  # ordered-dQ backwards: the root-first (tree) / shared-first (two-level) dQ order
     head_major: bool = False  # bwd_sm90_ws only: each KV head's key-tile table launched in turn (DKV_HEAD_MAJOR)
-    split: bool = False  # ordered dQ mode only: the build that sums split shared-key tiles (DKV_DQ_SPLIT)
+    split_tiles: bool = False  # ordered dQ mode only: the build that sums split shared-key tiles (DKV_SPLIT_TILES)
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -661,8 +661,9 @@ class KernelSpec:
         if self.root_first and not (self.kernel == "bwd_sm90_ws" or self.dq_ordered):
             raise ValueError("the root-first (shared-first) dQ order is built for the warp-specialised backward and "
                              "the ordered dQ mode only")
-        if self.split and not (self.dq_ordered and not self.tree):
-            raise ValueError("the split shared-key tiles have a build of the two-level ordered dQ mode only")
+        if self.split_tiles and not (self.dq_ordered and not self.tree):
+            raise ValueError(f"the split shared-key tiles have a build of the two-level ordered dQ mode only, not "
+                             f"{self.kernel} with dq_ordered={self.dq_ordered}, tree={self.tree}")
         if self.head_major and self.kernel != "bwd_sm90_ws":
             raise ValueError(f"the head-major CTA order is built for the warp-specialised backward only, not "
                              f"{self.kernel}")
@@ -769,8 +770,8 @@ class KernelSpec:
                 keys += [("DKV_TREE_ROOT_FIRST", "1")]
             if self.head_major:
                 keys += [("DKV_HEAD_MAJOR", "1")]
-            if self.split:
-                keys += [("DKV_DQ_SPLIT", "1")]
+            if self.split_tiles:
+                keys += [("DKV_SPLIT_TILES", "1")]
             return keys
         query = common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack)),
                           ("DKV_OVERLAP", "1" if getattr(t, "overlap", False) else "0")]
@@ -877,17 +878,18 @@ def dkdv_tile(head_dim: int, arch: str, dq_here: bool) -> KeyTileConfig:
 
 def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,
               kernel: str | None = None, causal: bool = True, dq_ordered: bool = False,
-              tree: bool = False, root_first: bool = False, split: bool = False) -> KernelSpec:
+              tree: bool = False, root_first: bool = False, split_tiles: bool = False) -> KernelSpec:
     """The dK/dV specialization; ``kernel`` defaults to :func:`dkdv_kernel_for` (``arch`` is the device's);
     ``dq_ordered``: the mma.sync kernel's ordered dQ mode (``tree``: its prefix-tree build, ``root_first``: with the
-    root-first (tree) or shared-first (two-level) dQ order, ``split``: its build for split shared-key tiles)."""
+    root-first (tree) or shared-first (two-level) dQ order, ``split_tiles``: its build for split shared-key tiles)."""
     name = _check_dtype(dtype)
     _check_head_dim(head_dim)
     kernel = kernel or ("bwd_dkdv" if dq_ordered else dkdv_kernel_for(head_dim, arch, dq_atomic))
     if kernel == "bwd_dkdv_sm90":
         return KernelSpec(kernel, head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a", causal=causal)
     return KernelSpec(kernel, head_dim, name, dkdv_tile(head_dim, arch, dq_atomic or dq_ordered), 1, window, arch,
-                      dq_atomic, causal, tree=tree, dq_ordered=dq_ordered, root_first=root_first, split=split)
+                      dq_atomic, causal, tree=tree, dq_ordered=dq_ordered, root_first=root_first,
+                      split_tiles=split_tiles)
 
 
 def prep_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
@@ -958,5 +960,5 @@ def all_specs(arch: str) -> list[KernelSpec]:
                                    root_first=TWO_LEVEL_SHARED_FIRST))
             if causal and TWO_LEVEL_SHARED_FIRST:  # (tables are split only then: launch.ws_split_for)
                 specs.append(dkdv_spec(head_dim, dtype, False, arch, causal=True, dq_ordered=True, root_first=True,
-                                       split=True))
+                                       split_tiles=True))
     return specs

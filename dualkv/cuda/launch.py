@@ -322,11 +322,12 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
     The CTAs run head-major, split after ``first_tiles`` rows (:func:`dualkv.cuda.ws_schedule.cta_order`; None: the
     whole table) where :data:`~dualkv.cuda.configs.MMA_HEAD_MAJOR` says so, never on a tree; else a row's KV heads
     adjacent. ``split``: (parts, partial rows) of a split table (:func:`~dualkv.cuda.split_args.split_args`), as the
-    warp-specialised backward takes it."""
+    warp-specialised backward takes it; more than one part launches the kernel's split-tiles build (the only one with
+    the parts' sum, ``KernelSpec.split_tiles``)."""
     tokens, heads, head_dim = q.shape
     device = device_index(q)
     spec = dkdv_spec(head_dim, q.dtype, False, arch_of(device), causal=causal, dq_ordered=True, tree=tree,
-                     root_first=_root_first(tree), split=split[0] > 1)
+                     root_first=_root_first(tree), split_tiles=split[0] > 1)
     kern = get_kernel(spec, device)
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, spec.tile.block_m, tree)
     dq_acc = new_frag_acc(tokens, heads, head_dim, q.device, spec.tile.block_m)

@@ -54,8 +54,8 @@ def part_buffers(spec: KernelSpec, split: tuple[int, int], kv_heads: int,
     parts, partial_rows = split
     if parts <= 1 or partial_rows == 0:
         return list(NO_SPLIT), ()
-    if spec.kernel == "bwd_dkdv" and not spec.split:
-        raise ValueError(f"a split key-tile table ({parts} parts) needs the dK/dV kernel's split build (split=True), "
+    if spec.kernel == "bwd_dkdv" and not spec.split_tiles:
+        raise ValueError(f"a split key-tile table ({parts} parts) needs the dK/dV kernel's split-tiles build (split_tiles=True), "
                          f"got {spec}")
     part_acc = torch.empty((partial_rows * kv_heads * part_slot_floats(spec),), dtype=torch.float32, device=device)
     part_sems = torch.zeros((partial_rows // parts * kv_heads,), dtype=torch.int32, device=device)

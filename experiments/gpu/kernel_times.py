@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         n, p = (int(x) for x in shape.split(":"))
         times = kernel_times(args.system, n, p, args.R, heads, kv_heads, args.head_dim, args.iters, not args.no_profile)
         result["shapes"][shape] = times
+        if args.no_profile:
+            continue
         print(f"== {args.system} N={n} P={p} R={args.R}: {sum(t['us_per_iter'] for t in times.values()) / 1e3:.2f} "
               "ms of kernels per fwd+bwd")
         for name, t in times.items():

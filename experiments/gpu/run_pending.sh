@@ -145,6 +145,9 @@
 #                                                  # tree suites (atomic included) and verify under DUALKV_KERNELS=mma,
 #                                                  # ragged micro-batches and Table 1 against the FA2 cascade, per-kernel
 #                                                  # times against fb9d77d (needs _hd: git archive fb9d77d dualkv)
+#   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
+#                                                  # machine's 13.0: both families and both cascades, alternating; needs
+#                                                  # build/nvrtc135.tar.xz carried (see the part)
 #   bash experiments/gpu/run_pending.sh s26next    # what the last commits of session 26 had not run on a GPU: the WS suite,
 #                                                  # the split tests, the wgmma_v1 pair (DKV_DKDV_PARAMS' new arguments),
 #                                                  # head dim 96, dualkv verify
@@ -1489,7 +1492,7 @@ s27sweep)
     (cd "$OUT" && tar czf s27sweep.tgz *.log bench && rm -rf q28.log d64.log d256.log bench)
     ;;
 s28next)
-    # #13: the split sum in the ordered mode's own build (DKV_DQ_SPLIT) and the copies' thread-index re-read
+    # #13: the split sum in the ordered mode's own build (DKV_SPLIT_TILES) and the copies' thread-index re-read
     # (DKV_ROWS_TID_AGAIN): session 28's call ran the ordered, ordered-tree, layout and split suites only
     # (checks/s28variants-h200-20261129T1051Z.log); here the family's other suites, verify, and the speed tables
     mma_backward_tests pytest_mma
@@ -1505,6 +1508,30 @@ s28next)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s28next-table.json"
     (cd "$OUT" && tar czf s28next.tgz *.log bench && rm -rf pytest_*.log g*.log t1.log kt.log bench)
     ;;
+s28nvrtc)
+    # #12 / #13: does another ptxas make the kernels faster? The GPU machine compiles with NVRTC 13.0, which spills the
+    # mma.sync ordered d = 128 build 60 / 104 bytes where 13.5 spills 20 / 28 (checks/s28spills-cpu-20261129.log). Before
+    # the call, here (43 MB; build/ is ignored, so name it in the call's carry):
+    #   mkdir -p build && tar cJf build/nvrtc135.tar.xz -C .venv/lib/python3.11/site-packages/nvidia/cu13/lib \
+    #       libnvrtc.so.13 libnvrtc-builtins.so.13.5
+    [ -f build/nvrtc135.tar.xz ] || { echo "s28nvrtc needs build/nvrtc135.tar.xz (carried)"; exit 2; }
+    mkdir -p /tmp/nv135 && tar xJf build/nvrtc135.tar.xz -C /tmp/nv135
+    DUALKV_NVRTC_LIB=/tmp/nv135 step nvrtc_version 120 python3 -c "from dualkv.cuda.build import compile_spec, \
+load_nvrtc; print('NVRTC', load_nvrtc('/tmp/nv135'))"
+    DUALKV_NVRTC_LIB=/tmp/nv135 DUALKV_KERNELS=mma DUALKV_MMA_BWD=ordered TAIL=2 step pytest_ordered_135 300 \
+        python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py
+    mkdir -p "$OUT/bench"
+    for i in 1 2; do
+        for v in 130 135; do
+            lib=$([ $v = 135 ] && echo /tmp/nv135 || echo "")
+            DUALKV_NVRTC_LIB=$lib DUALKV_COMMIT=$(cat .commit 2>/dev/null)+nvrtc$v TAIL=1 step b${i}_$v 200 \
+                python3 -m dualkv bench kernel --systems dualkv,dualkv_mma,cudnn_cascade,cascade \
+                --shapes 8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/b${i}_$v"
+        done
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s28nvrtc-table.json"
+    (cd "$OUT" && tar czf s28nvrtc.tgz *.log bench && rm -rf b*.log pytest_*.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1512,6 +1539,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc)"
    exit 2 ;;
 esac

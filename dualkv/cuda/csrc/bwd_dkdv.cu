@@ -37,7 +37,8 @@
 // HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles), DKV_QWARPS (2: the
 // FlashAttention-2-like warp layout below), DKV_DO_STAGES (1: one dO buffer beside two Q buffers), DKV_DQ_ATOMIC,
 // DKV_DQ_ORDERED.
-// The ordered dQ builds re-read the thread index for their Q / dO copies (common.cuh, DKV_ROWS_TID_AGAIN).
+// The ordered dQ builds re-read the thread index for their row copies (load_strided_rows: K / V once, Q / dO every
+// step; common.cuh, DKV_ROWS_TID_AGAIN, which DUALKV_EXTRA_DEFINES=DKV_ROWS_TID_AGAIN=0 turns off for an A/B).
 #if defined(DKV_DQ_ORDERED) && DKV_DQ_ORDERED && !defined(DKV_ROWS_TID_AGAIN)
 #define DKV_ROWS_TID_AGAIN 1
 #endif
@@ -52,15 +53,16 @@
 #ifndef DKV_TREE
 #define DKV_TREE 0
 #endif
-// DKV_DQ_SPLIT (the ordered mode): the build that runs split shared-key tiles (split_parts.cuh), launched only for a
+// DKV_SPLIT_TILES (the ordered mode): the build that runs split shared-key tiles (split_parts.cuh), launched only for a
 // split table (dualkv/cuda/split_args.py refuses a split for the other builds). The others have no split epilogue:
-// at 255 registers it made ptxas (NVRTC 13.0, the GPU machine's) spill inside the main loop, and together with the
-// thread index re-read for the copies (common.cuh, DKV_ROWS_TID_AGAIN) its removal took the d = 128 sm_90 causal
-// shared-first build from 96 / 152 bytes of spill stores / loads to 60 / 104 and its backward from 244.3 to 237.0 ms
-// at (16, 32K) (H200, one call; eca2523, before the split existed, 231.2 with 12 / 12:
-// experiments/results/checks/s28variants-h200-20261129T1051Z.log, where ncu puts the whole difference on the spills).
-#ifndef DKV_DQ_SPLIT
-#define DKV_DQ_SPLIT 0
+// at 255 registers it added to ptxas's spills inside the main loop (NVRTC 13.0, the GPU machine's; d = 128 sm_90 causal
+// shared-first: 96 / 152 bytes of spill stores / loads with it, 92 / 136 without, 60 / 104 with the thread index
+// re-read too). This kernel's time at (16, 32K) (H200, torch.profiler): 244.8 ms with it, 240.5 without, 238.4-238.9
+// with the re-read; another call 244.3 against 237.0, and eca2523, before the split existed, 231.2 with 12 / 12
+// (experiments/results/checks/s28variants-h200-20261129T1051Z.log; ncu's source counters, s28ncu-source-*, put the
+// whole difference between eca2523 and the build without the epilogue on the spills).
+#ifndef DKV_SPLIT_TILES
+#define DKV_SPLIT_TILES 0
 #endif
 #ifndef DKV_TREE_ROOT_FIRST
 #define DKV_TREE_ROOT_FIRST 0  // 1: the root-first (tree) / shared-first (two-level) dQ order, as bwd_sm90_ws.cu's
@@ -154,8 +156,9 @@ static_assert((DKV_DQ_RELEASE == 0 || DKV_DQ_RELEASE == 1) && !(DKV_DQ_RELEASE =
 // a key block holds whole query tiles, so a causal own walk starts at a counter's tile
 static_assert(!kDqOrdered || (!kWindow && kBlockKeys % kBlockM == 0), "ordered dQ: no window, whole query tiles");
 constexpr bool kTree = DKV_TREE != 0;
-constexpr bool kDqSplit = DKV_DQ_SPLIT != 0;  // (moved the other builds' cubin bytes, not their SASS)
-static_assert(!kDqSplit || (kDqOrdered && !kTree), "DKV_DQ_SPLIT: the two-level ordered dQ mode's build");
+// (kSplitTiles, a new constant, changed the other builds' cubin bytes but not their SASS: checked under NVRTC 13.0)
+constexpr bool kSplitTiles = DKV_SPLIT_TILES != 0;
+static_assert(!kSplitTiles || (kDqOrdered && !kTree), "DKV_SPLIT_TILES: the two-level ordered dQ mode's build");
 // (a macro, not a constexpr, when it was added: a new namespace-scope constant would have changed every other build's
 // cubin bytes)
 static_assert(!DKV_TREE_ROOT_FIRST || kDqOrdered, "the root-first / shared-first dQ order is the ordered dQ mode's");
@@ -494,7 +497,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         if (DKV_DQ_FENCE == 1) __threadfence();
         st_release(pending, pending_rank + 1);
     }
-    if (kDqSplit) {  // a split key tile (split_parts.cuh): its run's last CTA stores the sum of the run's dK / dV
+    if (kSplitTiles) {  // a split key tile (split_parts.cuh): its run's last CTA stores the sum of the run's dK / dV
         const int row = cta_head_tile(kv_heads, first_tiles, first_tiles >= 0, block_index_again()).y;
         if (row < partial_rows) {
             float* slot = part_acc + ((long long)row * kv_heads + kv_head) * kPartFloats;

@@ -18,10 +18,11 @@
 #endif
 // DKV_ROWS_TID_AGAIN (1: set by bwd_dkdv.cu's ordered dQ builds): load_strided_rows reads the thread index anew, so
 // that its per-thread row and column offsets are not held (or spilled) across the caller's main loop (NVRTC 13.0, d =
-// 128 sm_90 causal shared-first ordered build: 60 / 104 bytes of spill stores / loads against 92 / 136; 238.4-238.9
-// against 240.5 ms at (16, 32K) on an H200, experiments/results/checks/s28variants-h200-20261129T1051Z.log). Only those
-// builds take it: at 255 registers ptxas's allocation of the other mma.sync kernels moved with any respelling of these
-// lines (NVRTC 13.0 spilled 104 bytes of the d = 128 forward against 8, and it ran ~10 ms slower at (16, 32K)).
+// 128 sm_90 causal shared-first ordered build: 60 / 104 bytes of spill stores / loads against 92 / 136; its dK/dV
+// kernel 238.4-238.9 against 240.5 ms at (16, 32K) on an H200, experiments/results/checks/s28variants-h200-20261129T1051Z.log).
+// Only those builds take it: at 255 registers ptxas's allocation of the other mma.sync kernels moved with any
+// respelling of these lines (a tree that respelled them for every kernel, in the same log: NVRTC 13.0 spilled the d =
+// 128 forward 104 / 120 bytes against 8 / 8, and its forward took ~10 ms more at (16, 32K)).
 #ifndef DKV_ROWS_TID_AGAIN
 #define DKV_ROWS_TID_AGAIN 0
 #endif

@@ -35,7 +35,7 @@
 // dq_sems, qtile_offset, n_qtiles, kv_heads, first_tiles: the ordered mode's counters and grid (first_tiles >= 0:
 // head-major CTAs split after that many table rows, keywalk.cuh's cta_head_tile; < 0: a row's KV heads adjacent;
 // else unused); part_acc, part_sems, parts, partial_rows: the ordered mode's split key tiles (split_parts.cuh; read
-// by its DKV_DQ_SPLIT build only; parts 1 and no partial rows otherwise).
+// by its DKV_SPLIT_TILES build only; parts 1 and no partial rows otherwise).
 #define DKV_DKDV_PARAMS                                                  \
     DKV_BWD_IN_PARAMS,                                                   \
     elem_t* __restrict__ dkc, long long dkc_st, long long dkc_sh,        \
