@@ -89,7 +89,7 @@ def load_nvrtc(lib_dir: str) -> tuple[int, int]:
     lays them out) before cuda.bindings binds one, so that every compilation of this process uses it; returns its
     (major, minor). Raises :class:`KernelBuildError` if the folder holds none, or if another NVRTC is in use already
     (cuda.bindings binds the library once per process, at its first call)."""
-    folder = Path(lib_dir)
+    folder = Path(lib_dir).resolve()  # (a bare file name would send ctypes to the system's search path)
     libs = sorted(folder.glob("libnvrtc.so.*"))
     builtins = sorted(folder.glob("libnvrtc-builtins.so.*"))
     if not libs or not builtins:
@@ -113,8 +113,9 @@ _nvrtc_lock = threading.Lock()
 _nvrtc_chosen: list[str] = []
 
 
-def _nvrtc_from_env() -> None:
-    """Load ``$DUALKV_NVRTC_LIB``'s NVRTC once per process, before the first compilation."""
+def nvrtc_from_env() -> None:
+    """Load ``$DUALKV_NVRTC_LIB``'s NVRTC once per process (:func:`load_nvrtc`), before the first compilation; nothing
+    when it is unset or empty. Raises :class:`KernelBuildError` naming the variable."""
     lib_dir = os.environ.get("DUALKV_NVRTC_LIB")
     if not lib_dir:
         return
@@ -132,14 +133,20 @@ def _nvrtc_from_env() -> None:
 
 def nvrtc_version() -> str | None:
     """The NVRTC version this process compiles with ("13.0"; ``$DUALKV_NVRTC_LIB``'s when that is set, which this
-    loads first), or None without cuda-bindings."""
+    loads first), for records: None without cuda-bindings or an NVRTC, "unavailable: ..." when the variable's folder
+    cannot serve (the first compilation raises on that)."""
     try:
-        _nvrtc_from_env()
+        nvrtc_from_env()
         from cuda.bindings import nvrtc
+
+        err, major, minor = nvrtc.nvrtcVersion()
     except ImportError:
         return None
-    _, major, minor = nvrtc.nvrtcVersion()
-    return f"{major}.{minor}"
+    except KernelBuildError as err:
+        return f"unavailable: {err}"
+    except Exception:  # cuda-bindings without an NVRTC library (pathfinder finds none)
+        return None
+    return f"{major}.{minor}" if int(err) == 0 else None
 
 
 def extra_defines() -> list[tuple[str, str]]:
@@ -173,7 +180,7 @@ def _options(spec: KernelSpec, verbose: bool):
 def compile_spec(spec: KernelSpec, *, use_cache: bool = True, verbose: bool = False) -> BuiltKernel:
     """Compile (or fetch from the disk cache) one specialization to a cubin (with ``$DUALKV_NVRTC_LIB``'s NVRTC when
     that is set)."""
-    _nvrtc_from_env()
+    nvrtc_from_env()
     from cuda.core import Program
     from cuda.core.utils import make_program_cache_key
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from tqdm.auto import tqdm
 
 from ..cli import subcommand
-from .build import KernelBuildError, compile_spec, load_nvrtc, resource_usage
+from .build import KernelBuildError, compile_spec, nvrtc_from_env, nvrtc_version, resource_usage
 from .configs import ARCHS, KERNELS, all_specs
 
 
@@ -33,13 +34,14 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.nvrtc_lib:
+    if args.nvrtc_lib:  # (as DUALKV_NVRTC_LIB, so that the two cannot name different folders in one process)
+        os.environ["DUALKV_NVRTC_LIB"] = args.nvrtc_lib
         try:
-            major, minor = load_nvrtc(args.nvrtc_lib)
+            nvrtc_from_env()
         except KernelBuildError as err:
             print(f"dualkv kernels: {err}", file=sys.stderr)
             return 2
-        print(f"NVRTC {major}.{minor} from {args.nvrtc_lib}", file=sys.stderr)
+        print(f"NVRTC {nvrtc_version()} from {args.nvrtc_lib}", file=sys.stderr)
     import cuda.core  # noqa: F401  (import once here: concurrent first imports from worker threads race)
 
     specs = [spec for arch in (args.arch or ARCHS) for spec in all_specs(arch)

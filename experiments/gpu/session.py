@@ -32,10 +32,11 @@ def step(name, fn):
 
 def env():
     import cuda.core
-    from cuda.bindings import nvrtc
+
+    from dualkv.cuda.build import nvrtc_version  # (loads $DUALKV_NVRTC_LIB's first, as the kernels would)
 
     return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cuda_core": cuda.core.__version__, "nvrtc": nvrtc.nvrtcVersion()[1:]}
+            "cuda_core": cuda.core.__version__, "nvrtc": nvrtc_version()}
 
 
 def compile_all():

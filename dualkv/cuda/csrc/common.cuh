@@ -22,7 +22,8 @@
 // kernel 238.4-238.9 against 240.5 ms at (16, 32K) on an H200, experiments/results/checks/s28variants-h200-20261129T1051Z.log).
 // Only those builds take it: at 255 registers ptxas's allocation of the other mma.sync kernels moved with any
 // respelling of these lines (a tree that respelled them for every kernel, in the same log: NVRTC 13.0 spilled the d =
-// 128 forward 104 / 120 bytes against 8 / 8, and its forward took ~10 ms more at (16, 32K)).
+// 128 forward 104 / 120 bytes against 8 / 8, and the kernels other than dK/dV, the forward mostly, took ~10 ms more at
+// (16, 32K)).
 #ifndef DKV_ROWS_TID_AGAIN
 #define DKV_ROWS_TID_AGAIN 0
 #endif
