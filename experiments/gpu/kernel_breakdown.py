@@ -22,8 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 
-def _activities(fn) -> list[dict]:
-    """Each GPU activity of one call of ``fn``: name, count, total ms (sorted, heaviest first)."""
+def gpu_activities(fn, name_chars: int | None = 120) -> list[dict]:
+    """Each GPU activity of one call of ``fn``: name (its first ``name_chars`` characters; None: whole), count, total
+    ms (sorted, heaviest first)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -36,7 +37,7 @@ def _activities(fn) -> list[dict]:
             entry = totals.setdefault(event.name, [0, 0.0])
             entry[0] += 1
             entry[1] += event.device_time_total / 1e3
-    rows = [{"name": name[:120], "count": c, "ms": round(ms, 3)} for name, (c, ms) in totals.items()]
+    rows = [{"name": name[:name_chars], "count": c, "ms": round(ms, 3)} for name, (c, ms) in totals.items()]
     return sorted(rows, key=lambda r: -r["ms"])
 
 
@@ -63,11 +64,11 @@ def main() -> int:
         with torch.no_grad():
             forward = lambda: fn(q, k, v, layout)  # noqa: E731
             fwd_ms = measure(forward, q.device, warmup=2, reps=args.reps).ms
-            fwd_acts = _activities(forward)
+            fwd_acts = gpu_activities(forward)
         out = fn(q, k, v, layout)
         backward = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
         bwd_ms = measure(backward, q.device, warmup=2, reps=args.reps).ms
-        bwd_acts = _activities(backward)
+        bwd_acts = gpu_activities(backward)
         result["systems"][name] = {
             "fwd_ms": round(fwd_ms, 3), "fwd_gpu_ms": round(sum(a["ms"] for a in fwd_acts), 3), "fwd": fwd_acts,
             "bwd_ms": round(bwd_ms, 3), "bwd_gpu_ms": round(sum(a["ms"] for a in bwd_acts), 3), "bwd": bwd_acts}

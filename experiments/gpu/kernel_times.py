@@ -16,53 +16,46 @@ little: compare trees or systems within one call, not with event times.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # kernel_breakdown.py, its sibling
 
 
 def kernel_times(system_name: str, n: int, p: int, r: int, heads: int, kv_heads: int, head_dim: int,
                  iters: int, profile: bool = True) -> dict[str, dict]:
     """{kernel name: {"per_iter": launches per iteration, "us": mean µs per launch, "us_per_iter": µs per
     iteration}} of ``iters`` forward(train) + backward passes of ``system_name`` at one group (n responses of r
-    tokens after a p-token prompt), after two untimed passes."""
+    tokens after a p-token prompt), after two untimed passes (``profile=False``: the passes alone, {})."""
+    # (imported here, after the caller's `import dualkv`: kernel_breakdown puts its own tree first on sys.path)
+    from kernel_breakdown import gpu_activities
+
     from dualkv.bench.baselines import SYSTEMS
+    from dualkv.bench.kernel import random_inputs
     from dualkv.layout import GroupLayout
 
     layout = GroupLayout((p,), ((r,) * n,))
-    tokens = layout.total_tokens
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(tokens, heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(tokens, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(tokens, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-    dout = torch.randn(tokens, heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q, k, v = random_inputs(layout, heads, kv_heads, head_dim, torch.bfloat16, 0)
+    dout = torch.randn_like(q)
     system = SYSTEMS[system_name](q, k, v, layout)
     system.prepare()
-    for _ in range(2):
-        system.forward(train=True)
-        system.backward(dout)
-    torch.cuda.synchronize()
-    if not profile:
-        for _ in range(iters):
+
+    def passes(count: int) -> None:
+        for _ in range(count):
             system.forward(train=True)
             system.backward(dout)
+
+    passes(2)
+    if not profile:
+        passes(iters)
         torch.cuda.synchronize()
         return {}
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            system.forward(train=True)
-            system.backward(dout)
-        torch.cuda.synchronize()
-    totals: dict[str, list[float]] = collections.defaultdict(list)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name].append(event.device_time_total if hasattr(event, "device_time_total")
-                                      else event.cuda_time_total)
-    return {name: {"per_iter": len(ts) / iters, "us": sum(ts) / len(ts), "us_per_iter": sum(ts) / iters}
-            for name, ts in sorted(totals.items(), key=lambda kv: -sum(kv[1]))}
+    return {a["name"]: {"per_iter": a["count"] / iters, "us": a["ms"] * 1e3 / a["count"],
+                        "us_per_iter": a["ms"] * 1e3 / iters} for a in gpu_activities(lambda: passes(iters), None)}
 
 
 def main(argv: list[str] | None = None) -> int:
