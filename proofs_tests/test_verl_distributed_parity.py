@@ -32,8 +32,11 @@ def _needs_verl():
 
 def run_parity(mode: str, nproc: int, out: Path, *extra: str, device: str = "cpu",
                timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
-    """torchrun the parity program; (process, the JSON rank 0 wrote)."""
-    env = dict(os.environ, PYTHONWARNINGS="ignore", VERL_LOGGING_LEVEL="ERROR",
+    """torchrun the parity program; (process, the JSON rank 0 wrote). Its temporary files go under ``out/tmp``,
+    which must be empty again when it exits (the saved random model is removed)."""
+    scratch = out / "tmp"
+    scratch.mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", VERL_LOGGING_LEVEL="ERROR", TMPDIR=str(scratch),
                DUALKV_BENCH_HIDE_PACKAGES=",".join(DEFAULT_STUBS),     # as on the GPU hosts: no Ray, datasets, ...
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
@@ -41,6 +44,8 @@ def run_parity(mode: str, nproc: int, out: Path, *extra: str, device: str = "cpu
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     written = sorted(out.glob(f"distributed_parity-{mode}*.json"))
     assert written, proc.stdout[-3000:] + proc.stderr[-3000:]
+    left = [p.name for p in scratch.glob("dualkv-parity-*")]
+    assert not left, f"the parity program left its model folders behind: {left}"
     return proc, json.loads(written[-1].read_text())
 
 

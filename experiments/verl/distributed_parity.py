@@ -56,6 +56,7 @@ import gc
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -163,17 +164,19 @@ def setup(device: str) -> tuple[int, int]:
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
-def shared_model_dir(args: argparse.Namespace, rank: int) -> tuple[str, dict]:
-    """Rank 0 saves the random model under a fresh temporary folder; every rank gets its path."""
+def shared_model_dir(args: argparse.Namespace, rank: int) -> tuple[str, dict, Path | None]:
+    """Rank 0 saves the random model under a fresh temporary folder; every rank gets its path. Also returns that
+    folder on rank 0 (None elsewhere), which :func:`run` removes after its last barrier (the ranks leave through
+    :func:`exit_now`, which runs no ``atexit`` hooks)."""
     import verl_fixtures
 
     fields = dict(SIZES[args.size]["model"])
-    box = [None]
+    box, folder = [None], None
     if rank == 0:
         folder = Path(tempfile.mkdtemp(prefix="dualkv-parity-"))
         box[0] = verl_fixtures.build_model_dir(folder / "model", seed=args.seed, **fields)
     torch.distributed.broadcast_object_list(box, src=0)
-    return box[0], fields
+    return box[0], fields, folder
 
 
 # ---------------------------------------------------------------------------------------------- batches
@@ -560,12 +563,12 @@ def run(args: argparse.Namespace) -> int:
     suffix = "".join(f"-{v}" for v, default in ((args.packing, "group"), (args.mutant, "none")) if v != default)
     suffix += f"-n{args.n}" if args.n != N else ""
     out_path = Path(args.out) / f"distributed_parity-{args.mode}{suffix}.json"
-    status = 1
+    status, model_folder = 1, None
     try:
         import verl_fixtures
         from verl_fixtures.synthetic import rollout_batch
 
-        model_dir, fields = shared_model_dir(args, rank)
+        model_dir, fields, model_folder = shared_model_dir(args, rank)
         record["model"] = {"arch": "qwen3", "vocab": verl_fixtures.VOCAB, **fields}
         record["batch_seeds"] = [args.seed + b for b in range(args.batches)]
         record["global_groups"], record["partitions"], batches = [], [], []
@@ -626,7 +629,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  rank {r['rank']} {precision}: worst {name}: {_describe(row)}", flush=True)
     flag = [status]
     torch.distributed.broadcast_object_list(flag, src=0)
-    torch.distributed.barrier()
+    torch.distributed.barrier()         # every rank is done with the saved model
+    if model_folder is not None:
+        shutil.rmtree(model_folder, ignore_errors=True)
     torch.distributed.destroy_process_group()
     return int(flag[0])
 
