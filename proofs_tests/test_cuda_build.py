@@ -305,3 +305,31 @@ def test_ordered_dq_switches_compile(monkeypatch, switch, value):
             spec = dkdv_spec(64, torch.bfloat16, False, arch, dq_ordered=True, tree=tree)
             usage = resource_usage(compile_spec(spec, use_cache=False, verbose=True).log)
             assert usage["spill_stores"] == 0, (spec, usage)
+
+
+def test_dkdv_addr32_switch_is_scoped_to_the_dkdv_kernel(monkeypatch):
+    """DKV_DKDV_ADDR32=1 / 2 (DUALKV_EXTRA_DEFINES; common.cuh's DKV_LDSM_ADDR32 in bwd_dkdv.cu's builds only) build the
+    mma.sync dK/dV kernel with 32-bit ldmatrix addresses and leave every other kernel's cubin as it is; the global
+    DKV_LDSM_ADDR32=1, which the forward also reads, does change the forward (so the comparison can fail). Under the
+    NVRTC the allowances were measured with (13.5), mode 1's d = 128 ordered and atomic builds spill no more than the
+    default's (measured: sm_90 ordered causal shared-first 0 against 20 bytes; mode 2 spills that build 108 bytes
+    there, and is for NVRTC 12.9 / 13.0: 4 against 60)."""
+    from dualkv.cuda.configs import dkdv_spec
+
+    forward = fwd_spec(64, torch.bfloat16, 4, False, "sm_80")
+    dkdv = [dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True),
+            dkdv_spec(128, torch.bfloat16, False, "sm_80", dq_atomic=True, kernel="bwd_dkdv")]
+
+    def build(defines: str):
+        monkeypatch.setenv("DUALKV_EXTRA_DEFINES", defines)
+        fwd = compile_spec(forward, use_cache=False).cubin
+        return fwd, [resource_usage(compile_spec(s, use_cache=False, verbose=True).log)["spill_stores"] for s in dkdv]
+
+    fwd_default, spills_default = build("")
+    for mode in ("1", "2"):
+        fwd_mode, spills_mode = build(f"DKV_DKDV_ADDR32={mode}")
+        assert fwd_mode == fwd_default, mode
+        if mode == "1" and nvrtc_version() == ALLOWANCE_NVRTC:
+            assert all(a <= d for a, d in zip(spills_mode, spills_default)), (spills_mode, spills_default)
+    fwd_global, _ = build("DKV_LDSM_ADDR32=1")
+    assert fwd_global != fwd_default

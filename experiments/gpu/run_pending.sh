@@ -145,6 +145,10 @@
 #                                                  # tree suites (atomic included) and verify under DUALKV_KERNELS=mma,
 #                                                  # ragged micro-batches and Table 1 against the FA2 cascade, per-kernel
 #                                                  # times against fb9d77d (needs _hd: git archive fb9d77d dualkv)
+#   bash experiments/gpu/run_pending.sh s29addr32  # the mma.sync dK/dV kernel's 32-bit ldmatrix address builds
+#                                                  # (DKV_DKDV_ADDR32 = 1, 2) against the default 0, per kernel
+#   bash experiments/gpu/run_pending.sh s29addr32t # their GPU tests and verify (ADDR32=1|2, default 2)
+#   bash experiments/gpu/run_pending.sh s29addr32b # Table 1's shapes against the FA2 cascade, 0 and $ADDR32
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
 #                                                  # build/nvrtc135.tar.xz carried (see the part)
@@ -1532,6 +1536,41 @@ print('NVRTC', nvrtc_version())"
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s28nvrtc-table.json"
     (cd "$OUT" && tar czf s28nvrtc.tgz *.log bench && rm -rf b*.log bench)
     ;;
+s29addr32)
+    # #13: the mma.sync dK/dV kernel with 32-bit ldmatrix addresses (DKV_DKDV_ADDR32 = 1, or 2 with the lane re-read;
+    # common.cuh DKV_LDSM_ADDR32). This machine's NVRTC 13.0 spills the d = 128 sm_90 causal shared-first ordered build
+    # 60 / 104 bytes with a main loop of 1504 SASS instructions; 1: 36 / 56 and 1319; 2: 4 / 4 and 1315
+    # (checks/s29addr32-cpu-20261129.log); untimed. Per-kernel times of the three builds, alternating, each in its own
+    # process
+    mkdir -p "$OUT/bench"
+    for run in 1 2; do
+        for v in 0 1 2; do
+            DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=$v TAIL=14 step kt${run}_$v 100 python3 experiments/gpu/kernel_times.py \
+                --system dualkv_mma --shapes 8:8192,16:32768 --out "$OUT/bench/kt${run}_$v.json"
+        done
+    done
+    (cd "$OUT" && tar czf s29addr32.tgz *.log bench && rm -rf kt*.log bench)
+    ;;
+s29addr32t)
+    # #13: the GPU tests of the dK/dV kernel's builds with DKV_DKDV_ADDR32=$ADDR32 (default 2): ordered, ordered trees,
+    # the mma.sync backward and tree suites (atomic mode included), and dualkv verify under DUALKV_KERNELS=mma
+    export DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=${ADDR32:-2}
+    ordered_tests pytest_ord
+    mma_backward_tests pytest_mma
+    DUALKV_KERNELS=mma TAIL=3 step verify_mma 150 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma.json"
+    ;;
+s29addr32b)
+    # #13: Table 1's shapes, fwd / bwd / fwd+bwd, the mma.sync family with DKV_DKDV_ADDR32=$ADDR32 (default 2) and
+    # without, each beside the FA2 cascade in its own process
+    mkdir -p "$OUT/bench"
+    for v in 0 ${ADDR32:-2}; do
+        DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=$v TAIL=1 step t1_$v 200 python3 -m dualkv bench kernel \
+            --systems dualkv_mma,cascade --shapes 28:4096,8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 \
+            --out "$OUT/bench/t1_$v"
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s29addr32b-table.json"
+    (cd "$OUT" && tar czf s29addr32b.tgz *.log bench && rm -rf t1_*.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1539,6 +1578,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b)"
    exit 2 ;;
 esac

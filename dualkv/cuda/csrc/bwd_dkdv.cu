@@ -42,6 +42,14 @@
 #if defined(DKV_DQ_ORDERED) && DKV_DQ_ORDERED && !defined(DKV_ROWS_TID_AGAIN)
 #define DKV_ROWS_TID_AGAIN 1
 #endif
+// DKV_DKDV_ADDR32=1 or 2 (DUALKV_EXTRA_DEFINES): this kernel's builds take the 32-bit ldmatrix addressing (common.cuh,
+// DKV_LDSM_ADDR32) and no other kernel does. Off until timed on a GPU (experiments/gpu/run_pending.sh s29addr32).
+#ifndef DKV_DKDV_ADDR32
+#define DKV_DKDV_ADDR32 0
+#endif
+#ifndef DKV_LDSM_ADDR32
+#define DKV_LDSM_ADDR32 DKV_DKDV_ADDR32
+#endif
 #include "flags.cuh"
 #include "kernel_params.cuh"
 #include "keywalk.cuh"
@@ -412,13 +420,21 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             float acc_dq[kDqSlabs][kDqCols / 8][4];
 #pragma unroll
             for (int sl = 0; sl < kDqSlabs; ++sl) zero_acc(acc_dq[sl]);
+#if DKV_LDSM_ADDR32
+            const unsigned ds0 = smem_addr(sdS + ((lmat / 2) * 8 + lrow) * kDsStride + dq_rw * kDqSlabs * 16 +
+                                           (lmat % 2) * 8);
+#endif
 #pragma unroll
             for (int kk = 0; kk < kBlockKeys / 16; ++kk) {
                 unsigned a[kDqSlabs][1][4];  // dS rows (queries) x 16 keys, read transposed from sdS
 #pragma unroll
                 for (int sl = 0; sl < kDqSlabs; ++sl)
+#if DKV_LDSM_ADDR32
+                    ldmatrix_x4_trans(a[sl][0], ds0 + (kk * 16 * kDsStride + sl * 16) * kElemBytes);
+#else
                     ldmatrix_x4_trans(a[sl][0], sdS + (kk * 16 + (lmat / 2) * 8 + lrow) * kDsStride +
                                                     (dq_rw * kDqSlabs + sl) * 16 + (lmat % 2) * 8);
+#endif
                 gemm_frag_rows<kDqSlabs, 16, kDqCols>(acc_dq, a, sK + kk * 16 * kRowStride, dq_part * kDqCols, lrow,
                                                       lmat);
             }

@@ -27,6 +27,19 @@
 #ifndef DKV_ROWS_TID_AGAIN
 #define DKV_ROWS_TID_AGAIN 0
 #endif
+// DKV_LDSM_ADDR32 (bwd_dkdv.cu's builds with DKV_DKDV_ADDR32 = 1 or 2; 0 elsewhere): 1, the MMA helpers below form
+// one 32-bit shared address per operand and add compile-time byte offsets to it for each ldmatrix; 2, the same, with
+// the lane's ldmatrix row and matrix read anew (lane_coords_again) in each helper, so that those addresses are not hoisted
+// out of the caller's loop (and held, or spilled). From the pointer form NVRTC 12.9 and 13.0 emit a 64-bit add and a
+// truncation per ldmatrix, which ptxas does not fold into [R+imm] addressing; NVRTC 13.5 does it in 32 bits. Ordered
+// dK/dV build, d = 128 causal shared-first, main loop SASS instructions (320 MMAs) and spill bytes, NVRTC 13.0 / 13.5:
+//   sm_90: pointer 1504, 60 / 104 | 1285, 20 / 28;  1: 1319, 36 / 56 | 1267, 0;  2: 1315, 4 / 4 | 1361, 108 / 148
+//   sm_80: pointer 1696, 0 | 1472, 0;  1: 1540, 104 / 148 | 1445, 0;  2: 1514, 0 | 1475, 0
+// (12.9 as 13.0; experiments/results/checks/s29addr32-cpu-20261129.log). Not yet timed. The forward keeps the pointer
+// form: under 13.0 its d = 128 sm_90 build spills 8 / 8 bytes with it and 152 / 168 with either other.
+#ifndef DKV_LDSM_ADDR32
+#define DKV_LDSM_ADDR32 0
+#endif
 
 namespace dkv {
 
@@ -63,6 +76,7 @@ typedef __half2 elem2_t;
 __device__ __forceinline__ elem2_t float2_to_elem2(float a, float b) { return __floats2half2_rn(a, b); }
 #define DKV_MMA_TYPE "f16"
 #endif
+constexpr unsigned kElemBytes = sizeof(elem_t);
 
 __device__ __forceinline__ unsigned pack2(float a, float b) {
     elem2_t v = float2_to_elem2(a, b);
@@ -105,6 +119,27 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_addr(smem)));
+}
+// DKV_LDSM_ADDR32 == 2: the lane's ldmatrix row and matrix from the lane index read anew (a volatile read the
+// compiler cannot hoist), so that the addresses formed from them are not held across the caller's loop.
+__device__ __forceinline__ void lane_coords_again(int& lrow, int& lmat) {
+    if (DKV_LDSM_ADDR32 == 2) {
+        int lane;
+        asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+        lrow = lane % 8;
+        lmat = lane / 8;
+    }
+}
+// The same from a 32-bit shared address (DKV_LDSM_ADDR32).
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
 }
 
 // D = A * B + D for one m16n8k16 tile; A: 4 regs (row-major 16x16), B: 2 regs (16x8, k-major), D: 4 floats.
@@ -241,16 +276,29 @@ __device__ __forceinline__ void gemm_rows_rows(float (&acc)[MS][N / 8][4], const
         for (int nt = 0; nt < N / 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[sl][nt][e] = 0.f;
+#if DKV_LDSM_ADDR32
+    lane_coords_again(lrow, lmat);
+    const unsigned a0 = smem_addr(sA + (a_row0 + (lmat % 2) * 8 + lrow) * kRowStride + (lmat / 2) * 8);
+    const unsigned b0 = smem_addr(sB + ((lmat / 2) * 8 + lrow) * kRowStride + (lmat % 2) * 8);
+#endif
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         unsigned a[MS][4];
 #pragma unroll
         for (int sl = 0; sl < MS; ++sl)
+#if DKV_LDSM_ADDR32
+            ldmatrix_x4(a[sl], a0 + (sl * 16 * kRowStride + kk * 16) * kElemBytes);
+#else
             ldmatrix_x4(a[sl], sA + (a_row0 + sl * 16 + (lmat % 2) * 8 + lrow) * kRowStride + kk * 16 + (lmat / 2) * 8);
+#endif
 #pragma unroll
         for (int np = 0; np < N / 16; ++np) {
             unsigned b[4];
+#if DKV_LDSM_ADDR32
+            ldmatrix_x4(b, b0 + (np * 16 * kRowStride + kk * 16) * kElemBytes);
+#else
             ldmatrix_x4(b, sB + (np * 16 + (lmat / 2) * 8 + lrow) * kRowStride + kk * 16 + (lmat % 2) * 8);
+#endif
 #pragma unroll
             for (int sl = 0; sl < MS; ++sl) {
                 mma_16816(acc[sl][2 * np], a[sl], b[0], b[1]);
@@ -264,12 +312,20 @@ __device__ __forceinline__ void gemm_rows_rows(float (&acc)[MS][N / 8][4], const
 template <int MS, int K, int COLS>
 __device__ __forceinline__ void gemm_frag_rows(float (&acc)[MS][COLS / 8][4], const unsigned (&frag)[MS][K / 16][4],
                                                const elem_t* sB, int col0, int lrow, int lmat) {
+#if DKV_LDSM_ADDR32
+    lane_coords_again(lrow, lmat);
+    const unsigned b0 = smem_addr(sB + ((lmat % 2) * 8 + lrow) * kRowStride + col0 + (lmat / 2) * 8);
+#endif
 #pragma unroll
     for (int kk = 0; kk < K / 16; ++kk) {
 #pragma unroll
         for (int np = 0; np < COLS / 16; ++np) {
             unsigned b[4];
+#if DKV_LDSM_ADDR32
+            ldmatrix_x4_trans(b, b0 + (kk * 16 * kRowStride + np * 16) * kElemBytes);
+#else
             ldmatrix_x4_trans(b, sB + (kk * 16 + (lmat % 2) * 8 + lrow) * kRowStride + col0 + np * 16 + (lmat / 2) * 8);
+#endif
 #pragma unroll
             for (int sl = 0; sl < MS; ++sl) {
                 mma_16816(acc[sl][2 * np], frag[sl][kk], b[0], b[1]);
@@ -284,16 +340,29 @@ __device__ __forceinline__ void gemm_frag_rows(float (&acc)[MS][COLS / 8][4], co
 template <int MS, int K, int COLS>
 __device__ __forceinline__ void gemm_smem_rows(float (&acc)[MS][COLS / 8][4], const elem_t* sA, int a_stride,
                                                int a_row0, const elem_t* sB, int col0, int lrow, int lmat) {
+#if DKV_LDSM_ADDR32
+    lane_coords_again(lrow, lmat);
+    const unsigned a0 = smem_addr(sA + (a_row0 + (lmat % 2) * 8 + lrow) * a_stride + (lmat / 2) * 8);
+    const unsigned b0 = smem_addr(sB + ((lmat % 2) * 8 + lrow) * kRowStride + col0 + (lmat / 2) * 8);
+#endif
 #pragma unroll
     for (int kk = 0; kk < K / 16; ++kk) {
         unsigned a[MS][4];
 #pragma unroll
         for (int sl = 0; sl < MS; ++sl)
+#if DKV_LDSM_ADDR32
+            ldmatrix_x4(a[sl], a0 + (sl * 16 * a_stride + kk * 16) * kElemBytes);
+#else
             ldmatrix_x4(a[sl], sA + (a_row0 + sl * 16 + (lmat % 2) * 8 + lrow) * a_stride + kk * 16 + (lmat / 2) * 8);
+#endif
 #pragma unroll
         for (int np = 0; np < COLS / 16; ++np) {
             unsigned b[4];
+#if DKV_LDSM_ADDR32
+            ldmatrix_x4_trans(b, b0 + (kk * 16 * kRowStride + np * 16) * kElemBytes);
+#else
             ldmatrix_x4_trans(b, sB + (kk * 16 + (lmat % 2) * 8 + lrow) * kRowStride + col0 + np * 16 + (lmat / 2) * 8);
+#endif
 #pragma unroll
             for (int sl = 0; sl < MS; ++sl) {
                 mma_16816(acc[sl][2 * np], a[sl], b[0], b[1]);
