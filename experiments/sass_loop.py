@@ -7,10 +7,13 @@ path of its body counts), the loop's instruction classes and the branches inside
 times: compare builds, NVRTC versions or tree states, then time the candidates on a GPU.
 
     python experiments/sass_loop.py "dkdv_spec(128, bf16, False, 'sm_90', dq_ordered=True, root_first=True)"
-    DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=2 python experiments/sass_loop.py "fwd_spec(128, bf16, 4, False, 'sm_80')"
+    DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=2 python experiments/sass_loop.py \
+        "dkdv_spec(128, bf16, False, 'sm_80', dq_atomic=True, kernel='bwd_dkdv')"
 
-``--sass FILE`` reads a disassembly instead (nvdisasm -c, or cuobjdump -sass output, e.g. of another library's kernel);
-``--loop 1`` takes the second-longest loop (where an outer loop wraps the main one).
+``--sass FILE`` reads a disassembly of one function instead (nvdisasm -c, or cuobjdump -sass -fun NAME output, e.g. of
+another library's kernel: addresses restart at each function, so a file of several would mix their branch targets);
+``--loop 1`` takes the second-longest loop (where an outer loop wraps the main one). The branches listed are the
+loop's forward branches (some may leave it) with the instructions each jumps over.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ def parse_sass(text: str) -> tuple[list[str], list[int | None]]:
             labels[label.group(1)] = len(instructions)
             continue
         found = _INSTRUCTION.search(line)
-        if found:
+        if found and found.group(2).strip():
             addresses.append(int(found.group(1), 16))
             instructions.append(found.group(2).strip())
     at_address = {address: i for i, address in enumerate(addresses)}

@@ -308,28 +308,31 @@ def test_ordered_dq_switches_compile(monkeypatch, switch, value):
 
 
 def test_dkdv_addr32_switch_is_scoped_to_the_dkdv_kernel(monkeypatch):
-    """DKV_DKDV_ADDR32=1 / 2 (DUALKV_EXTRA_DEFINES; common.cuh's DKV_LDSM_ADDR32 in bwd_dkdv.cu's builds only) build the
-    mma.sync dK/dV kernel with 32-bit ldmatrix addresses and leave every other kernel's cubin as it is; the global
-    DKV_LDSM_ADDR32=1, which the forward also reads, does change the forward (so the comparison can fail). Under the
-    NVRTC the allowances were measured with (13.5), mode 1's d = 128 ordered and atomic builds spill no more than the
-    default's (measured: sm_90 ordered causal shared-first 0 against 20 bytes; mode 2 spills that build 108 bytes
-    there, and is for NVRTC 12.9 / 13.0: 4 against 60)."""
-    from dualkv.cuda.configs import dkdv_spec
+    """DKV_DKDV_ADDR32=1 / 2 (DUALKV_EXTRA_DEFINES; common.cuh's DKV_LDSM_ADDR32 in bwd_dkdv.cu's builds only) change the
+    mma.sync dK/dV kernel's cubins (each mode its own) and leave the forward's and the dQ kernel's, which share the MMA
+    helpers, as they are; any other value is refused at compile time. Under the NVRTC the allowances were measured
+    with (13.5), mode 1's d = 128 ordered and atomic builds spill no more than the default's (measured: sm_90 ordered
+    causal shared-first 0 against 20 bytes; mode 2 spills that build 108 bytes there, and is for NVRTC 12.9 / 13.0:
+    4 against 60)."""
+    from dualkv.cuda.configs import dkdv_spec, dq_spec
 
-    forward = fwd_spec(64, torch.bfloat16, 4, False, "sm_80")
+    others = [fwd_spec(64, torch.bfloat16, 4, False, "sm_80"), dq_spec(64, torch.bfloat16, 4, False, "sm_80")]
     dkdv = [dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True),
             dkdv_spec(128, torch.bfloat16, False, "sm_80", dq_atomic=True, kernel="bwd_dkdv")]
 
-    def build(defines: str):
-        monkeypatch.setenv("DUALKV_EXTRA_DEFINES", defines)
-        fwd = compile_spec(forward, use_cache=False).cubin
-        return fwd, [resource_usage(compile_spec(s, use_cache=False, verbose=True).log)["spill_stores"] for s in dkdv]
+    def build(mode: str):
+        monkeypatch.setenv("DUALKV_EXTRA_DEFINES", f"DKV_DKDV_ADDR32={mode}")
+        built = [compile_spec(spec, use_cache=False, verbose=True) for spec in dkdv]
+        return ([compile_spec(spec, use_cache=False).cubin for spec in others], [b.cubin for b in built],
+                [resource_usage(b.log)["spill_stores"] for b in built])
 
-    fwd_default, spills_default = build("")
+    modes = {mode: build(mode) for mode in ("0", "1", "2")}
     for mode in ("1", "2"):
-        fwd_mode, spills_mode = build(f"DKV_DKDV_ADDR32={mode}")
-        assert fwd_mode == fwd_default, mode
-        if mode == "1" and nvrtc_version() == ALLOWANCE_NVRTC:
-            assert all(a <= d for a, d in zip(spills_mode, spills_default)), (spills_mode, spills_default)
-    fwd_global, _ = build("DKV_LDSM_ADDR32=1")
-    assert fwd_global != fwd_default
+        assert modes[mode][0] == modes["0"][0], mode                                # forward, dQ: unchanged
+        assert all(a != d for a, d in zip(modes[mode][1], modes["0"][1])), mode   # dK/dV: changed
+    assert all(a != b for a, b in zip(modes["1"][1], modes["2"][1]))
+    if nvrtc_version() == ALLOWANCE_NVRTC:
+        assert all(a <= d for a, d in zip(modes["1"][2], modes["0"][2])), (modes["1"][2], modes["0"][2])
+    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_DKDV_ADDR32=3")
+    with pytest.raises(KernelBuildError, match="must be 0, 1 or 2"):
+        compile_spec(dkdv[0], use_cache=False)

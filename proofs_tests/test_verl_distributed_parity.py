@@ -33,7 +33,7 @@ def _needs_verl():
 def run_parity(mode: str, nproc: int, out: Path, *extra: str, device: str = "cpu",
                timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
     """torchrun the parity program; (process, the JSON rank 0 wrote). Its temporary files go under ``out/tmp``,
-    which must be empty again when it exits (the saved random model is removed)."""
+    which must hold no ``dualkv-parity-*`` folder (its saved random model) when it exits."""
     scratch = out / "tmp"
     scratch.mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONWARNINGS="ignore", VERL_LOGGING_LEVEL="ERROR", TMPDIR=str(scratch),

@@ -1541,11 +1541,12 @@ s29addr32)
     # common.cuh DKV_LDSM_ADDR32). This machine's NVRTC 13.0 spills the d = 128 sm_90 causal shared-first ordered build
     # 60 / 104 bytes with a main loop of 1504 SASS instructions; 1: 36 / 56 and 1319; 2: 4 / 4 and 1315
     # (checks/s29addr32-cpu-20261129.log); untimed. Per-kernel times of the three builds, alternating, each in its own
-    # process
+    # process. The define is in every kernel's cache key: the first run of modes 1 and 2 compiles all it launches
     mkdir -p "$OUT/bench"
     for run in 1 2; do
         for v in 0 1 2; do
-            DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=$v TAIL=14 step kt${run}_$v 100 python3 experiments/gpu/kernel_times.py \
+            DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=$v TAIL=14 step kt${run}_$v $((run == 1 ? 130 : 70)) \
+                python3 experiments/gpu/kernel_times.py \
                 --system dualkv_mma --shapes 8:8192,16:32768 --out "$OUT/bench/kt${run}_$v.json"
         done
     done

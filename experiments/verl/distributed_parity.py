@@ -164,19 +164,22 @@ def setup(device: str) -> tuple[int, int]:
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
-def shared_model_dir(args: argparse.Namespace, rank: int) -> tuple[str, dict, Path | None]:
-    """Rank 0 saves the random model under a fresh temporary folder; every rank gets its path. Also returns that
-    folder on rank 0 (None elsewhere), which :func:`run` removes after its last barrier (the ranks leave through
-    :func:`exit_now`, which runs no ``atexit`` hooks)."""
+#: Temporary folders this process made; :func:`main` removes them however :func:`run` ends (the ranks leave through
+#: :func:`exit_now`, which runs no ``atexit`` hooks).
+SCRATCH: list[Path] = []
+
+
+def shared_model_dir(args: argparse.Namespace, rank: int) -> tuple[str, dict]:
+    """Rank 0 saves the random model under a fresh temporary folder (in :data:`SCRATCH`); every rank gets its path."""
     import verl_fixtures
 
     fields = dict(SIZES[args.size]["model"])
-    box, folder = [None], None
+    box = [None]
     if rank == 0:
-        folder = Path(tempfile.mkdtemp(prefix="dualkv-parity-"))
-        box[0] = verl_fixtures.build_model_dir(folder / "model", seed=args.seed, **fields)
+        SCRATCH.append(Path(tempfile.mkdtemp(prefix="dualkv-parity-")))
+        box[0] = verl_fixtures.build_model_dir(SCRATCH[-1] / "model", seed=args.seed, **fields)
     torch.distributed.broadcast_object_list(box, src=0)
-    return box[0], fields, folder
+    return box[0], fields
 
 
 # ---------------------------------------------------------------------------------------------- batches
@@ -563,12 +566,12 @@ def run(args: argparse.Namespace) -> int:
     suffix = "".join(f"-{v}" for v, default in ((args.packing, "group"), (args.mutant, "none")) if v != default)
     suffix += f"-n{args.n}" if args.n != N else ""
     out_path = Path(args.out) / f"distributed_parity-{args.mode}{suffix}.json"
-    status, model_folder = 1, None
+    status = 1
     try:
         import verl_fixtures
         from verl_fixtures.synthetic import rollout_batch
 
-        model_dir, fields, model_folder = shared_model_dir(args, rank)
+        model_dir, fields = shared_model_dir(args, rank)
         record["model"] = {"arch": "qwen3", "vocab": verl_fixtures.VOCAB, **fields}
         record["batch_seeds"] = [args.seed + b for b in range(args.batches)]
         record["global_groups"], record["partitions"], batches = [], [], []
@@ -629,9 +632,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  rank {r['rank']} {precision}: worst {name}: {_describe(row)}", flush=True)
     flag = [status]
     torch.distributed.broadcast_object_list(flag, src=0)
-    torch.distributed.barrier()         # every rank is done with the saved model
-    if model_folder is not None:
-        shutil.rmtree(model_folder, ignore_errors=True)
+    torch.distributed.barrier()         # every rank is done with the saved model (main removes it)
     torch.distributed.destroy_process_group()
     return int(flag[0])
 
@@ -645,7 +646,11 @@ def exit_now(code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(parse_args(argv))
+    try:
+        return run(parse_args(argv))
+    finally:
+        for folder in SCRATCH:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

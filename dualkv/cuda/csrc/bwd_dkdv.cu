@@ -109,8 +109,9 @@
 // through smem as P^T and dS^T; dV / dK with warps over keys x columns; dQ with 32-row warps where the columns stay
 // whole MMA tiles): each warp reads fewer smem bytes per step (about 72 KB against 92 KB at head dim 128 with 64-query
 // steps), at one more smem tile (P^T). H200, d = 128 backward at (16, 32K): ordered 241.84 against 272.86 ms, atomic
-// 232.32 against 246.54 (checks/qwarps-h200-20261128T0937Z.json). (Tried on the CPU and dropped: ldmatrix addresses
-// as 32-bit lane addresses plus constants; ptxas already emitted the same SASS.)
+// 232.32 against 246.54 (checks/qwarps-h200-20261128T0937Z.json). (32-bit ldmatrix addresses were tried on the CPU then
+// and gave the same SASS, under NVRTC 13.5, which forms them in 32 bits itself; under 12.9 / 13.0 they do not:
+// DKV_DKDV_ADDR32 above.)
 #ifndef DKV_QWARPS
 #define DKV_QWARPS 1
 #endif

@@ -40,6 +40,9 @@
 #ifndef DKV_LDSM_ADDR32
 #define DKV_LDSM_ADDR32 0
 #endif
+#if DKV_LDSM_ADDR32 < 0 || DKV_LDSM_ADDR32 > 2
+#error "DKV_LDSM_ADDR32 (DKV_DKDV_ADDR32) must be 0, 1 or 2"
+#endif
 
 namespace dkv {
 
