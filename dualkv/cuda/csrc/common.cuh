@@ -113,16 +113,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(smem)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(smem)));
-}
 // DKV_LDSM_ADDR32 == 2: the lane's ldmatrix row and matrix from the lane index read anew (a volatile read the
 // compiler cannot hoist), so that the addresses formed from them are not held across the caller's loop.
 __device__ __forceinline__ void lane_coords_again(int& lrow, int& lmat) {
@@ -133,7 +123,7 @@ __device__ __forceinline__ void lane_coords_again(int& lrow, int& lmat) {
         lmat = lane / 8;
     }
 }
-// The same from a 32-bit shared address (DKV_LDSM_ADDR32).
+// ldmatrix from a 32-bit shared address (the MMA helpers' DKV_LDSM_ADDR32 form), or from a generic pointer into smem.
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -143,6 +133,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned add
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) { ldmatrix_x4(r, smem_addr(smem)); }
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
+    ldmatrix_x4_trans(r, smem_addr(smem));
 }
 
 // D = A * B + D for one m16n8k16 tile; A: 4 regs (row-major 16x16), B: 2 regs (16x8, k-major), D: 4 floats.
