@@ -156,6 +156,35 @@ def extra_defines() -> list[tuple[str, str]]:
     return [tuple(item.split("=", 1)) if "=" in item else (item, "1") for item in text.split(",") if item]
 
 
+#: The mma.sync dK/dV kernel's ldmatrix addressing (bwd_dkdv.cu's DKV_DKDV_ADDR32; common.cuh's DKV_LDSM_ADDR32) by the
+#: NVRTC that compiles it: (first release, mode), newest first. NVRTC 12.9 and 13.0 form each ldmatrix address in 64
+#: bits from a generic pointer, which ptxas does not fold into [R+imm]; mode 2 (one 32-bit shared address per operand,
+#: compile-time offsets, the lane's coordinates re-read) gives their d = 128 sm_90 ordered build a main loop of 1315
+#: SASS instructions and 4 spilled bytes against 1504 and 60, and the dK/dV kernel 226.4 against 239.3 ms at
+#: (16, 32K) on an H200 (NVRTC 13.0, checks/s30addr32-h200-20261129.log). NVRTC 13.5 forms them in 32 bits itself:
+#: mode 2 spills there (108 bytes) and mode 1 (the same without the re-read) spills none (1267 against 1285).
+DKDV_ADDR32_BY_NVRTC: tuple[tuple[tuple[int, int], int], ...] = ((13, 5), 1), ((0, 0), 2)
+
+
+def dkdv_addr32_mode(version: str | None) -> int:
+    """DKV_DKDV_ADDR32 for the mma.sync dK/dV builds under NVRTC ``version`` ("13.0"; None, when unknown, as the
+    oldest): the mode of the newest release in :data:`DKDV_ADDR32_BY_NVRTC` that is not newer."""
+    try:
+        release = tuple(int(part) for part in version.split(".")[:2]) if version else (0, 0)
+    except ValueError:  # "unavailable: ..." (nvrtc_version); the compilation itself raises on that
+        release = (0, 0)
+    return next(mode for first, mode in DKDV_ADDR32_BY_NVRTC if release >= first)
+
+
+def toolchain_defines(spec: KernelSpec, extra: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Macros chosen by the compiler rather than the kernel specification (part of the cache key through the compile
+    options): DKV_DKDV_ADDR32 for bwd_dkdv builds (:func:`dkdv_addr32_mode`), unless ``extra`` (the
+    ``$DUALKV_EXTRA_DEFINES``) sets it."""
+    if spec.kernel != "bwd_dkdv" or any(name == "DKV_DKDV_ADDR32" for name, _ in extra):
+        return []
+    return [("DKV_DKDV_ADDR32", str(dkdv_addr32_mode(nvrtc_version())))]
+
+
 #: Macros that fix a kernel's dQ order (and so must match the launcher's schedule) or its CTA order (part of the
 #: specification, so that cached cubins and recorded settings name it): only the spec may set them.
 SCHEDULE_MACROS = ("DKV_TREE", "DKV_TREE_ROOT_FIRST", "DKV_DQ_ORDERED", "DKV_DQ_ATOMIC", "DKV_HEAD_MAJOR",
@@ -173,7 +202,7 @@ def _options(spec: KernelSpec, verbose: bool):
                          "dQ orders use DUALKV_TREE_DQ_ORDER and DUALKV_TWO_LEVEL_DQ_ORDER, for the warp-specialised "
                          "backward's CTA order DUALKV_WS_CTA_ORDER)")
     return ProgramOptions(name=f"dualkv_{spec.kernel}", arch=spec.arch, std="c++17",
-                          include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines() + extra,
+                          include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines() + toolchain_defines(spec, extra) + extra,
                           ptxas_options=["-v"] if verbose else None, use_fast_math=False)
 
 

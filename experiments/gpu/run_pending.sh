@@ -149,6 +149,7 @@
 #                                                  # (DKV_DKDV_ADDR32 = 1, 2) against the default 0, per kernel
 #   bash experiments/gpu/run_pending.sh s29addr32t # their GPU tests and verify (ADDR32=1|2, default 2)
 #   bash experiments/gpu/run_pending.sh s29addr32b # Table 1's shapes against the FA2 cascade, 0 and $ADDR32
+#   bash experiments/gpu/run_pending.sh s30nvrtc   # the dK/dV addressing modes under NVRTC 13.5, then both releases' defaults
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
 #                                                  # build/nvrtc135.tar.xz carried (see the part)
@@ -1572,6 +1573,33 @@ s29addr32b)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s29addr32b-table.json"
     (cd "$OUT" && tar czf s29addr32b.tgz *.log bench && rm -rf t1_*.log bench)
     ;;
+s30nvrtc)
+    # #13 / #12: the dK/dV kernel's ldmatrix addressing now follows the NVRTC release (build.py dkdv_addr32_mode: 2
+    # before 13.5, 1 from 13.5; under 13.0 mode 2 measured 226.4 against 239.3 ms at (16, 32K), s29addr32). Here: the
+    # three modes under NVRTC 13.5 (carried: build/nvrtc135.tar.xz, see s28nvrtc), alternating, each in its own
+    # process; then s28nvrtc's comparison of the two releases' default builds (13.0, 13.5, 13.0 again; the FA2 cascade
+    # is the fixed control)
+    [ -f build/nvrtc135.tar.xz ] || { echo "s30nvrtc needs build/nvrtc135.tar.xz (carried)"; exit 2; }
+    mkdir -p /tmp/nv135 && tar xJf build/nvrtc135.tar.xz -C /tmp/nv135
+    DUALKV_NVRTC_LIB=/tmp/nv135 step nvrtc_version 60 python3 -c "from dualkv.cuda.build import nvrtc_version; \
+print('NVRTC', nvrtc_version())"
+    mkdir -p "$OUT/bench"
+    for run in 1 2; do
+        for v in 0 1 2; do
+            DUALKV_NVRTC_LIB=/tmp/nv135 DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=$v TAIL=14 step kt135_${run}_$v \
+                $((run == 1 ? 150 : 70)) python3 experiments/gpu/kernel_times.py \
+                --system dualkv_mma --shapes 8:8192,16:32768 --out "$OUT/bench/kt135_${run}_$v.json"
+        done
+    done
+    for run in 1_130 1_135 2_130; do
+        lib=$([ "${run#*_}" = 135 ] && echo /tmp/nv135 || echo "")
+        DUALKV_NVRTC_LIB=$lib DUALKV_COMMIT="${DUALKV_COMMIT:-}+nvrtc${run#*_}" TAIL=1 step b$run 200 \
+            python3 -m dualkv bench kernel --systems dualkv,dualkv_mma,cudnn_cascade,cascade \
+            --shapes 8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/b$run"
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s30nvrtc-table.json"
+    (cd "$OUT" && tar czf s30nvrtc.tgz *.log bench && rm -rf kt*.log b*.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1579,6 +1607,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc)"
    exit 2 ;;
 esac

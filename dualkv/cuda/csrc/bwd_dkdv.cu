@@ -42,8 +42,9 @@
 #if defined(DKV_DQ_ORDERED) && DKV_DQ_ORDERED && !defined(DKV_ROWS_TID_AGAIN)
 #define DKV_ROWS_TID_AGAIN 1
 #endif
-// DKV_DKDV_ADDR32=1 or 2 (DUALKV_EXTRA_DEFINES): this kernel's builds take the 32-bit ldmatrix addressing (common.cuh,
-// DKV_LDSM_ADDR32) and no other kernel does. Off until timed on a GPU (experiments/gpu/run_pending.sh s29addr32).
+// DKV_DKDV_ADDR32 = 0, 1 or 2: this kernel's ldmatrix addressing (common.cuh, DKV_LDSM_ADDR32; no other kernel takes
+// it). The compiler options set it by NVRTC release (build.py, dkdv_addr32_mode: 2 before 13.5, 1 from 13.5);
+// DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=... overrides that for an A/B.
 #ifndef DKV_DKDV_ADDR32
 #define DKV_DKDV_ADDR32 0
 #endif
