@@ -150,6 +150,7 @@
 #   bash experiments/gpu/run_pending.sh s29addr32t # their GPU tests and verify (ADDR32=1|2, default 2)
 #   bash experiments/gpu/run_pending.sh s29addr32b # Table 1's shapes against the FA2 cascade, 0 and $ADDR32
 #   bash experiments/gpu/run_pending.sh s30nvrtc   # the dK/dV addressing modes under NVRTC 13.5, then both releases' defaults
+#   bash experiments/gpu/run_pending.sh s30mode1   # the dK/dV addressing mode 1 through the GPU tests (NVRTC 13.0), atomic builds' modes timed
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
 #                                                  # build/nvrtc135.tar.xz carried (see the part)
@@ -1600,6 +1601,25 @@ print('NVRTC', nvrtc_version())"
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s30nvrtc-table.json"
     (cd "$OUT" && tar czf s30nvrtc.tgz *.log bench && rm -rf kt*.log b*.log bench)
     ;;
+s30mode1)
+    # #13: mode 1 of the dK/dV kernel's ldmatrix addressing (the default from NVRTC 13.1 on) through the GPU tests,
+    # here under NVRTC 13.0 (the same source path; its ptxas output differs), and the atomic dQ mode's dK/dV build
+    # under 13.0 with modes 1 and 2 (static counts, d = 128 sm_90 causal: 1344 instructions and no spills against
+    # 1400 and 4 / 4 bytes), alternating, each in its own process
+    mkdir -p "$OUT/bench"
+    for run in 1 2; do
+        for v in 1 2; do
+            DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=$v TAIL=6 step kta${run}_$v $((run == 1 ? 130 : 70)) \
+                python3 experiments/gpu/kernel_times.py \
+                --system dualkv_mma_atomic --shapes 8:8192,16:32768 --out "$OUT/bench/kta${run}_$v.json"
+        done
+    done
+    export DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=1
+    ordered_tests pytest_ord
+    mma_backward_tests pytest_mma
+    DUALKV_KERNELS=mma TAIL=3 step verify_mma 150 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma.json"
+    (cd "$OUT" && tar czf s30mode1.tgz *.log bench && rm -rf kta*.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1607,6 +1627,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1)"
    exit 2 ;;
 esac
