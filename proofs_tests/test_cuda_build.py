@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dualkv.cuda.build import KernelBuildError, compile_spec, nvrtc_version, resource_usage
+from dualkv.cuda.build import KernelBuildError, compile_spec, dkdv_addr32_modes, nvrtc_version, resource_usage
 from dualkv.cuda.configs import FWD_TILES, SM90_FWD_TILES, KernelSpec, TileConfig, all_specs, fwd_spec, kernel_family
 
 
@@ -243,22 +243,18 @@ def test_dkdv_layout_refuses_tiles_it_cannot_run():
     KernelSpec("bwd_dkdv", 128, "bf16", replace(base, qwarps=2, do_stages=1), 1, False, "sm_80", dq_atomic=True)
 
 
-#: Spill bytes the ordered dQ mode may exceed the atomic mode's by, per (arch, head dim, causal, tree, shared-first): at
-#: 255 registers ptxas spills the sm_90 d = 128 causal builds a little (the rank-ordered walk, the counter of the adds
-#: in flight and the counter read early stay live through the step), where the atomic builds spill nothing. Measured
-#: with NVRTC 13.5 (the CPU's) after the split sum moved to its own build (DKV_SPLIT_TILES) and the ordered builds' row
-#: copies began re-reading the thread index (common.cuh, DKV_ROWS_TID_AGAIN): sm_90 causal own-first 20, shared-first
-#: (the default two-level order, and its split build) 20; every other build none, sm_80 included. Before (fb9d77d):
-#: sm_80 own-first causal 24, non-causal 4, shared-first causal 44; sm_90 causal 32, non-causal 44. ptxas's choice moves
-#: with its version: the GPU machine's NVRTC 13.0 spills the sm_90 causal shared-first build 60 / 104 bytes (stores /
-#: loads; fb9d77d 96 / 152, eca2523 12 / 12), and its dK/dV kernel measured 237.0 against fb9d77d's 244.3 ms at
-#: (16, 32K) (H200, experiments/results/checks/s28variants-h200-20261129T1051Z.log).
-ORDERED_SPILL_ALLOWANCE = {("sm_90", 128, True, False, False): 20, ("sm_90", 128, True, False, True): 20}
+#: Spill bytes the ordered dQ mode may exceed the atomic mode's by, per (arch, head dim, causal, tree, shared-first),
+#: under ALLOWANCE_NVRTC: none since compile_spec keeps, per dK/dV build, the first ldmatrix addressing mode that
+#: spills nothing (build.toolchain_choices): under NVRTC 13.5 no ordered or atomic build spills. Before (one mode for
+#: all, the pointer form) the sm_90 d = 128 causal builds spilled 20 bytes there (the rank-ordered walk, the counter of
+#: the adds in flight and the counter read early stay live through the step at 255 registers), and the GPU machine's
+#: NVRTC 13.0 spilled the sm_90 causal shared-first build 60 / 104 bytes (checks/s28spills-cpu-20261129.log).
+ORDERED_SPILL_ALLOWANCE: dict[tuple, int] = {}
 #: The NVRTC version ORDERED_SPILL_ALLOWANCE was measured with, and the bound for every build under another version:
-#: the largest ordered-build spill NVRTC 13.0 gave is 88 bytes (sm_90 d = 128 own-first causal and non-causal
-#: shared-first, experiments/results/checks/s28spills-cpu-20261129.log), so its excess over an atomic build is at most
-#: that, and 96 catches a build that grew beyond what any measured ptxas did.
-ALLOWANCE_NVRTC, OTHER_NVRTC_ALLOWANCE = "13.5", 96
+#: under 13.0 the sm_90 d = 128 ordered builds still spill 4 bytes (8 the tree build) in their kept mode where the atomic
+#: builds spill none (12.8 and 12.9 compile as 13.0 does, 13.1 to 13.4 as 13.5; checks/s30addr32-nvrtc-cpu-20261129.log);
+#: 16 catches a build that grew beyond that.
+ALLOWANCE_NVRTC, OTHER_NVRTC_ALLOWANCE = "13.5", 16
 
 
 def test_ordered_dq_mode_spills_no_more_than_the_atomic_mode():
@@ -308,12 +304,13 @@ def test_ordered_dq_switches_compile(monkeypatch, switch, value):
 
 
 def test_dkdv_addr32_switch_is_scoped_to_the_dkdv_kernel(monkeypatch):
-    """DKV_DKDV_ADDR32=1 / 2 (DUALKV_EXTRA_DEFINES; common.cuh's DKV_LDSM_ADDR32 in bwd_dkdv.cu's builds only) change the
-    mma.sync dK/dV kernel's cubins (each mode its own) and leave the forward's and the dQ kernel's, which share the MMA
-    helpers, as they are; any other value is refused at compile time. Under the NVRTC the allowances were measured
-    with (13.5), mode 1's d = 128 ordered and atomic builds spill no more than the default's (measured: sm_90 ordered
-    causal shared-first 0 against 20 bytes; mode 2 spills that build 108 bytes there, and is for NVRTC 12.9 / 13.0:
-    4 against 60)."""
+    """DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=0 / 1 / 2 (common.cuh's DKV_LDSM_ADDR32 in bwd_dkdv.cu's builds only) give the
+    mma.sync dK/dV kernel three different cubins and leave the forward's and the dQ kernel's, which share the MMA
+    helpers, as they are; without it each dK/dV build is the first of the modes dkdv_addr32_modes lists for this NVRTC
+    that spills nothing, else the one spilling least; any other value is refused at compile time. Under the NVRTC the
+    allowances were measured with (13.5), mode 1's d = 128 ordered and atomic builds spill no more than the pointer
+    form's (measured: sm_90 ordered causal shared-first 0 against 20 bytes; mode 2 spills that build 108 bytes there,
+    and is 12.8 to 13.0's choice for it: 4 bytes, against 36 and 60)."""
     from dualkv.cuda.configs import dkdv_spec, dq_spec
 
     others = [fwd_spec(64, torch.bfloat16, 4, False, "sm_80"), dq_spec(64, torch.bfloat16, 4, False, "sm_80")]
@@ -333,6 +330,78 @@ def test_dkdv_addr32_switch_is_scoped_to_the_dkdv_kernel(monkeypatch):
     assert all(a != b for a, b in zip(modes["1"][1], modes["2"][1]))
     if nvrtc_version() == ALLOWANCE_NVRTC:
         assert all(a <= d for a, d in zip(modes["1"][2], modes["0"][2])), (modes["1"][2], modes["0"][2])
+    monkeypatch.delenv("DUALKV_EXTRA_DEFINES")
+    for k, spec in enumerate(dkdv):
+        order = [str(mode) for mode in dkdv_addr32_modes(nvrtc_version(), spec.dq_ordered)]
+        spilled = {mode: modes[mode][2][k] for mode in order}
+        expected = next((mode for mode in order if spilled[mode] == 0), None)
+        built = compile_spec(spec, use_cache=False)
+        chosen = dict(built.defines)["DKV_DKDV_ADDR32"]
+        assert chosen == expected if expected else spilled[chosen] == min(spilled.values()), (spec, chosen, spilled)
+        assert built.cubin == modes[chosen][1][k], (spec, chosen)   # the explicit mode's cubin, -v or not
+    assert [compile_spec(spec, use_cache=False).cubin for spec in others] == modes["0"][0]
     monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_DKDV_ADDR32=3")
     with pytest.raises(KernelBuildError, match="must be 0, 1 or 2"):
         compile_spec(dkdv[0], use_cache=False)
+
+
+@pytest.mark.parametrize("version, ordered, other", [("12.8", (2, 1, 0), (1, 2, 0)), ("13.0", (2, 1, 0), (1, 2, 0)),
+                                                     ("13.1", (1, 0, 2), (1, 0, 2)), ("13.5", (1, 0, 2), (1, 0, 2)),
+                                                     ("14.2", (1, 0, 2), (1, 0, 2)), (None, (2, 1, 0), (1, 2, 0)),
+                                                     ("unavailable: no NVRTC", (2, 1, 0), (1, 2, 0))])
+def test_dkdv_addr32_modes_follow_the_nvrtc_release(version, ordered, other):
+    """The dK/dV kernel's ldmatrix addressing modes in order of preference (build.py DKDV_ADDR32_BY_NVRTC): before
+    NVRTC 13.1, 2 first for the ordered dQ builds and 1 for the others; from 13.1 (which forms shared addresses in 32
+    bits itself), 1; an unknown release counts as the oldest. Only bwd_dkdv builds are chosen among, and
+    DUALKV_EXTRA_DEFINES fixes the mode."""
+    from dualkv.cuda.build import toolchain_choices
+    from dualkv.cuda.configs import dkdv_spec, dq_spec
+
+    assert (dkdv_addr32_modes(version, True), dkdv_addr32_modes(version, False)) == (ordered, other)
+    ordered_spec = dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True)
+    assert toolchain_choices(ordered_spec, []) == [[("DKV_DKDV_ADDR32", str(mode))]
+                                                   for mode in dkdv_addr32_modes(nvrtc_version(), True)]
+    assert toolchain_choices(ordered_spec, [("DKV_DKDV_ADDR32", "0")]) == [[]]
+    assert toolchain_choices(dq_spec(64, torch.bfloat16, 4, False, "sm_80"), []) == [[]]
+    assert toolchain_choices(fwd_spec(64, torch.bfloat16, 4, False, "sm_80"), []) == [[]]
+
+
+def test_compile_spec_keeps_the_first_mode_that_spills_nothing(monkeypatch, tmp_path):
+    """The choice itself, on stand-in compilations (a ptxas -v report per mode): the preferred mode when it spills
+    nothing (one compilation), the next when it spills, the one spilling least when all do; the cache serves the kept
+    cubin under a key naming the choice, and DUALKV_EXTRA_DEFINES compiles only the mode it names."""
+    import dualkv.cuda.build as build
+    from dualkv.cuda.configs import dkdv_spec
+
+    spec = dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True)
+    report = "ptxas info    : Used 255 registers, {0} bytes stack frame, {0} bytes spill stores, {0} bytes spill loads"
+    compiled: list[str] = []
+
+    def run(spills: dict[str, int], use_cache: bool = False) -> str:
+        compiled.clear()
+
+        def fake(spec_, source, options):
+            mode = dict(options.define_macro)["DKV_DKDV_ADDR32"]
+            compiled.append(mode)
+            return build.BuiltKernel(spec_, mode.encode(), report.format(spills[mode]), tuple(options.define_macro))
+
+        monkeypatch.setattr(build, "_compile", fake)
+        return build.compile_spec(spec, use_cache=use_cache).cubin.decode()
+
+    monkeypatch.setattr(build, "nvrtc_version", lambda: "13.5")  # modes 1, 0, 2
+    assert run({"1": 0, "0": 8, "2": 4}) == "1" and compiled == ["1"]
+    assert run({"1": 52, "0": 0, "2": 0}) == "0" and compiled == ["1", "0"]
+    assert run({"1": 52, "0": 20, "2": 4}) == "2" and compiled == ["1", "0", "2"]
+    assert run({"1": 8, "0": 20, "2": 8}) == "1"                            # ties go to the preferred mode
+    monkeypatch.setattr(build, "nvrtc_version", lambda: "13.0")  # modes 2, 1, 0
+    assert run({"2": 4, "1": 36, "0": 60}) == "2" and compiled == ["2", "1", "0"]
+    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_DKDV_ADDR32=0")
+    assert run({"0": 60}) == "0" and compiled == ["0"]
+    monkeypatch.delenv("DUALKV_EXTRA_DEFINES")
+
+    monkeypatch.setenv("DUALKV_CACHE_DIR", str(tmp_path))
+    assert run({"2": 4, "1": 0, "0": 60}, use_cache=True) == "1" and compiled == ["2", "1"]
+    compiled.clear()
+    assert build.compile_spec(spec).cubin == b"1" and compiled == []         # from the cache, nothing compiled
+    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_DKDV_ADDR32=2")             # a fixed mode: its own cache entry
+    assert run({"2": 4}, use_cache=True) == "2" and compiled == ["2"]

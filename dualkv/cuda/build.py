@@ -34,6 +34,7 @@ class BuiltKernel:
     spec: KernelSpec
     cubin: bytes
     log: str  # ptxas resource report when freshly compiled, "" on a cache hit
+    defines: tuple = ()  # the macros it was compiled with, when freshly compiled
 
 
 @lru_cache(maxsize=1)
@@ -156,33 +157,39 @@ def extra_defines() -> list[tuple[str, str]]:
     return [tuple(item.split("=", 1)) if "=" in item else (item, "1") for item in text.split(",") if item]
 
 
-#: The mma.sync dK/dV kernel's ldmatrix addressing (bwd_dkdv.cu's DKV_DKDV_ADDR32; common.cuh's DKV_LDSM_ADDR32) by the
-#: NVRTC that compiles it: (first release, mode), newest first. NVRTC 12.9 and 13.0 form each ldmatrix address in 64
-#: bits from a generic pointer, which ptxas does not fold into [R+imm]; mode 2 (one 32-bit shared address per operand,
-#: compile-time offsets, the lane's coordinates re-read) gives their d = 128 sm_90 ordered build a main loop of 1315
-#: SASS instructions and 4 spilled bytes against 1504 and 60, and the dK/dV kernel 226.4 against 239.3 ms at
-#: (16, 32K) on an H200 (NVRTC 13.0, checks/s30addr32-h200-20261129.log). NVRTC 13.5 forms them in 32 bits itself:
-#: mode 2 spills there (108 bytes) and mode 1 (the same without the re-read) spills none (1267 against 1285).
-DKDV_ADDR32_BY_NVRTC: tuple[tuple[tuple[int, int], int], ...] = ((13, 5), 1), ((0, 0), 2)
+#: The mma.sync dK/dV kernel's ldmatrix addressing (bwd_dkdv.cu's DKV_DKDV_ADDR32; common.cuh's DKV_LDSM_ADDR32): modes in
+#: order of preference by the NVRTC that compiles it: (first release, ordered dQ builds, the others), newest first.
+#: 0 forms each address from a generic pointer, 1 from one 32-bit shared address per operand plus compile-time
+#: offsets, 2 as 1 with the lane's coordinates re-read. NVRTC 12.8 to 13.0 turn the pointer form into a 64-bit add and a
+#: truncation per ldmatrix, which ptxas does not fold into [R+imm]; 13.1 on form it in 32 bits. At 255 registers
+#: ptxas's spills move between the modes build by build (checks/s30addr32-nvrtc-cpu-20261129.log; e.g. 13.0's sm_80
+#: d = 128 non-causal own-first ordered build spills 120 bytes in mode 2 and none in 1), so :func:`compile_spec` takes
+#: the first mode without spill stores, else the one spilling least. H200, d = 128 dK/dV kernel at (16, 32K), ms:
+#: NVRTC 13.0 ordered 239.3 / 231.2 / 226.4 (modes 0 / 1 / 2; spills 60 / 36 / 4 bytes), atomic 221.2 / 221.9 (1)
+#: against 227.8 (2); NVRTC 13.5 ordered 230.0 / 222.6 / 234.5 (spills 20 / 0 / 108)
+#: (checks/s30addr32-h200-20261129T1839Z.json).
+DKDV_ADDR32_BY_NVRTC: tuple[tuple[tuple[int, int], tuple[int, ...], tuple[int, ...]], ...] = (
+    ((13, 1), (1, 0, 2), (1, 0, 2)), ((0, 0), (2, 1, 0), (1, 2, 0)))
 
 
-def dkdv_addr32_mode(version: str | None) -> int:
-    """DKV_DKDV_ADDR32 for the mma.sync dK/dV builds under NVRTC ``version`` ("13.0"; None, when unknown, as the
-    oldest): the mode of the newest release in :data:`DKDV_ADDR32_BY_NVRTC` that is not newer."""
+def dkdv_addr32_modes(version: str | None, dq_ordered: bool) -> tuple[int, ...]:
+    """DKV_DKDV_ADDR32 modes, preferred first, for an mma.sync dK/dV build (``dq_ordered``: the ordered dQ mode's) under
+    NVRTC ``version`` ("13.0"; None, when unknown, as the oldest): those of the newest release in
+    :data:`DKDV_ADDR32_BY_NVRTC` that is not newer."""
     try:
         release = tuple(int(part) for part in version.split(".")[:2]) if version else (0, 0)
     except ValueError:  # "unavailable: ..." (nvrtc_version); the compilation itself raises on that
         release = (0, 0)
-    return next(mode for first, mode in DKDV_ADDR32_BY_NVRTC if release >= first)
+    return next(ordered if dq_ordered else other for first, ordered, other in DKDV_ADDR32_BY_NVRTC if release >= first)
 
 
-def toolchain_defines(spec: KernelSpec, extra: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Macros chosen by the compiler rather than the kernel specification (part of the cache key through the compile
-    options): DKV_DKDV_ADDR32 for bwd_dkdv builds (:func:`dkdv_addr32_mode`), unless ``extra`` (the
-    ``$DUALKV_EXTRA_DEFINES``) sets it."""
+def toolchain_choices(spec: KernelSpec, extra: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+    """The macro sets :func:`compile_spec` may build ``spec`` with, preferred first, chosen by the compiler rather than
+    the kernel specification: DKV_DKDV_ADDR32's modes for bwd_dkdv builds (:func:`dkdv_addr32_modes`) unless ``extra``
+    (``$DUALKV_EXTRA_DEFINES``) sets it; one empty set otherwise."""
     if spec.kernel != "bwd_dkdv" or any(name == "DKV_DKDV_ADDR32" for name, _ in extra):
-        return []
-    return [("DKV_DKDV_ADDR32", str(dkdv_addr32_mode(nvrtc_version())))]
+        return [[]]
+    return [[("DKV_DKDV_ADDR32", str(mode))] for mode in dkdv_addr32_modes(nvrtc_version(), spec.dq_ordered)]
 
 
 #: Macros that fix a kernel's dQ order (and so must match the launcher's schedule) or its CTA order (part of the
@@ -191,7 +198,7 @@ SCHEDULE_MACROS = ("DKV_TREE", "DKV_TREE_ROOT_FIRST", "DKV_DQ_ORDERED", "DKV_DQ_
                    "DKV_SPLIT_TILES")
 
 
-def _options(spec: KernelSpec, verbose: bool):
+def _options(spec: KernelSpec, verbose: bool, toolchain: list[tuple[str, str]]):
     from cuda.core import ProgramOptions
 
     extra = extra_defines()
@@ -202,35 +209,57 @@ def _options(spec: KernelSpec, verbose: bool):
                          "dQ orders use DUALKV_TREE_DQ_ORDER and DUALKV_TWO_LEVEL_DQ_ORDER, for the warp-specialised "
                          "backward's CTA order DUALKV_WS_CTA_ORDER)")
     return ProgramOptions(name=f"dualkv_{spec.kernel}", arch=spec.arch, std="c++17",
-                          include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines() + toolchain_defines(spec, extra) + extra,
+                          include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines() + toolchain + extra,
                           ptxas_options=["-v"] if verbose else None, use_fast_math=False)
 
 
 def compile_spec(spec: KernelSpec, *, use_cache: bool = True, verbose: bool = False) -> BuiltKernel:
     """Compile (or fetch from the disk cache) one specialization to a cubin (with ``$DUALKV_NVRTC_LIB``'s NVRTC when
-    that is set)."""
+    that is set). Where the compiler chooses among macro sets (:func:`toolchain_choices`), each is compiled in turn
+    until one spills nothing (ptxas -v); else the one with the fewest spilled bytes is kept. The cache holds the kept
+    cubin under a key naming the choice, not the set."""
     nvrtc_from_env()
-    from cuda.core import Program
     from cuda.core.utils import make_program_cache_key
 
     source = (CSRC / spec.source).read_text()
-    options = _options(spec, verbose)
-    key = make_program_cache_key(code=source, code_type="c++", options=options, target_type="cubin",
+    choices = toolchain_choices(spec, extra_defines())
+    chosen_by_compiler = len(choices) > 1
+    keyed = _options(spec, verbose, [(name, "ptxas-spills") for name, _ in choices[0]] if chosen_by_compiler
+                     else choices[0])
+    key = make_program_cache_key(code=source, code_type="c++", options=keyed, target_type="cubin",
                                  extra_digest=_sources_digest())
     cache = _disk_cache() if use_cache else None
     if cache is not None and not verbose:
         hit = cache.get(key)
         if hit is not None:
             return BuiltKernel(spec, bytes(hit), "")
+    best: tuple[int, BuiltKernel] | None = None
+    for toolchain in choices:
+        built = _compile(spec, source, _options(spec, verbose or chosen_by_compiler, toolchain))
+        if not chosen_by_compiler:
+            best = (0, built)
+            break
+        usage = resource_usage(built.log)
+        spilled = usage.get("spill_stores", 0) + usage.get("spill_loads", 0)
+        if best is None or spilled < best[0]:
+            best = (spilled, built)
+        if spilled == 0:
+            break
+    built = best[1]
+    if cache is not None:
+        cache[key] = built.cubin
+    return built
+
+
+def _compile(spec: KernelSpec, source: str, options) -> BuiltKernel:
+    from cuda.core import Program
+
     log = io.StringIO()
     try:
         obj = Program(source, code_type="c++", options=options).compile("cubin", logs=log)
     except Exception as err:  # NVRTC errors come back as cuda.core exceptions carrying the log
         raise KernelBuildError(f"NVRTC failed for {spec}:\n{err}\n{log.getvalue()}") from err
-    cubin = bytes(obj.code)
-    if cache is not None:
-        cache[key] = cubin
-    return BuiltKernel(spec, cubin, log.getvalue())
+    return BuiltKernel(spec, bytes(obj.code), log.getvalue(), tuple(options.define_macro or ()))
 
 
 def resource_usage(log: str) -> dict:

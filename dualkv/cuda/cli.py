@@ -64,6 +64,8 @@ def _run(args: argparse.Namespace) -> int:
                    "smem_bytes": spec.smem_bytes, "dq_mode": _dq_mode(spec), "ok": err is None}
             if built is not None and built.log:
                 row.update(resource_usage(built.log))
+            if built is not None and (chosen := dict(built.defines).get("DKV_DKDV_ADDR32")):
+                row["ldmatrix_addr32"] = int(chosen)  # the mode compile_spec kept (build.toolchain_choices)
             if err:
                 failures.append(err)
             results.append(row)
@@ -76,6 +78,7 @@ def _run(args: argparse.Namespace) -> int:
                   + f": {r.get('registers')} regs, spill "
                   f"{r.get('spill_stores')}/"
                   f"{r.get('spill_loads')} B, smem {r['smem_bytes']} B"
+                  + (f", ldmatrix mode {r['ldmatrix_addr32']}" if "ldmatrix_addr32" in r else "")
                   + (", wgmma SERIALIZED by ptxas" if r.get("wgmma_serialized") else ""))
     for err in failures:
         print(err, file=sys.stderr)

@@ -151,6 +151,7 @@
 #   bash experiments/gpu/run_pending.sh s29addr32b # Table 1's shapes against the FA2 cascade, 0 and $ADDR32
 #   bash experiments/gpu/run_pending.sh s30nvrtc   # the dK/dV addressing modes under NVRTC 13.5, then both releases' defaults
 #   bash experiments/gpu/run_pending.sh s30mode1   # the dK/dV addressing mode 1 through the GPU tests (NVRTC 13.0), atomic builds' modes timed
+#   bash experiments/gpu/run_pending.sh s30final   # the default (spill-free addressing mode per dK/dV build): tests, verify, Table 1 vs FA2 cascade
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
 #                                                  # build/nvrtc135.tar.xz carried (see the part)
@@ -1620,6 +1621,20 @@ s30mode1)
     DUALKV_KERNELS=mma TAIL=3 step verify_mma 150 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma.json"
     (cd "$OUT" && tar czf s30mode1.tgz *.log bench && rm -rf kta*.log bench)
     ;;
+s30final)
+    # #13: the default build now (each mma.sync dK/dV build compiled in the first ldmatrix addressing mode that spills
+    # nothing, build.toolchain_choices): the family's backward and tree tests, verify, and Table 1's first three shapes
+    # against the FA2 cascade in one process
+    DUALKV_KERNELS=mma TAIL=3 step pytest_mma 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py \
+        -k "not ws_backward and not prep_kernel and not opcheck and not compile"
+    DUALKV_KERNELS=mma TAIL=3 step verify_mma 150 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma.json"
+    mkdir -p "$OUT/bench"
+    TAIL=1 step t1 200 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
+        --shapes 28:4096,8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s30final-table.json"
+    (cd "$OUT" && tar czf s30final.tgz *.log bench && rm -rf t1.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1627,6 +1642,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final)"
    exit 2 ;;
 esac

@@ -43,8 +43,8 @@
 #define DKV_ROWS_TID_AGAIN 1
 #endif
 // DKV_DKDV_ADDR32 = 0, 1 or 2: this kernel's ldmatrix addressing (common.cuh, DKV_LDSM_ADDR32; no other kernel takes
-// it). The compiler options set it by NVRTC release (build.py, dkdv_addr32_mode: 2 before 13.5, 1 from 13.5);
-// DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=... overrides that for an A/B.
+// it). build.py chooses it per build: the first mode, in an order set by the NVRTC release (dkdv_addr32_modes), that
+// ptxas compiles without spills; DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=... fixes it for an A/B.
 #ifndef DKV_DKDV_ADDR32
 #define DKV_DKDV_ADDR32 0
 #endif

@@ -36,7 +36,7 @@
 //   sm_90: pointer 1504, 60 / 104 | 1285, 20 / 28;  1: 1319, 36 / 56 | 1267, 0;  2: 1315, 4 / 4 | 1361, 108 / 148
 //   sm_80: pointer 1696, 0 | 1472, 0;  1: 1540, 104 / 148 | 1445, 0;  2: 1514, 0 | 1475, 0
 // (12.9 as 13.0; experiments/results/checks/s29addr32-cpu-20261129.log). H200, NVRTC 13.0, dK/dV kernel at (16, 32K):
-// pointer 239.3 ms, 1: 231.2, 2: 226.4 (checks/s30addr32-h200-20261129.log). The forward keeps the pointer
+// pointer 239.3 ms, 1: 231.2, 2: 226.4 (checks/s30addr32-h200-20261129T1839Z.json). The forward keeps the pointer
 // form: under 13.0 its d = 128 sm_90 build spills 8 / 8 bytes with it and 152 / 168 with either other.
 #ifndef DKV_LDSM_ADDR32
 #define DKV_LDSM_ADDR32 0
