@@ -245,15 +245,15 @@ def test_dkdv_layout_refuses_tiles_it_cannot_run():
 
 #: Spill bytes the ordered dQ mode may exceed the atomic mode's by, per (arch, head dim, causal, tree, shared-first),
 #: under ALLOWANCE_NVRTC: none since compile_spec keeps, per dK/dV build, the first ldmatrix addressing mode that
-#: spills nothing (build.toolchain_choices): under NVRTC 13.5 no ordered or atomic build spills. Before (one mode for
+#: spills nothing (build.compiler_chosen_macros): under NVRTC 13.5 no ordered or atomic build spills. Before (one mode for
 #: all, the pointer form) the sm_90 d = 128 causal builds spilled 20 bytes there (the rank-ordered walk, the counter of
 #: the adds in flight and the counter read early stay live through the step at 255 registers), and the GPU machine's
 #: NVRTC 13.0 spilled the sm_90 causal shared-first build 60 / 104 bytes (checks/s28spills-cpu-20261129.log).
 ORDERED_SPILL_ALLOWANCE: dict[tuple, int] = {}
 #: The NVRTC version ORDERED_SPILL_ALLOWANCE was measured with, and the bound for every build under another version:
 #: under 13.0 the sm_90 d = 128 ordered builds still spill 4 bytes (8 the tree build) in their kept mode where the atomic
-#: builds spill none (12.8 and 12.9 compile as 13.0 does, 13.1 to 13.4 as 13.5; checks/s30addr32-nvrtc-cpu-20261129.log);
-#: 16 catches a build that grew beyond that.
+#: builds spill none (checks/s30addr32-nvrtc-cpu-20261129.log, which also has 12.8 to 13.4 for four of these builds:
+#: 12.8 and 12.9 count as 13.0 does, 13.1 to 13.4 as 13.5); 16 catches a build that grew beyond that.
 ALLOWANCE_NVRTC, OTHER_NVRTC_ALLOWANCE = "13.5", 16
 
 
@@ -320,8 +320,9 @@ def test_dkdv_addr32_switch_is_scoped_to_the_dkdv_kernel(monkeypatch):
     def build(mode: str):
         monkeypatch.setenv("DUALKV_EXTRA_DEFINES", f"DKV_DKDV_ADDR32={mode}")
         built = [compile_spec(spec, use_cache=False, verbose=True) for spec in dkdv]
+        usage = [resource_usage(b.log) for b in built]
         return ([compile_spec(spec, use_cache=False).cubin for spec in others], [b.cubin for b in built],
-                [resource_usage(b.log)["spill_stores"] for b in built])
+                [u["spill_stores"] + u["spill_loads"] for u in usage])
 
     modes = {mode: build(mode) for mode in ("0", "1", "2")}
     for mode in ("1", "2"):
@@ -338,10 +339,10 @@ def test_dkdv_addr32_switch_is_scoped_to_the_dkdv_kernel(monkeypatch):
         built = compile_spec(spec, use_cache=False)
         chosen = dict(built.defines)["DKV_DKDV_ADDR32"]
         assert chosen == expected if expected else spilled[chosen] == min(spilled.values()), (spec, chosen, spilled)
-        assert built.cubin == modes[chosen][1][k], (spec, chosen)   # the explicit mode's cubin, -v or not
+        assert built.cubin == modes[chosen][1][k], (spec, chosen)   # the explicit mode's cubin (both built with -v)
     assert [compile_spec(spec, use_cache=False).cubin for spec in others] == modes["0"][0]
     monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_DKDV_ADDR32=3")
-    with pytest.raises(KernelBuildError, match="must be 0, 1 or 2"):
+    with pytest.raises(KernelBuildError, match=r"(?s)\('DKV_DKDV_ADDR32', '3'\).*must be 0, 1 or 2"):
         compile_spec(dkdv[0], use_cache=False)
 
 
@@ -349,21 +350,24 @@ def test_dkdv_addr32_switch_is_scoped_to_the_dkdv_kernel(monkeypatch):
                                                      ("13.1", (1, 0, 2), (1, 0, 2)), ("13.5", (1, 0, 2), (1, 0, 2)),
                                                      ("14.2", (1, 0, 2), (1, 0, 2)), (None, (2, 1, 0), (1, 2, 0)),
                                                      ("unavailable: no NVRTC", (2, 1, 0), (1, 2, 0))])
-def test_dkdv_addr32_modes_follow_the_nvrtc_release(version, ordered, other):
+def test_dkdv_addr32_modes_follow_the_nvrtc_release(monkeypatch, version, ordered, other):
     """The dK/dV kernel's ldmatrix addressing modes in order of preference (build.py DKDV_ADDR32_BY_NVRTC): before
     NVRTC 13.1, 2 first for the ordered dQ builds and 1 for the others; from 13.1 (which forms shared addresses in 32
     bits itself), 1; an unknown release counts as the oldest. Only bwd_dkdv builds are chosen among, and
-    DUALKV_EXTRA_DEFINES fixes the mode."""
-    from dualkv.cuda.build import toolchain_choices
+    DUALKV_EXTRA_DEFINES fixes the addressing (either macro)."""
+    import dualkv.cuda.build as build
     from dualkv.cuda.configs import dkdv_spec, dq_spec
 
-    assert (dkdv_addr32_modes(version, True), dkdv_addr32_modes(version, False)) == (ordered, other)
-    ordered_spec = dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True)
-    assert toolchain_choices(ordered_spec, []) == [[("DKV_DKDV_ADDR32", str(mode))]
-                                                   for mode in dkdv_addr32_modes(nvrtc_version(), True)]
-    assert toolchain_choices(ordered_spec, [("DKV_DKDV_ADDR32", "0")]) == [[]]
-    assert toolchain_choices(dq_spec(64, torch.bfloat16, 4, False, "sm_80"), []) == [[]]
-    assert toolchain_choices(fwd_spec(64, torch.bfloat16, 4, False, "sm_80"), []) == [[]]
+    monkeypatch.setattr(build, "nvrtc_version", lambda: version)
+    specs = {True: dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True),
+             False: dkdv_spec(128, torch.bfloat16, False, "sm_80", dq_atomic=True, kernel="bwd_dkdv")}
+    for dq_ordered, modes in ((True, ordered), (False, other)):
+        assert build.dkdv_addr32_modes(version, dq_ordered) == modes
+        assert build.compiler_chosen_macros(specs[dq_ordered], []) == [[("DKV_DKDV_ADDR32", str(m))] for m in modes]
+        for fixed in ("DKV_DKDV_ADDR32", "DKV_LDSM_ADDR32"):
+            assert build.compiler_chosen_macros(specs[dq_ordered], [(fixed, "0")]) == [[]]
+    assert build.compiler_chosen_macros(dq_spec(64, torch.bfloat16, 4, False, "sm_80"), []) == [[]]
+    assert build.compiler_chosen_macros(fwd_spec(64, torch.bfloat16, 4, False, "sm_80"), []) == [[]]
 
 
 def test_compile_spec_keeps_the_first_mode_that_spills_nothing(monkeypatch, tmp_path):
@@ -395,6 +399,9 @@ def test_compile_spec_keeps_the_first_mode_that_spills_nothing(monkeypatch, tmp_
     assert run({"1": 8, "0": 20, "2": 8}) == "1"                            # ties go to the preferred mode
     monkeypatch.setattr(build, "nvrtc_version", lambda: "13.0")  # modes 2, 1, 0
     assert run({"2": 4, "1": 36, "0": 60}) == "2" and compiled == ["2", "1", "0"]
+    kept = build.compile_spec(spec, use_cache=False, verbose=True)              # verbose: the kept mode's report
+    assert dict(kept.defines)["DKV_DKDV_ADDR32"] == "2" and "4 bytes spill stores" in kept.log
+    assert run({"2": 0, "1": 0}) == "2" and compiled == ["2"]
     monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_DKDV_ADDR32=0")
     assert run({"0": 60}) == "0" and compiled == ["0"]
     monkeypatch.delenv("DUALKV_EXTRA_DEFINES")

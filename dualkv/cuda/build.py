@@ -19,8 +19,12 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from .configs import KernelSpec
+
+if TYPE_CHECKING:
+    from cuda.core import ProgramOptions
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 
@@ -33,8 +37,8 @@ class KernelBuildError(RuntimeError):
 class BuiltKernel:
     spec: KernelSpec
     cubin: bytes
-    log: str  # ptxas resource report when freshly compiled, "" on a cache hit
-    defines: tuple = ()  # the macros it was compiled with, when freshly compiled
+    log: str  # ptxas resource report when freshly compiled with -v (always for a compiler-chosen build), "" on a hit
+    defines: tuple[tuple[str, str], ...] = ()  # the macros it was compiled with (the kept set's); () on a cache hit
 
 
 @lru_cache(maxsize=1)
@@ -157,19 +161,31 @@ def extra_defines() -> list[tuple[str, str]]:
     return [tuple(item.split("=", 1)) if "=" in item else (item, "1") for item in text.split(",") if item]
 
 
-#: The mma.sync dK/dV kernel's ldmatrix addressing (bwd_dkdv.cu's DKV_DKDV_ADDR32; common.cuh's DKV_LDSM_ADDR32): modes in
-#: order of preference by the NVRTC that compiles it: (first release, ordered dQ builds, the others), newest first.
-#: 0 forms each address from a generic pointer, 1 from one 32-bit shared address per operand plus compile-time
-#: offsets, 2 as 1 with the lane's coordinates re-read. NVRTC 12.8 to 13.0 turn the pointer form into a 64-bit add and a
-#: truncation per ldmatrix, which ptxas does not fold into [R+imm]; 13.1 on form it in 32 bits. At 255 registers
-#: ptxas's spills move between the modes build by build (checks/s30addr32-nvrtc-cpu-20261129.log; e.g. 13.0's sm_80
-#: d = 128 non-causal own-first ordered build spills 120 bytes in mode 2 and none in 1), so :func:`compile_spec` takes
-#: the first mode without spill stores, else the one spilling least. H200, d = 128 dK/dV kernel at (16, 32K), ms:
-#: NVRTC 13.0 ordered 239.3 / 231.2 / 226.4 (modes 0 / 1 / 2; spills 60 / 36 / 4 bytes), atomic 221.2 / 221.9 (1)
-#: against 227.8 (2); NVRTC 13.5 ordered 230.0 / 222.6 / 234.5 (spills 20 / 0 / 108)
-#: (checks/s30addr32-h200-20261129T1839Z.json).
-DKDV_ADDR32_BY_NVRTC: tuple[tuple[tuple[int, int], tuple[int, ...], tuple[int, ...]], ...] = (
-    ((13, 1), (1, 0, 2), (1, 0, 2)), ((0, 0), (2, 1, 0), (1, 2, 0)))
+class AddressingModes(NamedTuple):
+    """DKV_DKDV_ADDR32 modes in order of preference from NVRTC release ``first`` on: for the ordered dQ builds and for
+    the others."""
+
+    first: tuple[int, int]
+    ordered: tuple[int, ...]
+    other: tuple[int, ...]
+
+
+#: The mma.sync dK/dV kernel's ldmatrix addressing (bwd_dkdv.cu's DKV_DKDV_ADDR32; common.cuh's DKV_LDSM_ADDR32) by the
+#: NVRTC that compiles it, newest release first. 0 forms each address from a generic pointer, 1 from one 32-bit shared
+#: address per operand plus compile-time offsets, 2 as 1 with the lane's coordinates re-read. NVRTC 12.8 to 13.0 turn
+#: the pointer form into a 64-bit add and a truncation per ldmatrix, which ptxas does not fold into [R+imm]; 13.1 on
+#: form it in 32 bits. At 255 registers ptxas's spills move between the modes build by build (e.g. 13.0's sm_80 d = 128
+#: non-causal own-first ordered build spills 120 / 180 bytes in mode 2 and none in 1;
+#: checks/s30addr32-nvrtc-cpu-20261129.log), so :func:`compile_spec` keeps the first mode that spills nothing, else
+#: the one spilling least. H200, d = 128 dK/dV kernel at (16, 32K), ms: NVRTC 13.0 ordered 239.3 / 231.2 / 226.4
+#: (modes 0 / 1 / 2; spill stores 60 / 36 / 4 bytes), atomic 221.2 / 221.9 (1) against 227.8 (2); NVRTC 13.5 ordered
+#: 230.0 / 222.6 / 234.5 (spill stores 20 / 0 / 108) (checks/s30addr32-h200-20261129T1839Z.json).
+DKDV_ADDR32_BY_NVRTC: tuple[AddressingModes, ...] = (AddressingModes((13, 1), (1, 0, 2), (1, 0, 2)),
+                                                     AddressingModes((0, 0), (2, 1, 0), (1, 2, 0)))
+#: The macros that fix the dK/dV kernel's addressing when ``$DUALKV_EXTRA_DEFINES`` sets either.
+ADDRESSING_MACROS = ("DKV_DKDV_ADDR32", "DKV_LDSM_ADDR32")
+
+Macros = list[tuple[str, str]]
 
 
 def dkdv_addr32_modes(version: str | None, dq_ordered: bool) -> tuple[int, ...]:
@@ -180,14 +196,15 @@ def dkdv_addr32_modes(version: str | None, dq_ordered: bool) -> tuple[int, ...]:
         release = tuple(int(part) for part in version.split(".")[:2]) if version else (0, 0)
     except ValueError:  # "unavailable: ..." (nvrtc_version); the compilation itself raises on that
         release = (0, 0)
-    return next(ordered if dq_ordered else other for first, ordered, other in DKDV_ADDR32_BY_NVRTC if release >= first)
+    modes = next(entry for entry in DKDV_ADDR32_BY_NVRTC if release >= entry.first)
+    return modes.ordered if dq_ordered else modes.other
 
 
-def toolchain_choices(spec: KernelSpec, extra: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
-    """The macro sets :func:`compile_spec` may build ``spec`` with, preferred first, chosen by the compiler rather than
-    the kernel specification: DKV_DKDV_ADDR32's modes for bwd_dkdv builds (:func:`dkdv_addr32_modes`) unless ``extra``
-    (``$DUALKV_EXTRA_DEFINES``) sets it; one empty set otherwise."""
-    if spec.kernel != "bwd_dkdv" or any(name == "DKV_DKDV_ADDR32" for name, _ in extra):
+def compiler_chosen_macros(spec: KernelSpec, extra: Macros) -> list[Macros]:
+    """The macro sets :func:`compile_spec` chooses among for ``spec``, preferred first (what the compiler decides rather
+    than the kernel specification): DKV_DKDV_ADDR32's modes for bwd_dkdv builds (:func:`dkdv_addr32_modes`) unless
+    ``extra`` (``$DUALKV_EXTRA_DEFINES``) fixes the addressing; one empty set otherwise."""
+    if spec.kernel != "bwd_dkdv" or any(name in ADDRESSING_MACROS for name, _ in extra):
         return [[]]
     return [[("DKV_DKDV_ADDR32", str(mode))] for mode in dkdv_addr32_modes(nvrtc_version(), spec.dq_ordered)]
 
@@ -198,10 +215,9 @@ SCHEDULE_MACROS = ("DKV_TREE", "DKV_TREE_ROOT_FIRST", "DKV_DQ_ORDERED", "DKV_DQ_
                    "DKV_SPLIT_TILES")
 
 
-def _options(spec: KernelSpec, verbose: bool, toolchain: list[tuple[str, str]]):
+def _options(spec: KernelSpec, verbose: bool, chosen: Macros, extra: Macros) -> "ProgramOptions":
     from cuda.core import ProgramOptions
 
-    extra = extra_defines()
     overridden = sorted({name for name, _ in extra} & set(SCHEDULE_MACROS))
     if overridden:
         raise ValueError(f"DUALKV_EXTRA_DEFINES sets {overridden}: these fix the kernels' dQ order (which must match "
@@ -209,56 +225,67 @@ def _options(spec: KernelSpec, verbose: bool, toolchain: list[tuple[str, str]]):
                          "dQ orders use DUALKV_TREE_DQ_ORDER and DUALKV_TWO_LEVEL_DQ_ORDER, for the warp-specialised "
                          "backward's CTA order DUALKV_WS_CTA_ORDER)")
     return ProgramOptions(name=f"dualkv_{spec.kernel}", arch=spec.arch, std="c++17",
-                          include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines() + toolchain + extra,
+                          include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines() + chosen + extra,
                           ptxas_options=["-v"] if verbose else None, use_fast_math=False)
 
 
 def compile_spec(spec: KernelSpec, *, use_cache: bool = True, verbose: bool = False) -> BuiltKernel:
     """Compile (or fetch from the disk cache) one specialization to a cubin (with ``$DUALKV_NVRTC_LIB``'s NVRTC when
-    that is set). Where the compiler chooses among macro sets (:func:`toolchain_choices`), each is compiled in turn
-    until one spills nothing (ptxas -v); else the one with the fewest spilled bytes is kept. The cache holds the kept
-    cubin under a key naming the choice, not the set."""
+    that is set). Where the compiler chooses among macro sets (:func:`compiler_chosen_macros`) they are compiled in
+    turn, with ptxas -v, until one spills nothing; else the one spilling the fewest bytes (stores and loads) is kept. A
+    cold cache thus compiles such a build up to three times (NVRTC 13.0's sm_90 d = 128 ordered dK/dV builds spill a
+    little in every mode). The cache holds the kept cubin under a key naming the candidates in order, not the one kept;
+    a set that fails to compile raises, naming its macros."""
     nvrtc_from_env()
     from cuda.core.utils import make_program_cache_key
 
     source = (CSRC / spec.source).read_text()
-    choices = toolchain_choices(spec, extra_defines())
-    chosen_by_compiler = len(choices) > 1
-    keyed = _options(spec, verbose, [(name, "ptxas-spills") for name, _ in choices[0]] if chosen_by_compiler
-                     else choices[0])
-    key = make_program_cache_key(code=source, code_type="c++", options=keyed, target_type="cubin",
-                                 extra_digest=_sources_digest())
+    extra = extra_defines()
+    candidates = compiler_chosen_macros(spec, extra)
+    if len(candidates) > 1:  # e.g. DKV_DKDV_ADDR32=choose:2,1,0
+        keyed = [(candidates[0][0][0], "choose:" + ",".join(macros[0][1] for macros in candidates))]
+    else:
+        keyed = candidates[0]
+    key = make_program_cache_key(code=source, code_type="c++", options=_options(spec, verbose, keyed, extra),
+                                 target_type="cubin", extra_digest=_sources_digest())
     cache = _disk_cache() if use_cache else None
     if cache is not None and not verbose:
         hit = cache.get(key)
         if hit is not None:
             return BuiltKernel(spec, bytes(hit), "")
-    best: tuple[int, BuiltKernel] | None = None
-    for toolchain in choices:
-        built = _compile(spec, source, _options(spec, verbose or chosen_by_compiler, toolchain))
-        if not chosen_by_compiler:
-            best = (0, built)
-            break
-        usage = resource_usage(built.log)
-        spilled = usage.get("spill_stores", 0) + usage.get("spill_loads", 0)
-        if best is None or spilled < best[0]:
-            best = (spilled, built)
-        if spilled == 0:
-            break
-    built = best[1]
+    if len(candidates) > 1:
+        built = _least_spilling(spec, source, candidates, extra)
+    else:
+        built = _compile(spec, source, _options(spec, verbose, candidates[0], extra))
     if cache is not None:
         cache[key] = built.cubin
     return built
 
 
-def _compile(spec: KernelSpec, source: str, options) -> BuiltKernel:
+def _least_spilling(spec: KernelSpec, source: str, candidates: list[Macros], extra: Macros) -> BuiltKernel:
+    """The first of ``candidates`` (macro sets, preferred first) that ptxas compiles without spilling, else the one
+    spilling the fewest bytes (ties to the preferred)."""
+    best, best_spilled = None, 0
+    for chosen in candidates:
+        built = _compile(spec, source, _options(spec, True, chosen, extra))
+        usage = resource_usage(built.log)
+        spilled = usage.get("spill_stores", 0) + usage.get("spill_loads", 0)
+        if best is None or spilled < best_spilled:
+            best, best_spilled = built, spilled
+        if spilled == 0:
+            break
+    return best
+
+
+def _compile(spec: KernelSpec, source: str, options: "ProgramOptions") -> BuiltKernel:
     from cuda.core import Program
 
     log = io.StringIO()
     try:
         obj = Program(source, code_type="c++", options=options).compile("cubin", logs=log)
     except Exception as err:  # NVRTC errors come back as cuda.core exceptions carrying the log
-        raise KernelBuildError(f"NVRTC failed for {spec}:\n{err}\n{log.getvalue()}") from err
+        raise KernelBuildError(f"NVRTC failed for {spec} (macros {list(options.define_macro or ())}):\n{err}\n"
+                               f"{log.getvalue()}") from err
     return BuiltKernel(spec, bytes(obj.code), log.getvalue(), tuple(options.define_macro or ()))
 
 

@@ -65,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
             if built is not None and built.log:
                 row.update(resource_usage(built.log))
             if built is not None and (chosen := dict(built.defines).get("DKV_DKDV_ADDR32")):
-                row["ldmatrix_addr32"] = int(chosen)  # the mode compile_spec kept (build.toolchain_choices)
+                row["ldmatrix_addr32"] = int(chosen)  # the mode compile_spec kept (build.compiler_chosen_macros)
             if err:
                 failures.append(err)
             results.append(row)

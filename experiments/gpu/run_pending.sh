@@ -1576,7 +1576,7 @@ s29addr32b)
     (cd "$OUT" && tar czf s29addr32b.tgz *.log bench && rm -rf t1_*.log bench)
     ;;
 s30nvrtc)
-    # #13 / #12: the dK/dV kernel's ldmatrix addressing now follows the NVRTC release (build.py dkdv_addr32_mode: 2
+    # #13 / #12: the dK/dV kernel's ldmatrix addressing now follows the NVRTC release (967baf2's build.py: 2
     # before 13.5, 1 from 13.5; under 13.0 mode 2 measured 226.4 against 239.3 ms at (16, 32K), s29addr32). Here: the
     # three modes under NVRTC 13.5 (carried: build/nvrtc135.tar.xz, see s28nvrtc), alternating, each in its own
     # process; then s28nvrtc's comparison of the two releases' default builds (13.0, 13.5, 13.0 again; the FA2 cascade
@@ -1623,7 +1623,7 @@ s30mode1)
     ;;
 s30final)
     # #13: the default build now (each mma.sync dK/dV build compiled in the first ldmatrix addressing mode that spills
-    # nothing, build.toolchain_choices): the family's backward and tree tests, verify, and Table 1's first three shapes
+    # nothing, build.compiler_chosen_macros): the family's backward and tree tests, verify, and Table 1's first three shapes
     # against the FA2 cascade in one process
     DUALKV_KERNELS=mma TAIL=3 step pytest_mma 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
         proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py \
