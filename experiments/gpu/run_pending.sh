@@ -152,6 +152,8 @@
 #   bash experiments/gpu/run_pending.sh s30nvrtc   # the dK/dV addressing modes under NVRTC 13.5, then both releases' defaults
 #   bash experiments/gpu/run_pending.sh s30mode1   # the dK/dV addressing mode 1 through the GPU tests (NVRTC 13.0), atomic builds' modes timed
 #   bash experiments/gpu/run_pending.sh s30final   # the default (spill-free addressing mode per dK/dV build): tests, verify, Table 1 vs FA2 cascade
+#   bash experiments/gpu/run_pending.sh s31next    # #13 at the per-build default: (16, 64K), FA2 N-copy, ragged RL rows (not yet run)
+#   bash experiments/gpu/run_pending.sh s31ncu     # #13: ncu of the ordered dK/dV kernel (kept mode) against FA2's at (8, 8K) (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
 #                                                  # build/nvrtc135.tar.xz carried (see the part)
@@ -1635,6 +1637,33 @@ s30final)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s30final-table.json"
     (cd "$OUT" && tar czf s30final.tgz *.log bench && rm -rf t1.log bench)
     ;;
+s31next)
+    # #13 at the per-build addressing default (bdc6033; not yet run): (16, 64K) and FA2 N-copy beside the FA2 cascade;
+    # the ragged RL micro-batches of s27rl / s28next
+    mkdir -p "$OUT/bench"
+    TAIL=1 step t1 250 python3 -m dualkv bench kernel --systems dualkv_mma,cascade,fa2_ncopy \
+        --shapes 16:32768,16:65536 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
+    rl g4 dualkv_mma,dualkv_mma_atomic,cascade 4 8:512,8:1024 256:4096
+    rl g1 dualkv_mma,dualkv_mma_atomic,cascade 1 16:2048,16:4096 512:8192
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s31next-table.json"
+    (cd "$OUT" && tar czf s31next.tgz *.log bench && rm -rf t1.log g*.log bench)
+    ;;
+s31ncu)
+    # #13 (not yet run): ncu of the ordered dK/dV kernel in its kept addressing mode against FA2's dq_dk_dv kernel at
+    # (8, 8K), as mmaprof
+    for who in ordered fa2; do
+        k="regex:bwd_dkdv$"; sys=dualkv; [ $who = fa2 ] && { k="regex:flash_bwd_dq_dk_dv"; sys=fa2; }
+        DUALKV_DETERMINISTIC=1 DUALKV_PATH=fused DUALKV_MMA_BWD=auto TAIL=2 step ncu_$who 200 ncu --clock-control none \
+            --profile-from-start off -k "$k" --section SourceCounters --section WarpStateStats \
+            --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -c 1 -f -o "$OUT/ncu_$who" \
+            python3 experiments/gpu/profile_bwd.py --family mma --shape 8:8192 --systems $sys
+        [ -f "$OUT/ncu_$who.ncu-rep" ] && ncu --import "$OUT/ncu_$who.ncu-rep" --page details > "$OUT/ncu_$who.txt" 2>&1
+        [ -f "$OUT/ncu_$who.ncu-rep" ] && ncu --import "$OUT/ncu_$who.ncu-rep" --page source --print-source sass \
+            --csv | gzip > "$OUT/ncu_$who.csv.gz"
+        rm -f "$OUT/ncu_$who.ncu-rep"
+    done
+    (cd "$OUT" && tar czf s31ncu.tgz *.log ncu_* && rm -rf ncu_*)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1642,6 +1671,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu)"
    exit 2 ;;
 esac
