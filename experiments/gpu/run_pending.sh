@@ -177,6 +177,40 @@ table1_bench() {  # table1_bench PREFIX SYSTEMS TAIL_A TAIL_B: the seed's Table 
     TAIL=$4 step ${1}b 230 python3 -m dualkv bench kernel --shapes 16:65536,4:131072 \
         --systems $2 --mode fwd,bwd,fwdbwd --out "$OUT/bench"
 }
+nvrtc135_unpack() {  # nvrtc135_unpack PART: NVRTC 13.5 from the carried build/nvrtc135.tar.xz into /tmp/nv135 (see
+    # s28nvrtc for making it), and its version (step nvrtc_version); exits naming PART when it was not carried
+    [ -f build/nvrtc135.tar.xz ] || { echo "$1 needs build/nvrtc135.tar.xz (carried)"; exit 2; }
+    mkdir -p /tmp/nv135 && tar xJf build/nvrtc135.tar.xz -C /tmp/nv135
+    DUALKV_NVRTC_LIB=/tmp/nv135 step nvrtc_version 60 python3 -c "from dualkv.cuda.build import nvrtc_version; \
+print('NVRTC', nvrtc_version())"
+}
+nvrtc_release_bench() {  # nvrtc_release_bench SECONDS: both families and both cascades at (8, 8K) and (16, 32K) in three
+    # processes (steps b1_130, b1_135, b2_130): the machine's NVRTC, /tmp/nv135's, the machine's again; into $OUT/bench
+    mkdir -p "$OUT/bench"
+    for run in 1_130 1_135 2_130; do
+        lib=$([ "${run#*_}" = 135 ] && echo /tmp/nv135 || echo "")
+        DUALKV_NVRTC_LIB=$lib DUALKV_COMMIT="${DUALKV_COMMIT:-}+nvrtc${run#*_}" TAIL=1 step b$run $1 \
+            python3 -m dualkv bench kernel --systems dualkv,dualkv_mma,cudnn_cascade,cascade \
+            --shapes 8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/b$run"
+    done
+}
+mma_bwd_ncu() {  # mma_bwd_ncu WHO...: ncu (source counters, warp stalls, memory and compute workload) of one launch at
+    # (8, 8K) per WHO: ordered (dualkv's bwd_dkdv, deterministic), atomic (deterministic=False), fa2 (FA2's dq_dk_dv);
+    # $OUT/ncu_WHO.txt (details) and .csv.gz (SASS source page)
+    local who k sys det
+    for who in "$@"; do
+        k="regex:bwd_dkdv$"; sys=dualkv; det=1; [ $who = fa2 ] && { k="regex:flash_bwd_dq_dk_dv"; sys=fa2; }
+        [ $who = atomic ] && det=0
+        DUALKV_DETERMINISTIC=$det DUALKV_PATH=fused DUALKV_MMA_BWD=auto TAIL=2 step ncu_$who 200 ncu --clock-control none \
+            --profile-from-start off -k "$k" --section SourceCounters --section WarpStateStats \
+            --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -c 1 -f -o "$OUT/ncu_$who" \
+            python3 experiments/gpu/profile_bwd.py --family mma --shape 8:8192 --systems $sys
+        [ -f "$OUT/ncu_$who.ncu-rep" ] && ncu --import "$OUT/ncu_$who.ncu-rep" --page details > "$OUT/ncu_$who.txt" 2>&1
+        [ -f "$OUT/ncu_$who.ncu-rep" ] && ncu --import "$OUT/ncu_$who.ncu-rep" --page source --print-source sass \
+            --csv | gzip > "$OUT/ncu_$who.csv.gz"
+        rm -f "$OUT/ncu_$who.ncu-rep"
+    done
+}
 rl() {  # rl NAME SYSTEMS GROUPS SHAPES RANGE: one `dualkv bench kernel` process (step NAME) on micro-batches of GROUPS
     # groups with ragged responses (--R-range RANGE), fwd / bwd / fwd+bwd, into $OUT/bench/NAME
     mkdir -p "$OUT/bench"
@@ -1010,18 +1044,7 @@ mmaprof)
     # #13 (next): where the mma.sync dK/dV kernel's backward still loses to FlashAttention-2's at (8, 8K), at the current
     # defaults: ncu source counters, warp stalls and memory workload of bwd_dkdv in the ordered mode (the
     # deterministic default), in the atomic mode (deterministic=False) and of FA2's dq_dk_dv kernel, one archive each
-    for who in ordered atomic fa2; do
-        k="regex:bwd_dkdv$"; sys=dualkv; det=1; [ $who = fa2 ] && { k="regex:flash_bwd_dq_dk_dv"; sys=fa2; }
-        [ $who = atomic ] && det=0
-        DUALKV_DETERMINISTIC=$det DUALKV_PATH=fused DUALKV_MMA_BWD=auto TAIL=2 step ncu_$who 200 ncu --clock-control none \
-            --profile-from-start off -k "$k" --section SourceCounters --section WarpStateStats \
-            --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -c 1 -f -o "$OUT/ncu_$who" \
-            python3 experiments/gpu/profile_bwd.py --family mma --shape 8:8192 --systems $sys
-        [ -f "$OUT/ncu_$who.ncu-rep" ] && ncu --import "$OUT/ncu_$who.ncu-rep" --page details > "$OUT/ncu_$who.txt" 2>&1
-        [ -f "$OUT/ncu_$who.ncu-rep" ] && ncu --import "$OUT/ncu_$who.ncu-rep" --page source --print-source sass \
-            --csv | gzip > "$OUT/ncu_$who.csv.gz"
-        rm -f "$OUT/ncu_$who.ncu-rep"
-    done
+    mma_bwd_ncu ordered atomic fa2
     (cd "$OUT" && tar czf mmaprof.tgz ncu_* *.log && rm -f ncu_* *.log)
     ;;
 fwdmask)
@@ -1527,17 +1550,8 @@ s28nvrtc)
     # One bench process per NVRTC (the 13.5 one compiles its kernels cold), then the 13.0 one again. The FA2 cascade is
     # the fixed control; the cuDNN cascade may not be one: cuDNN's runtime-compiled engines would also bind the 13.5
     # library that the 13.5 processes load first. The GPU tests under 13.5 are left to a later call.
-    [ -f build/nvrtc135.tar.xz ] || { echo "s28nvrtc needs build/nvrtc135.tar.xz (carried)"; exit 2; }
-    mkdir -p /tmp/nv135 && tar xJf build/nvrtc135.tar.xz -C /tmp/nv135
-    DUALKV_NVRTC_LIB=/tmp/nv135 step nvrtc_version 60 python3 -c "from dualkv.cuda.build import nvrtc_version; \
-print('NVRTC', nvrtc_version())"
-    mkdir -p "$OUT/bench"
-    for run in 1_130 1_135 2_130; do
-        lib=$([ "${run#*_}" = 135 ] && echo /tmp/nv135 || echo "")
-        DUALKV_NVRTC_LIB=$lib DUALKV_COMMIT="${DUALKV_COMMIT:-}+nvrtc${run#*_}" TAIL=1 step b$run 170 \
-            python3 -m dualkv bench kernel --systems dualkv,dualkv_mma,cudnn_cascade,cascade \
-            --shapes 8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/b$run"
-    done
+    nvrtc135_unpack s28nvrtc
+    nvrtc_release_bench 170
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s28nvrtc-table.json"
     (cd "$OUT" && tar czf s28nvrtc.tgz *.log bench && rm -rf b*.log bench)
     ;;
@@ -1583,10 +1597,7 @@ s30nvrtc)
     # three modes under NVRTC 13.5 (carried: build/nvrtc135.tar.xz, see s28nvrtc), alternating, each in its own
     # process; then s28nvrtc's comparison of the two releases' default builds (13.0, 13.5, 13.0 again; the FA2 cascade
     # is the fixed control)
-    [ -f build/nvrtc135.tar.xz ] || { echo "s30nvrtc needs build/nvrtc135.tar.xz (carried)"; exit 2; }
-    mkdir -p /tmp/nv135 && tar xJf build/nvrtc135.tar.xz -C /tmp/nv135
-    DUALKV_NVRTC_LIB=/tmp/nv135 step nvrtc_version 60 python3 -c "from dualkv.cuda.build import nvrtc_version; \
-print('NVRTC', nvrtc_version())"
+    nvrtc135_unpack s30nvrtc
     mkdir -p "$OUT/bench"
     for run in 1 2; do
         for v in 0 1 2; do
@@ -1595,12 +1606,7 @@ print('NVRTC', nvrtc_version())"
                 --system dualkv_mma --shapes 8:8192,16:32768 --out "$OUT/bench/kt135_${run}_$v.json"
         done
     done
-    for run in 1_130 1_135 2_130; do
-        lib=$([ "${run#*_}" = 135 ] && echo /tmp/nv135 || echo "")
-        DUALKV_NVRTC_LIB=$lib DUALKV_COMMIT="${DUALKV_COMMIT:-}+nvrtc${run#*_}" TAIL=1 step b$run 200 \
-            python3 -m dualkv bench kernel --systems dualkv,dualkv_mma,cudnn_cascade,cascade \
-            --shapes 8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/b$run"
-    done
+    nvrtc_release_bench 200
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s30nvrtc-table.json"
     (cd "$OUT" && tar czf s30nvrtc.tgz *.log bench && rm -rf kt*.log b*.log bench)
     ;;
@@ -1627,9 +1633,7 @@ s30final)
     # #13: the default build now (each mma.sync dK/dV build compiled in the first ldmatrix addressing mode that spills
     # nothing, build.compiler_chosen_macros): the family's backward and tree tests, verify, and Table 1's first three shapes
     # against the FA2 cascade in one process
-    DUALKV_KERNELS=mma TAIL=3 step pytest_mma 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
-        proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py \
-        -k "not ws_backward and not prep_kernel and not opcheck and not compile"
+    TAIL=3 mma_backward_tests pytest_mma
     DUALKV_KERNELS=mma TAIL=3 step verify_mma 150 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma.json"
     mkdir -p "$OUT/bench"
     TAIL=1 step t1 200 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
@@ -1651,17 +1655,7 @@ s31next)
 s31ncu)
     # #13 (not yet run): ncu of the ordered dK/dV kernel in its kept addressing mode against FA2's dq_dk_dv kernel at
     # (8, 8K), as mmaprof
-    for who in ordered fa2; do
-        k="regex:bwd_dkdv$"; sys=dualkv; [ $who = fa2 ] && { k="regex:flash_bwd_dq_dk_dv"; sys=fa2; }
-        DUALKV_DETERMINISTIC=1 DUALKV_PATH=fused DUALKV_MMA_BWD=auto TAIL=2 step ncu_$who 200 ncu --clock-control none \
-            --profile-from-start off -k "$k" --section SourceCounters --section WarpStateStats \
-            --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -c 1 -f -o "$OUT/ncu_$who" \
-            python3 experiments/gpu/profile_bwd.py --family mma --shape 8:8192 --systems $sys
-        [ -f "$OUT/ncu_$who.ncu-rep" ] && ncu --import "$OUT/ncu_$who.ncu-rep" --page details > "$OUT/ncu_$who.txt" 2>&1
-        [ -f "$OUT/ncu_$who.ncu-rep" ] && ncu --import "$OUT/ncu_$who.ncu-rep" --page source --print-source sass \
-            --csv | gzip > "$OUT/ncu_$who.csv.gz"
-        rm -f "$OUT/ncu_$who.ncu-rep"
-    done
+    mma_bwd_ncu ordered fa2
     (cd "$OUT" && tar czf s31ncu.tgz *.log ncu_* && rm -rf ncu_*)
     ;;
 host)
