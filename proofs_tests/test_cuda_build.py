@@ -367,7 +367,34 @@ def test_dkdv_addr32_modes_follow_the_nvrtc_release(monkeypatch, version, ordere
         for fixed in ("DKV_DKDV_ADDR32", "DKV_LDSM_ADDR32"):
             assert build.compiler_chosen_macros(specs[dq_ordered], [(fixed, "0")]) == [[]]
     assert build.compiler_chosen_macros(dq_spec(64, torch.bfloat16, 4, False, "sm_80"), []) == [[]]
-    assert build.compiler_chosen_macros(fwd_spec(64, torch.bfloat16, 4, False, "sm_80"), []) == [[]]
+    assert build.compiler_chosen_macros(fwd_spec(64, torch.bfloat16, 4, False, "sm_80", kernel="fwd_sm90"), []) == [[]]
+
+
+def test_forward_tile_in_smem_is_chosen_where_registers_spill(monkeypatch):
+    """The mma.sync forward's tile description in registers (DKV_FWD_TILE_SMEM=0) or in smem (1): compile_spec compiles
+    0 and, where it spills, 1, and keeps the one spilling least (0 on ties). Both compile and differ at d = 128; under
+    NVRTC 13.5 the d = 128 sm_90 causal build (the Qwen3-8B forward on an H100) spills 152 / 168 bytes with 0 and
+    nothing with 1, so the kept build spills nothing. Only fwd builds are chosen among, and DUALKV_EXTRA_DEFINES fixes
+    the choice."""
+    import dualkv.cuda.build as build
+
+    spec = fwd_spec(128, torch.bfloat16, 4, False, "sm_90", kernel="fwd")
+    assert build.compiler_chosen_macros(spec, []) == [[("DKV_FWD_TILE_SMEM", "0")], [("DKV_FWD_TILE_SMEM", "1")]]
+    assert build.compiler_chosen_macros(spec, [("DKV_FWD_TILE_SMEM", "1")]) == [[]]
+    fixed = {}
+    for choice in ("0", "1"):
+        monkeypatch.setenv("DUALKV_EXTRA_DEFINES", f"DKV_FWD_TILE_SMEM={choice}")
+        built = compile_spec(spec, use_cache=False, verbose=True)
+        usage = resource_usage(built.log)
+        fixed[choice] = (built.cubin, usage["spill_stores"] + usage["spill_loads"])
+    assert fixed["0"][0] != fixed["1"][0]
+    monkeypatch.delenv("DUALKV_EXTRA_DEFINES")
+    kept = compile_spec(spec, use_cache=False)
+    choice = dict(kept.defines)["DKV_FWD_TILE_SMEM"]
+    assert choice == ("0" if fixed["0"][1] <= fixed["1"][1] else "1"), (choice, fixed["0"][1], fixed["1"][1])
+    assert kept.cubin == fixed[choice][0]
+    if nvrtc_version() == ALLOWANCE_NVRTC:
+        assert fixed["1"][1] == 0 < fixed["0"][1] and choice == "1", (fixed["0"][1], fixed["1"][1])
 
 
 def test_compile_spec_keeps_the_first_mode_that_spills_nothing(monkeypatch, tmp_path):

@@ -200,13 +200,23 @@ def dkdv_addr32_modes(version: str | None, dq_ordered: bool) -> tuple[int, ...]:
     return modes.ordered if dq_ordered else modes.other
 
 
+#: The mma.sync forward's tile description in registers (0, preferred) or in shared memory (1): fwd.cu's
+#: DKV_FWD_TILE_SMEM. NVRTC 13.5 spills the d = 128 builds' row statistics with 0 (sm_90 causal pack 4: 152 / 168 bytes)
+#: and nothing with 1; NVRTC 13.0 spills 8 / 8 bytes either way, so 0 stays (checks/s31fwdtile-cpu-20261129.log).
+FWD_TILE_SMEM_CHOICES = (0, 1)
+
+
 def compiler_chosen_macros(spec: KernelSpec, extra: Macros) -> list[Macros]:
     """The macro sets :func:`compile_spec` chooses among for ``spec``, preferred first (what the compiler decides rather
-    than the kernel specification): DKV_DKDV_ADDR32's modes for bwd_dkdv builds (:func:`dkdv_addr32_modes`) unless
-    ``extra`` (``$DUALKV_EXTRA_DEFINES``) fixes the addressing; one empty set otherwise."""
-    if spec.kernel != "bwd_dkdv" or any(name in ADDRESSING_MACROS for name, _ in extra):
-        return [[]]
-    return [[("DKV_DKDV_ADDR32", str(mode))] for mode in dkdv_addr32_modes(nvrtc_version(), spec.dq_ordered)]
+    than the kernel specification): DKV_DKDV_ADDR32's modes for bwd_dkdv builds (:func:`dkdv_addr32_modes`) and
+    DKV_FWD_TILE_SMEM's (:data:`FWD_TILE_SMEM_CHOICES`) for fwd builds, unless ``extra`` (``$DUALKV_EXTRA_DEFINES``)
+    fixes the macro; one empty set otherwise."""
+    fixed = {name for name, _ in extra}
+    if spec.kernel == "bwd_dkdv" and not fixed & set(ADDRESSING_MACROS):
+        return [[("DKV_DKDV_ADDR32", str(mode))] for mode in dkdv_addr32_modes(nvrtc_version(), spec.dq_ordered)]
+    if spec.kernel == "fwd" and "DKV_FWD_TILE_SMEM" not in fixed:
+        return [[("DKV_FWD_TILE_SMEM", str(choice))] for choice in FWD_TILE_SMEM_CHOICES]
+    return [[]]
 
 
 #: Macros that fix a kernel's dQ order (and so must match the launcher's schedule) or its CTA order (part of the

@@ -66,6 +66,8 @@ def _run(args: argparse.Namespace) -> int:
                 row.update(resource_usage(built.log))
             if built is not None and (chosen := dict(built.defines).get("DKV_DKDV_ADDR32")):
                 row["ldmatrix_addr32"] = int(chosen)  # the mode compile_spec kept (build.compiler_chosen_macros)
+            if built is not None and (chosen := dict(built.defines).get("DKV_FWD_TILE_SMEM")):
+                row["tile_smem"] = int(chosen)  # likewise
             if err:
                 failures.append(err)
             results.append(row)
@@ -79,6 +81,7 @@ def _run(args: argparse.Namespace) -> int:
                   f"{r.get('spill_stores')}/"
                   f"{r.get('spill_loads')} B, smem {r['smem_bytes']} B"
                   + (f", ldmatrix mode {r['ldmatrix_addr32']}" if "ldmatrix_addr32" in r else "")
+                  + (f", tile in {'smem' if r['tile_smem'] else 'registers'}" if "tile_smem" in r else "")
                   + (", wgmma SERIALIZED by ptxas" if r.get("wgmma_serialized") else ""))
     for err in failures:
         print(err, file=sys.stderr)

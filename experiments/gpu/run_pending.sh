@@ -152,8 +152,10 @@
 #   bash experiments/gpu/run_pending.sh s30nvrtc   # the dK/dV addressing modes under NVRTC 13.5, then both releases' defaults
 #   bash experiments/gpu/run_pending.sh s30mode1   # the dK/dV addressing mode 1 through the GPU tests (NVRTC 13.0), atomic builds' modes timed
 #   bash experiments/gpu/run_pending.sh s30final   # the default (spill-free addressing mode per dK/dV build): tests, verify, Table 1 vs FA2 cascade
-#   bash experiments/gpu/run_pending.sh s31next    # #13 at the per-build default: (16, 64K), FA2 N-copy, ragged RL rows (not yet run)
-#   bash experiments/gpu/run_pending.sh s31ncu     # #13: ncu of the ordered dK/dV kernel (kept mode) against FA2's at (8, 8K) (not yet run)
+#   bash experiments/gpu/run_pending.sh s31next    # #13 at the per-build default: (16, 64K), FA2 N-copy, ragged RL rows (ran:
+#                                                  # the t1 step, (16, 32K) and (16, 64K) with FA2 N-copy, hit its 250 s limit)
+#   bash experiments/gpu/run_pending.sh s31ncu     # #13: ncu of the ordered dK/dV kernel (kept mode) against FA2's at (8, 8K)
+#   bash experiments/gpu/run_pending.sh s31fwd     # #13: the forward's tile in smem (DKV_FWD_TILE_SMEM): tests, verify, NVRTC 13.0 / 13.5 A/B
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
 #                                                  # build/nvrtc135.tar.xz carried (see the part)
@@ -1658,6 +1660,29 @@ s31ncu)
     mma_bwd_ncu ordered fa2
     (cd "$OUT" && tar czf s31ncu.tgz *.log ncu_* && rm -rf ncu_*)
     ;;
+s31fwd)
+    # #13: the mma.sync forward's tile description in smem (DKV_FWD_TILE_SMEM, chosen per build, 0 unless 0 spills and 1
+    # spills less): the forward GPU tests and verify with 1 forced (NVRTC 13.0); the forward at (8, 8K) and (16, 32K)
+    # in alternating processes: 13.0 default (keeps 0 for this build: both spill 8 / 8 B), 13.5 default (keeps 1: 0 B
+    # against 152 / 168), 13.0 forced 1, 13.5 forced 0, then both defaults again; the FA2 cascade in the first
+    nvrtc135_unpack s31fwd
+    DUALKV_EXTRA_DEFINES=DKV_FWD_TILE_SMEM=1 DUALKV_KERNELS=mma TAIL=3 step pytest_fwd_smem 150 python3 -m pytest -q -x \
+        -m gpu -p no:cacheprovider proofs_tests/test_cuda_forward.py
+    DUALKV_EXTRA_DEFINES=DKV_FWD_TILE_SMEM=1 DUALKV_KERNELS=mma TAIL=3 step verify_fwd_smem 150 python3 -m dualkv verify \
+        --no-progress --json "$OUT/verify-mma-fwdsmem.json"
+    mkdir -p "$OUT/bench"
+    for run in 1_130_def 1_135_def 1_130_1 1_135_0 2_130_def 2_135_def; do
+        rel=${run#*_}; rel=${rel%_*}; v=${run##*_}
+        lib=$([ $rel = 135 ] && echo /tmp/nv135 || echo "")
+        def=$([ $v = def ] && echo "" || echo DKV_FWD_TILE_SMEM=$v)
+        sys=$([ $run = 1_130_def ] && echo dualkv_mma,cascade || echo dualkv_mma)
+        DUALKV_NVRTC_LIB=$lib DUALKV_EXTRA_DEFINES=$def DUALKV_COMMIT="${DUALKV_COMMIT:-}+nvrtc$rel+tile$v" TAIL=1 \
+            step f$run 100 python3 -m dualkv bench kernel --systems $sys --shapes 8:8192,16:32768 --mode fwd \
+            --reps 10 --out "$OUT/bench/f$run"
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s31fwd-table.json"
+    (cd "$OUT" && tar czf s31fwd.tgz *.log bench && rm -rf f*.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1665,6 +1690,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd)"
    exit 2 ;;
 esac

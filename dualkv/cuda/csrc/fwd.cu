@@ -18,6 +18,17 @@
 #include "kernel_params.cuh"
 #include "softmax.cuh"
 
+// DKV_FWD_TILE_SMEM=1: the CTA's tile description (QTile: segment row, key ranges, ...) lives in shared memory and
+// the loop reads it from there, instead of holding ~20 values loaded from the segment table in registers through
+// the loop. NVRTC 13.5 keeps those in vector registers and spills the d = 128 build's row statistics
+// (sm_90 causal pack 4: 152 / 168 bytes of spill stores / loads, 33 spill instructions in the loop); with the tile in
+// smem it spills nothing. NVRTC 13.0 keeps them in uniform registers and spills 8 / 8 bytes either way.
+// build.py (compiler_chosen_macros) compiles 0, then 1 if 0 spills, and keeps the one spilling least;
+// DUALKV_EXTRA_DEFINES=DKV_FWD_TILE_SMEM=... fixes it for an A/B.
+#ifndef DKV_FWD_TILE_SMEM
+#define DKV_FWD_TILE_SMEM 0
+#endif
+
 using namespace dkv;
 
 extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS) {
@@ -26,11 +37,25 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
     elem_t* sK = sQ + kBlockM * kRowStride;
     elem_t* sV = sK + kBlockN * kRowStride;
 
+#if DKV_FWD_TILE_SMEM
+    __shared__ QTile s_tile;
+    {
+        const QTile t0 = make_qtile(segments, tiles, group_size, window_left);
+        if (threadIdx.x == 0) s_tile = t0;
+        load_query_rows(sQ, q, q_st, q_sh, t0);
+        cp_async_commit();
+        if (t0.n_iter > 0) load_key_block(sK, t0, 0, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
+        cp_async_commit();
+    }
+    __syncthreads();  // s_tile written
+    const QTile& t = s_tile;  // read anew after each barrier, not held in registers across the loop
+#else
     const QTile t = make_qtile(segments, tiles, group_size, window_left);
     load_query_rows(sQ, q, q_st, q_sh, t);
     cp_async_commit();
     if (t.n_iter > 0) load_key_block(sK, t, 0, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
     cp_async_commit();
+#endif
 
     const QWarp qw = qwarp();
     const int g = qw.g, t4 = qw.t4, lrow = qw.lrow, lmat = qw.lmat, warp_row0 = qw.row0, col0 = qw.col0;
