@@ -183,3 +183,69 @@ def test_the_model_transcribes_the_cuda_source():
         assert "kHeadDimAcc / 16" not in src and re.search(r"st? < kHeadDim / 16;", src), name
         assert not re.search(r"acc_\w+\[(1\]\[)?kHeadDim / 8\]", src), name  # accumulators: kHeadDimAcc / 8
         assert not re.search(r"\* kHeadDim \* 2", src), name                  # tile bytes: kHeadDimAcc
+
+
+def mma_swizzled_reads(head_dim: int, rows: int = 64, rows_fn=None, smem_fn=None) -> tuple[int, int]:
+    """The mma.sync dK/dV kernel's swizzled Q / dO tiles (DKV_QDO_SWIZZLE, FA2-like layout: warps of 32 queries in the
+    S^T / dP^T products, of head_dim / 2 columns in the dV / dK products): (lane addresses that are not where
+    swizzled_offset put the chunk the padded form reads, 8-lane ldmatrix phases whose rows share a bank group)."""
+    rows_fn, smem_fn = rows_fn or sw.rows_swz_lane_address, smem_fn or sw.smem_swz_lane_address
+    bad = conflicts = 0
+
+    def tally(addrs, chunks):
+        nonlocal bad, conflicts
+        bad += sum(a != sw.swizzled_offset(rows, r, c) for a, (r, c) in zip(addrs, chunks))
+        conflicts += sum(len({(a // 16) % 8 for a in addrs[8 * m:8 * m + 8]}) != 8 for m in range(4))
+
+    for b_row0 in range(0, rows, 32):          # gemm_rows_swz: S^T = K Q^T, dP^T = V dO^T
+        for kk in range(head_dim // 16):
+            for np_ in range(2):
+                tally([rows_fn(rows, b_row0, kk, np_, lane) for lane in range(32)],
+                      [sw.rows_lane_chunk(b_row0, kk, np_, lane) for lane in range(32)])
+    cols = head_dim // 2
+    for col0 in range(0, head_dim, cols):     # gemm_smem_swz: dV += P^T dO, dK += dS^T Q
+        for kk in range(rows // 16):
+            for np_ in range(cols // 16):
+                tally([smem_fn(rows, col0, kk, np_, lane) for lane in range(32)],
+                      [sw.smem_lane_chunk(col0, kk, np_, lane) for lane in range(32)])
+    return bad, conflicts
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_mma_swizzled_q_do_tiles_read_what_the_loads_wrote(d):
+    """Every ldmatrix lane address of the swizzled B operands (common.cuh gemm_rows_swz / gemm_smem_swz, transcribed in
+    swizzle.py) is where the strided loads put the (row, chunk) the padded helpers read, without bank conflicts; known
+    wrong variants (no XOR, the matrix bits swapped, the XOR by the k-step rather than k-step mod 4 with no atom
+    offset: the same at d = 64, one atom wide) are caught."""
+    assert mma_swizzled_reads(d) == (0, 0)
+
+    def no_xor(rows, b_row0, kk, np_, lane):
+        lrow, lmat = lane % 8, lane // 8
+        row = b_row0 + np_ * 16 + (lmat // 2) * 8 + lrow
+        return (kk // 4) * rows * 128 + row * 128 + ((2 * kk + lmat % 2) % 8) * 16
+
+    def swapped(rows, col0, kk, np_, lane):
+        return sw.smem_swz_lane_address(rows, col0, kk, np_, (lane % 8) + 8 * [0, 2, 1, 3][lane // 8])
+
+    def whole_k(rows, b_row0, kk, np_, lane):
+        lrow, lmat = lane % 8, lane // 8
+        b0 = (b_row0 + (lmat // 2) * 8 + lrow) * 128 + (((lmat % 2) ^ lrow) << 4)
+        return (b0 ^ (kk * 32)) + np_ * 16 * 128
+
+    assert mma_swizzled_reads(d, rows_fn=no_xor)[1] > 0
+    assert mma_swizzled_reads(d, smem_fn=swapped)[0] > 0
+    assert mma_swizzled_reads(d, rows_fn=whole_k)[0] > 0 if d > 64 else mma_swizzled_reads(d, rows_fn=whole_k)[0] == 0
+
+
+def test_the_mma_swizzle_model_transcribes_the_cuda_source():
+    """swizzle.py's lane addresses of the swizzled mma.sync reads are common.cuh's expressions (a drift guard)."""
+    common = (CSRC / "common.cuh").read_text()
+    for line in ("const unsigned b0 = smem_addr(sB) + (b_row0 + (lmat / 2) * 8 + lrow) * 128 + "
+                 "(((lmat % 2) ^ lrow) << 4);",
+                 "const unsigned bk = (b0 ^ ((kk % 4) * 32)) + (kk / 4) * kRowsB * 128;",
+                 "ldmatrix_x4(b, bk + np * 16 * 128);",
+                 "const int c0 = col0 / 8 + lmat / 2;",
+                 "ldmatrix_x4_trans(b, (b0 ^ (np * 32)) + kk * 16 * 128);"):
+        assert line in common, line
+    assert re.search(r"const unsigned b0 = smem_addr\(sB\) \+ \(c0 / 8\) \* kRowsB \* 128 \+ "
+                     r"\(\(lmat % 2\) \* 8 \+ lrow\) \* 128 \+\s+\(\(\(c0 % 8\) \^ lrow\) << 4\);", common)

@@ -110,3 +110,36 @@ def read_nmajor(desc: Descriptor, n: int) -> dict[tuple[int, int], int]:
     return {(k, j): swizzle(desc.start + (j % per_row) * ELEM + (j // per_row) * desc.leading
                             + (k % 8) * desc.mode + (k // 8) * desc.stride, desc.mode)
             for k in range(16) for j in range(n)}
+
+
+# ---- the mma.sync dK/dV kernel's swizzled Q / dO tiles (bwd_dkdv.cu DKV_QDO_SWIZZLE; common.cuh gemm_rows_swz,
+# gemm_smem_swz): the byte address each lane gives ldmatrix, transcribed. An x4 ldmatrix reads four 8 x 8 matrices;
+# lane l gives the address of row l % 8 of matrix l // 8 (16 contiguous bytes).
+
+def rows_swz_lane_address(rows: int, b_row0: int, kk: int, np_: int, lane: int) -> int:
+    """gemm_rows_swz's B read (non-transposed; rows b_row0 + 16 np + ..., k-step kk of 16 columns)."""
+    lrow, lmat = lane % 8, lane // 8
+    b0 = (b_row0 + (lmat // 2) * 8 + lrow) * 128 + (((lmat % 2) ^ lrow) << 4)
+    bk = (b0 ^ ((kk % 4) * 32)) + (kk // 4) * rows * 128
+    return bk + np_ * 16 * 128
+
+
+def smem_swz_lane_address(rows: int, col0: int, kk: int, np_: int, lane: int) -> int:
+    """gemm_smem_swz's B read (transposed; rows 16 kk + ..., columns col0 + 16 np + ...)."""
+    lrow, lmat = lane % 8, lane // 8
+    c0 = col0 // 8 + lmat // 2
+    b0 = (c0 // 8) * rows * 128 + ((lmat % 2) * 8 + lrow) * 128 + (((c0 % 8) ^ lrow) << 4)
+    return (b0 ^ (np_ * 32)) + kk * 16 * 128
+
+
+def rows_lane_chunk(b_row0: int, kk: int, np_: int, lane: int) -> tuple[int, int]:
+    """The (row, 16-byte chunk) the padded form (gemm_rows_rows) has lane ``lane`` read: the element block the
+    swizzled read must find at its address."""
+    lrow, lmat = lane % 8, lane // 8
+    return b_row0 + np_ * 16 + (lmat // 2) * 8 + lrow, 2 * kk + lmat % 2
+
+
+def smem_lane_chunk(col0: int, kk: int, np_: int, lane: int) -> tuple[int, int]:
+    """The same for gemm_smem_rows's transposed B read."""
+    lrow, lmat = lane % 8, lane // 8
+    return kk * 16 + (lmat % 2) * 8 + lrow, col0 // 8 + 2 * np_ + lmat // 2

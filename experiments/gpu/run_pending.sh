@@ -156,6 +156,7 @@
 #                                                  # the t1 step, (16, 32K) and (16, 64K) with FA2 N-copy, hit its 250 s limit)
 #   bash experiments/gpu/run_pending.sh s31ncu     # #13: ncu of the ordered dK/dV kernel (kept mode) against FA2's at (8, 8K)
 #   bash experiments/gpu/run_pending.sh s31fwd     # #13: the forward's tile in smem (DKV_FWD_TILE_SMEM): tests, verify, NVRTC 13.0 / 13.5 A/B
+#   bash experiments/gpu/run_pending.sh s31swz     # #13: swizzled Q / dO tiles in the dK/dV kernel: tests, A/B; (16, 64K)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
 #                                                  # build/nvrtc135.tar.xz carried (see the part)
@@ -1683,6 +1684,20 @@ s31fwd)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s31fwd-table.json"
     (cd "$OUT" && tar czf s31fwd.tgz *.log bench && rm -rf f*.log bench)
     ;;
+s31swz)
+    # #13: the mma.sync dK/dV kernel's Q / dO tiles swizzled (DKV_QDO_SWIZZLE=1; ncu at s31ncu: the padded tiles'
+    # cp.async copies take 2.6x the ideal shared wavefronts and 1.5x the ideal L2 sectors): the family's backward and tree tests
+    # with it, then the backward at (8, 8K) and (16, 32K), ordered and atomic, swizzle 0 / 1 alternating (two rounds);
+    # last the (16, 64K) row s31next's t1 step had no time for (defaults, with the FA2 cascade)
+    DUALKV_EXTRA_DEFINES=DKV_QDO_SWIZZLE=1 TAIL=3 mma_backward_tests pytest_swz
+    define_ab DKV_QDO_SWIZZLE "0 1 0 1" swz 100 --systems dualkv_mma,dualkv_mma_atomic --shapes 8:8192,16:32768 \
+        --mode bwd --reps 10
+    mkdir -p "$OUT/bench"
+    TAIL=1 step t64 150 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 16:65536 \
+        --mode fwd,bwd,fwdbwd --reps 5 --out "$OUT/bench/t64"
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s31swz-table.json"
+    (cd "$OUT" && tar czf s31swz.tgz *.log bench && rm -rf swz*.log t64.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1690,6 +1705,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz)"
    exit 2 ;;
 esac

@@ -122,6 +122,12 @@
 #ifndef DKV_DO_STAGES
 #define DKV_DO_STAGES DKV_STAGES
 #endif
+// DKV_QDO_SWIZZLE=1 (the FA2-like layout at head dims 64 and 128): the step's Q and dO tiles in the swizzled layout
+// (common.cuh gemm_rows_swz / gemm_smem_swz) rather than padded rows, so that each cp.async copy of 128 global bytes
+// fills one 128-byte smem line.
+#ifndef DKV_QDO_SWIZZLE
+#define DKV_QDO_SWIZZLE 0
+#endif
 // Ordered dQ: where thread 0 releases the previous step's counter (DKV_DQ_RELEASE). 0 (the default): after the step's
 // dS barrier; 1: after the S^T product, before the next step's walk and copies (its st.release is a MEMBAR.GPU, which
 // waits for thread 0's copies in flight; the step's first barrier already follows every thread's adds). H200, FA2-like
@@ -155,6 +161,12 @@ constexpr int kDoStages = DKV_DO_STAGES;
 constexpr bool kDoSingle = kDoStages != DKV_STAGES;  // one dO buffer beside two Q buffers
 static_assert(!kDoSingle || (kDoStages == 1 && DKV_STAGES == 2 && kQWarps == 2), "DKV_DO_STAGES=1: qwarps 2, two stages");
 constexpr int kStages = DKV_STAGES;
+#if DKV_QDO_SWIZZLE && DKV_QWARPS == 2 && DKV_HEAD_DIM % 64 == 0
+#define DKV_QDO_SWZ 1  // (a macro: the swizzled helpers assert whole atoms, so other builds must not see the calls)
+#else
+#define DKV_QDO_SWZ 0
+#endif
+constexpr bool kQdoSwizzle = DKV_QDO_SWZ != 0;
 constexpr bool kDqAtomic = DKV_DQ_ATOMIC != 0;
 constexpr bool kDqOrdered = DKV_DQ_ORDERED != 0;
 constexpr bool kDqHere = kDqAtomic || kDqOrdered;  // this kernel computes dQ = dS K
@@ -269,13 +281,13 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     constexpr bool kStatsPerThread =
         kDqOrdered && !kTree && (!DKV_TREE_ROOT_FIRST || DKV_SHARED_FIRST_ROW_STATS) && kBlockM <= kThreads;
     auto load_step = [&](const Cursor& c, int buf) {
-        load_walk_step<kBlockM, false, kDqOrdered, kDoSingle ? 1 : 3, kStatsPerThread>(
+        load_walk_step<kBlockM, kQdoSwizzle, kDqOrdered, kDoSingle ? 1 : 3, kStatsPerThread>(
             w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2, delta, lse_sh, sQ + buf * kBlockM * kRowStride,
             sdO + (kDoSingle ? 0 : buf) * kBlockM * kRowStride, sLse + buf * kBlockM, sDelta + buf * kBlockM);
     };
     auto load_do = [&](const Cursor& c) {
-        load_walk_step<kBlockM, false, kDqOrdered, 2>(w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2, delta,
-                                                      lse_sh, sQ, sdO, sLse, sDelta);
+        load_walk_step<kBlockM, kQdoSwizzle, kDqOrdered, 2>(w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2,
+                                                            delta, lse_sh, sQ, sdO, sLse, sDelta);
     };
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -343,7 +355,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         };
 
         float acc_s[kKeySlabs][kSdpQueries / 8][4];
+#if DKV_QDO_SWZ
+        gemm_rows_swz<kKeySlabs, kSdpQueries, kBlockM>(acc_s, sK, bQ, sdp_q0, warp_key0, lrow, lmat);  // S^T
+#else
         gemm_rows_rows<kKeySlabs, kSdpQueries>(acc_s, sK, bQ + sdp_q0 * kRowStride, warp_key0, lrow, lmat);  // S^T
+#endif
         // The next step's walk (segment-table loads) and copies go out here, behind the S^T product's MMAs, not
         // before it, where every warp waited on the walk's loads with no product in flight: the mma.sync backward
         // ran 4.9-5.5% faster on H100 (checks/mma-loadmid-h100-20261127T1556Z.json); the ordered mode, which had
@@ -394,18 +410,30 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                 cp_async_wait<1>();  // this step's dO (the next step's Q copies, committed since, may be in flight)
                 __syncthreads();
             }
+#if DKV_QDO_SWZ
+            gemm_rows_swz<kKeySlabs, kSdpQueries, kBlockM>(acc_dp, sV, bdO, sdp_q0, warp_key0, lrow,
+                                                           lmat);  // dP^T = V dO^T
+#else
             gemm_rows_rows<kKeySlabs, kSdpQueries>(acc_dp, sV, bdO + sdp_q0 * kRowStride, warp_key0, lrow,
                                                    lmat);  // dP^T = V dO^T
+#endif
 #pragma unroll
             for (int sl = 0; sl < kKeySlabs; ++sl) dscores_t(acc_dp[sl], acc_s[sl], bDelta + sdp_q0, t4);  // dS^T
             store_frag_rows<kKeySlabs, kSdpQueries>(sdS, kDsStride, acc_dp, warp_key0, sdp_q0, g, t4);
             if (kDqOrdered && DKV_DQ_FENCE == 0) __threadfence();  // the previous step's adds land before the release
             __syncthreads();  // P^T and dS^T are in smem
             if (kDqOrdered) release_and_prefetch();
+#if DKV_QDO_SWZ
+            gemm_smem_swz<kKeySlabs, kBlockM, kCols, kBlockM>(acc_dv, sP, kDsStride, warp_key0, bdO, col0, lrow,
+                                                              lmat);  // dV += P^T dO
+            gemm_smem_swz<kKeySlabs, kBlockM, kCols, kBlockM>(acc_dk, sdS, kDsStride, warp_key0, bQ, col0, lrow,
+                                                              lmat);  // dK += dS^T Q
+#else
             gemm_smem_rows<kKeySlabs, kBlockM, kCols>(acc_dv, sP, kDsStride, warp_key0, bdO, col0, lrow,
                                                       lmat);  // dV += P^T dO
             gemm_smem_rows<kKeySlabs, kBlockM, kCols>(acc_dk, sdS, kDsStride, warp_key0, bQ, col0, lrow,
                                                       lmat);  // dK += dS^T Q
+#endif
         }
 
         if (kDqHere) {

@@ -370,6 +370,94 @@ __device__ __forceinline__ void gemm_smem_rows(float (&acc)[MS][COLS / 8][4], co
     }
 }
 
+// ---- The same two products with the B operand in a swizzled tile (bwd_dkdv.cu's DKV_QDO_SWIZZLE: its Q and dO
+// tiles): kRowsB rows x HEAD_DIM in swizzled_offset<kRowsB>'s layout (64-column atoms of kRowsB rows of 128 bytes;
+// chunk c % 8 of row r at (c % 8) ^ (r % 8)), so that a cp.async copy of 128 contiguous global bytes fills one
+// 128-byte smem line (with padded rows 7 in 8 rows straddle two: ncu counted 2.6x the ideal shared wavefronts and 1.5x
+// the ideal L2 sectors on those copies, checks/s31ncu-*). The tile must start 128-byte aligned. A lane's rows advance
+// by multiples of 8 from a row that is lrow mod 8, so its swizzle phase is lrow; the chunk's bits above the ones the
+// loop varies are its own, and XOR with a compile-time constant moves between chunks (one LOP3 per address).
+
+// acc[MS][N/8] (16*MS rows x N cols) = A (padded smem rows a_row0..) x B^T (swizzled rows b_row0.., b_row0 % 8 == 0).
+template <int MS, int N, int kRowsB>
+__device__ __forceinline__ void gemm_rows_swz(float (&acc)[MS][N / 8][4], const elem_t* sA, const elem_t* sB,
+                                              int b_row0, int a_row0, int lrow, int lmat) {
+    static_assert(kHeadDim % 64 == 0, "swizzled tiles: whole 64-column atoms");
+#pragma unroll
+    for (int sl = 0; sl < MS; ++sl)
+#pragma unroll
+        for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[sl][nt][e] = 0.f;
+#if DKV_LDSM_ADDR32
+    lane_coords_again(lrow, lmat);
+    const unsigned a0 = smem_addr(sA + (a_row0 + (lmat % 2) * 8 + lrow) * kRowStride + (lmat / 2) * 8);
+#endif
+    // B: row b_row0 + 16 np + 8 (lmat / 2) + lrow, chunk 2 kk + lmat % 2
+    const unsigned b0 = smem_addr(sB) + (b_row0 + (lmat / 2) * 8 + lrow) * 128 + (((lmat % 2) ^ lrow) << 4);
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        unsigned a[MS][4];
+#pragma unroll
+        for (int sl = 0; sl < MS; ++sl)
+#if DKV_LDSM_ADDR32
+            ldmatrix_x4(a[sl], a0 + (sl * 16 * kRowStride + kk * 16) * kElemBytes);
+#else
+            ldmatrix_x4(a[sl], sA + (a_row0 + sl * 16 + (lmat % 2) * 8 + lrow) * kRowStride + kk * 16 + (lmat / 2) * 8);
+#endif
+        const unsigned bk = (b0 ^ ((kk % 4) * 32)) + (kk / 4) * kRowsB * 128;
+#pragma unroll
+        for (int np = 0; np < N / 16; ++np) {
+            unsigned b[4];
+            ldmatrix_x4(b, bk + np * 16 * 128);
+#pragma unroll
+            for (int sl = 0; sl < MS; ++sl) {
+                mma_16816(acc[sl][2 * np], a[sl], b[0], b[1]);
+                mma_16816(acc[sl][2 * np + 1], a[sl], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// acc[MS][COLS/8] += A (padded smem rows a_row0.., K columns, row stride a_stride) x B (swizzled rows 0..K-1, columns
+// col0..col0+COLS-1; col0 a multiple of COLS).
+template <int MS, int K, int COLS, int kRowsB>
+__device__ __forceinline__ void gemm_smem_swz(float (&acc)[MS][COLS / 8][4], const elem_t* sA, int a_stride,
+                                              int a_row0, const elem_t* sB, int col0, int lrow, int lmat) {
+    static_assert(kHeadDim % 64 == 0 && (COLS & (COLS - 1)) == 0 && COLS >= 16 && COLS <= 64,
+                  "swizzled tiles: whole atoms, and a warp's chunk bits below its columns' own");
+#if DKV_LDSM_ADDR32
+    lane_coords_again(lrow, lmat);
+    const unsigned a0 = smem_addr(sA + (a_row0 + (lmat % 2) * 8 + lrow) * a_stride + (lmat / 2) * 8);
+#endif
+    // B: row 16 kk + 8 (lmat % 2) + lrow, chunk c0 + 2 np with c0 = col0 / 8 + lmat / 2 (2 np < COLS / 8 sets bits
+    // that c0 % 8 leaves clear, and never carries into the atom)
+    const int c0 = col0 / 8 + lmat / 2;
+    const unsigned b0 = smem_addr(sB) + (c0 / 8) * kRowsB * 128 + ((lmat % 2) * 8 + lrow) * 128 +
+                        (((c0 % 8) ^ lrow) << 4);
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) {
+        unsigned a[MS][4];
+#pragma unroll
+        for (int sl = 0; sl < MS; ++sl)
+#if DKV_LDSM_ADDR32
+            ldmatrix_x4(a[sl], a0 + (sl * 16 * a_stride + kk * 16) * kElemBytes);
+#else
+            ldmatrix_x4(a[sl], sA + (a_row0 + sl * 16 + (lmat % 2) * 8 + lrow) * a_stride + kk * 16 + (lmat / 2) * 8);
+#endif
+#pragma unroll
+        for (int np = 0; np < COLS / 16; ++np) {
+            unsigned b[4];
+            ldmatrix_x4_trans(b, (b0 ^ (np * 32)) + kk * 16 * 128);
+#pragma unroll
+            for (int sl = 0; sl < MS; ++sl) {
+                mma_16816(acc[sl][2 * np], a[sl], b[0], b[1]);
+                mma_16816(acc[sl][2 * np + 1], a[sl], b[2], b[3]);
+            }
+        }
+    }
+}
+
 // A warp's C fragments (MS 16-row slabs x N columns, m16n8 layout) as 16-bit values into a smem tile of row stride
 // `stride` at rows row0.., columns col0...
 template <int MS, int N>
