@@ -157,6 +157,7 @@
 #   bash experiments/gpu/run_pending.sh s31ncu     # #13: ncu of the ordered dK/dV kernel (kept mode) against FA2's at (8, 8K)
 #   bash experiments/gpu/run_pending.sh s31fwd     # #13: the forward's tile in smem (DKV_FWD_TILE_SMEM): tests, verify, NVRTC 13.0 / 13.5 A/B
 #   bash experiments/gpu/run_pending.sh s31swz     # #13: swizzled Q / dO tiles in the dK/dV kernel: tests, A/B; (16, 64K)
+#   bash experiments/gpu/run_pending.sh s31final   # #13: swizzled forward: tests, verify, A/B; one-dO-buffer backward tests; Table 1
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
 #                                                  # build/nvrtc135.tar.xz carried (see the part)
@@ -1698,6 +1699,36 @@ s31swz)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s31swz-table.json"
     (cd "$OUT" && tar czf s31swz.tgz *.log bench && rm -rf swz*.log t64.log bench)
     ;;
+s31final)
+    # #13 (not yet run): the swizzled forward (DKV_FWD_SWIZZLE=1): forward GPU tests (two-level and trees) and verify
+    # with it; the backward's default swizzled Q / dO tiles on the one-dO-buffer layout (DUALKV_MMA_BWD_QWARPS=2do1,
+    # the sm_80 d = 128 builds' layout, run here on sm_90): the d = 128 backward tests; then the forward at (8, 8K) /
+    # (16, 32K), swizzle 0 / 1 alternating, two rounds; last Table 1's rows against the FA2 cascade with the faster
+    DUALKV_EXTRA_DEFINES=DKV_FWD_SWIZZLE=1 DUALKV_KERNELS=mma TAIL=3 step pytest_fwdswz 120 python3 -m pytest -q -x \
+        -m gpu -p no:cacheprovider proofs_tests/test_cuda_forward.py
+    DUALKV_EXTRA_DEFINES=DKV_FWD_SWIZZLE=1 DUALKV_KERNELS=mma TAIL=3 step verify_fwdswz 120 python3 -m dualkv verify \
+        --no-progress --json "$OUT/verify-mma-fwdswz.json"
+    DUALKV_MMA_BWD_QWARPS=2do1 DUALKV_KERNELS=mma TAIL=3 step pytest_do1 100 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_cuda_backward.py -k "128 and not ws_backward and not prep_kernel and not \
+        opcheck and not compile"
+    define_ab DKV_FWD_SWIZZLE "0 1 0 1" fswz 60 --systems dualkv_mma --shapes 8:8192,16:32768 --mode fwd --reps 10
+    # the faster forward (sum of the medians over both rounds and shapes) for the table
+    best=$(python3 -c "
+import glob, json, sys
+ms = {'0': 0.0, '1': 0.0}
+for f in glob.glob('$OUT/bench/fswz*/kernel-*.json'):
+    d = json.load(open(f)); v = (d['environment'].get('extra_defines') or '=?').split('=')[-1]
+    ms[v] = ms.get(v, 0.0) + sum(r['ms'] for r in d['rows'])
+print(min(('0', '1'), key=lambda v: ms[v] if ms[v] > 0 else 1e9))")
+    echo "forward swizzle for the table: $best"
+    mkdir -p "$OUT/bench"
+    DUALKV_EXTRA_DEFINES=DKV_FWD_SWIZZLE=$best TAIL=1 step t1 150 python3 -m dualkv bench kernel \
+        --systems dualkv_mma,cascade --shapes 28:4096,8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
+    DUALKV_EXTRA_DEFINES=DKV_FWD_SWIZZLE=$best TAIL=1 step t64 100 python3 -m dualkv bench kernel \
+        --systems dualkv_mma,cascade --shapes 16:65536 --mode fwd,bwd,fwdbwd --reps 5 --out "$OUT/bench/t64"
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s31final-table.json"
+    (cd "$OUT" && tar czf s31final.tgz *.log bench && rm -rf fswz*.log t1.log t64.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1705,6 +1736,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final)"
    exit 2 ;;
 esac

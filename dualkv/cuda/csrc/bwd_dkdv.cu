@@ -122,11 +122,14 @@
 #ifndef DKV_DO_STAGES
 #define DKV_DO_STAGES DKV_STAGES
 #endif
-// DKV_QDO_SWIZZLE=1 (the FA2-like layout at head dims 64 and 128): the step's Q and dO tiles in the swizzled layout
-// (common.cuh gemm_rows_swz / gemm_smem_swz) rather than padded rows, so that each cp.async copy of 128 global bytes
-// fills one 128-byte smem line.
+// DKV_QDO_SWIZZLE=1 (the default; the FA2-like layout at head dims 64 and 128): the step's Q and dO tiles in the
+// swizzled layout (common.cuh gemm_rows_swz / gemm_smem_swz) rather than padded rows, so that each cp.async copy of
+// 128 global bytes fills one 128-byte smem line (ncu, padded: 2.6x the ideal shared wavefronts and 1.5x the ideal L2
+// sectors on those copies, checks/s31ncu-source-*). H200, NVRTC 13.0, backward ms at (8, 8K) / (16, 32K), 0 / 1
+// alternating, two rounds: ordered 27.40 / 227.66 and 27.44 / 227.18 against 27.17 / 224.80 and 27.51 / 224.74; atomic
+// 27.90 / 221.07 and 27.71 / 221.36 against 26.76 / 213.18 and 26.76 / 213.80 (checks/s31swz-h200-20261129T2142Z.json).
 #ifndef DKV_QDO_SWIZZLE
-#define DKV_QDO_SWIZZLE 0
+#define DKV_QDO_SWIZZLE 1
 #endif
 // Ordered dQ: where thread 0 releases the previous step's counter (DKV_DQ_RELEASE). 0 (the default): after the step's
 // dS barrier; 1: after the S^T product, before the next step's walk and copies (its st.release is a MEMBAR.GPU, which

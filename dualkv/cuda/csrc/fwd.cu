@@ -29,6 +29,17 @@
 #ifndef DKV_FWD_TILE_SMEM
 #define DKV_FWD_TILE_SMEM 0
 #endif
+// DKV_FWD_SWIZZLE=1 (head dims 64, 128, 192, 256: without a d-split): the K and V blocks in the swizzled layout
+// (common.cuh gemm_rows_swz / gemm_frag_swz) rather than padded rows, as the dK/dV kernel's Q / dO tiles (bwd_dkdv.cu
+// DKV_QDO_SWIZZLE).
+#ifndef DKV_FWD_SWIZZLE
+#define DKV_FWD_SWIZZLE 0
+#endif
+#if DKV_FWD_SWIZZLE && DKV_HEAD_DIM % 64 == 0 && DKV_DSPLIT == 1
+#define DKV_FWD_SWZ 1
+#else
+#define DKV_FWD_SWZ 0
+#endif
 
 using namespace dkv;
 
@@ -45,7 +56,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
         if (threadIdx.x == 0) s_tile = t0;
         load_query_rows(sQ, q, q_st, q_sh, t0);
         cp_async_commit();
-        if (t0.n_iter > 0) load_key_block(sK, t0, 0, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
+        if (t0.n_iter > 0) load_key_block<DKV_FWD_SWZ != 0>(sK, t0, 0, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
         cp_async_commit();
     }
     __syncthreads();  // s_tile written
@@ -54,7 +65,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
     const QTile t = make_qtile(segments, tiles, group_size, window_left);
     load_query_rows(sQ, q, q_st, q_sh, t);
     cp_async_commit();
-    if (t.n_iter > 0) load_key_block(sK, t, 0, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
+    if (t.n_iter > 0) load_key_block<DKV_FWD_SWZ != 0>(sK, t, 0, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
     cp_async_commit();
 #endif
 
@@ -68,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
     for (int it = 0; it < t.n_iter; ++it) {
         cp_async_wait<0>();
         __syncthreads();  // K[it] (and Q) landed; every warp is done with V[it-1]
-        load_key_block(sV, t, it, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q);
+        load_key_block<DKV_FWD_SWZ != 0>(sV, t, it, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q);
         cp_async_commit();
 
         bool is_own;
@@ -77,7 +88,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
         const int key_base = block_key_base(t, is_own, k0);  // logical position of key 0 of the block
 
         float acc_s[kMSlabs][kBlockN / 8][4];
+#if DKV_FWD_SWZ
+        gemm_rows_swz<kMSlabs, kBlockN, kBlockN>(acc_s, sQ, sK, 0, warp_row0, lrow, lmat);  // S = Q K^T
+#else
         gemm_rows_rows<kMSlabs, kBlockN>(acc_s, sQ, sK, warp_row0, lrow, lmat);  // S = Q K^T (whole head dim)
+#endif
 
         online_softmax_step(acc_s, acc_o, row_max, row_sum, t, is_own, count, key_base, window_left, warp_row0, g, t4,
                             scale_log2);
@@ -86,10 +101,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
 
         cp_async_wait<0>();
         __syncthreads();  // V[it] landed; every warp is done with K[it]
-        if (it + 1 < t.n_iter) load_key_block(sK, t, it + 1, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
+        if (it + 1 < t.n_iter)
+            load_key_block<DKV_FWD_SWZ != 0>(sK, t, it + 1, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
         cp_async_commit();
 
+#if DKV_FWD_SWZ
+        gemm_frag_swz<kMSlabs, kBlockN, kOutCols, kBlockN>(acc_o, p_frag, sV, col0, lrow, lmat);  // O += P V
+#else
         gemm_frag_rows<kMSlabs, kBlockN, kOutCols>(acc_o, p_frag, sV, col0, lrow, lmat);  // O += P V (this warp's columns)
+#endif
     }
 
     // Epilogue: LSE of valid rows, then O / l through smem with coalesced stores.
