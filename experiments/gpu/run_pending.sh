@@ -1700,31 +1700,39 @@ s31swz)
     (cd "$OUT" && tar czf s31swz.tgz *.log bench && rm -rf swz*.log t64.log bench)
     ;;
 s31final)
-    # #13 (not yet run): the swizzled forward (DKV_FWD_SWIZZLE=1): forward GPU tests (two-level and trees) and verify
+    # #13 (not yet run): the swizzled forward (DKV_FWD_SWIZZLE=1): the forward GPU tests and verify
     # with it; the backward's default swizzled Q / dO tiles on the one-dO-buffer layout (DUALKV_MMA_BWD_QWARPS=2do1,
     # the sm_80 d = 128 builds' layout, run here on sm_90): the d = 128 backward tests; then the forward at (8, 8K) /
-    # (16, 32K), swizzle 0 / 1 alternating, two rounds; last Table 1's rows against the FA2 cascade with the faster
+    # (16, 32K) (below); last Table 1's rows against the FA2 cascade with the fastest
     DUALKV_EXTRA_DEFINES=DKV_FWD_SWIZZLE=1 DUALKV_KERNELS=mma TAIL=3 step pytest_fwdswz 120 python3 -m pytest -q -x \
         -m gpu -p no:cacheprovider proofs_tests/test_cuda_forward.py
-    DUALKV_EXTRA_DEFINES=DKV_FWD_SWIZZLE=1 DUALKV_KERNELS=mma TAIL=3 step verify_fwdswz 120 python3 -m dualkv verify \
+    DUALKV_EXTRA_DEFINES=DKV_FWD_SWIZZLE=1 DUALKV_KERNELS=mma TAIL=3 step verify_fwdswz 100 python3 -m dualkv verify \
         --no-progress --json "$OUT/verify-mma-fwdswz.json"
-    DUALKV_MMA_BWD_QWARPS=2do1 DUALKV_KERNELS=mma TAIL=3 step pytest_do1 100 python3 -m pytest -q -x -m gpu \
-        -p no:cacheprovider proofs_tests/test_cuda_backward.py -k "128 and not ws_backward and not prep_kernel and not \
-        opcheck and not compile"
-    define_ab DKV_FWD_SWIZZLE "0 1 0 1" fswz 60 --systems dualkv_mma --shapes 8:8192,16:32768 --mode fwd --reps 10
-    # the faster forward (sum of the medians over both rounds and shapes) for the table
-    best=$(python3 -c "
-import glob, json, sys
-ms = {'0': 0.0, '1': 0.0}
-for f in glob.glob('$OUT/bench/fswz*/kernel-*.json'):
-    d = json.load(open(f)); v = (d['environment'].get('extra_defines') or '=?').split('=')[-1]
-    ms[v] = ms.get(v, 0.0) + sum(r['ms'] for r in d['rows'])
-print(min(('0', '1'), key=lambda v: ms[v] if ms[v] > 0 else 1e9))")
-    echo "forward swizzle for the table: $best"
+    DUALKV_MMA_BWD_QWARPS=2do1 DUALKV_KERNELS=mma TAIL=3 step pytest_do1 80 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_cuda_backward.py -k "128 and not ws_backward and not prep_kernel \
+        and not opcheck and not compile"
+    # forward A/B: (swizzle 0, the tile choice: registers) / (1, the choice: smem, as 1 spills 28 / 28 B with registers
+    # under 13.0) / (1, registers forced) / the first again
     mkdir -p "$OUT/bench"
-    DUALKV_EXTRA_DEFINES=DKV_FWD_SWIZZLE=$best TAIL=1 step t1 150 python3 -m dualkv bench kernel \
+    local_i=0
+    for def in none DKV_FWD_SWIZZLE=1 DKV_FWD_SWIZZLE=1,DKV_FWD_TILE_SMEM=0 none; do
+        local_i=$((local_i + 1)); d=$([ $def = none ] && echo "" || echo $def)
+        DUALKV_EXTRA_DEFINES=$d TAIL=1 step fswz$local_i 50 python3 -m dualkv bench kernel --systems dualkv_mma \
+            --shapes 8:8192,16:32768 --mode fwd --reps 10 --out "$OUT/bench/fswz$local_i"
+    done
+    # the fastest forward (mean over its processes of the summed medians of both shapes) for the table
+    best=$(python3 -c "
+import collections, glob, json
+ms = collections.defaultdict(list)
+for f in glob.glob('$OUT/bench/fswz*/kernel-*.json'):
+    d = json.load(open(f))
+    ms[d['environment'].get('extra_defines') or ''].append(sum(r['ms'] for r in d['rows']))
+print(min(ms, key=lambda k: sum(ms[k]) / len(ms[k])))")
+    echo "forward defines for the table: '$best'"
+    mkdir -p "$OUT/bench"
+    DUALKV_EXTRA_DEFINES=$best TAIL=1 step t1 150 python3 -m dualkv bench kernel \
         --systems dualkv_mma,cascade --shapes 28:4096,8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
-    DUALKV_EXTRA_DEFINES=DKV_FWD_SWIZZLE=$best TAIL=1 step t64 100 python3 -m dualkv bench kernel \
+    DUALKV_EXTRA_DEFINES=$best TAIL=1 step t64 100 python3 -m dualkv bench kernel \
         --systems dualkv_mma,cascade --shapes 16:65536 --mode fwd,bwd,fwdbwd --reps 5 --out "$OUT/bench/t64"
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s31final-table.json"
     (cd "$OUT" && tar czf s31final.tgz *.log bench && rm -rf fswz*.log t1.log t64.log bench)
