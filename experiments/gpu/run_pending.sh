@@ -1737,6 +1737,20 @@ print(min(ms, key=lambda k: sum(ms[k]) / len(ms[k])))")
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s31final-table.json"
     (cd "$OUT" && tar czf s31final.tgz *.log bench && rm -rf fswz*.log t1.log t64.log bench)
     ;;
+s31check)
+    # #13: s31final's table measured the default backward (swizzled Q / dO) 240.2 ms at (16, 32K) where s31swz measured
+    # that build 224.7-224.8 (bwd-only processes, default forward); here the backward and fwd+bwd of the default
+    # (no extra defines) and of the padded tiles (DKV_QDO_SWIZZLE=0), one process each, with the default forward.
+    # Run with COMPILE_S=1: the processes compile what they use.
+    mkdir -p "$OUT/bench"
+    for run in c1_def c2_0; do
+        d=$([ $run = c2_0 ] && echo DKV_QDO_SWIZZLE=0 || echo "")
+        DUALKV_EXTRA_DEFINES=$d TAIL=1 step $run 100 python3 -m dualkv bench kernel --systems dualkv_mma \
+            --shapes 8:8192,16:32768 --mode bwd,fwdbwd --reps 10 --out "$OUT/bench/$run"
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s31check-table.json"
+    (cd "$OUT" && tar czf s31check.tgz *.log bench && rm -rf c1_def.log c2_0.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1744,6 +1758,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check)"
    exit 2 ;;
 esac
