@@ -125,12 +125,11 @@ def rows_swz_lane_address(rows: int, b_row0: int, kk: int, np_: int, lane: int) 
 
 
 def smem_swz_lane_address(rows: int, col0: int, kk: int, np_: int, lane: int) -> int:
-    """The transposed B read of gemm_smem_swz and gemm_frag_swz (swz_trans_base, swz_trans_at; rows 16 kk + ...,
-    columns col0 + 16 np + ...)."""
+    """gemm_smem_swz's B read (transposed; rows 16 kk + ..., columns col0 + 16 np + ...)."""
     lrow, lmat = lane % 8, lane // 8
     c0 = col0 // 8 + lmat // 2
     b0 = (c0 // 8) * rows * 128 + ((lmat % 2) * 8 + lrow) * 128 + (((c0 % 8) ^ lrow) << 4)
-    return (b0 ^ ((np_ % 4) * 32)) + (np_ // 4) * rows * 128 + kk * 16 * 128
+    return (b0 ^ (np_ * 32)) + kk * 16 * 128
 
 
 def rows_lane_chunk(b_row0: int, kk: int, np_: int, lane: int) -> tuple[int, int]:

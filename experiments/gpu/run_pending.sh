@@ -157,7 +157,8 @@
 #   bash experiments/gpu/run_pending.sh s31ncu     # #13: ncu of the ordered dK/dV kernel (kept mode) against FA2's at (8, 8K)
 #   bash experiments/gpu/run_pending.sh s31fwd     # #13: the forward's tile in smem (DKV_FWD_TILE_SMEM): tests, verify, NVRTC 13.0 / 13.5 A/B
 #   bash experiments/gpu/run_pending.sh s31swz     # #13: swizzled Q / dO tiles in the dK/dV kernel: tests, A/B; (16, 64K)
-#   bash experiments/gpu/run_pending.sh s31final   # #13: swizzled forward: tests, verify, A/B; one-dO-buffer backward tests; Table 1
+#   bash experiments/gpu/run_pending.sh s31final   # #13: swizzled forward (since removed): tests, verify, A/B; 2do1 tests; Table 1
+#   bash experiments/gpu/run_pending.sh s31check   # #13: the default backward against padded Q / dO tiles, fwd+bwd processes
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
 #                                                  # build/nvrtc135.tar.xz carried (see the part)
@@ -1700,7 +1701,8 @@ s31swz)
     (cd "$OUT" && tar czf s31swz.tgz *.log bench && rm -rf swz*.log t64.log bench)
     ;;
 s31final)
-    # #13 (not yet run): the swizzled forward (DKV_FWD_SWIZZLE=1): the forward GPU tests and verify
+    # #13 (ran at c06de09; DKV_FWD_SWIZZLE was removed after it, so this part no longer builds what it names): the
+    # swizzled forward (DKV_FWD_SWIZZLE=1): the forward GPU tests and verify
     # with it; the backward's default swizzled Q / dO tiles on the one-dO-buffer layout (DUALKV_MMA_BWD_QWARPS=2do1,
     # the sm_80 d = 128 builds' layout, run here on sm_90): the d = 128 backward tests; then the forward at (8, 8K) /
     # (16, 32K) (below); last Table 1's rows against the FA2 cascade with the fastest

@@ -419,34 +419,19 @@ __device__ __forceinline__ void gemm_rows_swz(float (&acc)[MS][N / 8][4], const 
     }
 }
 
-// A transposed B read of a swizzled tile (columns col0.., col0 a multiple of min(COLS, 64)): the lane's base address
-// and the address of k-step kk, column pair np. Lane row 16 kk + 8 (lmat % 2) + lrow, chunk c0 + 2 np with
-// c0 = col0 / 8 + lmat / 2: 2 (np % 4) sets bits that c0 % 8 leaves clear and never carries into the next atom, np / 4
-// counts atoms.
-template <int kRowsB>
-__device__ __forceinline__ unsigned swz_trans_base(const elem_t* sB, int col0, int lrow, int lmat) {
-    const int c0 = col0 / 8 + lmat / 2;
-    return smem_addr(sB) + (c0 / 8) * kRowsB * 128 + ((lmat % 2) * 8 + lrow) * 128 + (((c0 % 8) ^ lrow) << 4);
-}
-template <int kRowsB>
-__device__ __forceinline__ unsigned swz_trans_at(unsigned b0, int kk, int np) {
-    return (b0 ^ ((np % 4) * 32)) + (np / 4) * kRowsB * 128 + kk * 16 * 128;
-}
-
 // acc[MS][COLS/8] += A (padded smem rows a_row0.., K columns, row stride a_stride) x B (swizzled rows 0..K-1, columns
 // col0..col0+COLS-1; col0 a multiple of COLS).
 template <int MS, int K, int COLS, int kRowsB>
 __device__ __forceinline__ void gemm_smem_swz(float (&acc)[MS][COLS / 8][4], const elem_t* sA, int a_stride,
                                               int a_row0, const elem_t* sB, int col0, int lrow, int lmat) {
-    static_assert(kHeadDim % 64 == 0 && (COLS & (COLS - 1)) == 0 && COLS >= 16 && COLS <= kHeadDim,
+    static_assert(kHeadDim % 64 == 0 && (COLS & (COLS - 1)) == 0 && COLS >= 16 && COLS <= 64,
                   "swizzled tiles: whole atoms, and a warp's chunk bits below its columns' own");
 #if DKV_LDSM_ADDR32
     lane_coords_again(lrow, lmat);
     const unsigned a0 = smem_addr(sA + (a_row0 + (lmat % 2) * 8 + lrow) * a_stride + (lmat / 2) * 8);
 #endif
-    // (swz_trans_base / swz_trans_at spelled out for COLS <= 64, as timed: through the helpers ptxas scheduled it
-    // differently)
-    static_assert(COLS <= 64, "one atom of columns per warp");
+    // B: row 16 kk + 8 (lmat % 2) + lrow, chunk c0 + 2 np with c0 = col0 / 8 + lmat / 2 (2 np < COLS / 8 sets bits
+    // that c0 % 8 leaves clear, and never carries into the atom)
     const int c0 = col0 / 8 + lmat / 2;
     const unsigned b0 = smem_addr(sB) + (c0 / 8) * kRowsB * 128 + ((lmat % 2) * 8 + lrow) * 128 +
                         (((c0 % 8) ^ lrow) << 4);
@@ -468,30 +453,6 @@ __device__ __forceinline__ void gemm_smem_swz(float (&acc)[MS][COLS / 8][4], con
             for (int sl = 0; sl < MS; ++sl) {
                 mma_16816(acc[sl][2 * np], a[sl], b[0], b[1]);
                 mma_16816(acc[sl][2 * np + 1], a[sl], b[2], b[3]);
-            }
-        }
-    }
-}
-
-// acc[MS][COLS/8] += frag (16*MS rows x K, A layout) x B (swizzled rows 0..K-1, columns col0..col0+COLS-1): the
-// forward's O += P V with a swizzled V block (fwd.cu DKV_FWD_SWIZZLE).
-template <int MS, int K, int COLS, int kRowsB>
-__device__ __forceinline__ void gemm_frag_swz(float (&acc)[MS][COLS / 8][4], const unsigned (&frag)[MS][K / 16][4],
-                                              const elem_t* sB, int col0, int lrow, int lmat) {
-    static_assert(kHeadDim % 64 == 0 && COLS <= kHeadDim &&
-                      (COLS % 64 == 0 || ((COLS & (COLS - 1)) == 0 && COLS >= 16)),
-                  "swizzled tiles: whole atoms, and a warp's chunk bits below its columns' own");
-    const unsigned b0 = swz_trans_base<kRowsB>(sB, col0, lrow, lmat);
-#pragma unroll
-    for (int kk = 0; kk < K / 16; ++kk) {
-#pragma unroll
-        for (int np = 0; np < COLS / 16; ++np) {
-            unsigned b[4];
-            ldmatrix_x4_trans(b, swz_trans_at<kRowsB>(b0, kk, np));
-#pragma unroll
-            for (int sl = 0; sl < MS; ++sl) {
-                mma_16816(acc[sl][2 * np], frag[sl][kk], b[0], b[1]);
-                mma_16816(acc[sl][2 * np + 1], frag[sl][kk], b[2], b[3]);
             }
         }
     }

@@ -15,6 +15,13 @@
 // 15.27 / 9.20 / 79.65 / 209.58, the two loops 15.63 / 9.71 / 82.93 / 218.05, the per-row limit alone 15.20 / 9.36 /
 // 80.18 / 210.87, the two loops with the next K issued before the softmax (as FlashAttention-2 does) 16.02 / 10.02 /
 // 83.74 / 220.97; the FA2 cascade 18.05 / 9.97 / 77.32 / 200.84 (experiments/results/checks/fwdmask-h200-*.log).
+// Also dropped: the K and V blocks swizzled like the dK/dV kernel's Q / dO tiles (bwd_dkdv.cu DKV_QDO_SWIZZLE), O += P V
+// through a transposed swizzled read spanning head_dim / 64 atoms. H200, NVRTC 13.0, fwd ms at (8, 8K) / (16, 32K), one
+// process each: this kernel 9.20 / 79.59 and 9.48 / 79.74; swizzled with the tile description in registers (which then
+// spilled 28 / 28 bytes) 9.64 / 78.90 (unchecked; the backward after it took 240.2 ms at (16, 32K) against 224.3 after
+// this kernel); swizzled with it in smem 10.37 / 89.01 and wrong at d = 128, where the GPU tests caught it (most likely
+// the static __shared__ tile moved the dynamic shared memory off the 128-byte alignment the swizzle's XOR needs;
+// experiments/results/checks/s31final-h200-20261129T2202Z.json).
 #include "kernel_params.cuh"
 #include "softmax.cuh"
 
@@ -28,17 +35,6 @@
 // DUALKV_EXTRA_DEFINES=DKV_FWD_TILE_SMEM=... fixes it for an A/B.
 #ifndef DKV_FWD_TILE_SMEM
 #define DKV_FWD_TILE_SMEM 0
-#endif
-// DKV_FWD_SWIZZLE=1 (head dims 64, 128, 192, 256: without a d-split): the K and V blocks in the swizzled layout
-// (common.cuh gemm_rows_swz / gemm_frag_swz) rather than padded rows, as the dK/dV kernel's Q / dO tiles (bwd_dkdv.cu
-// DKV_QDO_SWIZZLE).
-#ifndef DKV_FWD_SWIZZLE
-#define DKV_FWD_SWIZZLE 0
-#endif
-#if DKV_FWD_SWIZZLE && DKV_HEAD_DIM % 64 == 0 && DKV_DSPLIT == 1
-#define DKV_FWD_SWZ 1
-#else
-#define DKV_FWD_SWZ 0
 #endif
 
 using namespace dkv;
@@ -56,7 +52,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
         if (threadIdx.x == 0) s_tile = t0;
         load_query_rows(sQ, q, q_st, q_sh, t0);
         cp_async_commit();
-        if (t0.n_iter > 0) load_key_block<DKV_FWD_SWZ != 0>(sK, t0, 0, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
+        if (t0.n_iter > 0) load_key_block(sK, t0, 0, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
         cp_async_commit();
     }
     __syncthreads();  // s_tile written
@@ -65,7 +61,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
     const QTile t = make_qtile(segments, tiles, group_size, window_left);
     load_query_rows(sQ, q, q_st, q_sh, t);
     cp_async_commit();
-    if (t.n_iter > 0) load_key_block<DKV_FWD_SWZ != 0>(sK, t, 0, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
+    if (t.n_iter > 0) load_key_block(sK, t, 0, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
     cp_async_commit();
 #endif
 
@@ -79,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
     for (int it = 0; it < t.n_iter; ++it) {
         cp_async_wait<0>();
         __syncthreads();  // K[it] (and Q) landed; every warp is done with V[it-1]
-        load_key_block<DKV_FWD_SWZ != 0>(sV, t, it, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q);
+        load_key_block(sV, t, it, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q);
         cp_async_commit();
 
         bool is_own;
@@ -88,11 +84,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
         const int key_base = block_key_base(t, is_own, k0);  // logical position of key 0 of the block
 
         float acc_s[kMSlabs][kBlockN / 8][4];
-#if DKV_FWD_SWZ
-        gemm_rows_swz<kMSlabs, kBlockN, kBlockN>(acc_s, sQ, sK, 0, warp_row0, lrow, lmat);  // S = Q K^T
-#else
         gemm_rows_rows<kMSlabs, kBlockN>(acc_s, sQ, sK, warp_row0, lrow, lmat);  // S = Q K^T (whole head dim)
-#endif
 
         online_softmax_step(acc_s, acc_o, row_max, row_sum, t, is_own, count, key_base, window_left, warp_row0, g, t4,
                             scale_log2);
@@ -101,15 +93,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
 
         cp_async_wait<0>();
         __syncthreads();  // V[it] landed; every warp is done with K[it]
-        if (it + 1 < t.n_iter)
-            load_key_block<DKV_FWD_SWZ != 0>(sK, t, it + 1, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
+        if (it + 1 < t.n_iter) load_key_block(sK, t, it + 1, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
         cp_async_commit();
 
-#if DKV_FWD_SWZ
-        gemm_frag_swz<kMSlabs, kBlockN, kOutCols, kBlockN>(acc_o, p_frag, sV, col0, lrow, lmat);  // O += P V
-#else
         gemm_frag_rows<kMSlabs, kBlockN, kOutCols>(acc_o, p_frag, sV, col0, lrow, lmat);  // O += P V (this warp's columns)
-#endif
     }
 
     // Epilogue: LSE of valid rows, then O / l through smem with coalesced stores.
