@@ -159,6 +159,8 @@
 #   bash experiments/gpu/run_pending.sh s31swz     # #13: swizzled Q / dO tiles in the dK/dV kernel: tests, A/B; (16, 64K)
 #   bash experiments/gpu/run_pending.sh s31final   # #13: swizzled forward (since removed): tests, verify, A/B; 2do1 tests; Table 1
 #   bash experiments/gpu/run_pending.sh s31check   # #13: the default backward against padded Q / dO tiles, fwd+bwd processes
+#   bash experiments/gpu/run_pending.sh s32next    # #13: Table 1 rows of the mma.sync family vs FA2 cascade; ncu (not yet run)
+#   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
 #                                                  # build/nvrtc135.tar.xz carried (see the part)
@@ -1753,6 +1755,28 @@ s31check)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s31check-table.json"
     (cd "$OUT" && tar czf s31check.tgz *.log bench && rm -rf c1_def.log c2_0.log bench)
     ;;
+s32next)
+    # #13 (not yet run): the mma.sync family at the s31 defaults (swizzled Q / dO tiles; the forward's tile choice)
+    # against the FA2 cascade at Table 1's four shapes (t1: three shapes in one process; t64: (16, 64K)); then ncu of the
+    # ordered dK/dV kernel at (8, 8K), to set beside s31ncu's FA2 profile (checks/s31ncu-*)
+    mkdir -p "$OUT/bench"
+    TAIL=1 step t1 200 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 28:4096,8:8192,16:32768 \
+        --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
+    TAIL=1 step t64 120 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 16:65536 \
+        --mode fwd,bwd,fwdbwd --reps 5 --out "$OUT/bench/t64"
+    mma_bwd_ncu ordered
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s32next-table.json"
+    (cd "$OUT" && tar czf s32next.tgz *.log ncu_* bench && rm -rf t1.log t64.log ncu_* bench)
+    ;;
+s32nvrtc)
+    # #12 / #13 (not yet run): NVRTC 13.5 (carry build/nvrtc135.tar.xz) against the machine's 13.0 at the s31 defaults:
+    # both families and both cascades at (8, 8K) and (16, 32K), three processes (13.0, 13.5, 13.0); under 13.5 the
+    # mma.sync forward now keeps its tile in smem (s31fwd: 9.26 / 80.30 against 10.33 / 86.39 ms)
+    nvrtc135_unpack s32nvrtc
+    nvrtc_release_bench 200
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s32nvrtc-table.json"
+    (cd "$OUT" && tar czf s32nvrtc.tgz *.log bench && rm -rf b[12]_*.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -1760,6 +1784,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc)"
    exit 2 ;;
 esac
