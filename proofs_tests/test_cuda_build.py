@@ -443,3 +443,38 @@ def test_compile_spec_keeps_the_first_mode_that_spills_nothing(monkeypatch, tmp_
     assert build.compile_spec(spec).cubin == b"1" and compiled == []         # from the cache, nothing compiled
     monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_DKDV_ADDR32=2")             # a fixed mode: its own cache entry
     assert run({"2": 4}, use_cache=True) == "2" and compiled == ["2"]
+
+
+def test_forward_tile_choice_keeps_registers_up_to_the_tolerance(monkeypatch, tmp_path):
+    """The forward's tile choice on stand-in compilations (a ptxas -v report per DKV_FWD_TILE_SMEM value): registers (0)
+    while they spill at most FWD_SPILL_TOLERANCE bytes (one compilation), else the form spilling less (ties to 0); the
+    cache key names the tolerance, so a changed tolerance is not served the old choice."""
+    import dualkv.cuda.build as build
+
+    spec = fwd_spec(128, torch.bfloat16, 4, False, "sm_90", kernel="fwd")
+    report = "ptxas info    : Used 255 registers, 0 bytes stack frame, {0} bytes spill stores, {1} bytes spill loads"
+    compiled: list[str] = []
+
+    def run(spills: dict[str, int], use_cache: bool = False) -> str:
+        compiled.clear()
+
+        def fake(spec_, source, options):
+            choice = dict(options.define_macro)["DKV_FWD_TILE_SMEM"]
+            compiled.append(choice)
+            half = spills[choice] // 2
+            return build.BuiltKernel(spec_, choice.encode(), report.format(half, spills[choice] - half),
+                                     tuple(options.define_macro))
+
+        monkeypatch.setattr(build, "_compile", fake)
+        return build.compile_spec(spec, use_cache=use_cache).cubin.decode()
+
+    tolerance = build.FWD_SPILL_TOLERANCE
+    assert run({"0": tolerance, "1": 0}) == "0" and compiled == ["0"]
+    assert run({"0": tolerance + 8, "1": 0}) == "1" and compiled == ["0", "1"]
+    assert run({"0": tolerance + 8, "1": tolerance + 8}) == "0"               # ties go to registers
+    assert run({"0": 320, "1": 16}) == "1"                                    # NVRTC 13.5's d = 128 build
+    monkeypatch.setenv("DUALKV_CACHE_DIR", str(tmp_path))
+    assert run({"0": tolerance, "1": 0}, use_cache=True) == "0"
+    assert run({"0": tolerance, "1": 0}, use_cache=True) == "0" and compiled == []   # from the cache
+    monkeypatch.setattr(build, "FWD_SPILL_TOLERANCE", 0)
+    assert run({"0": tolerance, "1": 0}, use_cache=True) == "1" and compiled == ["0", "1"]

@@ -244,8 +244,8 @@ def _options(spec: KernelSpec, verbose: bool, chosen: Macros, extra: Macros) -> 
 
 
 def spill_tolerance(spec: KernelSpec) -> int:
-    """Spilled bytes (stores and loads) below which :func:`compile_spec` keeps a build's preferred macro set: the
-    forward's :data:`FWD_SPILL_TOLERANCE`, none elsewhere."""
+    """Spilled bytes (stores and loads) up to which :func:`compile_spec` keeps a build's preferred macro set: the
+    forward's :data:`FWD_SPILL_TOLERANCE`, none elsewhere (part of the cache key)."""
     return FWD_SPILL_TOLERANCE if spec.kernel == "fwd" else 0
 
 
@@ -263,8 +263,10 @@ def compile_spec(spec: KernelSpec, *, use_cache: bool = True, verbose: bool = Fa
     source = (CSRC / spec.source).read_text()
     extra = extra_defines()
     candidates = compiler_chosen_macros(spec, extra)
-    if len(candidates) > 1:  # e.g. DKV_DKDV_ADDR32=choose:2,1,0
-        keyed = [(candidates[0][0][0], "choose:" + ",".join(macros[0][1] for macros in candidates))]
+    tolerance = spill_tolerance(spec)
+    if len(candidates) > 1:  # e.g. DKV_DKDV_ADDR32=choose:2,1,0, DKV_FWD_TILE_SMEM=choose:0,1@16
+        keyed = [(candidates[0][0][0], "choose:" + ",".join(macros[0][1] for macros in candidates) +
+                  (f"@{tolerance}" if tolerance else ""))]
     else:
         keyed = candidates[0]
     key = make_program_cache_key(code=source, code_type="c++", options=_options(spec, verbose, keyed, extra),
@@ -275,7 +277,7 @@ def compile_spec(spec: KernelSpec, *, use_cache: bool = True, verbose: bool = Fa
         if hit is not None:
             return BuiltKernel(spec, bytes(hit), "")
     if len(candidates) > 1:
-        built = _least_spilling(spec, source, candidates, extra, spill_tolerance(spec))
+        built = _least_spilling(spec, source, candidates, extra, tolerance)
     else:
         built = _compile(spec, source, _options(spec, verbose, candidates[0], extra))
     if cache is not None:

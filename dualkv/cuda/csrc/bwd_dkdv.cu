@@ -254,7 +254,7 @@ __device__ __forceinline__ int dq_counter(const KeyWalk& w, const Cursor& c, con
 #endif
 
 extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_PARAMS) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: the swizzled Q / dO tiles XOR address bits 4-6
     elem_t* sK = reinterpret_cast<elem_t*>(smem_raw);
     elem_t* sV = sK + kBlockKeys * kRowStride;
     elem_t* sQ = sV + kBlockKeys * kRowStride;                 // [kStages][kBlockM rows]
