@@ -401,6 +401,28 @@ def test_forward_tile_in_smem_is_chosen_where_registers_spill(monkeypatch):
         assert fixed["1"][1] == 0 < fixed["0"][1] and choice == "1", (fixed["0"][1], fixed["1"][1])
 
 
+def _stand_in_compiles(monkeypatch, spec, macro: str, report):
+    """compile_spec of ``spec`` on stand-in compilations: ``run(spills, use_cache)`` installs a ``_compile`` that records
+    the value of ``macro`` it is asked for (in ``compiled``) and returns a cubin spelling that value, with
+    ``report(spills[value])`` as its ptxas -v log; run returns the kept cubin's value."""
+    import dualkv.cuda.build as build
+
+    compiled: list[str] = []
+
+    def run(spills: dict[str, int], use_cache: bool = False) -> str:
+        compiled.clear()
+
+        def fake(spec_, source, options):
+            value = dict(options.define_macro)[macro]
+            compiled.append(value)
+            return build.BuiltKernel(spec_, value.encode(), report(spills[value]), tuple(options.define_macro))
+
+        monkeypatch.setattr(build, "_compile", fake)
+        return build.compile_spec(spec, use_cache=use_cache).cubin.decode()
+
+    return run, compiled
+
+
 def test_compile_spec_keeps_the_first_mode_that_spills_nothing(monkeypatch, tmp_path):
     """The choice itself, on stand-in compilations (a ptxas -v report per mode): the preferred mode when it spills
     nothing (one compilation), the next when it spills, the one spilling least when all do; the cache serves the kept
@@ -410,18 +432,7 @@ def test_compile_spec_keeps_the_first_mode_that_spills_nothing(monkeypatch, tmp_
 
     spec = dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True)
     report = "ptxas info    : Used 255 registers, {0} bytes stack frame, {0} bytes spill stores, {0} bytes spill loads"
-    compiled: list[str] = []
-
-    def run(spills: dict[str, int], use_cache: bool = False) -> str:
-        compiled.clear()
-
-        def fake(spec_, source, options):
-            mode = dict(options.define_macro)["DKV_DKDV_ADDR32"]
-            compiled.append(mode)
-            return build.BuiltKernel(spec_, mode.encode(), report.format(spills[mode]), tuple(options.define_macro))
-
-        monkeypatch.setattr(build, "_compile", fake)
-        return build.compile_spec(spec, use_cache=use_cache).cubin.decode()
+    run, compiled = _stand_in_compiles(monkeypatch, spec, "DKV_DKDV_ADDR32", report.format)
 
     monkeypatch.setattr(build, "nvrtc_version", lambda: "13.5")  # modes 1, 0, 2
     assert run({"1": 0, "0": 8, "2": 4}) == "1" and compiled == ["1"]
@@ -453,20 +464,8 @@ def test_forward_tile_choice_keeps_registers_up_to_the_tolerance(monkeypatch, tm
 
     spec = fwd_spec(128, torch.bfloat16, 4, False, "sm_90", kernel="fwd")
     report = "ptxas info    : Used 255 registers, 0 bytes stack frame, {0} bytes spill stores, {1} bytes spill loads"
-    compiled: list[str] = []
-
-    def run(spills: dict[str, int], use_cache: bool = False) -> str:
-        compiled.clear()
-
-        def fake(spec_, source, options):
-            choice = dict(options.define_macro)["DKV_FWD_TILE_SMEM"]
-            compiled.append(choice)
-            half = spills[choice] // 2
-            return build.BuiltKernel(spec_, choice.encode(), report.format(half, spills[choice] - half),
-                                     tuple(options.define_macro))
-
-        monkeypatch.setattr(build, "_compile", fake)
-        return build.compile_spec(spec, use_cache=use_cache).cubin.decode()
+    run, compiled = _stand_in_compiles(monkeypatch, spec, "DKV_FWD_TILE_SMEM",
+                                       lambda spilled: report.format(spilled // 2, spilled - spilled // 2))
 
     tolerance = build.FWD_SPILL_TOLERANCE
     assert run({"0": tolerance, "1": 0}) == "0" and compiled == ["0"]
