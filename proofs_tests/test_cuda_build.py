@@ -477,3 +477,16 @@ def test_forward_tile_choice_keeps_registers_up_to_the_tolerance(monkeypatch, tm
     assert run({"0": tolerance, "1": 0}, use_cache=True) == "0" and compiled == []   # from the cache
     monkeypatch.setattr(build, "FWD_SPILL_TOLERANCE", 0)
     assert run({"0": tolerance, "1": 0}, use_cache=True) == "1" and compiled == ["0", "1"]
+
+
+@pytest.mark.parametrize("macro, kernel", [("DKV_FWD_TILE_SMEM", "fwd"), ("DKV_QDO_SWIZZLE", "bwd_dkdv")])
+def test_switch_values_outside_zero_and_one_are_refused(monkeypatch, macro, kernel):
+    """DUALKV_EXTRA_DEFINES=DKV_FWD_TILE_SMEM=2 / DKV_QDO_SWIZZLE=2 fail to compile with an error naming the macro,
+    rather than building one of the two forms."""
+    from dualkv.cuda.configs import dkdv_spec
+
+    spec = (fwd_spec(128, torch.bfloat16, 4, False, "sm_90", kernel="fwd") if kernel == "fwd" else
+            dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True))
+    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", f"{macro}=2")
+    with pytest.raises(KernelBuildError, match=rf"(?s)\('{macro}', '2'\).*{macro} must be 0 or 1"):
+        compile_spec(spec, use_cache=False)

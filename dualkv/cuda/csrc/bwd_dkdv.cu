@@ -131,6 +131,9 @@
 #ifndef DKV_QDO_SWIZZLE
 #define DKV_QDO_SWIZZLE 1
 #endif
+#if DKV_QDO_SWIZZLE != 0 && DKV_QDO_SWIZZLE != 1
+#error "DKV_QDO_SWIZZLE must be 0 or 1"
+#endif
 // Ordered dQ: where thread 0 releases the previous step's counter (DKV_DQ_RELEASE). 0 (the default): after the step's
 // dS barrier; 1: after the S^T product, before the next step's walk and copies (its st.release is a MEMBAR.GPU, which
 // waits for thread 0's copies in flight; the step's first barrier already follows every thread's adds). H200, FA2-like

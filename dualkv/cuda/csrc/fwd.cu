@@ -36,6 +36,9 @@
 #ifndef DKV_FWD_TILE_SMEM
 #define DKV_FWD_TILE_SMEM 0
 #endif
+#if DKV_FWD_TILE_SMEM != 0 && DKV_FWD_TILE_SMEM != 1
+#error "DKV_FWD_TILE_SMEM must be 0 or 1"
+#endif
 
 using namespace dkv;
 
