@@ -1,6 +1,5 @@
-"""One backward of dualkv's kernels (``--family``: default or ``mma``), the cuDNN cascade or the FA2 cascade at one
-shape, after a warm-up, between
-cudaProfilerStart and cudaProfilerStop (process-wide: the backward's kernels are launched from autograd's device
+"""One backward (``--pass fwd``: one forward) of dualkv's kernels (``--family``: default or ``mma``), the cuDNN cascade
+or the FA2 cascade at one shape, after a warm-up, between cudaProfilerStart and cudaProfilerStop (process-wide: the backward's kernels are launched from autograd's device
 thread, which NVTX ranges pushed here would not cover), for Nsight Compute to profile:
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
@@ -40,6 +39,7 @@ def main() -> int:
     ap.add_argument("--shape", default="16:32768", help="N:P")
     ap.add_argument("--systems", default="dualkv,cudnn", help="comma list of dualkv, cudnn, fa2")
     ap.add_argument("--family", default="auto", help="dualkv's kernel family (configs.kernel_family)")
+    ap.add_argument("--pass", dest="which", choices=("bwd", "fwd"), default="bwd", help="the pass between start and stop")
     args = ap.parse_args()
     import dualkv
     from dualkv.bench.kernel import random_inputs
@@ -53,15 +53,21 @@ def main() -> int:
     kernel_family(args.family)
     for name in args.systems.split(","):
         forward, backward = _system(name, q, k, v, dout, layout)
-        for rep in range(3):  # two warm-ups, then the third backward alone between start and stop
+        for rep in range(3):  # two warm-ups, then the third pass alone between start and stop
+            if rep == 2 and args.which == "fwd":
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaProfilerStart()
             state = forward()
             if rep == 2:
                 torch.cuda.synchronize()
+                if args.which == "fwd":
+                    torch.cuda.cudart().cudaProfilerStop()
+                    break
                 torch.cuda.cudart().cudaProfilerStart()
             backward(state)
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
-    print("profiled", args.systems, args.shape)
+    print("profiled", args.which, args.systems, args.shape)
     return 0
 
 

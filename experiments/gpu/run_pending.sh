@@ -160,6 +160,8 @@
 #   bash experiments/gpu/run_pending.sh s31final   # #13: swizzled forward (since removed): tests, verify, A/B; 2do1 tests; Table 1
 #   bash experiments/gpu/run_pending.sh s31check   # #13: the default backward against padded Q / dO tiles, fwd+bwd processes
 #   bash experiments/gpu/run_pending.sh s32next    # #13: Table 1 rows of the mma.sync family vs FA2 cascade; ncu (not yet run)
+#   bash experiments/gpu/run_pending.sh s32mid     # #13: DKV_DQ_MID / DKV_DQ_QSTART_AGAIN A/B, 13.0 and 13.5 (ran; dropped)
+#   bash experiments/gpu/run_pending.sh s32t135    # #13: Table 1 rows of the mma family under NVRTC 13.5; fwd ncu vs FA2; tests
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -201,6 +203,13 @@ nvrtc_release_bench() {  # nvrtc_release_bench SECONDS: both families and both c
             --shapes 8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/b$run"
     done
 }
+ncu_export() {  # ncu_export NAME: $OUT/NAME.ncu-rep (if ncu wrote it) to $OUT/NAME.txt (details) and NAME.csv.gz
+    # (SASS source page), then removed
+    [ -f "$OUT/$1.ncu-rep" ] || return 0
+    ncu --import "$OUT/$1.ncu-rep" --page details > "$OUT/$1.txt" 2>&1
+    ncu --import "$OUT/$1.ncu-rep" --page source --print-source sass --csv | gzip > "$OUT/$1.csv.gz"
+    rm -f "$OUT/$1.ncu-rep"
+}
 mma_bwd_ncu() {  # mma_bwd_ncu WHO...: ncu (source counters, warp stalls, memory and compute workload) of one launch at
     # (8, 8K) per WHO: ordered (dualkv's bwd_dkdv, deterministic), atomic (deterministic=False), fa2 (FA2's dq_dk_dv);
     # $OUT/ncu_WHO.txt (details) and .csv.gz (SASS source page)
@@ -212,10 +221,20 @@ mma_bwd_ncu() {  # mma_bwd_ncu WHO...: ncu (source counters, warp stalls, memory
             --profile-from-start off -k "$k" --section SourceCounters --section WarpStateStats \
             --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -c 1 -f -o "$OUT/ncu_$who" \
             python3 experiments/gpu/profile_bwd.py --family mma --shape 8:8192 --systems $sys
-        [ -f "$OUT/ncu_$who.ncu-rep" ] && ncu --import "$OUT/ncu_$who.ncu-rep" --page details > "$OUT/ncu_$who.txt" 2>&1
-        [ -f "$OUT/ncu_$who.ncu-rep" ] && ncu --import "$OUT/ncu_$who.ncu-rep" --page source --print-source sass \
-            --csv | gzip > "$OUT/ncu_$who.csv.gz"
-        rm -f "$OUT/ncu_$who.ncu-rep"
+        ncu_export ncu_$who
+    done
+}
+mma_fwd_ncu() {  # mma_fwd_ncu SHAPE WHO...: ncu (source counters, warp stalls, memory and compute workload) of the
+    # forward at SHAPE per WHO: dualkv (the mma.sync dualkv_fwd, one launch) or fa2 (FA2's three flash_fwd launches of the
+    # FA2 cascade); $OUT/ncu_fwd_WHO.txt (details) and .csv.gz (SASS source page)
+    local shape=$1 who k sys c; shift
+    for who in "$@"; do
+        k="regex:dualkv_fwd$"; sys=dualkv; c=1; [ $who = fa2 ] && { k="regex:flash_fwd"; sys=fa2; c=3; }
+        TAIL=2 step ncu_fwd_$who 200 ncu --clock-control none --profile-from-start off -k "$k" --section SourceCounters \
+            --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis -c $c -f \
+            -o "$OUT/ncu_fwd_$who" python3 experiments/gpu/profile_bwd.py --pass fwd --family mma --shape $shape \
+            --systems $sys
+        ncu_export ncu_fwd_$who
     done
 }
 rl() {  # rl NAME SYSTEMS GROUPS SHAPES RANGE: one `dualkv bench kernel` process (step NAME) on micro-batches of GROUPS
@@ -233,9 +252,9 @@ head_dim_bench() {  # head_dim_bench PREFIX SECONDS SYSTEMS MODES DIM...: $SHAPE
             --systems $systems --mode $modes --out "$OUT/bench"
     done
 }
-mma_backward_tests() {  # mma_backward_tests NAME: the backward and tree GPU tests under the mma.sync family (step
-    # NAME; the warp-specialised, prep, opcheck and torch.compile tests left out)
-    DUALKV_KERNELS=mma step "$1" 300 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+mma_backward_tests() {  # mma_backward_tests NAME [SECONDS]: the backward and tree GPU tests under the mma.sync family
+    # (step NAME, 300 s unless given; the warp-specialised, prep, opcheck and torch.compile tests left out)
+    DUALKV_KERNELS=mma step "$1" "${2:-300}" python3 -m pytest -q -x -m gpu -p no:cacheprovider \
         proofs_tests/test_cuda_backward.py proofs_tests/test_tree_cuda.py \
         -k "not ws_backward and not prep_kernel and not opcheck and not compile"
 }
@@ -706,11 +725,7 @@ atomicprof)
         DUALKV_DETERMINISTIC=0 DUALKV_PATH=fused DUALKV_MMA_BWD=atomic TAIL=2 step ncu_atomic_$who 200 ncu --clock-control none --profile-from-start off -k "$k" \
             --section SourceCounters --section WarpStateStats --section MemoryWorkloadAnalysis -c 1 \
             -f -o "$OUT/ncu_atomic_$who" python3 experiments/gpu/profile_bwd.py --family mma --shape 8:8192 --systems $who
-        [ -f "$OUT/ncu_atomic_$who.ncu-rep" ] && ncu --import "$OUT/ncu_atomic_$who.ncu-rep" --page details \
-            > "$OUT/ncu_atomic_$who.txt" 2>&1
-        [ -f "$OUT/ncu_atomic_$who.ncu-rep" ] && ncu --import "$OUT/ncu_atomic_$who.ncu-rep" --page source \
-            --print-source sass --csv | gzip > "$OUT/ncu_atomic_$who.csv.gz"
-        rm -f "$OUT/ncu_atomic_$who.ncu-rep"
+        ncu_export ncu_atomic_$who
     done
     ;;
 stage17)
@@ -1768,6 +1783,58 @@ s32next)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s32next-table.json"
     (cd "$OUT" && tar czf s32next.tgz *.log ncu_* bench && rm -rf t1.log t64.log ncu_* bench)
     ;;
+s32mid)
+    # #13 (ran at an uncommitted tree on d25c20d; both macros were dropped after it, so this part no longer builds what
+    # it names; bwd_dkdv.cu records the result): the mma.sync dK/dV kernel's dQ product and adds between the dV and dK
+    # products (DKV_DQ_MID) and q_start read anew for the adds (DKV_DQ_QSTART_AGAIN), both 1 by default then; s32next's ncu put 7% of the ordered kernel's
+    # stall samples on LG throttle at the adds and 6.5% on two spill instructions (NVRTC 13.0), which the pair removes
+    # from its loop. Backward (and forward) of both dQ modes at (8, 8K) / (16, 32K), one process per variant, two
+    # rounds: 13.0 with (1, 1), (0, 0), (1, 0); NVRTC 13.5 (carried) with (1, 1), (0, 0). Then ncu of the default.
+    nvrtc135_unpack s32mid
+    mkdir -p "$OUT/bench"
+    local_variants="v11:DKV_DQ_MID=1,DKV_DQ_QSTART_AGAIN=1: v00:DKV_DQ_MID=0,DKV_DQ_QSTART_AGAIN=0: \
+v10:DKV_DQ_MID=1,DKV_DQ_QSTART_AGAIN=0: w11:DKV_DQ_MID=1,DKV_DQ_QSTART_AGAIN=1:/tmp/nv135 \
+w00:DKV_DQ_MID=0,DKV_DQ_QSTART_AGAIN=0:/tmp/nv135"
+    for v in $local_variants; do  # compile each variant's kernels, in parallel (a one-step run each)
+        IFS=: read -r name defs lib <<< "$v"
+        DUALKV_EXTRA_DEFINES=$defs DUALKV_NVRTC_LIB=$lib timeout 200 python3 -m dualkv bench kernel \
+            --systems dualkv_mma,dualkv_mma_atomic --shapes 8:8192 --mode bwd --reps 1 --out /tmp/warm_$name \
+            > "$OUT/warm_$name.log" 2>&1 &
+    done
+    wait
+    echo "== warm-up done ($(date -u +%H:%M:%S))"
+    for round in 1 2; do
+        for v in $local_variants; do
+            IFS=: read -r name defs lib <<< "$v"
+            DUALKV_EXTRA_DEFINES=$defs DUALKV_NVRTC_LIB=$lib DUALKV_COMMIT="${DUALKV_COMMIT:-}+$name" TAIL=1 \
+                step "ab${round}_$name" 90 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic \
+                --shapes 8:8192,16:32768 --mode fwd,bwd --reps 10 --out "$OUT/bench/ab${round}_$name"
+        done
+    done
+    mma_bwd_ncu ordered
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s32mid-table.json"
+    (cd "$OUT" && tar czf s32mid.tgz *.log ncu_* bench && rm -rf ab[12]_*.log warm_*.log ncu_* bench)
+    ;;
+s32t135)
+    # #13: Table 1's rows of the mma.sync family against the FA2 cascade (t1: three shapes in one process; t64: (16, 64K)),
+    # the family compiled by NVRTC 13.5 (carried; what a fresh `pip install dualkv[cu13]` installs, and on sm_90 the build
+    # whose ordered dK/dV kernel does not spill: s32mid measured its backward 4.5% faster than 13.0's); then ncu of the
+    # forward at (16, 32K), dualkv's one launch against FA2's three; last the family's backward and tree GPU tests under
+    # 13.5 (run with COMPILE_S=1: everything here compiles with 13.5, in step warm135)
+    nvrtc135_unpack s32t135
+    export DUALKV_NVRTC_LIB=/tmp/nv135
+    step warm135 150 python3 -m dualkv kernels --compile-only --arch sm_90 --kernel fwd --kernel bwd_dkdv \
+        --kernel bwd_prep --kernel bwd_dq_frag_cast --kernel bwd_dq --jobs 16 --no-progress
+    mkdir -p "$OUT/bench"
+    TAIL=1 step t1 200 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 28:4096,8:8192,16:32768 \
+        --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
+    TAIL=1 step t64 120 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 16:65536 \
+        --mode fwd,bwd,fwdbwd --reps 5 --out "$OUT/bench/t64"
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s32t135-table.json"
+    mma_fwd_ncu 16:32768 dualkv fa2
+    TAIL=3 mma_backward_tests pytest135 170
+    (cd "$OUT" && tar czf s32t135.tgz *.log ncu_* bench && rm -rf t1.log t64.log ncu_* bench)
+    ;;
 s32nvrtc)
     # #12 / #13 (not yet run): NVRTC 13.5 (carry build/nvrtc135.tar.xz) against the machine's 13.0 at the s31 defaults:
     # both families and both cascades at (8, 8K) and (16, 32K), three processes (13.0, 13.5, 13.0); under 13.5 the
@@ -1784,6 +1851,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135)"
    exit 2 ;;
 esac

@@ -134,6 +134,15 @@
 #if DKV_QDO_SWIZZLE != 0 && DKV_QDO_SWIZZLE != 1
 #error "DKV_QDO_SWIZZLE must be 0 or 1"
 #endif
+// Tried and dropped (#13, experiments/results/checks/s32mid-*): (a) the dQ product and its adds between the dV and dK
+// products, FlashAttention-2's order, so that the adds drain behind the dK product (ncu had put 7% of this kernel's
+// stall samples on LG throttle at the step's 32 adds per warp, FA2's kernel 0.06%: checks/s32next-*); (b) with it, q_start
+// read anew for the adds rather than kept from the step's start, which left ptxas 13.0 no spill in the loop (the kept
+// value's spill store waited on its load: 4.2% of the stall samples). H200, sm_90, ordered / atomic backward ms at
+// (16, 32K), two rounds of alternating processes: this kernel 225.88 / 213.37 and 225.91 / 214.55; (a) 228.17 / 215.49
+// and 228.21 / 215.19; (a) + (b) 240.94 / 216.98 and 241.13 / 217.44. Under NVRTC 13.5 (no spills either way) this
+// kernel 215.36 / 210.34 and 216.04 / 209.96, (a) + (b) 226.15 / 212.01 and 225.57 / 211.46. Most likely the ordered
+// wait, earlier in the step, then has less work behind the counter's prefetch read.
 // Ordered dQ: where thread 0 releases the previous step's counter (DKV_DQ_RELEASE). 0 (the default): after the step's
 // dS barrier; 1: after the S^T product, before the next step's walk and copies (its st.release is a MEMBAR.GPU, which
 // waits for thread 0's copies in flight; the step's first barrier already follows every thread's adds). H200, FA2-like
