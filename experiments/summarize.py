@@ -83,6 +83,12 @@ def _date(env: dict) -> str:
     return str(env.get("date") or env.get("time") or "")[:10]
 
 
+def _nvrtc_note(env: dict) -> str:
+    """", NVRTC 13.5 (DUALKV_NVRTC_LIB)" for a run whose kernels another NVRTC than the installed one compiled, else
+    "" (such runs are not merged with the same commit's runs under the installed NVRTC)."""
+    return f", NVRTC {env.get('nvrtc')} (`DUALKV_NVRTC_LIB`)" if env.get("nvrtc_lib") else ""
+
+
 @dataclass(frozen=True)
 class KernelRun:
     """The ``dualkv bench kernel`` files of one commit on one GPU (a table split over calls), rows merged (later
@@ -116,11 +122,12 @@ class KernelRun:
 
 
 def kernel_runs(root: Path) -> list[KernelRun]:
-    """Kernel result files grouped by (commit, GPU) — one commit measured on two GPUs is two runs — newest first."""
-    by_commit: dict[tuple[str, str], list[Path]] = {}
+    """Kernel result files grouped by (commit, GPU, NVRTC when not the installed one) — one commit measured on two GPUs
+    is two runs — newest first."""
+    by_commit: dict[tuple[str, str, str], list[Path]] = {}
     for path in sorted(root.glob("kernel-*.json")):
         env = _load(path)["environment"]
-        by_commit.setdefault((_commit(env), str(env.get("gpu"))), []).append(path)
+        by_commit.setdefault((_commit(env), str(env.get("gpu")), _nvrtc_note(env)), []).append(path)
     runs = []
     for files in by_commit.values():
         files = [f for f in files if latest_kernel_rows([f])[0]]  # files with Table 1 rows (not other shapes only)
@@ -201,7 +208,8 @@ def kernel_section(runs: Sequence[KernelRun]) -> str:
            "(`flex_dynamic` keeps that default). `cascade` is the stock FlashAttention-2 cascade (prompt, response "
            "× prompt, response × itself, merged by log-sum-exp), `fa2_ncopy` FlashAttention-2 on N copies."]
     for run in runs:
-        out += _run_block(run, f"### {run.commit} — {run.env.get('gpu')}, {_date(run.env)} ({_files(run.files)})")
+        out += _run_block(run, f"### {run.commit} — {run.env.get('gpu')}, {_date(run.env)}{_nvrtc_note(run.env)} "
+                               f"({_files(run.files)})")
     return "\n".join(out)
 
 

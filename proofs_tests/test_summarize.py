@@ -51,6 +51,25 @@ def test_one_commit_on_two_gpus_is_two_runs(summarize):
     assert sorted(r.env["gpu"] for r in runs) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
 
 
+def test_one_commit_under_two_nvrtc_releases_is_two_runs(summarize, tmp_path):
+    """Rows of one commit on one GPU, one file compiled by the installed NVRTC and one by $DUALKV_NVRTC_LIB's, are two
+    runs (not one table whose later file replaces the other's rows), and the second's title names its NVRTC."""
+    results = tmp_path / "results"
+    results.mkdir()
+    row = {"system": "dualkv_mma", "N": 8, "P": 8192, "R": 2048, "mode": "fwdbwd", "ms": 35.0, "tflops": 300.0,
+           "speedup_vs_fa2": None, "peak_mem_gib": 1.3, "status": "ok", "groups": 1, "r_range": None,
+           "heads": 32, "kv_heads": 8, "head_dim": 128}
+    for name, lib, nvrtc, ms in (("kernel-a.json", None, "13.0", 35.0), ("kernel-b.json", "/tmp/nv135", "13.5", 34.0)):
+        env = {"commit": "abcdef0123", "gpu": "test GPU", "date": "2026-11-30T00:00Z", "nvrtc": nvrtc,
+               "nvrtc_lib": lib}
+        (results / name).write_text(json.dumps({"environment": env, "benchmark": "kernel",
+                                                "rows": [{**row, "ms": ms}]}))
+    runs = summarize.kernel_runs(results)
+    assert sorted(r.rows[0]["ms"] for r in runs) == [34.0, 35.0]
+    text = summarize.kernel_section(runs)
+    assert text.count("NVRTC 13.5 (`DUALKV_NVRTC_LIB`)") == 1 and "NVRTC 13.0" not in text
+
+
 def test_a_multi_group_kernel_file_among_the_results_is_left_out(summarize, tmp_path):
     """`dualkv bench kernel --groups G` files hold no Table 1 rows: summarize skips them instead of failing."""
     results = tmp_path / "results"

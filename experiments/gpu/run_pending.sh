@@ -162,6 +162,7 @@
 #   bash experiments/gpu/run_pending.sh s32next    # #13: Table 1 rows of the mma.sync family vs FA2 cascade; ncu (not yet run)
 #   bash experiments/gpu/run_pending.sh s32mid     # #13: DKV_DQ_MID / DKV_DQ_QSTART_AGAIN A/B, 13.0 and 13.5 (ran; dropped)
 #   bash experiments/gpu/run_pending.sh s32t135    # #13: Table 1 rows of the mma family under NVRTC 13.5; fwd ncu vs FA2; tests
+#   bash experiments/gpu/run_pending.sh s32final   # #13: verify (mma, 13.0); fwd tests and ragged RL rows under 13.5
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -1835,6 +1836,23 @@ s32t135)
     TAIL=3 mma_backward_tests pytest135 170
     (cd "$OUT" && tar czf s32t135.tgz *.log ncu_* bench && rm -rf t1.log t64.log ncu_* bench)
     ;;
+s32final)
+    # #13: correctness at the defaults (2044a70's kernels): dualkv verify under DUALKV_KERNELS=mma with the machine's
+    # NVRTC 13.0 (not run since the swizzled Q / dO tiles became the default); then, with NVRTC 13.5 (carried), the
+    # family's forward GPU tests (its backward and tree tests passed under 13.5 in s32t135) and the ragged RL
+    # micro-batches of s31next (4 groups, 1 group) against the FA2 cascade
+    DUALKV_KERNELS=mma TAIL=2 step verify130 150 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma-130.json"
+    nvrtc135_unpack s32final
+    export DUALKV_NVRTC_LIB=/tmp/nv135
+    step warm135 150 python3 -m dualkv kernels --compile-only --arch sm_90 --kernel fwd --kernel bwd_dkdv \
+        --kernel bwd_prep --kernel bwd_dq_frag_cast --kernel bwd_dq --jobs 16 --no-progress
+    DUALKV_KERNELS=mma TAIL=3 step pytest_fwd135 150 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_forward.py
+    rl g4 dualkv_mma,dualkv_mma_atomic,cascade 4 8:512,8:1024 256:4096
+    rl g1 dualkv_mma,dualkv_mma_atomic,cascade 1 16:2048,16:4096 512:8192
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s32final-table.json"
+    (cd "$OUT" && tar czf s32final.tgz *.log bench && rm -rf g*.log bench)
+    ;;
 s32nvrtc)
     # #12 / #13 (not yet run): NVRTC 13.5 (carry build/nvrtc135.tar.xz) against the machine's 13.0 at the s31 defaults:
     # both families and both cascades at (8, 8K) and (16, 32K), three processes (13.0, 13.5, 13.0); under 13.5 the
@@ -1851,6 +1869,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final)"
    exit 2 ;;
 esac
