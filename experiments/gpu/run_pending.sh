@@ -163,6 +163,7 @@
 #   bash experiments/gpu/run_pending.sh s32mid     # #13: DKV_DQ_MID / DKV_DQ_QSTART_AGAIN A/B, 13.0 and 13.5 (ran; dropped)
 #   bash experiments/gpu/run_pending.sh s32t135    # #13: Table 1 rows of the mma family under NVRTC 13.5; fwd ncu vs FA2; tests
 #   bash experiments/gpu/run_pending.sh s32final   # #13: verify (mma, 13.0); fwd tests and ragged RL rows under 13.5
+#   bash experiments/gpu/run_pending.sh s32geom    # #13: DKV_FWD_GEOM_EARLY A/B (13.0, 13.5), forward tests with it
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -271,6 +272,30 @@ ws_backward_tests() {  # ws_backward_tests NAME SECONDS: the warp-specialised ba
     # head dim, the bf16 sweep, trees; step NAME), under the caller's DUALKV_EXTRA_DEFINES
     TAIL=3 step "$1" "$2" python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
         proofs_tests/test_tree_cuda_ws.py -k "ws_backward or (shared_prefix_gradients and bf16) or tree"
+}
+variants_warm() {  # variants_warm "NAME:DEFINES:NVRTC_LIB ..." BENCH_ARGS...: one short `dualkv bench kernel BENCH_ARGS`
+    # per variant, all at once, so that each compiles its kernels (DUALKV_EXTRA_DEFINES=DEFINES, DUALKV_NVRTC_LIB=NVRTC_LIB,
+    # empty for the machine's); logs $OUT/warm_NAME.log
+    local list=$1 v name defs lib; shift
+    for v in $list; do
+        IFS=: read -r name defs lib <<< "$v"
+        DUALKV_EXTRA_DEFINES=$defs DUALKV_NVRTC_LIB=$lib timeout 200 python3 -m dualkv bench kernel "$@" \
+            --out /tmp/warm_$name > "$OUT/warm_$name.log" 2>&1 &
+    done
+    wait
+    echo "== warm-up done ($(date -u +%H:%M:%S))"
+}
+variants_ab() {  # variants_ab "NAME:DEFINES:NVRTC_LIB ..." ROUNDS SECONDS BENCH_ARGS...: ROUNDS rounds of one
+    # `dualkv bench kernel BENCH_ARGS` process per variant in order (steps and $OUT/bench folders ab<round>_NAME)
+    local list=$1 rounds=$2 limit=$3 round v name defs lib; shift 3
+    mkdir -p "$OUT/bench"
+    for round in $(seq "$rounds"); do
+        for v in $list; do
+            IFS=: read -r name defs lib <<< "$v"
+            DUALKV_EXTRA_DEFINES=$defs DUALKV_NVRTC_LIB=$lib DUALKV_COMMIT="${DUALKV_COMMIT:-}+$name" TAIL=1 \
+                step "ab${round}_$name" "$limit" python3 -m dualkv bench kernel "$@" --out "$OUT/bench/ab${round}_$name"
+        done
+    done
 }
 define_ab() {  # define_ab MACRO "V1 V2 ..." PREFIX SECONDS BENCH_ARGS...: one `dualkv bench kernel BENCH_ARGS` process
     # per value, in order, built with DUALKV_EXTRA_DEFINES=MACRO=value (step and $OUT/bench folder PREFIX<run>_<value>)
@@ -1787,31 +1812,18 @@ s32next)
 s32mid)
     # #13 (ran at an uncommitted tree on d25c20d; both macros were dropped after it, so this part no longer builds what
     # it names; bwd_dkdv.cu records the result): the mma.sync dK/dV kernel's dQ product and adds between the dV and dK
-    # products (DKV_DQ_MID) and q_start read anew for the adds (DKV_DQ_QSTART_AGAIN), both 1 by default then; s32next's ncu put 7% of the ordered kernel's
-    # stall samples on LG throttle at the adds and 6.5% on two spill instructions (NVRTC 13.0), which the pair removes
-    # from its loop. Backward (and forward) of both dQ modes at (8, 8K) / (16, 32K), one process per variant, two
+    # products (DKV_DQ_MID) and q_start read anew for the adds (DKV_DQ_QSTART_AGAIN), both 1 by default then; s32next's
+    # ncu put 7% of the ordered kernel's stall samples on LG throttle at the adds and 6.5% on two spill instructions
+    # (NVRTC 13.0), which the pair removes from its loop. Backward (and forward) of both dQ modes at (8, 8K) / (16, 32K), one process per variant, two
     # rounds: 13.0 with (1, 1), (0, 0), (1, 0); NVRTC 13.5 (carried) with (1, 1), (0, 0). Then ncu of the default.
     nvrtc135_unpack s32mid
     mkdir -p "$OUT/bench"
     local_variants="v11:DKV_DQ_MID=1,DKV_DQ_QSTART_AGAIN=1: v00:DKV_DQ_MID=0,DKV_DQ_QSTART_AGAIN=0: \
 v10:DKV_DQ_MID=1,DKV_DQ_QSTART_AGAIN=0: w11:DKV_DQ_MID=1,DKV_DQ_QSTART_AGAIN=1:/tmp/nv135 \
 w00:DKV_DQ_MID=0,DKV_DQ_QSTART_AGAIN=0:/tmp/nv135"
-    for v in $local_variants; do  # compile each variant's kernels, in parallel (a one-step run each)
-        IFS=: read -r name defs lib <<< "$v"
-        DUALKV_EXTRA_DEFINES=$defs DUALKV_NVRTC_LIB=$lib timeout 200 python3 -m dualkv bench kernel \
-            --systems dualkv_mma,dualkv_mma_atomic --shapes 8:8192 --mode bwd --reps 1 --out /tmp/warm_$name \
-            > "$OUT/warm_$name.log" 2>&1 &
-    done
-    wait
-    echo "== warm-up done ($(date -u +%H:%M:%S))"
-    for round in 1 2; do
-        for v in $local_variants; do
-            IFS=: read -r name defs lib <<< "$v"
-            DUALKV_EXTRA_DEFINES=$defs DUALKV_NVRTC_LIB=$lib DUALKV_COMMIT="${DUALKV_COMMIT:-}+$name" TAIL=1 \
-                step "ab${round}_$name" 90 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic \
-                --shapes 8:8192,16:32768 --mode fwd,bwd --reps 10 --out "$OUT/bench/ab${round}_$name"
-        done
-    done
+    variants_warm "$local_variants" --systems dualkv_mma,dualkv_mma_atomic --shapes 8:8192 --mode bwd --reps 1
+    variants_ab "$local_variants" 2 90 --systems dualkv_mma,dualkv_mma_atomic --shapes 8:8192,16:32768 --mode fwd,bwd \
+        --reps 10
     mma_bwd_ncu ordered
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s32mid-table.json"
     (cd "$OUT" && tar czf s32mid.tgz *.log ncu_* bench && rm -rf ab[12]_*.log warm_*.log ncu_* bench)
@@ -1853,6 +1865,24 @@ s32final)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s32final-table.json"
     (cd "$OUT" && tar czf s32final.tgz *.log bench && rm -rf g*.log bench)
     ;;
+s32geom)
+    # #13: the mma.sync forward working out each key block before the barrier that opens it (DKV_FWD_GEOM_EARLY; s32t135's
+    # ncu put 3.9% of its stall samples on the tile reads and ISETPs right after the barriers): forward ms at (8, 8K),
+    # (16, 32K), (16, 64K), 0 and 1 under NVRTC 13.0 (e) and 13.5 (f, carried), one process each, two rounds; then with
+    # 1 under 13.5 the forward GPU tests and the tree tests' rule check (run with COMPILE_S=1)
+    nvrtc135_unpack s32geom
+    mkdir -p "$OUT/bench"
+    local_variants="e0:DKV_FWD_GEOM_EARLY=0: e1:DKV_FWD_GEOM_EARLY=1: f0:DKV_FWD_GEOM_EARLY=0:/tmp/nv135 \
+f1:DKV_FWD_GEOM_EARLY=1:/tmp/nv135"
+    variants_warm "$local_variants" --systems dualkv_mma --shapes 8:8192 --mode fwd --reps 1
+    variants_ab "$local_variants" 2 60 --systems dualkv_mma --shapes 8:8192,16:32768,16:65536 --mode fwd --reps 10
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s32geom-table.json"
+    export DUALKV_EXTRA_DEFINES=DKV_FWD_GEOM_EARLY=1 DUALKV_NVRTC_LIB=/tmp/nv135 DUALKV_KERNELS=mma
+    TAIL=3 step pytest_geom 100 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_forward.py
+    TAIL=3 step pytest_geom_tree 100 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py \
+        -k meet_the_rule
+    (cd "$OUT" && tar czf s32geom.tgz *.log bench && rm -rf ab[12]_*.log warm_*.log bench)
+    ;;
 s32nvrtc)
     # #12 / #13 (not yet run): NVRTC 13.5 (carry build/nvrtc135.tar.xz) against the machine's 13.0 at the s31 defaults:
     # both families and both cascades at (8, 8K) and (16, 32K), three processes (13.0, 13.5, 13.0); under 13.5 the
@@ -1869,6 +1899,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom)"
    exit 2 ;;
 esac

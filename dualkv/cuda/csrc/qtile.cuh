@@ -170,6 +170,17 @@ __device__ __forceinline__ int block_key_base(const QTile& t, bool is_own, int k
 }
 
 // Load block `it` of one key-side tensor pair (own rows from `own`, context rows from `ctx`) into dst.
+// (load_key_block_at: the same, given the block's region, first key and count.)
+template <bool kSwizzle = false>
+__device__ __forceinline__ void load_key_block_at(elem_t* dst, const QTile& t, bool is_own, int k0, int count,
+                                                  const elem_t* own, long long own_st, long long own_sh,
+                                                  const elem_t* ctx, long long ctx_st, long long ctx_sh,
+                                                  const elem_t* any_valid) {
+    const long long row = block_row(t, is_own, k0);
+    const elem_t* base = is_own ? own + row * own_st + t.kv_head * own_sh : ctx + row * ctx_st + t.kv_head * ctx_sh;
+    const long long st = is_own ? own_st : ctx_st;
+    load_strided_rows<kBlockN, kSwizzle>(dst, base, st, count, any_valid);
+}
 template <bool kSwizzle = false>
 __device__ __forceinline__ void load_key_block(elem_t* dst, const QTile& t, int it, const elem_t* own,
                                                long long own_st, long long own_sh, const elem_t* ctx, long long ctx_st,
