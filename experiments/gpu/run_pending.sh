@@ -163,7 +163,7 @@
 #   bash experiments/gpu/run_pending.sh s32mid     # #13: DKV_DQ_MID / DKV_DQ_QSTART_AGAIN A/B, 13.0 and 13.5 (ran; dropped)
 #   bash experiments/gpu/run_pending.sh s32t135    # #13: Table 1 rows of the mma family under NVRTC 13.5; fwd ncu vs FA2; tests
 #   bash experiments/gpu/run_pending.sh s32final   # #13: verify (mma, 13.0); fwd tests and ragged RL rows under 13.5
-#   bash experiments/gpu/run_pending.sh s32geom    # #13: DKV_FWD_GEOM_EARLY A/B (13.0, 13.5), forward tests with it
+#   bash experiments/gpu/run_pending.sh s32geom    # #13: DKV_FWD_GEOM_EARLY A/B (13.0, 13.5), forward tests with it (ran)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -1866,10 +1866,11 @@ s32final)
     (cd "$OUT" && tar czf s32final.tgz *.log bench && rm -rf g*.log bench)
     ;;
 s32geom)
-    # #13: the mma.sync forward working out each key block before the barrier that opens it (DKV_FWD_GEOM_EARLY; s32t135's
-    # ncu put 3.9% of its stall samples on the tile reads and ISETPs right after the barriers): forward ms at (8, 8K),
-    # (16, 32K), (16, 64K), 0 and 1 under NVRTC 13.0 (e) and 13.5 (f, carried), one process each, two rounds; then with
-    # 1 under 13.5 the forward GPU tests and the tree tests' rule check (run with COMPILE_S=1)
+    # #13 (ran at c258674, where the default was 0; 1 is the default since): the mma.sync forward working out each key
+    # block before the barrier that opens it (DKV_FWD_GEOM_EARLY; s32t135's ncu put 3.9% of its stall samples on the
+    # tile reads and ISETPs right after the barriers): forward ms at (8, 8K), (16, 32K), (16, 64K), 0 and 1 under NVRTC
+    # 13.0 (e) and 13.5 (f, carried), one process each, two rounds; then with 1 under 13.5 the forward GPU tests and the
+    # tree tests' rule check (run with COMPILE_S=1)
     nvrtc135_unpack s32geom
     mkdir -p "$OUT/bench"
     local_variants="e0:DKV_FWD_GEOM_EARLY=0: e1:DKV_FWD_GEOM_EARLY=1: f0:DKV_FWD_GEOM_EARLY=0:/tmp/nv135 \

@@ -40,12 +40,18 @@
 #error "DKV_FWD_TILE_SMEM must be 0 or 1"
 #endif
 
-// DKV_FWD_GEOM_EARLY=1: each iteration works out its key block (region, first key, count, logical position) before the
-// barrier that opens it, and the next K block's before the barrier ahead of its copy, rather than after them: with the
-// tile description in smem (above) those reads and the ISETPs on them came right after each barrier (ncu, NVRTC 13.5:
-// 2.6% of the stall samples on the first read, 1.3% on an ISETP waiting for it; checks/s32t135-ncu-fwd-*).
+// DKV_FWD_GEOM_EARLY=1 (the default): each iteration works out its key block (region, first key, count, logical
+// position) before the barrier that opens it, and the next K block's before the barrier ahead of its copy, rather than
+// after them: with the tile description in smem (above) those reads and the ISETPs on them came right after each
+// barrier (ncu, NVRTC 13.5: 2.6% of the stall samples on the first read, 1.3% on an ISETP waiting for it;
+// checks/s32t135-ncu-fwd-*). H200, d = 128 forward ms at (8, 8K) / (16, 32K) / (16, 64K), 0 / 1, two rounds of
+// alternating processes: NVRTC 13.5 (tile in smem) 9.19 / 79.45 / 210.44 and 9.17 / 79.79 / 209.75 against 9.14 / 79.10
+// / 208.24 and 9.34 / 78.89 / 208.21; NVRTC 13.0 (tile in registers) 9.23 / 79.38 / 210.67 and 9.27 / 79.67 / 209.40
+// against 9.64 / 80.00 / 210.77 and 9.18 / 79.45 / 209.41, no change (checks/s32geom-h200-20261130T0021Z.json). ptxas:
+// under 13.0 the sm_80 d = 128 causal builds without a window no longer spill (8 / 8 bytes before); under 13.5 the sm_90
+// d = 128 windowed causal builds now spill 8 / 8 (none before); no other build's spills changed.
 #ifndef DKV_FWD_GEOM_EARLY
-#define DKV_FWD_GEOM_EARLY 0
+#define DKV_FWD_GEOM_EARLY 1
 #endif
 #if DKV_FWD_GEOM_EARLY != 0 && DKV_FWD_GEOM_EARLY != 1
 #error "DKV_FWD_GEOM_EARLY must be 0 or 1"
