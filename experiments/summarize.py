@@ -91,8 +91,8 @@ def _nvrtc_note(env: dict) -> str:
 
 @dataclass(frozen=True)
 class KernelRun:
-    """The ``dualkv bench kernel`` files of one commit on one GPU (a table split over calls), rows merged (later
-    wins)."""
+    """The ``dualkv bench kernel`` files of one commit on one GPU under one NVRTC (a table split over calls), rows
+    merged (later wins)."""
 
     files: tuple[Path, ...]
     rows: tuple[dict, ...]
@@ -201,8 +201,8 @@ def kernel_section(runs: Sequence[KernelRun]) -> str:
            "bf16, Qwen3-8B attention (H=32, H_k=8, d=128), R=2048 per response. Each cell: ms forward / backward / "
            "**forward+backward**, then the forward+backward useful TFLOP/s (only the (query, key) pairs shared-prompt "
            "attention needs), its peak GiB and its time relative to dualkv's in the same run. Runs are grouped by "
-           "commit and GPU, newest first; a table split over several calls of one commit is merged (a later file's row "
-           "replaces an earlier one's). FlexAttention (`flex`) is compiled for each shape (`torch.compile(..., "
+           "commit, GPU and NVRTC (where not the installed one), newest first; a table split over several calls of "
+           "one commit is merged (a later file's row replaces an earlier one's). FlexAttention (`flex`) is compiled for each shape (`torch.compile(..., "
            "dynamic=False)`) from commit 445acce on; earlier runs used torch.compile's default in a process that had "
            "compiled other shapes first, which switches to dynamic-shape kernels from the second shape on "
            "(`flex_dynamic` keeps that default). `cascade` is the stock FlashAttention-2 cascade (prompt, response "
@@ -584,7 +584,8 @@ def headline_block(root: Path = RESULTS) -> str:
             if run is None:
                 cells.append("–")
                 continue
-            used.setdefault(peer, set()).add(f"{run.commit} ({str(run.env.get('gpu', '?')).replace('NVIDIA ', '')})")
+            used.setdefault(peer, set()).add(f"{run.commit} ({str(run.env.get('gpu', '?')).replace('NVIDIA ', '')}"
+                                             f"{_nvrtc_note(run.env)})")
             ratio = run.fwdbwd(peer, shape)["ms"] / run.fwdbwd("dualkv", shape)["ms"]
             cells.append(f"{ratio:.2f}×")
         rows.append(cells)

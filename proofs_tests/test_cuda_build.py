@@ -203,7 +203,7 @@ def test_mma_dq_tiles_fit_an_a100_and_do_not_spill():
 def test_dkdv_tiles_fit_every_architecture():
     """The mma.sync dK/dV kernel's tile (configs.dkdv_tile) fits each architecture's shared memory wherever the 16-key
     layout's tile does, in every dQ mode; pinned: Hopper at d = 128 runs the FA2-like layout with two dO buffers
-    (177152 B), an A100 with one (DKV_DO_STAGES=1, 159744 B), the 99 KB GPUs at d = 64 the 16-key layout, and the
+    (177184 B), an A100 with one (DKV_DO_STAGES=1, 159776 B), the 99 KB GPUs at d = 64 the 16-key layout, and the
     builds without a dQ product the 16-key layout everywhere."""
     from dataclasses import replace
 
@@ -222,9 +222,9 @@ def test_dkdv_tiles_fit_every_architecture():
     hopper = dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True)
     a100 = dkdv_spec(128, torch.bfloat16, False, "sm_80", dq_ordered=True)
     ada = dkdv_spec(64, torch.bfloat16, False, "sm_89", dq_atomic=True, kernel="bwd_dkdv")
-    assert (hopper.smem_bytes, hopper.tile.qwarps) == (177152, 2) and not any(k == "DKV_DO_STAGES" for k, _ in
+    assert (hopper.smem_bytes, hopper.tile.qwarps) == (177184, 2) and not any(k == "DKV_DO_STAGES" for k, _ in
                                                                             hopper.defines())
-    assert (a100.smem_bytes, a100.tile.qwarps) == (159744, 2) and ("DKV_DO_STAGES", "1") in a100.defines()
+    assert (a100.smem_bytes, a100.tile.qwarps) == (159776, 2) and ("DKV_DO_STAGES", "1") in a100.defines()
     assert ada.tile.qwarps == 1 and ada.smem_bytes <= max_smem("sm_89")
 
 
@@ -480,10 +480,10 @@ def test_forward_tile_choice_keeps_registers_up_to_the_tolerance(monkeypatch, tm
 
 
 @pytest.mark.parametrize("macro, kernel", [("DKV_FWD_TILE_SMEM", "fwd"), ("DKV_FWD_GEOM_EARLY", "fwd"),
-                                           ("DKV_QDO_SWIZZLE", "bwd_dkdv")])
+                                           ("DKV_QDO_SWIZZLE", "bwd_dkdv"), ("DKV_STEP_SEG_SMEM", "bwd_dkdv")])
 def test_switch_values_outside_zero_and_one_are_refused(monkeypatch, macro, kernel):
-    """DUALKV_EXTRA_DEFINES=MACRO=2 for an on / off switch (DKV_FWD_TILE_SMEM, DKV_FWD_GEOM_EARLY, DKV_QDO_SWIZZLE) fails
-    to compile with an error naming the macro, rather than building one of the two forms."""
+    """DUALKV_EXTRA_DEFINES=MACRO=2 for an on / off switch (DKV_FWD_TILE_SMEM, DKV_FWD_GEOM_EARLY, DKV_QDO_SWIZZLE,
+    DKV_STEP_SEG_SMEM) fails to compile with an error naming the macro, rather than building one of the two forms."""
     from dualkv.cuda.configs import dkdv_spec
 
     spec = (fwd_spec(128, torch.bfloat16, 4, False, "sm_90", kernel="fwd") if kernel == "fwd" else

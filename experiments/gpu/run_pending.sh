@@ -164,6 +164,8 @@
 #   bash experiments/gpu/run_pending.sh s32t135    # #13: Table 1 rows of the mma family under NVRTC 13.5; fwd ncu vs FA2; tests
 #   bash experiments/gpu/run_pending.sh s32final   # #13: verify (mma, 13.0); fwd tests and ragged RL rows under 13.5
 #   bash experiments/gpu/run_pending.sh s32geom    # #13: DKV_FWD_GEOM_EARLY A/B (13.0, 13.5), forward tests with it (ran)
+#   bash experiments/gpu/run_pending.sh s33seg     # #13: DKV_STEP_SEG_SMEM A/B (13.0, 13.5) (not yet run)
+#   bash experiments/gpu/run_pending.sh s33segtests # #13: the backward GPU tests with DKV_STEP_SEG_SMEM=1 (not yet run)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -1884,6 +1886,33 @@ f1:DKV_FWD_GEOM_EARLY=1:/tmp/nv135"
         -k meet_the_rule
     (cd "$OUT" && tar czf s32geom.tgz *.log bench && rm -rf ab[12]_*.log warm_*.log bench)
     ;;
+s33seg)
+    # #13 (not yet run; run with COMPILE_S=1): the mma.sync dK/dV kernel's segment row staged in smem with the step's
+    # copies (DKV_STEP_SEG_SMEM). On the CPU, under NVRTC 13.0 the sm_90 d = 128 ordered builds then spill nothing
+    # (16 / 20 B and 5 spill instructions in the loop before, one of them the STL that waited on the row's load:
+    # checks/s32next-ncu-source-*); under 13.5 no build spills either way. Backward of both dQ modes at (8, 8K) /
+    # (16, 32K), 0 / 1 under 13.0 (s) and 13.5 (t, carried), one process each, two rounds (s33segtests: its tests)
+    nvrtc135_unpack s33seg
+    local_variants="s0:DKV_STEP_SEG_SMEM=0: s1:DKV_STEP_SEG_SMEM=1: t0:DKV_STEP_SEG_SMEM=0:/tmp/nv135 \
+t1:DKV_STEP_SEG_SMEM=1:/tmp/nv135"
+    variants_warm "$local_variants" --systems dualkv_mma,dualkv_mma_atomic --shapes 8:8192 --mode bwd --reps 1
+    variants_ab "$local_variants" 2 60 --systems dualkv_mma,dualkv_mma_atomic --shapes 8:8192,16:32768 --mode bwd \
+        --reps 10
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s33seg-table.json"
+    (cd "$OUT" && tar czf s33seg.tgz *.log bench && rm -rf ab[12]_*.log warm_*.log bench)
+    ;;
+s33segtests)
+    # #13 (not yet run; run with COMPILE_S=1): the GPU tests with DKV_STEP_SEG_SMEM=1 under the machine's NVRTC: its
+    # kernels compiled first (warmseg), the family's backward and tree tests, then the d = 128 backward tests on the
+    # one-dO-buffer layout (the sm_80 d = 128 builds' layout, run here on sm_90 via DUALKV_MMA_BWD_QWARPS=2do1)
+    export DUALKV_EXTRA_DEFINES=DKV_STEP_SEG_SMEM=1
+    step warmseg 150 python3 -m dualkv kernels --compile-only --arch sm_90 --kernel fwd --kernel bwd_dkdv \
+        --kernel bwd_prep --kernel bwd_dq_frag_cast --kernel bwd_dq --jobs 16 --no-progress
+    TAIL=3 mma_backward_tests pytest_seg 250
+    DUALKV_MMA_BWD_QWARPS=2do1 DUALKV_KERNELS=mma TAIL=3 step pytest_seg_do1 120 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_cuda_backward.py -k "128 and not ws_backward and not prep_kernel \
+        and not opcheck and not compile"
+    ;;
 s32nvrtc)
     # #12 / #13 (not yet run): NVRTC 13.5 (carry build/nvrtc135.tar.xz) against the machine's 13.0 at the s31 defaults:
     # both families and both cascades at (8, 8K) and (16, 32K), three processes (13.0, 13.5, 13.0); under 13.5 the
@@ -1900,6 +1929,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33segtests)"
    exit 2 ;;
 esac
