@@ -166,6 +166,7 @@
 #   bash experiments/gpu/run_pending.sh s32geom    # #13: DKV_FWD_GEOM_EARLY A/B (13.0, 13.5), forward tests with it (ran)
 #   bash experiments/gpu/run_pending.sh s33seg     # #13: DKV_STEP_SEG_SMEM A/B (13.0, 13.5) (not yet run)
 #   bash experiments/gpu/run_pending.sh s33segtests # #13: the backward GPU tests with DKV_STEP_SEG_SMEM=1 (not yet run)
+#   bash experiments/gpu/run_pending.sh s33table   # #13: Table 1 rows of the mma family at s32's defaults, 13.0 and 13.5 (not yet run)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -1913,6 +1914,22 @@ s33segtests)
         -p no:cacheprovider proofs_tests/test_cuda_backward.py -k "128 and not ws_backward and not prep_kernel \
         and not opcheck and not compile"
     ;;
+s33table)
+    # #13 (not yet run; run with COMPILE_S=150, carry build/nvrtc135.tar.xz): Table 1's rows of the mma.sync family
+    # against the FA2 cascade at the defaults since s32 (DKV_FWD_GEOM_EARLY=1), one process per row set under the
+    # machine's NVRTC 13.0 (t1, t64), then under 13.5 (u1, u64)
+    nvrtc135_unpack s33table
+    mkdir -p "$OUT/bench"
+    for lib in "" /tmp/nv135; do
+        p=$([ -z "$lib" ] && echo t || echo u)
+        DUALKV_NVRTC_LIB=$lib TAIL=1 step ${p}1 200 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
+            --shapes 28:4096,8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/${p}1"
+        DUALKV_NVRTC_LIB=$lib TAIL=1 step ${p}64 120 python3 -m dualkv bench kernel --systems dualkv_mma,cascade \
+            --shapes 16:65536 --mode fwd,bwd,fwdbwd --reps 5 --out "$OUT/bench/${p}64"
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s33table-table.json"
+    (cd "$OUT" && tar czf s33table.tgz *.log bench && rm -rf [tu]1.log [tu]64.log bench)
+    ;;
 s32nvrtc)
     # #12 / #13 (not yet run): NVRTC 13.5 (carry build/nvrtc135.tar.xz) against the machine's 13.0 at the s31 defaults:
     # both families and both cascades at (8, 8K) and (16, 32K), three processes (13.0, 13.5, 13.0); under 13.5 the
@@ -1929,6 +1946,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33segtests)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33segtests, s33table)"
    exit 2 ;;
 esac
