@@ -479,11 +479,11 @@ def test_forward_tile_choice_keeps_registers_up_to_the_tolerance(monkeypatch, tm
     assert run({"0": tolerance, "1": 0}, use_cache=True) == "1" and compiled == ["0", "1"]
 
 
-@pytest.mark.parametrize("macro, kernel", [("DKV_FWD_TILE_SMEM", "fwd"), ("DKV_FWD_GEOM_EARLY", "fwd"),
-                                           ("DKV_QDO_SWIZZLE", "bwd_dkdv"), ("DKV_STEP_SEG_SMEM", "bwd_dkdv")])
+@pytest.mark.parametrize("macro, kernel", [("DKV_FWD_TILE_SMEM", "fwd"), ("DKV_QDO_SWIZZLE", "bwd_dkdv"),
+                                           ("DKV_STEP_SEG_SMEM", "bwd_dkdv")])
 def test_switch_values_outside_zero_and_one_are_refused(monkeypatch, macro, kernel):
-    """DUALKV_EXTRA_DEFINES=MACRO=2 for an on / off switch (DKV_FWD_TILE_SMEM, DKV_FWD_GEOM_EARLY, DKV_QDO_SWIZZLE,
-    DKV_STEP_SEG_SMEM) fails to compile with an error naming the macro, rather than building one of the two forms."""
+    """DUALKV_EXTRA_DEFINES=MACRO=2 for an on / off switch (DKV_FWD_TILE_SMEM, DKV_QDO_SWIZZLE, DKV_STEP_SEG_SMEM) fails
+    to compile with an error naming the macro, rather than building one of the two forms."""
     from dualkv.cuda.configs import dkdv_spec
 
     spec = (fwd_spec(128, torch.bfloat16, 4, False, "sm_90", kernel="fwd") if kernel == "fwd" else

@@ -1869,11 +1869,12 @@ s32final)
     (cd "$OUT" && tar czf s32final.tgz *.log bench && rm -rf g*.log bench)
     ;;
 s32geom)
-    # #13 (ran at c258674, where the default was 0; 1 is the default since): the mma.sync forward working out each key
-    # block before the barrier that opens it (DKV_FWD_GEOM_EARLY; s32t135's ncu put 3.9% of its stall samples on the
-    # tile reads and ISETPs right after the barriers): forward ms at (8, 8K), (16, 32K), (16, 64K), 0 and 1 under NVRTC
-    # 13.0 (e) and 13.5 (f, carried), one process each, two rounds; then with 1 under 13.5 the forward GPU tests and the
-    # tree tests' rule check (run with COMPILE_S=1)
+    # #13 (ran at c258674, where the default was 0; 1 was the default after it, and the macro was then removed with the
+    # old form, so this part no longer builds what it names; fwd.cu records the result): the mma.sync forward working
+    # out each key block before the barrier that opens it (DKV_FWD_GEOM_EARLY; s32t135's ncu put 3.9% of its stall
+    # samples on the tile reads and ISETPs right after the barriers): forward ms at (8, 8K), (16, 32K), (16, 64K), 0 and
+    # 1 under NVRTC 13.0 (e) and 13.5 (f, carried), one process each, two rounds; then with 1 under 13.5 the forward GPU
+    # tests and the tree tests' rule check (run with COMPILE_S=1)
     nvrtc135_unpack s32geom
     mkdir -p "$OUT/bench"
     local_variants="e0:DKV_FWD_GEOM_EARLY=0: e1:DKV_FWD_GEOM_EARLY=1: f0:DKV_FWD_GEOM_EARLY=0:/tmp/nv135 \

@@ -40,22 +40,16 @@
 #error "DKV_FWD_TILE_SMEM must be 0 or 1"
 #endif
 
-// DKV_FWD_GEOM_EARLY=1 (the default): each iteration works out its key block (region, first key, count, logical
-// position) before the barrier that opens it, and the next K block's before the barrier ahead of its copy, rather than
-// after them: with the tile description in smem (above) those reads and the ISETPs on them came right after each
-// barrier (ncu, NVRTC 13.5: 2.6% of the stall samples on the first read, 1.3% on an ISETP waiting for it;
-// checks/s32t135-ncu-fwd-*). H200, d = 128 forward ms at (8, 8K) / (16, 32K) / (16, 64K), 0 / 1, two rounds of
-// alternating processes: NVRTC 13.5 (tile in smem) 9.19 / 79.45 / 210.44 and 9.17 / 79.79 / 209.75 against 9.14 / 79.10
-// / 208.24 and 9.34 / 78.89 / 208.21; NVRTC 13.0 (tile in registers) 9.23 / 79.38 / 210.67 and 9.27 / 79.67 / 209.40
-// against 9.64 / 80.00 / 210.77 and 9.18 / 79.45 / 209.41, no change (checks/s32geom-h200-20261130T0021Z.json). ptxas:
-// under 13.0 the sm_80 d = 128 causal builds without a window no longer spill (8 / 8 bytes before); under 13.5 the sm_90
-// d = 128 windowed causal builds now spill 8 / 8 (none before); no other build's spills changed.
-#ifndef DKV_FWD_GEOM_EARLY
-#define DKV_FWD_GEOM_EARLY 1
-#endif
-#if DKV_FWD_GEOM_EARLY != 0 && DKV_FWD_GEOM_EARLY != 1
-#error "DKV_FWD_GEOM_EARLY must be 0 or 1"
-#endif
+// Each iteration works out its key block (region, first key, count, logical position) before the barrier that opens it,
+// and the next K block's before the barrier ahead of its copy. After them, as before s32 (DKV_FWD_GEOM_EARLY=0 then),
+// the tile description's smem reads and the ISETPs on them came right after each barrier (ncu, NVRTC 13.5: 2.6% of the
+// stall samples on the first read, 1.3% on an ISETP waiting for it; checks/s32t135-ncu-fwd-*). H200, d = 128 forward ms
+// at (8, 8K) / (16, 32K) / (16, 64K), before against after, two rounds of alternating processes: NVRTC 13.5 (tile in
+// smem) 9.19 / 79.45 / 210.44 and 9.17 / 79.79 / 209.75 against 9.14 / 79.10 / 208.24 and 9.34 / 78.89 / 208.21; NVRTC
+// 13.0 (tile in registers) 9.23 / 79.38 / 210.67 and 9.27 / 79.67 / 209.40 against 9.64 / 80.00 / 210.77 and 9.18 /
+// 79.45 / 209.41, no change (checks/s32geom-h200-20261130T0021Z.json). ptxas: under 13.0 the sm_80 d = 128 causal
+// builds without a window no longer spill (8 / 8 bytes before); under 13.5 the sm_90 d = 128 windowed causal builds now
+// spill 8 / 8 (none before); no other build's spills changed.
 
 using namespace dkv;
 
@@ -93,7 +87,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
     init_rows(acc_o, row_max, row_sum);
 
     for (int it = 0; it < t.n_iter; ++it) {
-#if DKV_FWD_GEOM_EARLY
         bool is_own;
         const int k0 = block_start(t, it, is_own);
         const int count = block_count(t, is_own, k0);
@@ -102,17 +95,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
         __syncthreads();  // K[it] (and Q) landed; every warp is done with V[it-1]
         load_key_block_at(sV, t, is_own, k0, count, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q);
         cp_async_commit();
-#else
-        cp_async_wait<0>();
-        __syncthreads();  // K[it] (and Q) landed; every warp is done with V[it-1]
-        load_key_block(sV, t, it, vd, vd_st, vd_sh, vc, vc_st, vc_sh, q);
-        cp_async_commit();
-
-        bool is_own;
-        const int k0 = block_start(t, it, is_own);
-        const int count = block_count(t, is_own, k0);
-        const int key_base = block_key_base(t, is_own, k0);  // logical position of key 0 of the block
-#endif
 
         float acc_s[kMSlabs][kBlockN / 8][4];
         gemm_rows_rows<kMSlabs, kBlockN>(acc_s, sQ, sK, warp_row0, lrow, lmat);  // S = Q K^T (whole head dim)
@@ -122,7 +104,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
         unsigned p_frag[kMSlabs][kBlockN / 16][4];
         to_a_frag<kMSlabs, kBlockN>(p_frag, acc_s);
 
-#if DKV_FWD_GEOM_EARLY
         const bool has_next = it + 1 < t.n_iter;
         bool next_own;
         const int next_k0 = block_start(t, it + 1, next_own);
@@ -131,12 +112,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_fwd(DKV_FWD_PARAMS
         __syncthreads();  // V[it] landed; every warp is done with K[it]
         if (has_next) load_key_block_at(sK, t, next_own, next_k0, next_count, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
         cp_async_commit();
-#else
-        cp_async_wait<0>();
-        __syncthreads();  // V[it] landed; every warp is done with K[it]
-        if (it + 1 < t.n_iter) load_key_block(sK, t, it + 1, kd, kd_st, kd_sh, kc, kc_st, kc_sh, q);
-        cp_async_commit();
-#endif
 
         gemm_frag_rows<kMSlabs, kBlockN, kOutCols>(acc_o, p_frag, sV, col0, lrow, lmat);  // O += P V (this warp's columns)
     }

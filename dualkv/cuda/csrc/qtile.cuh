@@ -187,11 +187,8 @@ __device__ __forceinline__ void load_key_block(elem_t* dst, const QTile& t, int 
                                                long long ctx_sh, const elem_t* any_valid) {
     bool is_own;
     const int k0 = block_start(t, it, is_own);
-    const int count = block_count(t, is_own, k0);
-    const long long row = block_row(t, is_own, k0);
-    const elem_t* base = is_own ? own + row * own_st + t.kv_head * own_sh : ctx + row * ctx_st + t.kv_head * ctx_sh;
-    const long long st = is_own ? own_st : ctx_st;
-    load_strided_rows<kBlockN, kSwizzle>(dst, base, st, count, any_valid);
+    load_key_block_at<kSwizzle>(dst, t, is_own, k0, block_count(t, is_own, k0), own, own_st, own_sh, ctx, ctx_st,
+                                ctx_sh, any_valid);
 }
 
 // Whether a key block needs per-element masking (partial block, causal diagonal, window boundary).
