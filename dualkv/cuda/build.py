@@ -5,7 +5,9 @@ lives in ``$DUALKV_CACHE_DIR`` (default: cuda.core's per-user cache dir + ``/dua
 atomically (cuda.core's :class:`FileStreamProgramCache`), so several processes may compile at once.
 ``$DUALKV_NVRTC_LIB`` (a folder holding libnvrtc.so.* and its builtins) compiles with that NVRTC instead of the
 installed one: at 255 registers ptxas's allocation of the mma.sync backward moved a lot between versions
-(experiments/results/checks/s28spills-cpu-20261129.log).
+(experiments/results/checks/s28spills-cpu-20261129.log). ``$DUALKV_BUILD_LOG`` (a file path) appends one JSON line per
+specialization a process asks for: the spec, the NVRTC, whether the cache held it, a hash of the cubin, and for a fresh
+compilation the macros kept and ptxas's spills; it tells which cubin a timing ran.
 Compilation needs no GPU: CI builds every specialization for sm_80 and sm_90.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import io
+import json
 import os
 import threading
 from dataclasses import dataclass
@@ -275,13 +278,32 @@ def compile_spec(spec: KernelSpec, *, use_cache: bool = True, verbose: bool = Fa
     if cache is not None and not verbose:
         hit = cache.get(key)
         if hit is not None:
-            return BuiltKernel(spec, bytes(hit), "")
+            return _logged(BuiltKernel(spec, bytes(hit), ""), hit=True)
     if len(candidates) > 1:
         built = _least_spilling(spec, source, candidates, extra, tolerance)
     else:
         built = _compile(spec, source, _options(spec, verbose, candidates[0], extra))
     if cache is not None:
         cache[key] = built.cubin
+    return _logged(built, hit=False)
+
+
+_build_log_lock = threading.Lock()
+
+
+def _logged(built: BuiltKernel, *, hit: bool) -> BuiltKernel:
+    """``built``, after appending its JSON line to ``$DUALKV_BUILD_LOG`` when that is set (see the module's text)."""
+    path = os.environ.get("DUALKV_BUILD_LOG")
+    if path:
+        record = {"spec": repr(built.spec), "nvrtc": nvrtc_version(), "cache_hit": hit,
+                  "cubin_sha256": hashlib.sha256(built.cubin).hexdigest()[:16], "pid": os.getpid()}
+        if not hit:
+            macros = [name for name, _ in extra_defines()]
+            record["kept_macros"] = {name: value for name, value in built.defines
+                                     if name in ("DKV_DKDV_ADDR32", "DKV_FWD_TILE_SMEM") or name in macros}
+            record.update({k: v for k, v in resource_usage(built.log).items() if k.startswith("spill")})
+        with _build_log_lock, open(path, "a") as log:
+            log.write(json.dumps(record) + "\n")
     return built
 
 

@@ -167,6 +167,8 @@
 #   bash experiments/gpu/run_pending.sh s33seg     # #13: DKV_STEP_SEG_SMEM A/B (13.0, 13.5) (not yet run)
 #   bash experiments/gpu/run_pending.sh s33segtests # #13: the backward GPU tests with DKV_STEP_SEG_SMEM=1 (not yet run)
 #   bash experiments/gpu/run_pending.sh s33table   # #13: Table 1 rows of the mma family at s32's defaults, 13.0 and 13.5 (not yet run)
+#   bash experiments/gpu/run_pending.sh s33cache   # #13: which cubins a timing ran (DUALKV_BUILD_LOG), lazily compiled or
+#                                                  # precompiled, NVRTC 13.0 and 13.5 (not yet run)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -1931,6 +1933,29 @@ s33table)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s33table-table.json"
     (cd "$OUT" && tar czf s33table.tgz *.log bench && rm -rf [tu]1.log [tu]64.log bench)
     ;;
+s33cache)
+    # #13 (not yet run; run with COMPILE_S=1, carry build/nvrtc135.tar.xz): s33table measured the family 6-7% slower at
+    # (16, 32K) than s32 did at the same kernels (13.0 backward 242.0 against s33seg's 228.3 in the same machine an hour
+    # before; 13.5 forward 86.7 against s32geom's 79.1, which is what s31fwd measured for the spilling DKV_FWD_TILE_SMEM=0
+    # build). Each process here logs the cubins it ran (DUALKV_BUILD_LOG) in its own cache: 13.0 compiled lazily (l1),
+    # the same cache again (l2), 13.0 precompiled by `dualkv kernels` first (p1), 13.5 lazily (u1) and again (u2)
+    nvrtc135_unpack s33cache
+    mkdir -p "$OUT/bench"
+    bench_logged() {  # bench_logged NAME CACHE NVRTC_LIB SECONDS
+        DUALKV_CACHE_DIR=$2 DUALKV_NVRTC_LIB=$3 DUALKV_BUILD_LOG="$OUT/build_$1.jsonl" TAIL=1 step "$1" "$4" \
+            python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 8:8192,16:32768 \
+            --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/$1"
+    }
+    bench_logged l1 /tmp/cache_a "" 200
+    bench_logged l2 /tmp/cache_a "" 100
+    DUALKV_CACHE_DIR=/tmp/cache_b DUALKV_BUILD_LOG="$OUT/build_p0.jsonl" step p0 150 python3 -m dualkv kernels \
+        --compile-only --arch sm_90 --jobs 16 --no-progress
+    bench_logged p1 /tmp/cache_b "" 100
+    bench_logged u1 /tmp/cache_c /tmp/nv135 200
+    bench_logged u2 /tmp/cache_c /tmp/nv135 100
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s33cache-table.json"
+    (cd "$OUT" && tar czf s33cache.tgz *.log build_*.jsonl bench && rm -rf [lpu][012].log build_*.jsonl bench)
+    ;;
 s32nvrtc)
     # #12 / #13 (not yet run): NVRTC 13.5 (carry build/nvrtc135.tar.xz) against the machine's 13.0 at the s31 defaults:
     # both families and both cascades at (8, 8K) and (16, 32K), three processes (13.0, 13.5, 13.0); under 13.5 the
@@ -1947,6 +1972,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33segtests, s33table)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33segtests, s33table, s33cache)"
    exit 2 ;;
 esac
