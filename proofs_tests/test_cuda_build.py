@@ -203,7 +203,7 @@ def test_mma_dq_tiles_fit_an_a100_and_do_not_spill():
 def test_dkdv_tiles_fit_every_architecture():
     """The mma.sync dK/dV kernel's tile (configs.dkdv_tile) fits each architecture's shared memory wherever the 16-key
     layout's tile does, in every dQ mode; pinned: Hopper at d = 128 runs the FA2-like layout with two dO buffers
-    (177184 B), an A100 with one (DKV_DO_STAGES=1, 159776 B), the 99 KB GPUs at d = 64 the 16-key layout, and the
+    (177152 B), an A100 with one (DKV_DO_STAGES=1, 159744 B), the 99 KB GPUs at d = 64 the 16-key layout, and the
     builds without a dQ product the 16-key layout everywhere."""
     from dataclasses import replace
 
@@ -222,9 +222,9 @@ def test_dkdv_tiles_fit_every_architecture():
     hopper = dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True)
     a100 = dkdv_spec(128, torch.bfloat16, False, "sm_80", dq_ordered=True)
     ada = dkdv_spec(64, torch.bfloat16, False, "sm_89", dq_atomic=True, kernel="bwd_dkdv")
-    assert (hopper.smem_bytes, hopper.tile.qwarps) == (177184, 2) and not any(k == "DKV_DO_STAGES" for k, _ in
+    assert (hopper.smem_bytes, hopper.tile.qwarps) == (177152, 2) and not any(k == "DKV_DO_STAGES" for k, _ in
                                                                             hopper.defines())
-    assert (a100.smem_bytes, a100.tile.qwarps) == (159776, 2) and ("DKV_DO_STAGES", "1") in a100.defines()
+    assert (a100.smem_bytes, a100.tile.qwarps) == (159744, 2) and ("DKV_DO_STAGES", "1") in a100.defines()
     assert ada.tile.qwarps == 1 and ada.smem_bytes <= max_smem("sm_89")
 
 
@@ -479,11 +479,10 @@ def test_forward_tile_choice_keeps_registers_up_to_the_tolerance(monkeypatch, tm
     assert run({"0": tolerance, "1": 0}, use_cache=True) == "1" and compiled == ["0", "1"]
 
 
-@pytest.mark.parametrize("macro, kernel", [("DKV_FWD_TILE_SMEM", "fwd"), ("DKV_QDO_SWIZZLE", "bwd_dkdv"),
-                                           ("DKV_STEP_SEG_SMEM", "bwd_dkdv")])
+@pytest.mark.parametrize("macro, kernel", [("DKV_FWD_TILE_SMEM", "fwd"), ("DKV_QDO_SWIZZLE", "bwd_dkdv")])
 def test_switch_values_outside_zero_and_one_are_refused(monkeypatch, macro, kernel):
-    """DUALKV_EXTRA_DEFINES=MACRO=2 for an on / off switch (DKV_FWD_TILE_SMEM, DKV_QDO_SWIZZLE, DKV_STEP_SEG_SMEM) fails
-    to compile with an error naming the macro, rather than building one of the two forms."""
+    """DUALKV_EXTRA_DEFINES=MACRO=2 for an on / off switch (DKV_FWD_TILE_SMEM, DKV_QDO_SWIZZLE) fails to compile with an
+    error naming the macro, rather than building one of the two forms."""
     from dualkv.cuda.configs import dkdv_spec
 
     spec = (fwd_spec(128, torch.bfloat16, 4, False, "sm_90", kernel="fwd") if kernel == "fwd" else
@@ -491,3 +490,37 @@ def test_switch_values_outside_zero_and_one_are_refused(monkeypatch, macro, kern
     monkeypatch.setenv("DUALKV_EXTRA_DEFINES", f"{macro}=2")
     with pytest.raises(KernelBuildError, match=rf"(?s)\('{macro}', '2'\).*{macro} must be 0 or 1"):
         compile_spec(spec, use_cache=False)
+
+
+def test_verbose_compilations_bypass_nvrtc_cache(monkeypatch):
+    """A ptxas -v compilation asks NVRTC not to serve it from its own cache (NVRTC 12.9 and later keep one where a
+    driver is present; a compilation served from it carries no ptxas report): ``no_cache`` is set on the -v options
+    of such releases and on no others, and not on plain compilations, whose options key the cache."""
+    import dualkv.cuda.build as build
+    from dualkv.cuda.configs import dkdv_spec
+
+    spec = dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True)
+    for version, caches in (("12.8", False), ("12.9", True), ("13.0", True), ("13.5", True), (None, False),
+                            ("unavailable: no NVRTC", False)):
+        monkeypatch.setattr(build, "nvrtc_version", lambda v=version: v)
+        assert build.nvrtc_caches() is caches, version
+        assert bool(build._options(spec, True, [], []).no_cache) is caches, version
+        assert not build._options(spec, False, [], []).no_cache, version
+
+
+def test_a_missing_spill_report_is_an_error_not_zero(monkeypatch):
+    """Where a candidate's -v log carries no spill report (what NVRTC's own cache served before the bypass above), the
+    choice raises naming the build instead of reading "spills nothing" and keeping the preferred candidate: a
+    known-wrong stand-in whose logs are empty must be caught."""
+    import dualkv.cuda.build as build
+    from dualkv.cuda.configs import dkdv_spec
+
+    spec = dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True)
+    monkeypatch.setattr(build, "nvrtc_version", lambda: "13.0")
+    report = "ptxas info    : Used 255 registers, {0} bytes stack frame, {0} bytes spill stores, {0} bytes spill loads"
+    run, compiled = _stand_in_compiles(monkeypatch, spec, "DKV_DKDV_ADDR32",
+                                       lambda spilled: "" if spilled is None else report.format(spilled))
+    assert run({"2": 36, "1": 16, "0": 60}) == "1"
+    with pytest.raises(KernelBuildError, match=r"reported no spills for KernelSpec\(kernel='bwd_dkdv'.*DKV_DKDV_ADDR32"):
+        run({"2": None, "1": 16, "0": 60})
+    assert compiled == ["2"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import inspect
 import io
 import json
 import os
@@ -213,6 +214,12 @@ FWD_TILE_SMEM_CHOICES = (0, 1)
 FWD_SPILL_TOLERANCE = 16
 
 
+#: Names a compiler-chosen build's cache entry (with its candidates): changed when the choosing changed, so that no cubin
+#: kept by an earlier rule is served. "choose2": the rule that asks NVRTC not to serve -v compilations from its own
+#: cache (:func:`nvrtc_caches`); entries under "choose" may hold a build kept on a missing spill report.
+CHOICE_KEY = "choose2:"
+
+
 def compiler_chosen_macros(spec: KernelSpec, extra: Macros) -> list[Macros]:
     """The macro sets :func:`compile_spec` chooses among for ``spec``, preferred first (what the compiler decides rather
     than the kernel specification): DKV_DKDV_ADDR32's modes for bwd_dkdv builds (:func:`dkdv_addr32_modes`) and
@@ -241,9 +248,25 @@ def _options(spec: KernelSpec, verbose: bool, chosen: Macros, extra: Macros) -> 
                          "the launcher's schedule) or CTA order, so only the kernel specification sets them (for the "
                          "dQ orders use DUALKV_TREE_DQ_ORDER and DUALKV_TWO_LEVEL_DQ_ORDER, for the warp-specialised "
                          "backward's CTA order DUALKV_WS_CTA_ORDER)")
+    supported = "no_cache" in inspect.signature(ProgramOptions).parameters  # (cuda-core releases before it lack it)
+    bypass = {"no_cache": True} if verbose and supported and nvrtc_caches() else {}
     return ProgramOptions(name=f"dualkv_{spec.kernel}", arch=spec.arch, std="c++17",
                           include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines() + chosen + extra,
-                          ptxas_options=["-v"] if verbose else None, use_fast_math=False)
+                          ptxas_options=["-v"] if verbose else None, use_fast_math=False, **bypass)
+
+
+def nvrtc_caches() -> bool:
+    """Whether this process's NVRTC keeps its own cache of compilations (12.9 and later, where a CUDA driver is
+    present). A compilation it serves from there runs no ptxas, so its log has no ptxas -v report: a -v compilation
+    therefore passes ``--no-cache`` (ProgramOptions.no_cache), or the spill-based choices of :func:`compile_spec`
+    would read a missing report. On a GPU machine they did: a precompile after the same kernels had been compiled
+    once kept NVRTC 13.0's spilling preferred dK/dV mode, 240.8 against 226.4 ms at (16, 32K) on an H200
+    (checks/s33cache-h200-20261130T0307Z.json)."""
+    try:
+        release = tuple(int(part) for part in (nvrtc_version() or "0.0").split(".")[:2])
+    except ValueError:  # "unavailable: ..."
+        return False
+    return release >= (12, 9)
 
 
 def spill_tolerance(spec: KernelSpec) -> int:
@@ -267,8 +290,8 @@ def compile_spec(spec: KernelSpec, *, use_cache: bool = True, verbose: bool = Fa
     extra = extra_defines()
     candidates = compiler_chosen_macros(spec, extra)
     tolerance = spill_tolerance(spec)
-    if len(candidates) > 1:  # e.g. DKV_DKDV_ADDR32=choose:2,1,0, DKV_FWD_TILE_SMEM=choose:0,1@16
-        keyed = [(candidates[0][0][0], "choose:" + ",".join(macros[0][1] for macros in candidates) +
+    if len(candidates) > 1:  # e.g. DKV_DKDV_ADDR32=choose2:2,1,0, DKV_FWD_TILE_SMEM=choose2:0,1@16
+        keyed = [(candidates[0][0][0], CHOICE_KEY + ",".join(macros[0][1] for macros in candidates) +
                   (f"@{tolerance}" if tolerance else ""))]
     else:
         keyed = candidates[0]
@@ -315,7 +338,10 @@ def _least_spilling(spec: KernelSpec, source: str, candidates: list[Macros], ext
     for chosen in candidates:
         built = _compile(spec, source, _options(spec, True, chosen, extra))
         usage = resource_usage(built.log)
-        spilled = usage.get("spill_stores", 0) + usage.get("spill_loads", 0)
+        if "spill_stores" not in usage:  # never read a missing report as "spills nothing"
+            raise KernelBuildError(f"ptxas -v reported no spills for {spec} (macros {chosen}), so the build to keep "
+                                   f"cannot be chosen; its log: {built.log!r}")
+        spilled = usage["spill_stores"] + usage["spill_loads"]
         if best is None or spilled < best_spilled:
             best, best_spilled = built, spilled
         if spilled <= tolerance:

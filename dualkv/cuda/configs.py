@@ -735,9 +735,8 @@ class KernelSpec:
                     + 2 * t.stages * t.block_m * 4 + 1024)
         ds_tile = t.block_keys * (t.block_m + 8) * 2  # dS^T (dQ modes), and P^T (qwarps 2)
         ds_tiles = 2 if t.qwarps != 1 else (1 if self.dq_atomic or self.dq_ordered else 0)
-        seg_rows = 16 * t.stages if t.qwarps != 1 else 0  # a segment row per stage (bwd_dkdv.cu DKV_STEP_SEG_SMEM)
         return ((2 * t.block_keys + (t.stages + (t.do_stages or t.stages)) * t.block_m) * row
-                + 2 * t.stages * t.block_m * 4 + ds_tiles * ds_tile + seg_rows)
+                + 2 * t.stages * t.block_m * 4 + ds_tiles * ds_tile)
 
     @property
     def tile_head_dim(self) -> int:

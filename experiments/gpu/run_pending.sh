@@ -164,11 +164,13 @@
 #   bash experiments/gpu/run_pending.sh s32t135    # #13: Table 1 rows of the mma family under NVRTC 13.5; fwd ncu vs FA2; tests
 #   bash experiments/gpu/run_pending.sh s32final   # #13: verify (mma, 13.0); fwd tests and ragged RL rows under 13.5
 #   bash experiments/gpu/run_pending.sh s32geom    # #13: DKV_FWD_GEOM_EARLY A/B (13.0, 13.5), forward tests with it (ran)
-#   bash experiments/gpu/run_pending.sh s33seg     # #13: DKV_STEP_SEG_SMEM A/B (13.0, 13.5) (not yet run)
-#   bash experiments/gpu/run_pending.sh s33segtests # #13: the backward GPU tests with DKV_STEP_SEG_SMEM=1 (not yet run)
-#   bash experiments/gpu/run_pending.sh s33table   # #13: Table 1 rows of the mma family at s32's defaults, 13.0 and 13.5 (not yet run)
+#   bash experiments/gpu/run_pending.sh s33seg     # #13: DKV_STEP_SEG_SMEM A/B (13.0, 13.5) (ran; the macro is gone)
+#   bash experiments/gpu/run_pending.sh s33table   # #13: Table 1 rows of the mma family at s32's defaults, 13.0 and 13.5 (ran;
+#                                                  # its 13.0 rows and the 13.5 forward ran non-preferred builds: s33cache)
+#   bash experiments/gpu/run_pending.sh s33fix     # #13: the rows again with -v compilations bypassing NVRTC's cache, and
+#                                                  # a precompile after a lazy compile checked to keep the same builds
 #   bash experiments/gpu/run_pending.sh s33cache   # #13: which cubins a timing ran (DUALKV_BUILD_LOG), lazily compiled or
-#                                                  # precompiled, NVRTC 13.0 and 13.5 (not yet run)
+#                                                  # precompiled, NVRTC 13.0 and 13.5 (ran at fe05ae9)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -1891,11 +1893,10 @@ f1:DKV_FWD_GEOM_EARLY=1:/tmp/nv135"
     (cd "$OUT" && tar czf s32geom.tgz *.log bench && rm -rf ab[12]_*.log warm_*.log bench)
     ;;
 s33seg)
-    # #13 (not yet run; run with COMPILE_S=1): the mma.sync dK/dV kernel's segment row staged in smem with the step's
-    # copies (DKV_STEP_SEG_SMEM). On the CPU, under NVRTC 13.0 the sm_90 d = 128 ordered builds then spill nothing
-    # (16 / 20 B and 5 spill instructions in the loop before, one of them the STL that waited on the row's load:
-    # checks/s32next-ncu-source-*); under 13.5 no build spills either way. Backward of both dQ modes at (8, 8K) /
-    # (16, 32K), 0 / 1 under 13.0 (s) and 13.5 (t, carried), one process each, two rounds (s33segtests: its tests)
+    # #13 (ran at e1aad6c; the macro was then removed, so this part no longer builds what it names; bwd_dkdv.cu keeps the
+    # numbers): the mma.sync dK/dV kernel's segment row staged in smem with the step's copies (DKV_STEP_SEG_SMEM).
+    # Backward of both dQ modes at (8, 8K) / (16, 32K), 0 / 1 under 13.0 (s) and 13.5 (t, carried), one process each,
+    # two rounds
     nvrtc135_unpack s33seg
     local_variants="s0:DKV_STEP_SEG_SMEM=0: s1:DKV_STEP_SEG_SMEM=1: t0:DKV_STEP_SEG_SMEM=0:/tmp/nv135 \
 t1:DKV_STEP_SEG_SMEM=1:/tmp/nv135"
@@ -1905,20 +1906,10 @@ t1:DKV_STEP_SEG_SMEM=1:/tmp/nv135"
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s33seg-table.json"
     (cd "$OUT" && tar czf s33seg.tgz *.log bench && rm -rf ab[12]_*.log warm_*.log bench)
     ;;
-s33segtests)
-    # #13 (not yet run; run with COMPILE_S=1): the GPU tests with DKV_STEP_SEG_SMEM=1 under the machine's NVRTC: its
-    # kernels compiled first (warmseg), the family's backward and tree tests, then the d = 128 backward tests on the
-    # one-dO-buffer layout (the sm_80 d = 128 builds' layout, run here on sm_90 via DUALKV_MMA_BWD_QWARPS=2do1)
-    export DUALKV_EXTRA_DEFINES=DKV_STEP_SEG_SMEM=1
-    step warmseg 150 python3 -m dualkv kernels --compile-only --arch sm_90 --kernel fwd --kernel bwd_dkdv \
-        --kernel bwd_prep --kernel bwd_dq_frag_cast --kernel bwd_dq --jobs 16 --no-progress
-    TAIL=3 mma_backward_tests pytest_seg 250
-    DUALKV_MMA_BWD_QWARPS=2do1 DUALKV_KERNELS=mma TAIL=3 step pytest_seg_do1 120 python3 -m pytest -q -x -m gpu \
-        -p no:cacheprovider proofs_tests/test_cuda_backward.py -k "128 and not ws_backward and not prep_kernel \
-        and not opcheck and not compile"
-    ;;
 s33table)
-    # #13 (not yet run; run with COMPILE_S=150, carry build/nvrtc135.tar.xz): Table 1's rows of the mma.sync family
+    # #13 (ran at e1aad6c, but its rows do not stand: the precompile after s33seg's compilations on the same machine
+    # was served from NVRTC's own cache without ptxas reports, and kept spilling builds; s33cache found it and s33fix
+    # replaces it. Run with COMPILE_S=150, carry build/nvrtc135.tar.xz): Table 1's rows of the mma.sync family
     # against the FA2 cascade at the defaults since s32 (DKV_FWD_GEOM_EARLY=1), one process per row set under the
     # machine's NVRTC 13.0 (t1, t64), then under 13.5 (u1, u64)
     nvrtc135_unpack s33table
@@ -1934,7 +1925,9 @@ s33table)
     (cd "$OUT" && tar czf s33table.tgz *.log bench && rm -rf [tu]1.log [tu]64.log bench)
     ;;
 s33cache)
-    # #13 (not yet run; run with COMPILE_S=1, carry build/nvrtc135.tar.xz): s33table measured the family 6-7% slower at
+    # #13 (ran at fe05ae9: the precompile p0 kept NVRTC 13.0's preferred, spilling dK/dV mode 2 for the two ordered
+    # builds the bench runs, and mode 0 for the forward, with no ptxas report in their logs, where the lazy l1 had kept
+    # mode 1; p1's backward 240.8 against l1's 226.4 ms. Run with COMPILE_S=1, carry build/nvrtc135.tar.xz): s33table measured the family 6-7% slower at
     # (16, 32K) than s32 did at the same kernels (13.0 backward 242.0 against s33seg's 228.3 in the same machine an hour
     # before; 13.5 forward 86.7 against s32geom's 79.1, which is what s31fwd measured for the spilling DKV_FWD_TILE_SMEM=0
     # build). Each process here logs the cubins it ran (DUALKV_BUILD_LOG) in its own cache: 13.0 compiled lazily (l1),
@@ -1956,6 +1949,31 @@ s33cache)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s33cache-table.json"
     (cd "$OUT" && tar czf s33cache.tgz *.log build_*.jsonl bench && rm -rf [lpu][012].log build_*.jsonl bench)
     ;;
+s33fix)
+    # #13 (not yet run; run with COMPILE_S=1, carry build/nvrtc135.tar.xz): with -v compilations bypassing NVRTC's own
+    # cache (build.nvrtc_caches), Table 1's rows of the mma.sync family against the FA2 cascade, 13.0 lazily compiled
+    # (t1, t64), then a precompile into a second cache after it (p0: every compiler-chosen build must carry its spill
+    # report and keep what t1 kept), then 13.5 (u1, u64); each process logs its cubins (DUALKV_BUILD_LOG)
+    nvrtc135_unpack s33fix
+    mkdir -p "$OUT/bench"
+    for lib in "" /tmp/nv135; do
+        p=$([ -z "$lib" ] && echo t || echo u)
+        export DUALKV_CACHE_DIR=/tmp/cache_$p DUALKV_NVRTC_LIB=$lib
+        DUALKV_BUILD_LOG="$OUT/build_${p}1.jsonl" TAIL=1 step ${p}1 240 python3 -m dualkv bench kernel \
+            --systems dualkv_mma,cascade --shapes 28:4096,8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 \
+            --out "$OUT/bench/${p}1"
+        DUALKV_BUILD_LOG="$OUT/build_${p}64.jsonl" TAIL=1 step ${p}64 120 python3 -m dualkv bench kernel \
+            --systems dualkv_mma,cascade --shapes 16:65536 --mode fwd,bwd,fwdbwd --reps 5 --out "$OUT/bench/${p}64"
+        if [ $p = t ]; then
+            DUALKV_CACHE_DIR=/tmp/cache_p DUALKV_BUILD_LOG="$OUT/build_p0.jsonl" step p0 150 python3 -m dualkv kernels \
+                --compile-only --arch sm_90 --jobs 16 --no-progress
+        fi
+    done
+    unset DUALKV_CACHE_DIR DUALKV_NVRTC_LIB
+    TAIL=20 step buildcheck 30 python3 experiments/gpu/build_log_check.py "$OUT"/build_t1.jsonl "$OUT"/build_p0.jsonl
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s33fix-table.json"
+    (cd "$OUT" && tar czf s33fix.tgz *.log build_*.jsonl bench && rm -rf [tup]1.log [tu]64.log p0.log build_*.jsonl bench)
+    ;;
 s32nvrtc)
     # #12 / #13 (not yet run): NVRTC 13.5 (carry build/nvrtc135.tar.xz) against the machine's 13.0 at the s31 defaults:
     # both families and both cascades at (8, 8K) and (16, 32K), three processes (13.0, 13.5, 13.0); under 13.5 the
@@ -1972,6 +1990,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33segtests, s33table, s33cache)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix)"
    exit 2 ;;
 esac

@@ -143,17 +143,10 @@
 // and 228.21 / 215.19; (a) + (b) 240.94 / 216.98 and 241.13 / 217.44. Under NVRTC 13.5 (no spills either way) this
 // kernel 215.36 / 210.34 and 216.04 / 209.96, (a) + (b) 226.15 / 212.01 and 225.57 / 211.46. Most likely the ordered
 // wait, earlier in the step, then has less work behind the counter's prefetch read.
-// DKV_STEP_SEG_SMEM=1 (the FlashAttention-2-like layout, two stages): the step's segment row goes to smem with its
-// copies (thread 0 stores the row load_walk_step loaded, one step ahead) and the step reads it there, rather than
-// loading it from the segment table at the step's start. Under NVRTC 13.0 the sm_90 ordered build spilled that row's
-// q_start right after its load, and the spill store waited on the load: ncu put 4.2% of the stall samples on it
-// (checks/s32next-ncu-source-*).
-#ifndef DKV_STEP_SEG_SMEM
-#define DKV_STEP_SEG_SMEM 0
-#endif
-#if DKV_STEP_SEG_SMEM != 0 && DKV_STEP_SEG_SMEM != 1
-#error "DKV_STEP_SEG_SMEM must be 0 or 1"
-#endif
+// Tried and dropped (s33seg, H200): the step's segment row staged in smem by thread 0 with the step's copies, read
+// there rather than from the segment table (which left NVRTC 13.0's sm_90 ordered build spill-free on the CPU). Backward
+// at (16, 32K), ordered / atomic dQ, ms: 13.0 229.43 / 217.12 and 229.29 / 216.52 against 228.27 / 216.85 and
+// 228.05 / 217.59 without; 13.5 222.02 / 212.50 and 222.16 / 212.73 against 216.88 / 212.50 and 218.53 / 211.72.
 // Ordered dQ: where thread 0 releases the previous step's counter (DKV_DQ_RELEASE). 0 (the default): after the step's
 // dS barrier; 1: after the S^T product, before the next step's walk and copies (its st.release is a MEMBAR.GPU, which
 // waits for thread 0's copies in flight; the step's first barrier already follows every thread's adds). H200, FA2-like
@@ -193,7 +186,6 @@ constexpr int kStages = DKV_STAGES;
 #define DKV_QDO_SWZ 0
 #endif
 constexpr bool kQdoSwizzle = DKV_QDO_SWZ != 0;
-constexpr bool kStepSegSmem = DKV_STEP_SEG_SMEM != 0 && kQWarps == 2 && kStages == 2;  // (DKV_STEP_SEG_SMEM above)
 constexpr bool kDqAtomic = DKV_DQ_ATOMIC != 0;
 constexpr bool kDqOrdered = DKV_DQ_ORDERED != 0;
 constexpr bool kDqHere = kDqAtomic || kDqOrdered;  // this kernel computes dQ = dS K
@@ -287,7 +279,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     float* sDelta = sLse + kStages * kBlockM;                                     // [kStages][kBlockM]
     elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);  // [kBlockKeys][kDsStride] (dQ modes, kQWarps 2)
     elem_t* sP = sdS + kBlockKeys * kDsStride;                           // [kBlockKeys][kDsStride] (kQWarps 2)
-    int4* sSeg = reinterpret_cast<int4*>(sP + kBlockKeys * kDsStride);  // [kStages] segment rows (kStepSegSmem)
 
     // ordered dQ: a 1-D grid, head-major when first_tiles >= 0 (ws_schedule.cta_order), else a row's KV heads adjacent
     const int2 cta =
@@ -312,8 +303,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         load_walk_step<kBlockM, kQdoSwizzle, kDqOrdered, kDoSingle ? 1 : 3, kStatsPerThread>(
             w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2, delta, lse_sh, sQ + buf * kBlockM * kRowStride,
             sdO + (kDoSingle ? 0 : buf) * kBlockM * kRowStride, sLse + buf * kBlockM, sDelta + buf * kBlockM);
-        if (kStepSegSmem && threadIdx.x == 0)  // (the row load_walk_step loaded: the compiler reuses that load)
-            sSeg[buf] = reinterpret_cast<const int4*>(w.segments)[w.seg_of(c.src)];
     };
     auto load_do = [&](const Cursor& c) {
         load_walk_step<kBlockM, kQdoSwizzle, kDqOrdered, 2>(w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2,
@@ -359,11 +348,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         const elem_t* bdO = sdO + (kDoSingle ? 0 : buf) * kBlockM * kRowStride;
         const float* bLse = sLse + buf * kBlockM;
         const float* bDelta = sDelta + buf * kBlockM;
-        const StepGeometry sg = [&] {
-            if (!kStepSegSmem) return step_geometry(w, cur, kBlockKeys);
-            const int4 v = sSeg[buf];
-            return step_geometry(w, cur, Segment{v.x, v.y, v.z, v.w}, kBlockKeys);
-        }();
+        const StepGeometry sg = step_geometry(w, cur, kBlockKeys);
         auto take_counter = [&]() {  // thread 0: this step's counter and rank
             pending = dq_sems + (kv_head * group_size + cur.h) * static_cast<long long>(n_qtiles) +
                       dq_counter(w, cur, qtile_offset, sg.seg.q_start);

@@ -168,12 +168,11 @@ struct StepGeometry {
     bool need_mask;  // some (key, query) pair of the step is causal-diagonal or at a window boundary
 };
 
-// (The second form takes the source segment's row as already loaded, e.g. staged in smem.)
 template <int kStep, bool kRankOrder>
 __device__ __forceinline__ StepGeometry step_geometry(const Walk<kStep, kRankOrder>& w, const Cursor& c,
-                                                      const Segment& seg, int block_keys) {
+                                                      int block_keys) {
     StepGeometry sg;
-    sg.seg = seg;
+    sg.seg = load_segment(w.segments, w.seg_of(c.src));
     const bool own = w.is_own(c.src);
     sg.key_base = (own ? sg.seg.ctx_len : 0) + w.key0;
     sg.query_pos0 = sg.seg.ctx_len + c.pos;
@@ -181,11 +180,6 @@ __device__ __forceinline__ StepGeometry step_geometry(const Walk<kStep, kRankOrd
     sg.need_mask = (kCausal && own && sg.key_base + block_keys - 1 > sg.query_pos0) ||
                    (kWindow && sg.key_base < i_max - w.window_left);
     return sg;
-}
-template <int kStep, bool kRankOrder>
-__device__ __forceinline__ StepGeometry step_geometry(const Walk<kStep, kRankOrder>& w, const Cursor& c,
-                                                      int block_keys) {
-    return step_geometry(w, c, load_segment(w.segments, w.seg_of(c.src)), block_keys);
 }
 
 // Stage one step's Q and dO rows (kStep positions of one query head; smem tiles padded, or swizzled for wgmma) and
