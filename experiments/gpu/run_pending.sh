@@ -171,6 +171,8 @@
 #                                                  # a precompile after a lazy compile checked to keep the same builds
 #   bash experiments/gpu/run_pending.sh s33cache   # #13: which cubins a timing ran (DUALKV_BUILD_LOG), lazily compiled or
 #                                                  # precompiled, NVRTC 13.0 and 13.5 (ran at fe05ae9)
+#   bash experiments/gpu/run_pending.sh s33final   # #13: dualkv verify and the family's backward tests at the end of s33
+#                                                  # (not yet run)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -1974,6 +1976,16 @@ s33fix)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s33fix-table.json"
     (cd "$OUT" && tar czf s33fix.tgz *.log build_*.jsonl bench && rm -rf [tup]1.log [tu]64.log p0.log build_*.jsonl bench)
     ;;
+s33final)
+    # #13 (not yet run; run with COMPILE_S=150): correctness at the end of s33 (the segment-row switch gone, -v
+    # compilations bypassing NVRTC's cache) under the machine's NVRTC 13.0: dualkv verify under DUALKV_KERNELS=mma, the
+    # family's backward and tree GPU tests; the precompile's builds logged and checked for spill reports
+    DUALKV_KERNELS=mma TAIL=2 step verify130 200 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma-130.json"
+    TAIL=3 mma_backward_tests pytest_bwd 300
+    if [ -n "${DUALKV_BUILD_LOG:-}" ]; then  # (set it in the call to log the precompile too)
+        TAIL=4 step buildcheck 30 python3 experiments/gpu/build_log_check.py "$DUALKV_BUILD_LOG"
+    fi
+    ;;
 s32nvrtc)
     # #12 / #13 (not yet run): NVRTC 13.5 (carry build/nvrtc135.tar.xz) against the machine's 13.0 at the s31 defaults:
     # both families and both cascades at (8, 8K) and (16, 32K), three processes (13.0, 13.5, 13.0); under 13.5 the
@@ -1990,6 +2002,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final)"
    exit 2 ;;
 esac
