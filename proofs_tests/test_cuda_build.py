@@ -524,3 +524,41 @@ def test_a_missing_spill_report_is_an_error_not_zero(monkeypatch):
     with pytest.raises(KernelBuildError, match=r"reported no spills for KernelSpec\(kernel='bwd_dkdv'.*DKV_DKDV_ADDR32"):
         run({"2": None, "1": 16, "0": 60})
     assert compiled == ["2"]
+
+
+def test_build_log_names_each_build_and_its_check_catches_bad_ones(monkeypatch, tmp_path):
+    """DUALKV_BUILD_LOG: compile_spec appends a JSON line per build asked for (a fresh compilation with the macros kept
+    and its spills, then a cache hit with the same cubin hash); experiments/gpu/build_log_check.py passes that log and
+    fails a log whose chosen build has no spill report, or where two processes got different cubins."""
+    import importlib.util
+    import json
+
+    import dualkv.cuda.build as build
+    from dualkv.cuda.configs import dkdv_spec
+
+    spec = dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True)
+    monkeypatch.setattr(build, "nvrtc_version", lambda: "13.0")
+    report = "ptxas info    : Used 255 registers, {0} bytes stack frame, {0} bytes spill stores, {0} bytes spill loads"
+    run, _ = _stand_in_compiles(monkeypatch, spec, "DKV_DKDV_ADDR32", report.format)
+    log = tmp_path / "builds.jsonl"
+    monkeypatch.setenv("DUALKV_BUILD_LOG", str(log))
+    monkeypatch.setenv("DUALKV_CACHE_DIR", str(tmp_path / "cache"))
+    assert run({"2": 36, "1": 16, "0": 60}, use_cache=True) == "1"
+    assert run({"2": 36, "1": 16, "0": 60}, use_cache=True) == "1"
+    fresh, hit = [json.loads(line) for line in log.read_text().splitlines()]
+    assert (fresh["cache_hit"], hit["cache_hit"]) == (False, True) and fresh["cubin_sha256"] == hit["cubin_sha256"]
+    assert fresh["kept_macros"] == {"DKV_DKDV_ADDR32": "1"} and fresh["spill_stores"] == 16 and fresh["nvrtc"] == "13.0"
+    assert "kept_macros" not in hit and fresh["spec"] == repr(spec)
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "build_log_check.py"
+    loader = importlib.util.spec_from_file_location("build_log_check", path)
+    check = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(check)
+    assert check.main([str(log)]) == 0
+    no_report = tmp_path / "no_report.jsonl"
+    no_report.write_text(json.dumps({k: v for k, v in fresh.items() if not k.startswith("spill")}) + "\n")
+    assert check.main([str(no_report)]) == 1
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({**hit, "pid": hit["pid"] + 1, "cubin_sha256": "0" * 16}) + "\n")
+    assert check.main([str(log), str(other)]) == 1
+    assert check.main([str(log), str(log)]) == 0

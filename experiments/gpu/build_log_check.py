@@ -1,5 +1,6 @@
 """Check DUALKV_BUILD_LOG files (dualkv/cuda/build.py): every compiler-chosen build compiled fresh carries its ptxas
-spill report, and a specialization compiled in several files (same NVRTC) kept the same cubin in each.
+spill report, and a specialization asked for by several processes (same NVRTC; one file may log several) got the same
+cubin in each.
 
     python experiments/gpu/build_log_check.py build_t1.jsonl build_p0.jsonl
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("logs", nargs="+", type=Path)
     args = parser.parse_args(argv)
     failed = False
-    kept: dict[tuple[str, str], dict[str, str]] = {}  # (spec, nvrtc) -> {file: cubin hash}
+    kept: dict[tuple[str, str], dict[str, str]] = {}  # (spec, nvrtc) -> {"file#pid": cubin hash}
     for path in args.logs:
         records = read(path)
         chosen = [r for r in records if not r["cache_hit"] and set(r.get("kept_macros", {})) & set(CHOSEN)]
@@ -37,10 +38,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  no spill report: {r['spec']} kept {r['kept_macros']}")
         failed |= bool(missing)
         for r in records:
-            kept.setdefault((r["spec"], r["nvrtc"]), {})[path.name] = r["cubin_sha256"]
+            kept.setdefault((r["spec"], r["nvrtc"]), {})[f"{path.name}#{r['pid']}"] = r["cubin_sha256"]
     shared = {key: files for key, files in kept.items() if len(files) > 1}
     differ = {key: files for key, files in shared.items() if len(set(files.values())) > 1}
-    print(f"{len(shared)} specializations in more than one log, {len(differ)} with different cubins")
+    print(f"{len(shared)} specializations asked for by more than one process, {len(differ)} with different cubins")
     for (spec, nvrtc), files in differ.items():
         print(f"  NVRTC {nvrtc} {spec}: {files}")
     return 1 if failed or differ else 0
