@@ -173,6 +173,8 @@
 #                                                  # precompiled, NVRTC 13.0 and 13.5 (ran at fe05ae9)
 #   bash experiments/gpu/run_pending.sh s33final   # #13: dualkv verify and the family's backward tests at the end of s33
 #                                                  # (not yet run)
+#   bash experiments/gpu/run_pending.sh s33rl      # #13: the ragged RL micro-batches of s32final under the machine's
+#                                                  # NVRTC 13.0 (not yet run)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -1986,6 +1988,15 @@ s33final)
         TAIL=4 step buildcheck 30 python3 experiments/gpu/build_log_check.py "$DUALKV_BUILD_LOG"
     fi
     ;;
+s33rl)
+    # #13 (not yet run; run with COMPILE_S=1): s32final's ragged RL micro-batches (4 groups x (8, 512) / (8, 1024), R in
+    # 256-4096; 1 group (16, 2048) / (16, 4096), R in 512-8192) under torch's NVRTC 13.0, which is what a user without
+    # DUALKV_NVRTC_LIB compiles with (s32final ran them under 13.5)
+    rl g4 dualkv_mma,dualkv_mma_atomic,cascade 4 8:512,8:1024 256:4096
+    rl g1 dualkv_mma,dualkv_mma_atomic,cascade 1 16:2048,16:4096 512:8192
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s33rl-table.json"
+    (cd "$OUT" && tar czf s33rl.tgz *.log bench && rm -rf g*.log bench)
+    ;;
 s32nvrtc)
     # #12 / #13 (not yet run): NVRTC 13.5 (carry build/nvrtc135.tar.xz) against the machine's 13.0 at the s31 defaults:
     # both families and both cascades at (8, 8K) and (16, 32K), three processes (13.0, 13.5, 13.0); under 13.5 the
@@ -2002,6 +2013,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl)"
    exit 2 ;;
 esac
