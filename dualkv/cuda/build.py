@@ -256,8 +256,8 @@ def _options(spec: KernelSpec, verbose: bool, chosen: Macros, extra: Macros) -> 
 
 
 def nvrtc_caches() -> bool:
-    """Whether this process's NVRTC keeps its own cache of compilations (12.9 and later, where a CUDA driver is
-    present). A compilation it serves from there runs no ptxas, so its log has no ptxas -v report: a -v compilation
+    """Whether this process's NVRTC may keep its own cache of compilations (12.9 and later do where a CUDA driver is
+    present; a CPU-only machine sees no effect). A compilation it serves from there runs no ptxas, so its log has no ptxas -v report: a -v compilation
     therefore passes ``--no-cache`` (ProgramOptions.no_cache), or the spill-based choices of :func:`compile_spec`
     would read a missing report. On a GPU machine they did: a precompile after the same kernels had been compiled
     once kept NVRTC 13.0's spilling preferred dK/dV mode, 240.8 against 226.4 ms at (16, 32K) on an H200
