@@ -168,15 +168,15 @@
 #   bash experiments/gpu/run_pending.sh s33table   # #13: Table 1 rows of the mma family at s32's defaults, 13.0 and 13.5 (ran;
 #                                                  # its 13.0 rows and the 13.5 forward ran non-preferred builds: s33cache)
 #   bash experiments/gpu/run_pending.sh s33fix     # #13: the rows again with -v compilations bypassing NVRTC's cache, and
-#                                                  # a precompile after a lazy compile checked to keep the same builds
+#                                                  # a precompile after a lazy compile checked to keep the same builds (ran)
 #   bash experiments/gpu/run_pending.sh s33cache   # #13: which cubins a timing ran (DUALKV_BUILD_LOG), lazily compiled or
 #                                                  # precompiled, NVRTC 13.0 and 13.5 (ran at fe05ae9)
 #   bash experiments/gpu/run_pending.sh s33final   # #13: dualkv verify and the family's backward tests at the end of s33
-#                                                  # (not yet run)
+#                                                  # (ran at 19397e5)
 #   bash experiments/gpu/run_pending.sh s33rl      # #13: the ragged RL micro-batches of s32final under the machine's
-#                                                  # NVRTC 13.0 (not yet run)
+#                                                  # NVRTC 13.0 (ran at 4b5d741)
 #   bash experiments/gpu/run_pending.sh s33hopper  # #12: the default family against the cuDNN cascade at three of Table 1's
-#                                                  # shapes, a check after s27-s33's mma.sync work (not yet run)
+#                                                  # shapes, a check after s27-s33's mma.sync work (ran at a090de0)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -1956,7 +1956,7 @@ s33cache)
     (cd "$OUT" && tar czf s33cache.tgz *.log build_*.jsonl bench && rm -rf [lpu][012].log build_*.jsonl bench)
     ;;
 s33fix)
-    # #13 (not yet run; run with COMPILE_S=1, carry build/nvrtc135.tar.xz): with -v compilations bypassing NVRTC's own
+    # #13 (ran at cfdcafa; run with COMPILE_S=1, carry build/nvrtc135.tar.xz): with -v compilations bypassing NVRTC's own
     # cache (build.nvrtc_caches), Table 1's rows of the mma.sync family against the FA2 cascade, 13.0 lazily compiled
     # (t1, t64), then a precompile into a second cache after it (p0: every compiler-chosen build must carry its spill
     # report and keep what t1 kept), then 13.5 (u1, u64); each process logs its cubins (DUALKV_BUILD_LOG)
@@ -1981,7 +1981,7 @@ s33fix)
     (cd "$OUT" && tar czf s33fix.tgz *.log build_*.jsonl bench && rm -rf [tup]1.log [tu]64.log p0.log build_*.jsonl bench)
     ;;
 s33final)
-    # #13 (not yet run; run with COMPILE_S=150): correctness at the end of s33 (the segment-row switch gone, -v
+    # #13 (ran at 19397e5: 624/624, 223 passed; run with COMPILE_S=150): correctness at the end of s33 (the segment-row switch gone, -v
     # compilations bypassing NVRTC's cache) under the machine's NVRTC 13.0: dualkv verify under DUALKV_KERNELS=mma, the
     # family's backward and tree GPU tests; the precompile's builds logged and checked for spill reports
     DUALKV_KERNELS=mma TAIL=2 step verify130 200 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma-130.json"
@@ -1991,7 +1991,7 @@ s33final)
     fi
     ;;
 s33rl)
-    # #13 (not yet run; run with COMPILE_S=1): s32final's ragged RL micro-batches (4 groups x (8, 512) / (8, 1024), R in
+    # #13 (ran at 4b5d741; run with COMPILE_S=1): s32final's ragged RL micro-batches (4 groups x (8, 512) / (8, 1024), R in
     # 256-4096; 1 group (16, 2048) / (16, 4096), R in 512-8192) under torch's NVRTC 13.0, which is what a user without
     # DUALKV_NVRTC_LIB compiles with (s32final ran them under 13.5)
     rl g4 dualkv_mma,dualkv_mma_atomic,cascade 4 8:512,8:1024 256:4096
@@ -2000,7 +2000,7 @@ s33rl)
     (cd "$OUT" && tar czf s33rl.tgz *.log bench && rm -rf g*.log bench)
     ;;
 s33hopper)
-    # #12 (not yet run; run with COMPILE_S=1): the default (Hopper) family against the cuDNN and FA2 cascades at (28, 4K),
+    # #12 (ran at a090de0: 1.17 / 1.07 / 1.02x; run with COMPILE_S=1): the default (Hopper) family against the cuDNN and FA2 cascades at (28, 4K),
     # (8, 8K), (16, 32K), one process, fwd / bwd / fwd+bwd, builds logged: a check that the shared headers changed for
     # the mma.sync family since the README's headline (7227113) left the default's speed where it was
     mkdir -p "$OUT/bench"
