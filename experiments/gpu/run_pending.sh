@@ -177,6 +177,8 @@
 #                                                  # NVRTC 13.0 (ran at 4b5d741)
 #   bash experiments/gpu/run_pending.sh s33hopper  # #12: the default family against the cuDNN cascade at three of Table 1's
 #                                                  # shapes, a check after s27-s33's mma.sync work (ran at a090de0)
+#   bash experiments/gpu/run_pending.sh s33atomic  # #13: the atomic-dQ dK/dV build's addressing modes under NVRTC 13.0
+#                                                  # (not yet run)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2010,6 +2012,22 @@ s33hopper)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s33hopper-table.json"
     (cd "$OUT" && tar czf s33hopper.tgz *.log build_*.jsonl bench && rm -rf h1.log build_*.jsonl bench)
     ;;
+s33atomic)
+    # #13 (not yet run; run with COMPILE_S=1): under NVRTC 13.0 the sm_90 d = 128 atomic-dQ dK/dV builds keep
+    # DKV_DKDV_ADDR32 mode 0 (the first of 1, 2, 0 that spills nothing on the CPU); s30 measured mode 1 faster than 2
+    # for them but never 0. Backward of dualkv_mma_atomic at (16, 32K) and on s33rl's 1-group ragged micro-batch (where
+    # it is 13% slower than the ordered default), modes 0 / 1 / 2 fixed, one process each, then 0 and 1 again
+    mkdir -p "$OUT/bench"
+    for v in 0 1 2 0b 1b; do
+        DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=${v%b} TAIL=1 step m$v 80 python3 -m dualkv bench kernel \
+            --systems dualkv_mma_atomic --shapes 16:32768 --mode bwd --reps 10 --out "$OUT/bench/m$v"
+        DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=${v%b} TAIL=1 step r$v 60 python3 -m dualkv bench kernel \
+            --systems dualkv_mma_atomic --groups 1 --shapes 16:2048 --R-range 512:8192 --mode bwd --reps 10 \
+            --out "$OUT/bench/r$v"
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s33atomic-table.json"
+    (cd "$OUT" && tar czf s33atomic.tgz *.log bench && rm -rf [mr][012]*.log bench)
+    ;;
 s32nvrtc)
     # #12 / #13 (not yet run): NVRTC 13.5 (carry build/nvrtc135.tar.xz) against the machine's 13.0 at the s31 defaults:
     # both families and both cascades at (8, 8K) and (16, 32K), three processes (13.0, 13.5, 13.0); under 13.5 the
@@ -2026,6 +2044,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic)"
    exit 2 ;;
 esac
