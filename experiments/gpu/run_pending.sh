@@ -178,7 +178,7 @@
 #   bash experiments/gpu/run_pending.sh s33hopper  # #12: the default family against the cuDNN cascade at three of Table 1's
 #                                                  # shapes, a check after s27-s33's mma.sync work (ran at a090de0)
 #   bash experiments/gpu/run_pending.sh s33atomic  # #13: the atomic-dQ dK/dV build's addressing modes under NVRTC 13.0
-#                                                  # (not yet run)
+#                                                  # (ran at 53f72d3)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2013,7 +2013,7 @@ s33hopper)
     (cd "$OUT" && tar czf s33hopper.tgz *.log build_*.jsonl bench && rm -rf h1.log build_*.jsonl bench)
     ;;
 s33atomic)
-    # #13 (not yet run; run with COMPILE_S=1): under NVRTC 13.0 the sm_90 d = 128 atomic-dQ dK/dV builds keep
+    # #13 (ran at 53f72d3: the kept mode 0 is fastest; run with COMPILE_S=1): under NVRTC 13.0 the sm_90 d = 128 atomic-dQ dK/dV builds keep
     # DKV_DKDV_ADDR32 mode 0 (the first of 1, 2, 0 that spills nothing on the CPU); s30 measured mode 1 faster than 2
     # for them but never 0. Backward of dualkv_mma_atomic at (16, 32K) and on s33rl's 1-group ragged micro-batch (where
     # it is 13% slower than the ordered default), modes 0 / 1 / 2 fixed, one process each
