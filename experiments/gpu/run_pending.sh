@@ -2013,8 +2013,8 @@ s33hopper)
     (cd "$OUT" && tar czf s33hopper.tgz *.log build_*.jsonl bench && rm -rf h1.log build_*.jsonl bench)
     ;;
 s33atomic)
-    # #13 (ran at 53f72d3: the kept mode 0 is fastest; run with COMPILE_S=1): under NVRTC 13.0 the sm_90 d = 128 atomic-dQ dK/dV builds keep
-    # DKV_DKDV_ADDR32 mode 0 (the first of 1, 2, 0 that spills nothing on the CPU); s30 measured mode 1 faster than 2
+    # #13 (ran at 53f72d3: the kept mode 0 is fastest; run with COMPILE_S=1): under NVRTC 13.0 the sm_90 d = 128
+    # atomic-dQ dK/dV builds keep DKV_DKDV_ADDR32 mode 0 (the first of 1, 2, 0 that spills nothing on the CPU); s30 measured mode 1 faster than 2
     # for them but never 0. Backward of dualkv_mma_atomic at (16, 32K) and on s33rl's 1-group ragged micro-batch (where
     # it is 13% slower than the ordered default), modes 0 / 1 / 2 fixed, one process each
     mkdir -p "$OUT/bench"
