@@ -2014,14 +2014,14 @@ s33hopper)
     ;;
 s33atomic)
     # #13 (ran at 53f72d3: the kept mode 0 is fastest; run with COMPILE_S=1): under NVRTC 13.0 the sm_90 d = 128
-    # atomic-dQ dK/dV builds keep DKV_DKDV_ADDR32 mode 0 (the first of 1, 2, 0 that spills nothing on the CPU); s30 measured mode 1 faster than 2
-    # for them but never 0. Backward of dualkv_mma_atomic at (16, 32K) and on s33rl's 1-group ragged micro-batch (where
-    # it is 13% slower than the ordered default), modes 0 / 1 / 2 fixed, one process each
+    # atomic-dQ dK/dV builds keep DKV_DKDV_ADDR32 mode 0 (the first of 1, 2, 0 that spills nothing on the CPU); s30
+    # measured mode 1 faster than 2 for them but never 0. Backward of dualkv_mma_atomic at (16, 32K) and on s33rl's
+    # 1-group ragged micro-batch (where it is 13% slower than the ordered default), modes 0 / 1 / 2 fixed, one process each
     mkdir -p "$OUT/bench"
     for v in 0 1 2; do
-        DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=${v%b} TAIL=1 step m$v 80 python3 -m dualkv bench kernel \
+        DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=$v TAIL=1 step m$v 80 python3 -m dualkv bench kernel \
             --systems dualkv_mma_atomic --shapes 16:32768 --mode bwd --reps 10 --out "$OUT/bench/m$v"
-        DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=${v%b} TAIL=1 step r$v 60 python3 -m dualkv bench kernel \
+        DUALKV_EXTRA_DEFINES=DKV_DKDV_ADDR32=$v TAIL=1 step r$v 60 python3 -m dualkv bench kernel \
             --systems dualkv_mma_atomic --groups 1 --shapes 16:2048 --R-range 512:8192 --mode bwd --reps 10 \
             --out "$OUT/bench/r$v"
     done
