@@ -401,6 +401,10 @@ def test_forward_tile_in_smem_is_chosen_where_registers_spill(monkeypatch):
         assert fixed["1"][1] == 0 < fixed["0"][1] and choice == "1", (fixed["0"][1], fixed["1"][1])
 
 
+#: A stand-in ptxas -v report with {0} bytes of stack frame, spill stores and spill loads.
+PTXAS_REPORT = "ptxas info    : Used 255 registers, {0} bytes stack frame, {0} bytes spill stores, {0} bytes spill loads"
+
+
 def _stand_in_compiles(monkeypatch, spec, macro: str, report):
     """compile_spec of ``spec`` on stand-in compilations: ``run(spills, use_cache)`` installs a ``_compile`` that records
     the value of ``macro`` it is asked for (in ``compiled``) and returns a cubin spelling that value, with
@@ -431,8 +435,7 @@ def test_compile_spec_keeps_the_first_mode_that_spills_nothing(monkeypatch, tmp_
     from dualkv.cuda.configs import dkdv_spec
 
     spec = dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True)
-    report = "ptxas info    : Used 255 registers, {0} bytes stack frame, {0} bytes spill stores, {0} bytes spill loads"
-    run, compiled = _stand_in_compiles(monkeypatch, spec, "DKV_DKDV_ADDR32", report.format)
+    run, compiled = _stand_in_compiles(monkeypatch, spec, "DKV_DKDV_ADDR32", PTXAS_REPORT.format)
 
     monkeypatch.setattr(build, "nvrtc_version", lambda: "13.5")  # modes 1, 0, 2
     assert run({"1": 0, "0": 8, "2": 4}) == "1" and compiled == ["1"]
@@ -517,9 +520,8 @@ def test_a_missing_spill_report_is_an_error_not_zero(monkeypatch):
 
     spec = dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True)
     monkeypatch.setattr(build, "nvrtc_version", lambda: "13.0")
-    report = "ptxas info    : Used 255 registers, {0} bytes stack frame, {0} bytes spill stores, {0} bytes spill loads"
     run, compiled = _stand_in_compiles(monkeypatch, spec, "DKV_DKDV_ADDR32",
-                                       lambda spilled: "" if spilled is None else report.format(spilled))
+                                       lambda spilled: "" if spilled is None else PTXAS_REPORT.format(spilled))
     assert run({"2": 36, "1": 16, "0": 60}) == "1"
     with pytest.raises(KernelBuildError, match=r"reported no spills for KernelSpec\(kernel='bwd_dkdv'.*DKV_DKDV_ADDR32"):
         run({"2": None, "1": 16, "0": 60})
@@ -538,8 +540,7 @@ def test_build_log_names_each_build_and_its_check_catches_bad_ones(monkeypatch, 
 
     spec = dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True)
     monkeypatch.setattr(build, "nvrtc_version", lambda: "13.0")
-    report = "ptxas info    : Used 255 registers, {0} bytes stack frame, {0} bytes spill stores, {0} bytes spill loads"
-    run, _ = _stand_in_compiles(monkeypatch, spec, "DKV_DKDV_ADDR32", report.format)
+    run, _ = _stand_in_compiles(monkeypatch, spec, "DKV_DKDV_ADDR32", PTXAS_REPORT.format)
     log = tmp_path / "builds.jsonl"
     monkeypatch.setenv("DUALKV_BUILD_LOG", str(log))
     monkeypatch.setenv("DUALKV_CACHE_DIR", str(tmp_path / "cache"))

@@ -214,6 +214,8 @@ FWD_TILE_SMEM_CHOICES = (0, 1)
 FWD_SPILL_TOLERANCE = 16
 
 
+#: The macros :func:`compiler_chosen_macros` chooses the value of (what ``$DUALKV_BUILD_LOG`` records as kept).
+CHOSEN_MACROS = ("DKV_DKDV_ADDR32", "DKV_FWD_TILE_SMEM")
 #: Names a compiler-chosen build's cache entry (with its candidates): changed when the choosing changed, so that no cubin
 #: kept by an earlier rule is served. "choose2": the rule that asks NVRTC not to serve -v compilations from its own
 #: cache (:func:`nvrtc_caches`); entries under "choose" may hold a build kept on a missing spill report.
@@ -248,18 +250,25 @@ def _options(spec: KernelSpec, verbose: bool, chosen: Macros, extra: Macros) -> 
                          "the launcher's schedule) or CTA order, so only the kernel specification sets them (for the "
                          "dQ orders use DUALKV_TREE_DQ_ORDER and DUALKV_TWO_LEVEL_DQ_ORDER, for the warp-specialised "
                          "backward's CTA order DUALKV_WS_CTA_ORDER)")
-    supported = "no_cache" in inspect.signature(ProgramOptions).parameters  # (cuda-core releases before it lack it)
-    bypass = {"no_cache": True} if verbose and supported and nvrtc_caches() else {}
+    bypass = {"no_cache": True} if verbose and _no_cache_option() and nvrtc_caches() else {}
     return ProgramOptions(name=f"dualkv_{spec.kernel}", arch=spec.arch, std="c++17",
                           include_path=[str(CSRC), cuda_include_dir()], define_macro=spec.defines() + chosen + extra,
                           ptxas_options=["-v"] if verbose else None, use_fast_math=False, **bypass)
 
 
+@lru_cache(maxsize=1)
+def _no_cache_option() -> bool:
+    """Whether this cuda-core's ProgramOptions has ``no_cache`` (releases before it lack the field)."""
+    from cuda.core import ProgramOptions
+
+    return "no_cache" in inspect.signature(ProgramOptions).parameters
+
+
 def nvrtc_caches() -> bool:
     """Whether this process's NVRTC may keep its own cache of compilations (12.9 and later do where a CUDA driver is
-    present; a CPU-only machine sees no effect). A compilation it serves from there runs no ptxas, so its log has no ptxas -v report: a -v compilation
-    therefore passes ``--no-cache`` (ProgramOptions.no_cache), or the spill-based choices of :func:`compile_spec`
-    would read a missing report. On a GPU machine they did: a precompile after the same kernels had been compiled
+    present; a CPU-only machine sees no effect). A compilation it serves from there runs no ptxas, so its log has no
+    ptxas -v report: a -v compilation therefore passes ``--no-cache`` (ProgramOptions.no_cache), or the spill-based
+    choices of :func:`compile_spec` would read a missing report. On a GPU machine they did: a precompile after the same kernels had been compiled
     once kept NVRTC 13.0's spilling preferred dK/dV mode, 240.8 against 226.4 ms at (16, 32K) on an H200
     (checks/s33cache-h200-20261130T0307Z.json)."""
     try:
@@ -323,7 +332,7 @@ def _logged(built: BuiltKernel, *, hit: bool) -> BuiltKernel:
         if not hit:
             macros = [name for name, _ in extra_defines()]
             record["kept_macros"] = {name: value for name, value in built.defines
-                                     if name in ("DKV_DKDV_ADDR32", "DKV_FWD_TILE_SMEM") or name in macros}
+                                     if name in CHOSEN_MACROS or name in macros}
             record.update({k: v for k, v in resource_usage(built.log).items() if k.startswith("spill")})
         with _build_log_lock, open(path, "a") as log:
             log.write(json.dumps(record) + "\n")

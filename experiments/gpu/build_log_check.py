@@ -14,7 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-CHOSEN = ("DKV_DKDV_ADDR32", "DKV_FWD_TILE_SMEM")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from dualkv.cuda.build import CHOSEN_MACROS  # noqa: E402
 
 
 def read(path: Path) -> list[dict]:
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     kept: dict[tuple[str, str], dict[str, str]] = {}  # (spec, nvrtc) -> {"file#pid": cubin hash}
     for path in args.logs:
         records = read(path)
-        chosen = [r for r in records if not r["cache_hit"] and set(r.get("kept_macros", {})) & set(CHOSEN)]
+        chosen = [r for r in records if not r["cache_hit"] and set(r.get("kept_macros", {})) & set(CHOSEN_MACROS)]
         missing = [r for r in chosen if "spill_stores" not in r]
         print(f"{path.name}: {len(records)} builds, {len(chosen)} compiler-chosen compiled here, "
               f"{len(missing)} without a spill report")
