@@ -181,6 +181,8 @@
 #                                                  # (ran at 53f72d3)
 #   bash experiments/gpu/run_pending.sh s34mc      # #12: the WS backward's Q / dO multicast to CTA pairs: bitwise check
 #                                                  # against the plain build, backward A/B at (8, 8K) / (16, 32K)
+#   bash experiments/gpu/run_pending.sh s34mc2     # #12: why the multicast is slower: each build with and without the dQ
+#                                                  # order's waits (DKV_DBG_NOSEM=1, timing only)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2048,7 +2050,7 @@ s34mc)
         --kernel fwd_sm90_ws --kernel bwd_prep --kernel bwd_dq_cast --jobs 8 --no-progress > "$OUT/compile_on.log" 2>&1 &
       DUALKV_WS_MULTICAST=off timeout 200 python3 -m dualkv kernels --compile-only --arch sm_90 --kernel bwd_sm90_ws \
         --jobs 8 --no-progress > "$OUT/compile_off.log" 2>&1 & wait )
-    echo "== compiled ($(date -u +%H:%M:%S))"; tail -1 "$OUT/compile_on.log" "$OUT/compile_off.log"
+    echo "== compiled ($(date -u +%H:%M:%S))"; tail -n 1 "$OUT/compile_on.log" "$OUT/compile_off.log"
     TAIL=16 step mccheck 200 python3 experiments/gpu/multicast_check.py --json "$OUT/s34mc-check.json"
     mkdir -p "$OUT/bench"
     for round in 1 2; do
@@ -2061,6 +2063,27 @@ s34mc)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s34mc-table.json"
     (cd "$OUT" && tar czf s34mc.tgz *.log build_*.jsonl bench && rm -rf ab[12]_*.log compile_*.log build_*.jsonl bench)
     ;;
+s34mc2)
+    # #12 (run with COMPILE_S=1): s34mc measured the multicast build 29-35% slower (bwd 162.3 / 162.8 against 126.3 /
+    # 126.2 ms at (16, 32K)). Whether its pair coupling fights the dQ order's chain (block b waits for block b - 1 at
+    # every query tile): both builds with and without the dQ order's waits (DKV_DBG_NOSEM=1: unordered adds, timing
+    # only), one process each (compiled in parallel first), then a second round
+    mkdir -p "$OUT/bench"
+    mc_bench() {  # mc_bench NAME MC DEFINES REPS
+        DUALKV_WS_MULTICAST=$2 DUALKV_EXTRA_DEFINES=$3 DUALKV_COMMIT="${DUALKV_COMMIT}+$1" TAIL=1 step "$1" 150 \
+            python3 -m dualkv bench kernel --systems dualkv --shapes 8:8192,16:32768 --mode bwd --reps "$4" \
+            --out "$OUT/bench/$1"
+    }
+    mc_bench w_off off "" 1 & mc_bench w_on on "" 1 & mc_bench w_offns off DKV_DBG_NOSEM=1 1 &
+    mc_bench w_onns on DKV_DBG_NOSEM=1 1 & wait
+    rm -rf "$OUT/bench"/w_*
+    for round in 1 2; do
+        mc_bench r${round}_off off "" 10; mc_bench r${round}_on on "" 10
+        mc_bench r${round}_offns off DKV_DBG_NOSEM=1 10; mc_bench r${round}_onns on DKV_DBG_NOSEM=1 10
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s34mc2-table.json"
+    (cd "$OUT" && tar czf s34mc2.tgz *.log bench && rm -rf [wr]*_*.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -2068,6 +2091,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2)"
    exit 2 ;;
 esac
