@@ -438,16 +438,6 @@ def _ws_cta_order_from_env() -> str:
 
 WS_HEAD_MAJOR = _ws_cta_order_from_env() == "head"
 
-#: The warp-specialised backward's Q / dO loads at head dims 64-128 (:data:`WS_MULTICAST_HEAD_DIMS`): "off" (each CTA
-#: loads its own) or "on" (clusters of two CTAs; where the pair's walks start alike, adjacent key blocks of one run,
-#: each loads half of every common step's Q and dO tiles for both by TMA multicast: half the bytes from L2; the
-#: DKV_QDO_MC build, csrc/bwd_sm90_ws.cu). The same products in the same order: the bits do not change. A launch with an
-#: odd number of CTAs runs the "off" build. Read ONCE, at import, from ``$DUALKV_WS_MULTICAST``.
-WS_MULTICASTS = ("off", "on")
-WS_MULTICAST = _choice_from_env("DUALKV_WS_MULTICAST", WS_MULTICASTS) == "on"
-#: Head dims whose warp-specialised backward has the multicast build (the wide ones hand dQ_step over in the stage).
-WS_MULTICAST_HEAD_DIMS = (64, 96, 128)
-
 #: The split shared-key tiles (:mod:`dualkv.cuda.ws_split`) of the backwards whose dQ adds in a fixed order (the
 #: warp-specialised one; the mma.sync ordered dQ mode) on two-level layouts under the shared-first dQ order: "auto" (the
 #: default: each shared-key tile cut into :func:`~dualkv.cuda.ws_split.split_parts` CTAs when the shared-key CTAs alone
@@ -646,7 +636,6 @@ class KernelSpec:
     root_first: bool = False  # ordered-dQ backwards: the root-first (tree) / shared-first (two-level) dQ order
     head_major: bool = False  # bwd_sm90_ws only: each KV head's key-tile table launched in turn (DKV_HEAD_MAJOR)
     split_tiles: bool = False  # ordered dQ mode only: the build that sums split shared-key tiles (DKV_SPLIT_TILES)
-    qdo_multicast: bool = False  # bwd_sm90_ws only: CTA pairs multicast their common steps' Q / dO (DKV_QDO_MC)
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -678,9 +667,6 @@ class KernelSpec:
         if self.head_major and self.kernel != "bwd_sm90_ws":
             raise ValueError(f"the head-major CTA order is built for the warp-specialised backward only, not "
                              f"{self.kernel}")
-        if self.qdo_multicast and (self.kernel != "bwd_sm90_ws" or self.head_dim not in WS_MULTICAST_HEAD_DIMS):
-            raise ValueError(f"the Q / dO multicast is built for the warp-specialised backward at head dims "
-                             f"{WS_MULTICAST_HEAD_DIMS}, not {self.kernel} at {self.head_dim}")
 
     def _check_qwarps(self) -> None:
         t = self.tile
@@ -786,8 +772,6 @@ class KernelSpec:
                 keys += [("DKV_HEAD_MAJOR", "1")]
             if self.split_tiles:
                 keys += [("DKV_SPLIT_TILES", "1")]
-            if self.qdo_multicast:
-                keys += [("DKV_QDO_MC", "1")]
             return keys
         query = common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack)),
                           ("DKV_OVERLAP", "1" if getattr(t, "overlap", False) else "0")]
@@ -848,18 +832,15 @@ def dq_spec(head_dim: int, dtype: torch.dtype, group_size: int, window: bool, ar
 
 
 def ws_bwd_spec(head_dim: int, dtype: torch.dtype, tree: bool = False, root_first: bool = False,
-                head_major: bool | None = None, multicast: bool | None = None) -> KernelSpec:
+                head_major: bool | None = None) -> KernelSpec:
     """The warp-specialised Hopper backward (sm_90a, no window); ``tree``: its prefix-tree build (DKV_TREE=1),
     ``root_first``: the root-first (tree) or shared-first (two-level) dQ order (DKV_TREE_ROOT_FIRST=1),
     ``head_major``: the head-major CTA order (default: :data:`WS_HEAD_MAJOR` for two-level layouts, never for
-    trees), ``multicast``: the CTA-pair Q / dO multicast build (default: :data:`WS_MULTICAST` where the head dim has
-    it)."""
+    trees)."""
     if head_major is None:
         head_major = WS_HEAD_MAJOR and not tree
-    if multicast is None:
-        multicast = WS_MULTICAST and head_dim in WS_MULTICAST_HEAD_DIMS
     return KernelSpec("bwd_sm90_ws", head_dim, _check_dtype(dtype), SM90_WS_BWD_TILES[head_dim], 1, False, "sm_90a",
-                      tree=tree, root_first=root_first, head_major=head_major, qdo_multicast=multicast)
+                      tree=tree, root_first=root_first, head_major=head_major)
 
 
 #: Opt-in dynamic shared memory per block (bytes) by compute capability: A100 / Orin 163 KB, the sm_86 / sm_89 / sm_120

@@ -428,9 +428,6 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
     tokens, heads, head_dim = q.shape
     kv_heads = k_own.shape[1]
     spec = ws_bwd_spec(head_dim, q.dtype, tree=tree, root_first=_root_first(tree))
-    ctas = key_tiles_t.shape[0] * kv_heads
-    if spec.qdo_multicast and ctas % 2:  # its clusters of two need an even grid
-        spec = replace(spec, qdo_multicast=False)
     kern = get_kernel(spec, device_index(q))
     step, keys = spec.tile.block_m, spec.tile.block_keys
     sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, step, tree)
@@ -440,7 +437,7 @@ def _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_a
     maps = [tensor_map_3d(q, step), tensor_map_3d(dout, step), tensor_map_3d(k_own, keys), tensor_map_3d(v_own, keys),
             tensor_map_3d(k_ctx, keys), tensor_map_3d(v_ctx, keys)]
     part_args, buffers = part_buffers(spec, split, kv_heads, q.device)  # (buffers: kept alive until launched)
-    launch_raw(kern, (ctas, 1, 1),
+    launch_raw(kern, (key_tiles_t.shape[0] * kv_heads, 1, 1),
                [*maps, lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0)), *dkc_args, *dvc_args,
                 *_strided(dk_own), *_strided(dv_own), dq_acc.data_ptr(), i64(rows * acc_cols), sems.data_ptr(),
                 i32(n_qtiles), qtile_offset.data_ptr() if qtile_offset is not None else 0, segments.data_ptr(),

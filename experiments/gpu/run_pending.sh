@@ -180,9 +180,9 @@
 #   bash experiments/gpu/run_pending.sh s33atomic  # #13: the atomic-dQ dK/dV build's addressing modes under NVRTC 13.0
 #                                                  # (ran at 53f72d3)
 #   bash experiments/gpu/run_pending.sh s34mc      # #12: the WS backward's Q / dO multicast to CTA pairs: bitwise check
-#                                                  # against the plain build, backward A/B at (8, 8K) / (16, 32K)
+#                                                  # against the plain build, backward A/B (ran at 111df8e; removed)
 #   bash experiments/gpu/run_pending.sh s34mc2     # #12: why the multicast is slower: each build with and without the dQ
-#                                                  # order's waits (DKV_DBG_NOSEM=1, timing only)
+#                                                  # order's waits (ran at f095d4d; removed)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2042,7 +2042,9 @@ s32nvrtc)
     (cd "$OUT" && tar czf s32nvrtc.tgz *.log bench && rm -rf b[12]_*.log bench)
     ;;
 s34mc)
-    # #12 (run with COMPILE_S=1): the WS backward's Q / dO multicast to CTA pairs (DUALKV_WS_MULTICAST, DKV_QDO_MC).
+    # #12 (ran at 111df8e: bitwise equal, 29-35% slower; the build was then removed, so this part no longer builds what
+    # it names; bwd_sm90_ws.cu keeps the numbers. Run with COMPILE_S=1): the WS backward's Q / dO multicast to CTA pairs
+    # (DUALKV_WS_MULTICAST, DKV_QDO_MC).
     # Both builds of the WS backward and the forwards precompiled in parallel; multicast_check.py (bitwise against the
     # plain build, a known-wrong multicast caught); then backward-only A/B at (8, 8K) / (16, 32K), off / on alternating,
     # one process each, two rounds; builds logged
@@ -2064,10 +2066,10 @@ s34mc)
     (cd "$OUT" && tar czf s34mc.tgz *.log build_*.jsonl bench && rm -rf ab[12]_*.log compile_*.log build_*.jsonl bench)
     ;;
 s34mc2)
-    # #12 (run with COMPILE_S=1): s34mc measured the multicast build 29-35% slower (bwd 162.3 / 162.8 against 126.3 /
-    # 126.2 ms at (16, 32K)). Whether its pair coupling fights the dQ order's chain (block b waits for block b - 1 at
-    # every query tile): both builds with and without the dQ order's waits (DKV_DBG_NOSEM=1: unordered adds, timing
-    # only), one process each (compiled in parallel first), then a second round
+    # #12 (ran at f095d4d; the build is removed. Run with COMPILE_S=1): s34mc measured the multicast build 29-35%
+    # slower (bwd 162.3 / 162.8 against 126.3 / 126.2 ms at (16, 32K)). Whether its pair coupling fights the dQ order's
+    # chain (block b waits for block b - 1 at every query tile): both builds with and without the dQ order's waits
+    # (DKV_DBG_NOSEM=1: unordered adds, timing only), one process each (compiled in parallel first), then a second round
     mkdir -p "$OUT/bench"
     mc_bench() {  # mc_bench NAME MC DEFINES REPS
         DUALKV_WS_MULTICAST=$2 DUALKV_EXTRA_DEFINES=$3 DUALKV_COMMIT="${DUALKV_COMMIT}+$1" TAIL=1 step "$1" 150 \

@@ -52,7 +52,13 @@
 // TMA multicast of each stage to a CTA pair walking the same query tiles would save, at most) 9.2% faster at (16, 32K),
 // 4.4% at (8, 8K) (checks/s24qdo-h200-20261128T2257Z.log); halved on the steps whose queries see the block fully only
 // (DKV_DBG_HALFQDO=2: responses on prompt keys, 65% of the pairs) 2.7%, so most of it is the causal steps' bytes
-// (checks/s24qdo2-h200-20261128T2258Z.log). Not tried yet. L2 cache policies (evict_last / evict_first on
+// (checks/s24qdo2-h200-20261128T2258Z.log). The TMA multicast itself (clusters of two on adjacent key blocks of one
+// run, each CTA loading half of every common step's Q / dO for both, a stage refilled once both CTAs released it;
+// dQ, dK, dV bitwise equal to this build) was 29-35% slower on an H200: bwd 162.3 / 162.8 against 126.3 / 126.2 ms at
+// (16, 32K), 20.4 / 20.2 against 15.1 / 15.2 at (8, 8K). Without the dQ order's waits (DKV_DBG_NOSEM) still 11-15%
+// (143.4 / 144.6 against 129.3 / 128.8): multicast halves the reads from L2 but not the bytes into each SM, which is
+// what the bound above halved, and the pair's shared stage ring fights the dQ chain (block b waits for b - 1 at every
+// query tile, so the pair cannot keep its 3 stages ahead of both). Removed (checks/s34mc-*, s34mc2-*). L2 cache policies (evict_last / evict_first on
 // the reduce-adds, evict_first on K / V, evict_last on Q / dO) moved nothing beyond noise (ws-bwd-l2hints-*.json).
 //
 // DKV_TREE=1 (prefix trees, dualkv/cuda/tree_schedule.py): segment rows are tree nodes (q_start, q_len, runs, pos)
@@ -152,22 +158,6 @@ static_assert(!DKV_DBG_HALFQDO || kAtoms % 2 == 0, "DKV_DBG_HALFQDO needs an eve
 #ifndef DKV_DBG_NOBAR  // 1: no barrier between dS to smem and dQ_step (wrong dQ: times the warpgroups' lockstep)
 #define DKV_DBG_NOBAR 0
 #endif
-// DKV_QDO_MC=1 (head dims 64-128; configs.WS_MULTICAST): clusters of two CTAs, blockIdx.x 2c and 2c + 1. Where the
-// pair's walks start alike (the same KV head, own segment and dependents: adjacent key blocks of one run, so one walk
-// is a prefix of the other; pair_common_steps), each of their first n_common steps loads its Q and dO tiles once for
-// both: rank 0 multicasts Q, rank 1 dO, into the same stage of both CTAs, and a stage goes back to either producer
-// only when both CTAs' consumers have released it (each consumer warp arrives on its own and on its partner's empty
-// barrier). Other steps (and pairs whose walks differ) load alone and arrive twice on their own barrier. The TMA thread
-// finally waits for the last releases of every stage, so no arrival from the partner lands after its CTA has exited.
-// The dQ order is untouched: the same adds, the same bits.
-#ifndef DKV_QDO_MC
-#define DKV_QDO_MC 0
-#endif
-#ifndef DKV_DBG_MC_WRONG  // 1: rank 1 multicasts the dO rows one token late (wrong gradients: the check must see it)
-#define DKV_DBG_MC_WRONG 0
-#endif
-static_assert(!DKV_QDO_MC || (!DKV_WIDE && !DKV_DBG_HALFQDO), "Q/dO multicast: head dims 64-128, no HALFQDO switch");
-constexpr unsigned kEmptyArrivals = (kDqInStage ? 1 : kWarps) * (DKV_QDO_MC ? 2 : 1);
 // 1: the dQ warp keeps one add in flight (releases a counter one step late); 0: it waits for each add to complete.
 #ifndef DKV_DQ_INFLIGHT
 #define DKV_DQ_INFLIGHT 1
@@ -274,19 +264,6 @@ __device__ __forceinline__ WsWalk make_ws_walk(const int* key_tiles, int tile, c
 __device__ __forceinline__ int tree_rank_skip(const WsWalk& w) {
     const Segment key_seg = load_segment(w.segments, w.kt.own_seg);
     return tree_rank_base(w.segments, key_seg) + (key_seg.q_len + kBlockKeys - 1) / kBlockKeys;
-}
-
-// DKV_QDO_MC: the steps both CTAs of this cluster walk alike (their Q / dO tiles multicast), 0 unless the partner's
-// key tile has the same KV head, own segment and dependents (its walk and this one then share a prefix: the
-// dependents' steps, then the own segment's from its last tile down to the higher of the two blocks' first tiles).
-__device__ __forceinline__ int pair_common_steps(const WsWalk& w, int kv_head, const int* key_tiles,
-                                                 const int* segments, int group, int kv_heads, int first_tiles) {
-    const int2 other = cta_head_tile(kv_heads, first_tiles, DKV_HEAD_MAJOR, blockIdx.x ^ 1);
-    if (other.x != kv_head) return 0;
-    int token0;
-    const WsWalk o = make_ws_walk(key_tiles, other.y, segments, group, token0);
-    if (o.kt.own_seg != w.kt.own_seg || o.kt.dep_begin != w.kt.dep_begin || o.kt.dep_end != w.kt.dep_end) return 0;
-    return min(walk_steps(w), walk_steps(o));
 }
 
 // What every role needs to know about one step.
@@ -399,12 +376,7 @@ constexpr long long kPartFloats = (long long)kPartArrays * (kHeadDimAcc / 8) * 4
 
 #include "bwd_sm90_ws_wide.cuh"
 
-#if DKV_QDO_MC
-#define DKV_CLUSTER_DIMS __cluster_dims__(2, 1, 1)
-#else
-#define DKV_CLUSTER_DIMS
-#endif
-extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) DKV_CLUSTER_DIMS dualkv_bwd_sm90_ws(
+extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_bwd_sm90_ws(
     const __grid_constant__ TmaDesc tm_q, const __grid_constant__ TmaDesc tm_do, const __grid_constant__ TmaDesc tm_kd,
     const __grid_constant__ TmaDesc tm_vd, const __grid_constant__ TmaDesc tm_kc, const __grid_constant__ TmaDesc tm_vc,
     const float* __restrict__ lse2, const float* __restrict__ delta, long long lse_sh, elem_t* __restrict__ dkc,
@@ -440,7 +412,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) DKV_CLUS
         mbar_init(bar_kv, 1);
         for (int s = 0; s < kStages; ++s) {
             mbar_init(bar_full + 8 * s, 2);       // the TMA thread (with its bytes) and the LSE/D warp
-            mbar_init(bar_empty + 8 * s, kEmptyArrivals);  // the dQ warp, or every consumer warp's lane 0 (DKV_QDO_MC: twice)
+            mbar_init(bar_empty + 8 * s, kDqInStage ? 1 : kWarps);  // the dQ warp, or every consumer warp's lane 0
         }
         for (int b = 0; b < kDqRing; ++b) {
             mbar_init(bar_dq_full + 8 * b, kWarps);
@@ -448,11 +420,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) DKV_CLUS
         }
         mbar_init_fence();
     }
-#if DKV_QDO_MC
-    cluster_sync();  // the partner's barriers are initialised before any multicast or remote arrival reaches them
-#else
     __syncthreads();
-#endif
 
     if (warp < 4) {  // ---------------------------------------------------------------------------- producer
         regs_dealloc<DKV_PRODUCER_REGS>();
@@ -465,33 +433,13 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) DKV_CLUS
                 tma_load_3d(sk + a * kBlockKeys * 128, tk, a * 64, kv_head, key_token0, bar_kv);
                 tma_load_3d(sv + a * kBlockKeys * 128, tv, a * 64, kv_head, key_token0, bar_kv);
             }
-#if DKV_QDO_MC
-            const int n_common =
-                pair_common_steps(w, kv_head, key_tiles, segments, group_size, kv_heads, first_tiles);
-            const unsigned rank = cluster_ctarank();
-#endif
             int i = 0;
             for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
                 const int s = i % kStages;
-#if DKV_QDO_MC
-                if (i >= kStages) mbar_wait_cluster(bar_empty + 8 * s, ((i / kStages) + 1) & 1);
-#else
                 if (i >= kStages) mbar_wait(bar_empty + 8 * s, ((i / kStages) + 1) & 1);
-#endif
                 const StepInfo si = step_info(w, c, kv_head);
                 const bool half_qdo = DKV_DBG_HALFQDO == 1 || (DKV_DBG_HALFQDO == 2 && !si.own);
                 mbar_arrive_expect_tx(bar_full + 8 * s, (half_qdo ? 1 : 2) * kStepBytes);
-#if DKV_QDO_MC
-                if (i < n_common) {  // rank 0 brings Q, rank 1 dO, into this stage of both CTAs
-                    const TmaDesc* map = rank ? &tm_do : &tm_q;
-                    const unsigned dst = (rank ? sdo0 : sq0) + s * kStageStride;
-#pragma unroll
-                    for (int a = 0; a < kAtoms; ++a)
-                        tma_load_3d_multicast(dst + a * kStep * 128, map, a * 64, si.head,
-                                              si.tok0 + (DKV_DBG_MC_WRONG && rank ? 1 : 0), bar_full + 8 * s, 0x3);
-                    continue;
-                }
-#endif
 #pragma unroll
                 for (int a = 0; a < kAtoms; ++a) {
                     if (half_qdo && a % 2) continue;
@@ -501,18 +449,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) DKV_CLUS
                                 bar_full + 8 * s);
                 }
             }
-#if DKV_QDO_MC
-            // every stage's last release (the partner's arrivals included) before this CTA may exit
-            if (n_common > 0)
-                for (int j = max(0, i - kStages); j < i; ++j) mbar_wait_cluster(bar_empty + 8 * (j % kStages), (j / kStages) & 1);
-#endif
         } else if (warp == 1) {  // LSE (log2) and D of each step's rows; rows past the segment: P = 0, D = 0
-#if DKV_QDO_MC
-            const int n_common =
-                pair_common_steps(w, kv_head, key_tiles, segments, group_size, kv_heads, first_tiles);
-#else
-            constexpr int n_common = 0;
-#endif
             int i = 0;
             for (StepCursor c = w.first(); c.valid; c = w.next(c), ++i) {
                 const int s = i % kStages;
@@ -524,10 +461,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) DKV_CLUS
                     s_lse[s * kStep + r] = r < si.n ? lse2[idx] : kInf;
                     s_delta[s * kStep + r] = r < si.n ? delta[idx] : 0.f;
                 }
-                // z: bit 0 the mask, bit 1 a multicast step (its release also goes to the partner)
-                if (lane == 0)
-                    s_info[s] = make_int4(si.key_base, si.q_pos0, (si.need_mask ? 1 : 0) | (i < n_common ? 2 : 0),
-                                          si.tok0 & 7);
+                if (lane == 0) s_info[s] = make_int4(si.key_base, si.q_pos0, si.need_mask ? 1 : 0, si.tok0 & 7);
                 __syncwarp();
                 if (lane == 0) mbar_arrive(bar_full + 8 * s);
             }
@@ -679,7 +613,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) DKV_CLUS
         issue_sdp(i);
         const int4 info = s_info[s];  // written before the stage's full barrier completed
         const int key_base = info.x, q_pos0 = info.y, tok7 = info.w;  // tok7: the dQ rows' chunk permutation key
-        const bool need_mask = (info.z & 1) != 0;
+        const bool need_mask = info.z != 0;
         wgmma_wait<1>();
         fence_regs(acc_s[0]);
 
@@ -737,15 +671,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) DKV_CLUS
         fence_regs(p_frag[0]);
         fence_regs(ds_frag[0]);
         __syncwarp();
-        if (lane == 0) {  // Q, dO, LSE, D of this stage are no longer read
-            mbar_arrive(bar_empty + 8 * s);
-#if DKV_QDO_MC  // a multicast step's stage is released to the partner too; otherwise arrive for it here
-            if (s_info[s].z & 2)
-                mbar_arrive_cluster(cluster_map(bar_empty + 8 * s, cluster_ctarank() ^ 1));
-            else
-                mbar_arrive(bar_empty + 8 * s);
-#endif
-        }
+        if (lane == 0) mbar_arrive(bar_empty + 8 * s);  // Q, dO, LSE, D of this stage are no longer read
         if (kDsBuffers == 1) named_sync(kBarConsumers, kConsumerThreads);  // both warpgroups done reading dS
     }
 

@@ -83,55 +83,6 @@ __device__ __forceinline__ void bulk_wait_read() {
 // Orders this thread's async-proxy global writes (bulk copies) before its later generic-proxy accesses.
 __device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
-// ---- Thread-block clusters (sm_90): TMA multicast to the CTAs of a cluster, arrivals on another CTA's barriers.
-__device__ __forceinline__ unsigned cluster_ctarank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-// The shared::cluster address of `addr` (a shared::cta address of this CTA's layout) in the CTA of rank `rank`.
-__device__ __forceinline__ unsigned cluster_map(unsigned addr, unsigned rank) {
-    unsigned out;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
-    return out;
-}
-// Every thread of every CTA of the cluster (also a CTA-wide barrier); makes earlier writes (mbarrier inits
-// included, after mbar_init_fence) visible cluster-wide before any CTA goes on.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// One arrival on a barrier of another CTA of the cluster (`bar`: from cluster_map), ordered after this thread's
-// earlier memory operations.
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// mbar_wait whose completion also acquires what other CTAs of the cluster released by their arrivals on it.
-__device__ __forceinline__ void mbar_wait_cluster(unsigned bar, unsigned phase) {
-    asm volatile(
-        "{\n.reg .pred done, more;\n.reg .u32 tries;\n"
-        "mov.u32 tries, 0;\n"
-        "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-        "@done bra DONE_%=;\n"
-        "add.u32 tries, tries, 1;\n"
-        "setp.lt.u32 more, tries, " DKV_STR(DKV_WAIT_LIMIT) ";\n"
-        "@more bra WAIT_%=;\n"
-        "trap;\n"
-        "DONE_%=:\n}\n" ::"r"(bar),
-        "r"(phase)
-        : "memory");
-}
-// tma_load_3d into the same shared-memory offset of every CTA of the cluster in `cta_mask`, each signalling its own
-// barrier at offset `bar`.
-__device__ __forceinline__ void tma_load_3d_multicast(unsigned dst, const TmaDesc* map, int c0, int c1, int c2,
-                                                      unsigned bar, unsigned short cta_mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
-        "[%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(cta_mask)
-        : "memory");
-}
-
 // ---- stmatrix: four 8x8 16-bit matrices from mma C-fragment registers (thread l: row l / 4, columns 2 (l % 4), +1
 // of each) to shared memory, transposed; lanes 8j .. 8j + 7 give the addresses of matrix j's 8 (transposed) rows.
 __device__ __forceinline__ void stmatrix_x4_trans(unsigned addr, const unsigned (&r)[4]) {
