@@ -183,6 +183,8 @@
 #                                                  # against the plain build, backward A/B (ran at 111df8e; removed)
 #   bash experiments/gpu/run_pending.sh s34mc2     # #12: why the multicast is slower: each build with and without the dQ
 #                                                  # order's waits (ran at f095d4d; removed)
+#   bash experiments/gpu/run_pending.sh s34red     # #12: dQ_step added from the consumers' registers (DKV_DBG_DIRECTRED,
+#                                                  # unordered) against the smem hand-off, with and without its order
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2086,6 +2088,29 @@ s34mc2)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s34mc2-table.json"
     (cd "$OUT" && tar czf s34mc2.tgz *.log bench && rm -rf [wr]*_*.log bench)
     ;;
+s34red)
+    # #12 (run with COMPILE_S=1): ncu put the WS backward's L1/TEX (shared memory) throughput at 78%, its highest unit
+    # (checks/ncu-ws-bwd-h200-20261128T1849Z.json). The dQ hand-off moves 64 KB of smem per step (the consumers' fp32
+    # dQ_step in, the bulk reduce-add's read out) of about 370 KB. DKV_DBG_DIRECTRED=1: the consumers add dQ_step from
+    # registers (red.v2.f32, unordered: nondeterministic dQ, a timing diagnostic) with no smem round trip. Its d = 128
+    # GPU family tests first (its dQ must still be right), then backward at (8, 8K) / (16, 32K), one process per variant
+    # (base, DIRECTRED, NOSEM: the smem path unordered), two rounds
+    mkdir -p "$OUT/bench"
+    DUALKV_EXTRA_DEFINES=DKV_DBG_DIRECTRED=1 TAIL=3 step redtests 200 python3 -m pytest -q -x \
+        proofs_tests/test_cuda_backward.py -k "test_ws_backward_family and 128 and bf16"
+    red_bench() {  # red_bench NAME DEFINES REPS
+        DUALKV_EXTRA_DEFINES=$2 DUALKV_COMMIT="${DUALKV_COMMIT}+$1" TAIL=1 step "$1" 150 python3 -m dualkv bench kernel \
+            --systems dualkv --shapes 8:8192,16:32768 --mode bwd --reps "$3" --out "$OUT/bench/$1"
+    }
+    red_bench w_base "" 1 & red_bench w_ns DKV_DBG_NOSEM=1 1 & wait
+    rm -rf "$OUT/bench"/w_*
+    for round in 1 2; do
+        red_bench r${round}_base "" 10; red_bench r${round}_red DKV_DBG_DIRECTRED=1 10
+        red_bench r${round}_ns DKV_DBG_NOSEM=1 10
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s34red-table.json"
+    (cd "$OUT" && tar czf s34red.tgz *.log bench && rm -rf [wr]*_*.log redtests.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -2093,6 +2118,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red)"
    exit 2 ;;
 esac

@@ -155,6 +155,10 @@ static_assert(!(kDqInStage && DKV_DBG_NODQ), "with dQ_step in the stage the dQ w
 #define DKV_DBG_HALFQDO 0  // the Q / dO bytes into the SM, as a multicast to CTA pairs would, could save); 2: only the
 #endif                     // steps of queries that see the block's keys fully (those a pair of key blocks shares)
 static_assert(!DKV_DBG_HALFQDO || kAtoms % 2 == 0, "DKV_DBG_HALFQDO needs an even number of 64-column atoms");
+#ifndef DKV_DBG_DIRECTRED  // 1: the consumers add dQ_step from registers (red.v2.f32), unordered, no smem hand-off
+#define DKV_DBG_DIRECTRED 0  // (nondeterministic dQ: times what skipping the smem round trip could save)
+#endif
+static_assert(!DKV_DBG_DIRECTRED || (!DKV_WIDE && !DKV_TREE), "DKV_DBG_DIRECTRED: two-level builds, head dims 64-128");
 #ifndef DKV_DBG_NOBAR  // 1: no barrier between dS to smem and dQ_step (wrong dQ: times the warpgroups' lockstep)
 #define DKV_DBG_NOBAR 0
 #endif
@@ -331,6 +335,28 @@ __device__ __forceinline__ void put_dq_step(unsigned char* dst, const float (&ac
     }
 }
 
+#if DKV_DBG_DIRECTRED
+// put_dq_step's fragment added straight into the accumulator rows at dst (global, the same chunk order).
+template <int kN8>
+__device__ __forceinline__ void red_dq_step(float* dst, const float (&acc)[kN8][4], int col0, int row0, int g, int t4,
+                                            int tok7) {
+    static_assert(kHeadDimAcc == kHeadDim && kN8 % 4 == 0, "whole groups of 8 chunks");
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int row = row0 + g + 8 * hh, key = (tok7 + row) & 7;
+        float* at0 = dst + row * kHeadDim + col0 + (t4 & 1) * 2;
+        int off[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) off[k] = ((2 * k + t4 / 2) ^ key) * 4;
+#pragma unroll
+        for (int nt = 0; nt < kN8; ++nt)
+            asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at0 + off[nt % 4] + (nt / 4) * 32),
+                         "f"(acc[nt][2 * hh]), "f"(acc[nt][2 * hh + 1])
+                         : "memory");
+    }
+}
+#endif
+
 // P^T of one step in place (both consumer layouts): acc holds S^T of this warp's 16 keys (first key wkey0 of the
 // block) x 8 kN8 queries; masked are keys past the block's count and the causal diagonal (need_mask: the block
 // reaches it), and rows past the segment have LSE = +inf, so P = 0. q_pos0 is the first query's position.
@@ -462,10 +488,13 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                     s_delta[s * kStep + r] = r < si.n ? delta[idx] : 0.f;
                 }
                 if (lane == 0) s_info[s] = make_int4(si.key_base, si.q_pos0, si.need_mask ? 1 : 0, si.tok0 & 7);
+#if DKV_DBG_DIRECTRED  // the step's (head, first token), in the unused dQ buffer
+                if (lane == 0) reinterpret_cast<int2*>(base + (sdq0 - sk))[s] = make_int2(si.head, si.tok0);
+#endif
                 __syncwarp();
                 if (lane == 0) mbar_arrive(bar_full + 8 * s);
             }
-        } else if (warp == 2 && !DKV_DBG_NODQ) {  // dQ: fixed-order bulk reduce-adds into the accumulator
+        } else if (warp == 2 && !DKV_DBG_NODQ && !DKV_DBG_DIRECTRED) {  // dQ: fixed-order bulk reduce-adds
             int* pending = nullptr;  // the counter of the add in flight, released once it has completed
             int pending_rank = 0;
             int i = 0;
@@ -657,6 +686,13 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         wgmma_wait<1>();  // dQ_step (and dV) complete; dK runs while dQ_step goes to smem
         fence_regs(acc_dq);
 
+#if DKV_DBG_DIRECTRED
+        {
+            const int2 dst = reinterpret_cast<const int2*>(base + (sdq0 - sk))[s];
+            red_dq_step(dq_acc + dst.x * dqa_head + (long long)dst.y * kHeadDim, acc_dq, wg * kDqCols, (cw % 4) * 16,
+                        g, t4, tok7);
+        }
+#else
         const int b = i % kDqBuffers;
         const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
         if (i >= kDqBuffers && !DKV_DBG_NODQ)  // the dQ warp has read this buffer's previous step
@@ -665,6 +701,7 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         fence_async_smem();
         __syncwarp();
         if (lane == 0 && !DKV_DBG_NODQ) mbar_arrive(bar_dq_full + 8 * b);
+#endif
         wgmma_wait<0>();
         fence_regs(acc_dk);
         fence_regs(acc_dv);
