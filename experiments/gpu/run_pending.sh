@@ -184,7 +184,7 @@
 #   bash experiments/gpu/run_pending.sh s34mc2     # #12: why the multicast is slower: each build with and without the dQ
 #                                                  # order's waits (ran at f095d4d; removed)
 #   bash experiments/gpu/run_pending.sh s34red     # #12: dQ_step added from the consumers' registers (DKV_DBG_DIRECTRED,
-#                                                  # unordered) against the smem hand-off, with and without its order
+#                                                  # unordered) against the smem hand-off (ran at fc03c05; removed)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2089,7 +2089,8 @@ s34mc2)
     (cd "$OUT" && tar czf s34mc2.tgz *.log bench && rm -rf [wr]*_*.log bench)
     ;;
 s34red)
-    # #12 (run with COMPILE_S=1): ncu put the WS backward's L1/TEX (shared memory) throughput at 78%, its highest unit
+    # #12 (ran at fc03c05: 20-25% slower; the macro was then removed. Run with COMPILE_S=1): ncu put the WS
+    # backward's L1/TEX (shared memory) throughput at 78%, its highest unit
     # (checks/ncu-ws-bwd-h200-20261128T1849Z.json). The dQ hand-off moves 64 KB of smem per step (the consumers' fp32
     # dQ_step in, the bulk reduce-add's read out) of about 370 KB. DKV_DBG_DIRECTRED=1: the consumers add dQ_step from
     # registers (red.v2.f32, unordered: nondeterministic dQ, a timing diagnostic) with no smem round trip. Its d = 128

@@ -58,8 +58,9 @@
 // (16, 32K), 20.4 / 20.2 against 15.1 / 15.2 at (8, 8K). Without the dQ order's waits (DKV_DBG_NOSEM) still 11-15%
 // (143.4 / 144.6 against 129.3 / 128.8): multicast halves the reads from L2 but not the bytes into each SM, which is
 // what the bound above halved, and the pair's shared stage ring fights the dQ chain (block b waits for b - 1 at every
-// query tile, so the pair cannot keep its 3 stages ahead of both). Removed (checks/s34mc-*, s34mc2-*). L2 cache policies (evict_last / evict_first on
-// the reduce-adds, evict_first on K / V, evict_last on Q / dO) moved nothing beyond noise (ws-bwd-l2hints-*.json).
+// query tile, so the pair cannot keep its 3 stages ahead of both). Removed (checks/s34mc-*, s34mc2-*).
+// L2 cache policies (evict_last / evict_first on the reduce-adds, evict_first on K / V, evict_last on Q / dO) moved
+// nothing beyond noise (ws-bwd-l2hints-*.json).
 //
 // DKV_TREE=1 (prefix trees, dualkv/cuda/tree_schedule.py): segment rows are tree nodes (q_start, q_len, runs, pos)
 // and a key tile (i, blk, i + 1, end) owns keys of node i, seen causally by its own queries (pos plays ctx_len's part,
@@ -155,10 +156,6 @@ static_assert(!(kDqInStage && DKV_DBG_NODQ), "with dQ_step in the stage the dQ w
 #define DKV_DBG_HALFQDO 0  // the Q / dO bytes into the SM, as a multicast to CTA pairs would, could save); 2: only the
 #endif                     // steps of queries that see the block's keys fully (those a pair of key blocks shares)
 static_assert(!DKV_DBG_HALFQDO || kAtoms % 2 == 0, "DKV_DBG_HALFQDO needs an even number of 64-column atoms");
-#ifndef DKV_DBG_DIRECTRED  // 1: the consumers add dQ_step from registers (red.v2.f32), unordered, no smem hand-off
-#define DKV_DBG_DIRECTRED 0  // (nondeterministic dQ: times what skipping the smem round trip could save)
-#endif
-static_assert(!DKV_DBG_DIRECTRED || (!DKV_WIDE && !DKV_TREE), "DKV_DBG_DIRECTRED: two-level builds, head dims 64-128");
 #ifndef DKV_DBG_NOBAR  // 1: no barrier between dS to smem and dQ_step (wrong dQ: times the warpgroups' lockstep)
 #define DKV_DBG_NOBAR 0
 #endif
@@ -169,6 +166,11 @@ static_assert(!DKV_DBG_DIRECTRED || (!DKV_WIDE && !DKV_TREE), "DKV_DBG_DIRECTRED
 constexpr bool kDqInFlight = DKV_DQ_INFLIGHT != 0;
 // (Freeing the smem buffer before publishing the previous add measured 6% slower at (16, 32K): the adds then come
 // faster than L2 absorbs them; checks/ws-bwd-dqpath-h100-20261127T0840Z.json.)
+// (The consumers adding dQ_step from registers instead, red.v2.f32 with no smem round trip, unordered and spill-free,
+// measured 20-25% slower on an H200: bwd 157.0 / 157.8 against 125.2 / 125.6 ms at (16, 32K), 18.5 / 18.2 against
+// 15.2 / 15.1 at (8, 8K), although the hand-off moves 64 KB of smem per step and ncu puts shared memory at 78%; the
+// fixed order itself costs nothing measurable: unordered bulk adds 126.2 / 126.7;
+// checks/s34red-h200-20261130T0551Z.json.)
 // CTA order (the spec's head_major, configs.WS_CTA_ORDERS): 0, the KV heads of a key tile adjacent (blockIdx.x =
 // tile * kv_heads + head; prefix trees); 1, head-major in two parts: the table's first `first_tiles` tiles of every
 // KV head in turn (blockIdx.x = head * first_tiles + tile), then its other tiles of every KV head in turn. The CTAs
@@ -335,28 +337,6 @@ __device__ __forceinline__ void put_dq_step(unsigned char* dst, const float (&ac
     }
 }
 
-#if DKV_DBG_DIRECTRED
-// put_dq_step's fragment added straight into the accumulator rows at dst (global, the same chunk order).
-template <int kN8>
-__device__ __forceinline__ void red_dq_step(float* dst, const float (&acc)[kN8][4], int col0, int row0, int g, int t4,
-                                            int tok7) {
-    static_assert(kHeadDimAcc == kHeadDim && kN8 % 4 == 0, "whole groups of 8 chunks");
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        const int row = row0 + g + 8 * hh, key = (tok7 + row) & 7;
-        float* at0 = dst + row * kHeadDim + col0 + (t4 & 1) * 2;
-        int off[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) off[k] = ((2 * k + t4 / 2) ^ key) * 4;
-#pragma unroll
-        for (int nt = 0; nt < kN8; ++nt)
-            asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at0 + off[nt % 4] + (nt / 4) * 32),
-                         "f"(acc[nt][2 * hh]), "f"(acc[nt][2 * hh + 1])
-                         : "memory");
-    }
-}
-#endif
-
 // P^T of one step in place (both consumer layouts): acc holds S^T of this warp's 16 keys (first key wkey0 of the
 // block) x 8 kN8 queries; masked are keys past the block's count and the causal diagonal (need_mask: the block
 // reaches it), and rows past the segment have LSE = +inf, so P = 0. q_pos0 is the first query's position.
@@ -488,13 +468,10 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
                     s_delta[s * kStep + r] = r < si.n ? delta[idx] : 0.f;
                 }
                 if (lane == 0) s_info[s] = make_int4(si.key_base, si.q_pos0, si.need_mask ? 1 : 0, si.tok0 & 7);
-#if DKV_DBG_DIRECTRED  // the step's (head, first token), in the unused dQ buffer
-                if (lane == 0) reinterpret_cast<int2*>(base + (sdq0 - sk))[s] = make_int2(si.head, si.tok0);
-#endif
                 __syncwarp();
                 if (lane == 0) mbar_arrive(bar_full + 8 * s);
             }
-        } else if (warp == 2 && !DKV_DBG_NODQ && !DKV_DBG_DIRECTRED) {  // dQ: fixed-order bulk reduce-adds
+        } else if (warp == 2 && !DKV_DBG_NODQ) {  // dQ: fixed-order bulk reduce-adds into the accumulator
             int* pending = nullptr;  // the counter of the add in flight, released once it has completed
             int pending_rank = 0;
             int i = 0;
@@ -686,13 +663,6 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         wgmma_wait<1>();  // dQ_step (and dV) complete; dK runs while dQ_step goes to smem
         fence_regs(acc_dq);
 
-#if DKV_DBG_DIRECTRED
-        {
-            const int2 dst = reinterpret_cast<const int2*>(base + (sdq0 - sk))[s];
-            red_dq_step(dq_acc + dst.x * dqa_head + (long long)dst.y * kHeadDim, acc_dq, wg * kDqCols, (cw % 4) * 16,
-                        g, t4, tok7);
-        }
-#else
         const int b = i % kDqBuffers;
         const unsigned sdq = sdq0 + b * kStep * kDqRowBytes;
         if (i >= kDqBuffers && !DKV_DBG_NODQ)  // the dQ warp has read this buffer's previous step
@@ -701,7 +671,6 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_b
         fence_async_smem();
         __syncwarp();
         if (lane == 0 && !DKV_DBG_NODQ) mbar_arrive(bar_dq_full + 8 * b);
-#endif
         wgmma_wait<0>();
         fence_regs(acc_dk);
         fence_regs(acc_dv);
