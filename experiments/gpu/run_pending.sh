@@ -185,6 +185,7 @@
 #                                                  # order's waits (ran at f095d4d; removed)
 #   bash experiments/gpu/run_pending.sh s34red     # #12: dQ_step added from the consumers' registers (DKV_DBG_DIRECTRED,
 #                                                  # unordered) against the smem hand-off (ran at fc03c05; removed)
+#   bash experiments/gpu/run_pending.sh s34final   # #12: the default (Hopper) family's verify and GPU tests at the end of s34
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2112,6 +2113,15 @@ s34red)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s34red-table.json"
     (cd "$OUT" && tar czf s34red.tgz *.log bench && rm -rf [wr]*_*.log redtests.log bench)
     ;;
+s34final)
+    # #12 (run with COMPILE_S=150): correctness of the default family at the end of s34 (its kernels' code as at 775cf75;
+    # the shared headers changed for the mma.sync family since its last GPU tests): dualkv verify, then the GPU tests
+    # of the WS backward, the forward, the paper API, the split tiles and the tree WS backward
+    TAIL=2 step verify 170 python3 -m dualkv verify --no-progress --json "$OUT/verify-default.json"
+    TAIL=3 step pytest_default 280 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
+        proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_ws_split.py \
+        proofs_tests/test_tree_cuda_ws.py
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -2119,6 +2129,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final)"
    exit 2 ;;
 esac
