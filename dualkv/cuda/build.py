@@ -214,8 +214,10 @@ FWD_TILE_SMEM_CHOICES = (0, 1)
 FWD_SPILL_TOLERANCE = 16
 
 
-#: The macros :func:`compiler_chosen_macros` chooses the value of (what ``$DUALKV_BUILD_LOG`` records as kept).
-CHOSEN_MACROS = ("DKV_DKDV_ADDR32", "DKV_FWD_TILE_SMEM")
+#: The macro :func:`compiler_chosen_macros` chooses the value of, per kernel, and all of them (what
+#: ``$DUALKV_BUILD_LOG`` records as kept).
+CHOSEN_BY_KERNEL = {"bwd_dkdv": "DKV_DKDV_ADDR32", "fwd": "DKV_FWD_TILE_SMEM"}
+CHOSEN_MACROS = tuple(CHOSEN_BY_KERNEL.values())
 #: Names a compiler-chosen build's cache entry (with its candidates): changed when the choosing changed, so that no cubin
 #: kept by an earlier rule is served. "choose2": the rule that asks NVRTC not to serve -v compilations from its own
 #: cache (:func:`nvrtc_caches`); entries under "choose" may hold a build kept on a missing spill report.
@@ -228,10 +230,11 @@ def compiler_chosen_macros(spec: KernelSpec, extra: Macros) -> list[Macros]:
     DKV_FWD_TILE_SMEM's (:data:`FWD_TILE_SMEM_CHOICES`) for fwd builds, unless ``extra`` (``$DUALKV_EXTRA_DEFINES``)
     fixes the macro; one empty set otherwise."""
     fixed = {name for name, _ in extra}
+    chosen = CHOSEN_BY_KERNEL.get(spec.kernel)
     if spec.kernel == "bwd_dkdv" and not fixed & set(ADDRESSING_MACROS):
-        return [[("DKV_DKDV_ADDR32", str(mode))] for mode in dkdv_addr32_modes(nvrtc_version(), spec.dq_ordered)]
-    if spec.kernel == "fwd" and "DKV_FWD_TILE_SMEM" not in fixed:
-        return [[("DKV_FWD_TILE_SMEM", str(choice))] for choice in FWD_TILE_SMEM_CHOICES]
+        return [[(chosen, str(mode))] for mode in dkdv_addr32_modes(nvrtc_version(), spec.dq_ordered)]
+    if spec.kernel == "fwd" and chosen not in fixed:
+        return [[(chosen, str(choice))] for choice in FWD_TILE_SMEM_CHOICES]
     return [[]]
 
 
