@@ -190,6 +190,8 @@
 #                                                  # (16, 32K): speed of light, compute and memory workload sections
 #   bash experiments/gpu/run_pending.sh s34table   # #12: Table 1's six shapes, the default family against the cuDNN cascade,
 #                                                  # one process (the README's headline at the end of s34)
+#   bash experiments/gpu/run_pending.sh s34split   # #12: forced shared-tile splits (DUALKV_WS_SPLIT=2, 3) where auto does
+#                                                  # not split: Table 1's three smaller shapes, backward
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2150,6 +2152,22 @@ s34table)
         --systems dualkv,cudnn_cascade --shapes 28:4096,8:8192,28:16384,16:32768,16:65536,4:131072 \
         --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t"
     ;;
+s34split)
+    # #12 (run with COMPILE_S=1, carry .commit): at (8, 8K) the WS backward is 4% slower than the cuDNN cascade's
+    # (s34table); its 512 shared-key CTAs of ~1280 steps fill 3.9 waves of 132 SMs. Whether a forced split of the
+    # shared-key tiles (finer CTAs, fp32 dK / dV partials summed in order) helps where "auto" does not split: backward at
+    # (28, 4K), (8, 8K), (16, 32K), DUALKV_WS_SPLIT auto / 2 / 3, one process each, two rounds
+    mkdir -p "$OUT/bench"
+    for round in 1 2; do
+        for sp in auto 2 3; do
+            DUALKV_WS_SPLIT=$sp DUALKV_COMMIT="${DUALKV_COMMIT}+split$sp" TAIL=1 step r${round}_$sp 100 \
+                python3 -m dualkv bench kernel --systems dualkv --shapes 28:4096,8:8192,16:32768 --mode bwd --reps 10 \
+                --out "$OUT/bench/r${round}_$sp"
+        done
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s34split-table.json"
+    (cd "$OUT" && tar czf s34split.tgz *.log bench && rm -rf r[12]_*.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -2157,6 +2175,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split)"
    exit 2 ;;
 esac
