@@ -25,7 +25,10 @@ against 1.45x without. Measured (H200, WS backward, ms off -> auto, two runs eac
 15.55 / 15.09, (8, 256) R = 4K 10.72 / 10.56 -> 7.68 / 7.38; there the backward is then 1.04-1.10x and fwd+bwd
 1.27-1.44x faster than the cuDNN cascade. At R = 2K (checks/s26f-h200-20261129T0503Z.log): (8, 1K) 4.45 / 4.82 -> 3.62 / 3.82,
 (4, 1K) 2.64 / 2.81 -> 2.60 / 2.17, (8, 512) 4.24 / 4.50 -> 3.22 / 3.07, (32, 512) 15.00 / 15.34 -> 9.66 / 9.70; with
-28 query / 4 KV heads (16, 1K) 10.59 / 10.71 -> 5.85 / 6.16 and (8, 512) 5.66 / 5.79 -> 2.92 / 3.28.
+28 query / 4 KV heads (16, 1K) 10.59 / 10.71 -> 5.85 / 6.16 and (8, 512) 5.66 / 5.79 -> 2.92 / 3.28. Where the
+shared-key CTAs fill the GPU a forced split only costs: at (28, 4K) / (8, 8K) / (16, 32K) 2 parts 25.8-26.0 /
+16.6-16.8 / 150.0-150.4 ms and 3 parts 26.8-27.2 / 17.1 / 161.5-162.8 against 24.8-25.2 / 15.3-15.4 / 127.0-127.4
+unsplit (checks/s34split-h200-20261130T0631Z.json).
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@
 #   bash experiments/gpu/run_pending.sh s34table   # #12: Table 1's six shapes, the default family against the cuDNN cascade,
 #                                                  # one process (the README's headline at the end of s34)
 #   bash experiments/gpu/run_pending.sh s34split   # #12: forced shared-tile splits (DUALKV_WS_SPLIT=2, 3) where auto does
-#                                                  # not split: Table 1's three smaller shapes, backward
+#                                                  # not split: Table 1's three smaller shapes, backward (ran: slower)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2153,10 +2153,10 @@ s34table)
         --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t"
     ;;
 s34split)
-    # #12 (run with COMPILE_S=1, carry .commit): at (8, 8K) the WS backward is 4% slower than the cuDNN cascade's
-    # (s34table); its 512 shared-key CTAs of ~1280 steps fill 3.9 waves of 132 SMs. Whether a forced split of the
-    # shared-key tiles (finer CTAs, fp32 dK / dV partials summed in order) helps where "auto" does not split: backward at
-    # (28, 4K), (8, 8K), (16, 32K), DUALKV_WS_SPLIT auto / 2 / 3, one process each, two rounds
+    # #12 (ran at 92050df: 3-28% slower; run with COMPILE_S=1, carry .commit): at (8, 8K) the WS backward is 4% slower
+    # than the cuDNN cascade's (s34table); its 512 shared-key CTAs of ~1280 steps fill 3.9 waves of 132 SMs. Whether a
+    # forced split of the shared-key tiles (finer CTAs, fp32 dK / dV partials summed in order) helps where "auto" does
+    # not split: backward at (28, 4K), (8, 8K), (16, 32K), DUALKV_WS_SPLIT auto / 2 / 3, one process each, two rounds
     mkdir -p "$OUT/bench"
     for round in 1 2; do
         for sp in auto 2 3; do
