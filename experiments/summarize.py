@@ -203,10 +203,11 @@ def kernel_section(runs: Sequence[KernelRun]) -> str:
            "attention needs), its peak GiB and its time relative to dualkv's in the same run. Runs are grouped by "
            "commit, GPU and NVRTC (where not the installed one), newest first; a table split over several calls of "
            "one commit is merged (a later file's row replaces an earlier one's). FlexAttention (`flex`) is compiled "
-           "for each shape (`torch.compile(..., dynamic=False)`) from commit 445acce on; earlier runs used torch.compile's default in a process that had "
-           "compiled other shapes first, which switches to dynamic-shape kernels from the second shape on "
-           "(`flex_dynamic` keeps that default). `cascade` is the stock FlashAttention-2 cascade (prompt, response "
-           "× prompt, response × itself, merged by log-sum-exp), `fa2_ncopy` FlashAttention-2 on N copies."]
+           "for each shape (`torch.compile(..., dynamic=False)`) from commit 445acce on; earlier runs used "
+           "torch.compile's default in a process that had compiled other shapes first, which switches to "
+           "dynamic-shape kernels from the second shape on (`flex_dynamic` keeps that default). `cascade` is the "
+           "stock FlashAttention-2 cascade (prompt, response × prompt, response × itself, merged by log-sum-exp), "
+           "`fa2_ncopy` FlashAttention-2 on N copies."]
     for run in runs:
         out += _run_block(run, f"### {run.commit} — {run.env.get('gpu')}, {_date(run.env)}{_nvrtc_note(run.env)} "
                                f"({_files(run.files)})")

@@ -532,8 +532,9 @@ def test_build_log_names_each_build_and_its_check_catches_bad_ones(monkeypatch, 
     """DUALKV_BUILD_LOG: compile_spec appends a JSON line per build asked for (a fresh compilation with the macros kept
     and its spills, then a cache hit with the same cubin hash); experiments/gpu/build_log_check.py passes that log and
     fails a log whose chosen build has no spill report, or where two processes got different cubins."""
-    import importlib.util
     import json
+
+    from experiment_scripts import load_script
 
     import dualkv.cuda.build as build
     from dualkv.cuda.configs import dkdv_spec
@@ -548,13 +549,11 @@ def test_build_log_names_each_build_and_its_check_catches_bad_ones(monkeypatch, 
     assert run({"2": 36, "1": 16, "0": 60}, use_cache=True) == "1"
     fresh, hit = [json.loads(line) for line in log.read_text().splitlines()]
     assert (fresh["cache_hit"], hit["cache_hit"]) == (False, True) and fresh["cubin_sha256"] == hit["cubin_sha256"]
-    assert fresh["kept_macros"] == {"DKV_DKDV_ADDR32": "1"} and fresh["spill_stores"] == 16 and fresh["nvrtc"] == "13.0"
+    assert fresh["kept_macros"] == {"DKV_DKDV_ADDR32": "1"} and fresh["spill_stores"] == 16
+    assert fresh["nvrtc"] == "13.0"
     assert "kept_macros" not in hit and fresh["spec"] == repr(spec)
 
-    path = Path(__file__).resolve().parents[1] / "experiments" / "gpu" / "build_log_check.py"
-    loader = importlib.util.spec_from_file_location("build_log_check", path)
-    check = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(check)
+    check = load_script("experiments/gpu/build_log_check.py", "build_log_check")
     assert check.main([str(log)]) == 0
     no_report = tmp_path / "no_report.jsonl"
     no_report.write_text(json.dumps({k: v for k, v in fresh.items() if not k.startswith("spill")}) + "\n")

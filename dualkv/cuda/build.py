@@ -218,9 +218,9 @@ FWD_SPILL_TOLERANCE = 16
 #: ``$DUALKV_BUILD_LOG`` records as kept).
 CHOSEN_BY_KERNEL = {"bwd_dkdv": "DKV_DKDV_ADDR32", "fwd": "DKV_FWD_TILE_SMEM"}
 CHOSEN_MACROS = tuple(CHOSEN_BY_KERNEL.values())
-#: Names a compiler-chosen build's cache entry (with its candidates): changed when the choosing changed, so that no cubin
-#: kept by an earlier rule is served. "choose2": the rule that asks NVRTC not to serve -v compilations from its own
-#: cache (:func:`nvrtc_caches`); entries under "choose" may hold a build kept on a missing spill report.
+#: Names a compiler-chosen build's cache entry (with its candidates): changed when the choosing changed, so that no
+#: cubin kept by an earlier rule is served. "choose2": the rule that asks NVRTC not to serve -v compilations from its
+#: own cache (:func:`nvrtc_caches`); entries under "choose" may hold a build kept on a missing spill report.
 CHOICE_KEY = "choose2:"
 
 
@@ -271,9 +271,9 @@ def nvrtc_caches() -> bool:
     """Whether this process's NVRTC may keep its own cache of compilations (12.9 and later do where a CUDA driver is
     present; a CPU-only machine sees no effect). A compilation it serves from there runs no ptxas, so its log has no
     ptxas -v report: a -v compilation therefore passes ``--no-cache`` (ProgramOptions.no_cache), or the spill-based
-    choices of :func:`compile_spec` would read a missing report. On a GPU machine they did: a precompile after the same kernels had been compiled
-    once kept NVRTC 13.0's spilling preferred dK/dV mode, 240.8 against 226.4 ms at (16, 32K) on an H200
-    (checks/s33cache-h200-20261130T0307Z.json)."""
+    choices of :func:`compile_spec` would read a missing report. On a GPU machine they did: a precompile after the
+    same kernels had been compiled once kept NVRTC 13.0's spilling preferred dK/dV mode, 240.8 against 226.4 ms at
+    (16, 32K) on an H200 (checks/s33cache-h200-20261130T0307Z.json)."""
     try:
         release = tuple(int(part) for part in (nvrtc_version() or "0.0").split(".")[:2])
     except ValueError:  # "unavailable: ..."
@@ -320,22 +320,22 @@ def compile_spec(spec: KernelSpec, *, use_cache: bool = True, verbose: bool = Fa
         built = _compile(spec, source, _options(spec, verbose, candidates[0], extra))
     if cache is not None:
         cache[key] = built.cubin
-    return _logged(built, hit=False)
+    return _logged(built, hit=False, extra=extra)
 
 
 _build_log_lock = threading.Lock()
 
 
-def _logged(built: BuiltKernel, *, hit: bool) -> BuiltKernel:
-    """``built``, after appending its JSON line to ``$DUALKV_BUILD_LOG`` when that is set (see the module's text)."""
+def _logged(built: BuiltKernel, *, hit: bool, extra: Macros = ()) -> BuiltKernel:
+    """``built``, after appending its JSON line to ``$DUALKV_BUILD_LOG`` when that is set (see the module's text);
+    ``extra``: the ``$DUALKV_EXTRA_DEFINES`` it was compiled with (logged with the compiler-chosen macros)."""
     path = os.environ.get("DUALKV_BUILD_LOG")
     if path:
         record = {"spec": repr(built.spec), "nvrtc": nvrtc_version(), "cache_hit": hit,
                   "cubin_sha256": hashlib.sha256(built.cubin).hexdigest()[:16], "pid": os.getpid()}
         if not hit:
-            macros = [name for name, _ in extra_defines()]
-            record["kept_macros"] = {name: value for name, value in built.defines
-                                     if name in CHOSEN_MACROS or name in macros}
+            macros = {name for name, _ in extra} | set(CHOSEN_MACROS)
+            record["kept_macros"] = {name: value for name, value in built.defines if name in macros}
             record.update({k: v for k, v in resource_usage(built.log).items() if k.startswith("spill")})
         with _build_log_lock, open(path, "a") as log:
             log.write(json.dumps(record) + "\n")
