@@ -192,6 +192,8 @@
 #                                                  # one process (the README's headline at the end of s34)
 #   bash experiments/gpu/run_pending.sh s34split   # #12: forced shared-tile splits (DUALKV_WS_SPLIT=2, 3) where auto does
 #                                                  # not split: Table 1's three smaller shapes, backward (ran: slower)
+#   bash experiments/gpu/run_pending.sh s35fwd     # #12/#13: the forwards' lazy rescale (DKV_SOFTMAX_LAZY) and the WS
+#                                                  # forward's softmax overlapping its own P V (DKV_FWD_WAIT1): A/B, ncu
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2127,6 +2129,50 @@ s34final)
     TAIL=3 step pytest_default 280 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
         proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_ws_split.py \
         proofs_tests/test_tree_cuda_ws.py
+    ;;
+s35fwd)
+    # #12/#13 (run with COMPILE_S=1, carry .commit): A/B of two forward switches, both default 0: DKV_SOFTMAX_LAZY=1
+    # (softmax.cuh: a row keeps its max until a block's exceeds it by 2^8, the output rescaled only when some row of the
+    # warp moved; every forward) and DKV_FWD_WAIT1=1 (fwd_sm90_ws.cu: the softmax waits for S only and overlaps the
+    # warpgroup's own P V). dualkv and dualkv_mma forward at (28, 4K), (8, 8K), (16, 32K), 10 reps, one process per
+    # variant, two rounds; a quick float64 check of each variant's forward; then ncu of the WS forward against the
+    # cuDNN cascade's forward at (16, 32K) (the base, and the WAIT1 + LAZY build)
+    local_variants="base:: lazy:DKV_SOFTMAX_LAZY=1: w1:DKV_FWD_WAIT1=1: w1lazy:DKV_SOFTMAX_LAZY=1,DKV_FWD_WAIT1=1:"
+    for v in $local_variants wrong:DKV_SOFTMAX_LAZY=2,DKV_FWD_WAIT1=1:; do  # wrong: never rescales (must fail)
+        IFS=: read -r name defs lib <<< "$v"  # (in parallel with the warm-up, whose `wait` also waits for these)
+        DUALKV_EXTRA_DEFINES=$defs timeout 300 python3 experiments/gpu/fwd_variant_check.py > "$OUT/check_$name.log" 2>&1 &
+    done
+    variants_warm "$local_variants" --systems dualkv,dualkv_mma --shapes 8:8192 --mode fwd --reps 1
+    for v in $local_variants wrong::; do echo "== check ${v%%:*}"; tail -7 "$OUT/check_${v%%:*}.log"; done
+    # and the WAIT1 + LAZY build on 128-key blocks (its 192-key causal builds spill 132-160 bytes on the CPU, these none)
+    local_variants="$local_variants w1lazy128:DKV_SOFTMAX_LAZY=1,DKV_FWD_WAIT1=1::block_n=128,stages=2"
+    local_variants="$local_variants w1lazy128s3:DKV_SOFTMAX_LAZY=1,DKV_FWD_WAIT1=1::block_n=128,stages=3"
+    mkdir -p "$OUT/bench"
+    for round in 1 2; do
+        for v in $local_variants; do
+            IFS=: read -r name defs lib tiles <<< "$v"
+            run=(-m dualkv bench kernel); [ -n "$tiles" ] && run=(experiments/gpu/with_tiles.py \
+                "SM90_WS_FWD_TILES:128:$tiles" -- -m dualkv bench kernel)
+            DUALKV_EXTRA_DEFINES=$defs DUALKV_COMMIT="${DUALKV_COMMIT:-}+$name" TAIL=1 step "ab${round}_$name" 60 \
+                python3 "${run[@]}" --systems dualkv,dualkv_mma --shapes 28:4096,8:8192,16:32768 --mode fwd --reps 10 \
+                --out "$OUT/bench/ab${round}_$name"
+        done
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s35fwd-table.json"
+    for v in base w1lazy; do
+        defs=; [ $v = w1lazy ] && defs=DKV_SOFTMAX_LAZY=1,DKV_FWD_WAIT1=1
+        sys=dualkv; [ $v = base ] && sys=dualkv,cudnn
+        DUALKV_EXTRA_DEFINES=$defs TAIL=2 step ncu_fwd_$v 150 ncu --clock-control none --profile-from-start off \
+            --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+            --section WarpStateStats --section Occupancy --metrics sm__cycles_elapsed.avg.per_second -f \
+            -o "$OUT/ncu_fwd_$v" python3 experiments/gpu/profile_bwd.py --pass fwd --systems $sys --shape 16:32768
+        if [ -f "$OUT/ncu_fwd_$v.ncu-rep" ]; then
+            ncu --import "$OUT/ncu_fwd_$v.ncu-rep" --page details > "$OUT/ncu_fwd_$v.txt" 2>&1
+            python3 experiments/gpu/ncu_summary.py "$OUT/ncu_fwd_$v.txt" --out "$OUT/s35ncu-$v.json"
+            rm -f "$OUT/ncu_fwd_$v.ncu-rep"
+        fi
+    done
+    (cd "$OUT" && tar czf s35fwd.tgz *.log ncu_fwd_*.txt bench && rm -rf ab[12]_*.log warm_*.log ncu_fwd_*.txt bench)
     ;;
 s34ncu)
     # #12: why the WS backward is at the cuDNN cascade's backward speed and not 10% past it (the issue asks for the

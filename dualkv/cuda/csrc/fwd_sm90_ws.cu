@@ -53,6 +53,12 @@ constexpr int kBarWg0 = 4;        // one consumer warpgroup (+wg)
 #define DKV_SPLIT_RELEASE (DKV_STAGES < 3)
 #endif
 constexpr bool kSplitRelease = DKV_SPLIT_RELEASE != 0;
+// DKV_FWD_WAIT1=1 (default 0; an A/B switch): a block's softmax waits for its S only (wgmma_wait<1>), so it overlaps
+// the warpgroup's own P V of the block before; the output's rescale and the next A fragments wait for that product.
+#ifndef DKV_FWD_WAIT1
+#define DKV_FWD_WAIT1 0
+#endif
+constexpr bool kWait1 = DKV_FWD_WAIT1 != 0;
 
 struct Barriers {
     unsigned q, full_k, full_v, empty, empty_v;  // shared addresses; stage s at +8 s (empty: K's, or the stage's)
@@ -173,6 +179,35 @@ extern "C" __global__ void __launch_bounds__(kConsumerThreads + 128, 1) dualkv_f
         wgmma_fence();
         issue_qk(acc_s[0], q_desc, skv + s * kTileBytesKV);
         wgmma_commit();
+        if (kWait1 && it > 0) {
+            // (P V issued in this branch, so that ptxas sees two groups in flight at the wait<1>)
+            issue_pv(acc_o[0], p_frag[0], skv + (kStages + sp) * kTileBytesKV);
+            wgmma_commit();
+            if (kPingPong) named_arrive(kBarTurn0 + (wg ^ 1), kConsumerThreads);
+            // S[it] done; P[it - 1] V[it - 1] may still run: its accumulator and A fragments stay untouched until
+            // the wait below, so this block's softmax overlaps it.
+            wgmma_wait<1>();
+            fence_regs(acc_s[0]);
+            if (kSplitRelease) {
+                __syncwarp();
+                if (lane == 0) mbar_arrive(bar.empty + 8 * s);  // block it's K is no longer read
+            }
+            bool is_own;
+            const int k0 = block_start(t, it, is_own);
+            const int count = block_count(t, is_own, k0);
+            const int key_base = block_key_base(t, is_own, k0);
+            float alpha[1][2];
+            const bool rescale = softmax_block(acc_s, row_max, row_sum, alpha, t, is_own, count, key_base,
+                                               window_left, qw.row0, qw.g, qw.t4, scale_log2);
+            wgmma_wait<0>();
+            fence_regs(acc_o[0]);
+            fence_regs(p_frag[0]);
+            __syncwarp();
+            if (lane == 0) mbar_arrive((kSplitRelease ? bar.empty_v : bar.empty) + 8 * sp);  // block it - 1's V (and K)
+            if (rescale) rescale_out(acc_o, alpha);
+            to_a_frag<1, kBlockN>(p_frag, acc_s);
+            continue;
+        }
         if (it > 0) {
             issue_pv(acc_o[0], p_frag[0], skv + (kStages + sp) * kTileBytesKV);
             wgmma_commit();
