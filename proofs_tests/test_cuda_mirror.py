@@ -46,8 +46,8 @@ def test_mirror_of_the_hopper_forward_tiles(head_dim, window):
 @pytest.mark.parametrize("head_dim", sorted(SM90_WS_FWD_TILES))
 @pytest.mark.parametrize("window", [-1, 100])
 def test_mirror_of_the_warp_specialised_forward_tiles(head_dim, window):
-    """The warp-specialised forward's schedule at its own key blocks (192 keys at head dims 64 to 128, 112 at 192, 80
-    at 256): prompts and responses with partial blocks on both sides of 64, 80, 112, 128 and 192 keys."""
+    """The warp-specialised forward's schedule at its own key blocks (192 keys at head dims 64 and 96, 128 at 128, 112
+    at 192, 80 at 256): prompts and responses with partial blocks on both sides of 64, 80, 112, 128 and 192 keys."""
     tile = SM90_WS_FWD_TILES[head_dim]
     layout = GroupLayout.from_lengths([193, 191, 1], [[1, 79, 113, 192, 385], [129], [64, 2]])
     err, _ = _mirror_error(layout, 8, 2, head_dim, window, tile, pack=4)
@@ -142,6 +142,37 @@ def test_known_wrong_schedules_are_caught(wrong):
     window = 70 if wrong == "ctx_first" else -1
     err, _ = _mirror_error(layout, 2, 1, 32, window, FWD_TILES[32], pack=1, mirror=mirror)
     assert err > 1e-3, f"the mirror did not catch the '{wrong}' schedule bug"
+
+
+@pytest.mark.parametrize("q_scale", [1.0, 8.0, 64.0])
+def test_lazy_rescale_with_moving_maxima(q_scale):
+    """q scaled up makes the running row max move past the lazy threshold at some blocks and not at others (and at
+    q * 1 rarely): the kernels' lazy softmax, mirrored, still equals the reference, and a softmax that never
+    rescales the output (softmax.cuh's DKV_SOFTMAX_LAZY=2) is caught wherever the max moves."""
+    layout = GroupLayout.from_lengths([700], [[1, 129, 300]])
+    q, k, v = _qkv(layout, 2, 1, 32)
+    q = q * q_scale
+    ref, ref_lse = shared_prefix_attention(q, k, v, layout, return_lse=True)
+    errors = {}
+    for name, mirror in (("lazy", None), ("never", make_mirror(rescale=False))):
+        out, lse, _, _ = mirror_forward(q, k, v, k, v, layout.segment_table, FWD_TILES[32], scale=32 ** -0.5,
+                                        pack=1, mirror=mirror)
+        errors[name] = max(((out - ref).abs().max() / ref.abs().max()).item(), (lse - ref_lse).abs().max().item())
+    assert errors["lazy"] < 1e-12
+    if q_scale > 1:
+        assert errors["never"] > 1e-3, "the never-rescaling softmax was not caught"
+
+
+def test_lazy_rescale_constant_matches_the_kernels():
+    """The mirror's threshold is softmax.cuh's kLazyRescale, and the kernels build the lazy softmax by default."""
+    import re
+    from pathlib import Path
+
+    from dualkv.cuda.mirror import LAZY_RESCALE
+
+    source = (Path(schedule.__file__).parent / "csrc" / "softmax.cuh").read_text()
+    assert float(re.search(r"constexpr float kLazyRescale = ([\d.]+)f;", source).group(1)) == LAZY_RESCALE
+    assert re.search(r"#ifndef DKV_SOFTMAX_LAZY\n#define DKV_SOFTMAX_LAZY 1\n", source)
 
 
 # ---- the non-causal (DKV_CAUSAL=0) schedule ------------------------------------------------------------------------

@@ -36,8 +36,9 @@ class TileConfig:
     warps: int
     mslabs: int
     dsplit: int = 1
-    # wgmma forward only: issue S of the next block before the softmax of this one (FlashAttention-3's intra-warpgroup
-    # overlap). Correct, but measured no faster on an H200 (62.7 vs 61.9 ms at N=16, P=32K), so not the default.
+    # wgmma forwards only, FlashAttention-3's intra-warpgroup overlap. fwd_sm90: issue S of the next block before the
+    # softmax of this one (correct, but measured no faster on an H200: 62.7 vs 61.9 ms at N=16, P=32K). fwd_sm90_ws:
+    # a block's softmax overlaps the warpgroup's own P V of the block before (fwd_sm90_ws.cu, DKV_FWD_WAIT1).
     overlap: bool = False
     # Warp-specialised kernels: a producer warpgroup (TMA) beside the ``warps`` consumer warps, ``stages`` K/V
     # stages, and ping-pong issue between the two consumer warpgroups.
@@ -142,8 +143,9 @@ SM90_FWD_TILES: dict[int, TileConfig] = {
 #: Hopper forward, warp-specialised (sm_90a): a TMA producer warpgroup and two consumer warpgroups of 64 query rows
 #: taking turns on the tensor cores, blocks of ``block_n`` keys in a ring of mbarrier stages.
 SM90_WS_FWD_TILES: dict[int, TileConfig] = {
-    # head dims 64 to 128: 192-key blocks (S in 96 registers, no spills), two stages at 96 / 128 (with the split K / V
-    # release: three would not fit), three at 64: the products' operand reads and the softmax's per-block work spread
+    # head dims 64 and 96 (and 128 until its overlap, below): 192-key blocks (S in 96 registers, no spills), two
+    # stages at 96 (with the split K / V release: three would not fit), three at 64: the products' operand reads and
+    # the softmax's per-block work spread
     # over 1.5x the keys. H100, forward ms, own processes (experiments/results/checks/tiles16-h100-20261127T2033Z.log,
     # fwd16b-h100-20261127T2042Z.log), against 128-key blocks in three stages:
     #   128 at (28, 4K), (8, 8K), (16, 32K), (16, 64K): 8.03 / 4.71 / 42.05 / 109.67 against 8.70 / 5.05 / 44.78 / 117.27;
@@ -152,7 +154,11 @@ SM90_WS_FWD_TILES: dict[int, TileConfig] = {
     # Head dim 96: tiles and the output accumulator of 128 columns (the TMA zero-fills columns 96..127; sm90.cuh).
     64: TileConfig(block_n=192, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
     96: TileConfig(block_n=192, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
-    128: TileConfig(block_n=192, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
+    # 128: 128-key blocks, two stages, the softmax overlapping the warpgroup's own P V (overlap; its registers do not
+    # fit beside 192-key blocks): H200, forward 2-3% faster at (16, 32K), 4-8% at (8, 8K) than 192-key blocks without
+    # it (fwd_sm90_ws.cu's numbers; checks/s35fwd-*). Head dim 96 (the same 128-column tiles) was not measured so and
+    # keeps 192-key blocks.
+    128: TileConfig(block_n=128, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True, overlap=True),
     # wider heads: the output accumulator, S and P in the consumers' 240 registers, two stages (split release) of the
     # largest key blocks that fit shared memory. H100, forward ms, own processes:
     #   192 on 112-key blocks at (8, 8K), (16, 32K): 7.09 / 60.77 against 7.25 / 62.31 on 96-key blocks

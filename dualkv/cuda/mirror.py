@@ -7,6 +7,8 @@ context blocks), per-block mask decision (:func:`schedule.needs_mask`), per-elem
 window-boundary blocks, zero-filled out-of-bounds rows, and the log2-domain online softmax — only the matrix
 products are plain loops instead of tensor-core fragments; ``causal=False`` runs the non-causal (``DKV_CAUSAL=0``)
 schedule. If the schedule prunes a block it should not, or masks wrongly, the mirror disagrees with the reference.
+The softmax is the kernels' lazy one (softmax.cuh, DKV_SOFTMAX_LAZY): a row keeps its running max until a block's
+exceeds it by more than :data:`LAZY_RESCALE` (log2 units).
 
 :func:`mirror_dkdv` (torch, float64) runs the dK/dV kernel's decomposition: each key tile of
 :func:`schedule.key_tiles` writes its rows from the source segments it lists, so overlapping or missing tiles and
@@ -23,9 +25,16 @@ import torch
 from .configs import TileConfig, pack_for
 from .schedule import key_range, key_tiles, needs_mask, tile_table
 
+#: softmax.cuh's kLazyRescale: how far (log2 units) a block's max may exceed a row's running max before the row moves
+#: it (and the output is rescaled); P <= 2^LAZY_RESCALE.
+LAZY_RESCALE = 8.0
 
-def make_mirror(key_range_fn: Callable = key_range, needs_mask_fn: Callable = needs_mask):
-    """Compile the mirror around the given schedule functions (the real ones, or a known-wrong variant)."""
+
+def make_mirror(key_range_fn: Callable = key_range, needs_mask_fn: Callable = needs_mask,
+                lazy_rescale: float = LAZY_RESCALE, rescale: bool = True):
+    """Compile the mirror around the given schedule functions (the real ones, or a known-wrong variant).
+    ``lazy_rescale``: the softmax's threshold (0: move the max at every block); ``rescale=False`` is a known-wrong
+    softmax that never rescales the output (softmax.cuh's DKV_SOFTMAX_LAZY=2)."""
     import numba
 
     kr = numba.njit(cache=False)(key_range_fn)
@@ -89,8 +98,10 @@ def make_mirror(key_range_fn: Callable = key_range, needs_mask_fn: Callable = ne
                                         and (window_left < 0 or key >= i - window_left)):
                                     sc[j] = -np.inf
                         m_new = max(row_max[r], sc.max())
+                        if lazy_rescale > 0 and m_new <= row_max[r] + lazy_rescale:
+                            m_new = row_max[r]  # (-inf stays -inf until the row sees a key)
                         m_use = 0.0 if m_new == -np.inf else m_new
-                        alpha = 2.0 ** (row_max[r] - m_use)
+                        alpha = 2.0 ** (row_max[r] - m_use) if rescale else 1.0
                         p_row = 2.0 ** (sc - m_use)
                         row_max[r] = m_new
                         row_sum[r] = row_sum[r] * alpha + p_row.sum()

@@ -194,6 +194,9 @@
 #                                                  # not split: Table 1's three smaller shapes, backward (ran: slower)
 #   bash experiments/gpu/run_pending.sh s35fwd     # #12/#13: the forwards' lazy rescale (DKV_SOFTMAX_LAZY) and the WS
 #                                                  # forward's softmax overlapping its own P V (DKV_FWD_WAIT1): A/B, ncu
+#   bash experiments/gpu/run_pending.sh s35final   # #12/#13: the new forward defaults (lazy rescale; d = 128 WS forward on
+#                                                  # 128-key blocks with its overlap): verify and forward GPU tests, both families
+#   bash experiments/gpu/run_pending.sh s35table   # #12/#13: Table 1 rows at the new forward defaults (both families, both cascades)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2129,6 +2132,30 @@ s34final)
     TAIL=3 step pytest_default 280 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
         proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_ws_split.py \
         proofs_tests/test_tree_cuda_ws.py
+    ;;
+s35final)
+    # #12/#13 (run with COMPILE_S=150): correctness at the new forward defaults (softmax.cuh's lazy rescale in every
+    # forward; the d = 128 WS forward on 128-key blocks with its softmax overlapping its own P V): dualkv verify for both
+    # families, the forward / paper-API / backward GPU tests of the default family, the forward GPU tests under
+    # DUALKV_KERNELS=mma (every head dim of the mma.sync forward); output kept to a few files ($OUT's file count is limited)
+    TAIL=2 step verify 170 python3 -m dualkv verify --no-progress --json "$OUT/verify-default.json"
+    DUALKV_KERNELS=mma TAIL=2 step verify_mma 170 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma.json"
+    TAIL=3 step pytest_default 200 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_forward.py \
+        proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_backward.py
+    DUALKV_KERNELS=mma TAIL=3 step pytest_mma_fwd 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_forward.py
+    (cd "$OUT" && tar czf s35final.tgz *.log && rm -f verify*.log pytest*.log)
+    ;;
+s35table)
+    # #12/#13 (run with COMPILE_S=1, carry .commit): Table 1 rows at the new forward defaults: dualkv and the cuDNN
+    # cascade, the mma.sync family and the FA2 cascade, fwd / bwd / fwd+bwd, 10 reps, one process for three shapes and
+    # one for (16, 64K)
+    mkdir -p "$OUT/bench"
+    TAIL=14 step t 300 python3 -m dualkv bench kernel --systems dualkv,cudnn_cascade,dualkv_mma,cascade \
+        --shapes 28:4096,8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t"
+    TAIL=5 step t64 200 python3 -m dualkv bench kernel --systems dualkv,cudnn_cascade,dualkv_mma,cascade \
+        --shapes 16:65536 --mode fwd,bwd,fwdbwd --reps 5 --out "$OUT/bench/t64"
+    (cd "$OUT" && tar czf s35table.tgz *.log bench && rm -rf t.log t64.log bench/t bench/t64)
     ;;
 s35fwd)
     # #12/#13 (run with COMPILE_S=1, carry .commit): A/B of two forward switches, both default 0: DKV_SOFTMAX_LAZY=1

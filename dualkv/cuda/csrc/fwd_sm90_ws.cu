@@ -53,10 +53,18 @@ constexpr int kBarWg0 = 4;        // one consumer warpgroup (+wg)
 #define DKV_SPLIT_RELEASE (DKV_STAGES < 3)
 #endif
 constexpr bool kSplitRelease = DKV_SPLIT_RELEASE != 0;
-// DKV_FWD_WAIT1=1 (default 0; an A/B switch): a block's softmax waits for its S only (wgmma_wait<1>), so it overlaps
-// the warpgroup's own P V of the block before; the output's rescale and the next A fragments wait for that product.
+// DKV_FWD_WAIT1 (the tile's overlap, DKV_OVERLAP: FlashAttention-3's intra-warpgroup overlap; configs.SM90_WS_FWD_TILES
+// turns it on at head dim 128): a block's softmax waits for its S only (wgmma_wait<1>), so it overlaps the
+// warpgroup's own P V of the block before; the output's rescale and the next A fragments wait for that product. Its
+// registers (P V's A fragments live through the softmax) make the 192-key causal builds spill 32-72 bytes, 132-160
+// with the lazy rescale (NVRTC 13.0), so it runs on 128-key blocks (none). H200, d = 128 forward ms at (28, 4K) /
+// (8, 8K) / (16, 32K), own processes (experiments/results/checks/s35fwd-*; lazy: softmax.cuh's DKV_SOFTMAX_LAZY):
+//   192-key blocks: without either 8.12 / 4.85 / 42.54; lazy 8.17 / 4.76 / 42.45; this overlap 8.52 / 4.72 / 43.11;
+//     both 8.75-8.87 / 5.19-5.20 / 46.05;
+//   128-key blocks with both: two stages 8.11-8.19 / 4.47-4.68 / 41.10-41.35; three stages 7.87-8.02 / 4.49-4.56 /
+//     41.38-41.71.
 #ifndef DKV_FWD_WAIT1
-#define DKV_FWD_WAIT1 0
+#define DKV_FWD_WAIT1 DKV_OVERLAP
 #endif
 constexpr bool kWait1 = DKV_FWD_WAIT1 != 0;
 

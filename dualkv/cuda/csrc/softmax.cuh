@@ -55,13 +55,16 @@ __device__ __forceinline__ float exp_row(float (&acc_s)[kMSlabs][kBlockN / 8][4]
     return sum;
 }
 
-// DKV_SOFTMAX_LAZY=1 (default 0; an A/B switch): lazy rescaling. A row keeps its running max while a block's max
-// exceeds it by at most kLazyRescale (log2 units), so P <= 2^kLazyRescale and the output accumulator is rescaled
-// only when some row of the warp moves its max (a warp vote); O / l and the LSE are the same quantities, computed
-// against another (consistent) reference max. DKV_SOFTMAX_LAZY=2 is a known-wrong build for the checks to catch:
-// lazy, but the output is never rescaled.
+// DKV_SOFTMAX_LAZY=1 (the default): lazy rescaling. A row keeps its running max while a block's max exceeds it by at
+// most kLazyRescale (log2 units), so P <= 2^kLazyRescale, and the output accumulator is rescaled only when some row
+// of the warp moves its max (a warp vote); O / l and the LSE are the same quantities, computed against another
+// (consistent) reference max. H200, forward ms at (28, 4K) / (8, 8K) / (16, 32K), own processes: the mma.sync
+// forward 14.54 / 9.20 / 76.54 against 14.90 / 9.43 / 78.61 without it (the WS forward on 192-key blocks 8.17 / 4.76 /
+// 42.45 against 8.12 / 4.85 / 42.54; experiments/results/checks/s35fwd-*). 0 restores the per-block rescale (whose
+// order the builds of 1641adc were tuned with); 2 is a known-wrong build for the checks to catch (lazy, but the output
+// is never rescaled).
 #ifndef DKV_SOFTMAX_LAZY
-#define DKV_SOFTMAX_LAZY 0
+#define DKV_SOFTMAX_LAZY 1
 #endif
 constexpr float kLazyRescale = 8.f;
 
@@ -78,7 +81,8 @@ __device__ __forceinline__ bool softmax_block(float (&acc_s)[kMSlabs][kBlockN / 
     for (int sl = 0; sl < kMSlabs; ++sl) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            const float mx = masked_row_max(acc_s, sl, hh, need_mask, t, count, key_base, window_left, warp_row0, g, t4);
+            const float mx =
+                masked_row_max(acc_s, sl, hh, need_mask, t, count, key_base, window_left, warp_row0, g, t4);
             float m_new = fmaxf(row_max[sl][hh], mx * scale_log2);
             // (-inf <= -inf + 8: a row that has seen no key keeps -inf; its first visible key always moves it)
             const bool keep = DKV_SOFTMAX_LAZY && m_new <= row_max[sl][hh] + kLazyRescale;
@@ -94,7 +98,8 @@ __device__ __forceinline__ bool softmax_block(float (&acc_s)[kMSlabs][kBlockN / 
 }
 
 // The output accumulator's rescale by softmax_block's factors.
-__device__ __forceinline__ void rescale_out(float (&acc_o)[kMSlabs][kOutCols / 8][4], const float (&alpha)[kMSlabs][2]) {
+__device__ __forceinline__ void rescale_out(float (&acc_o)[kMSlabs][kOutCols / 8][4],
+                                            const float (&alpha)[kMSlabs][2]) {
 #pragma unroll
     for (int sl = 0; sl < kMSlabs; ++sl)
 #pragma unroll
@@ -124,7 +129,8 @@ __device__ __forceinline__ void online_softmax_step(float (&acc_s)[kMSlabs][kBlo
     for (int sl = 0; sl < kMSlabs; ++sl) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            const float mx = masked_row_max(acc_s, sl, hh, need_mask, t, count, key_base, window_left, warp_row0, g, t4);
+            const float mx =
+                masked_row_max(acc_s, sl, hh, need_mask, t, count, key_base, window_left, warp_row0, g, t4);
             const float m_new = fmaxf(row_max[sl][hh], mx * scale_log2);
             const float m_use = m_new == -kInf ? 0.f : m_new;
             const float alpha = fast_exp2(row_max[sl][hh] - m_use);
