@@ -197,6 +197,8 @@
 #   bash experiments/gpu/run_pending.sh s35final   # #12/#13: the new forward defaults (lazy rescale; d = 128 WS forward on
 #                                                  # 128-key blocks with its overlap): verify and forward GPU tests, both families
 #   bash experiments/gpu/run_pending.sh s35table   # #12/#13: Table 1 rows at the new forward defaults (both families, both cascades)
+#   bash experiments/gpu/run_pending.sh s35d96     # #12/#13: old / new forward defaults alternating (d = 128, both families);
+#                                                  # the d = 96 WS forward on 128-key blocks with its overlap: A/B and tests
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2132,6 +2134,30 @@ s34final)
     TAIL=3 step pytest_default 280 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
         proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_ws_split.py \
         proofs_tests/test_tree_cuda_ws.py
+    ;;
+s35d96)
+    # #12/#13 (run with COMPILE_S=1, carry .commit): (1) the forward defaults before and after 50c821b in alternating
+    # processes, two rounds: old = DKV_SOFTMAX_LAZY=0 and the d = 128 WS forward on 192-key blocks without its overlap;
+    # dualkv and dualkv_mma forward at (8, 8K), (16, 32K); (2) the d = 96 WS forward on 128-key blocks in two stages with
+    # its overlap against its 192-key default, two rounds, and its forward GPU tests (head dim 96 cases)
+    mkdir -p "$OUT/bench"
+    old128="SM90_WS_FWD_TILES:128:block_n=192,overlap=False"
+    new96="SM90_WS_FWD_TILES:96:block_n=128,stages=2,overlap=True"
+    for round in 1 2; do
+        TAIL=1 step ab${round}_new 60 python3 -m dualkv bench kernel --systems dualkv,dualkv_mma --shapes 8:8192,16:32768 \
+            --mode fwd --reps 10 --out "$OUT/bench/ab${round}_new"
+        DUALKV_EXTRA_DEFINES=DKV_SOFTMAX_LAZY=0 TAIL=1 step ab${round}_old 60 python3 experiments/gpu/with_tiles.py \
+            $old128 -- -m dualkv bench kernel --systems dualkv,dualkv_mma --shapes 8:8192,16:32768 --mode fwd --reps 10 \
+            --out "$OUT/bench/ab${round}_old"
+        TAIL=1 step d96_${round}_192 60 python3 -m dualkv bench kernel --head-dim 96 --systems dualkv \
+            --shapes 8:8192,16:32768 --mode fwd --reps 10 --out "$OUT/bench/d96_${round}_192"
+        TAIL=1 step d96_${round}_128 60 python3 experiments/gpu/with_tiles.py $new96 -- -m dualkv bench kernel \
+            --head-dim 96 --systems dualkv --shapes 8:8192,16:32768 --mode fwd --reps 10 --out "$OUT/bench/d96_${round}_128"
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" > "$OUT/s35d96-table.txt" 2>&1; cat "$OUT/s35d96-table.txt"
+    TAIL=3 step pytest_d96 150 python3 experiments/gpu/with_tiles.py $new96 -- -m pytest -q -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_hd96.py -k "96"
+    (cd "$OUT" && tar czf s35d96.tgz *.log bench && rm -rf ab*.log d96_*.log pytest_d96.log bench)
     ;;
 s35final)
     # #12/#13 (run with COMPILE_S=150): correctness at the new forward defaults (softmax.cuh's lazy rescale in every
