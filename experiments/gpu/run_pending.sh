@@ -199,6 +199,7 @@
 #   bash experiments/gpu/run_pending.sh s35table   # #12/#13: Table 1 rows at the new forward defaults (both families, both cascades)
 #   bash experiments/gpu/run_pending.sh s35d96     # #12/#13: old / new forward defaults alternating (d = 128, both families);
 #                                                  # the d = 96 WS forward on 128-key blocks with its overlap: A/B and tests
+#   bash experiments/gpu/run_pending.sh s35hd      # #12: the WS forward's overlap at head dims 64 (128-key blocks), 192, 256
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2134,6 +2135,30 @@ s34final)
     TAIL=3 step pytest_default 280 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
         proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_ws_split.py \
         proofs_tests/test_tree_cuda_ws.py
+    ;;
+s35hd)
+    # #12 (run with COMPILE_S=1, carry .commit): the WS forward's overlap (DKV_FWD_WAIT1) at the other head dims, each
+    # against its default, two rounds, forward at (8, 8K), (16, 32K): 64 on 128-key blocks in two / three stages (its
+    # 192-key builds spill with it), 192 (112-key blocks) and 256 (80-key blocks) on their own blocks; then the forward
+    # and head-dim GPU tests with all three overlaps in one process
+    mkdir -p "$OUT/bench"
+    for round in 1 2; do
+        for v in 64:def 64:SM90_WS_FWD_TILES:64:block_n=128,stages=2,overlap=True \
+                 64:SM90_WS_FWD_TILES:64:block_n=128,stages=3,overlap=True 192:def \
+                 192:SM90_WS_FWD_TILES:192:overlap=True 256:def 256:SM90_WS_FWD_TILES:256:overlap=True; do
+            d=${v%%:*}; tiles=${v#*:}; name=d${d}_${round}_$(echo "$tiles" | tr -dc 'a-z0-9' | tail -c 12)
+            run=(-m dualkv bench kernel); [ "$tiles" != def ] && run=(experiments/gpu/with_tiles.py "$tiles" -- -m dualkv \
+                bench kernel)
+            TAIL=1 step $name 60 python3 "${run[@]}" --head-dim $d --systems dualkv --shapes 8:8192,16:32768 --mode fwd \
+                --reps 10 --out "$OUT/bench/$name"
+        done
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" > "$OUT/s35hd-table.txt" 2>&1; cat "$OUT/s35hd-table.txt"
+    TAIL=3 step pytest_hd 200 python3 experiments/gpu/with_tiles.py \
+        SM90_WS_FWD_TILES:64:block_n=128,stages=2,overlap=True SM90_WS_FWD_TILES:192:overlap=True \
+        SM90_WS_FWD_TILES:256:overlap=True -- -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_forward.py \
+        -k "64 or 192 or 256 or shared_prefix_forward"
+    (cd "$OUT" && tar czf s35hd.tgz *.log bench && rm -rf d*_[12]_*.log pytest_hd.log bench)
     ;;
 s35d96)
     # #12/#13 (run with COMPILE_S=1, carry .commit): (1) the forward defaults before and after 50c821b in alternating
