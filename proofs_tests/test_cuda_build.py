@@ -373,9 +373,10 @@ def test_dkdv_addr32_modes_follow_the_nvrtc_release(monkeypatch, version, ordere
 def test_forward_tile_in_smem_is_chosen_where_registers_spill(monkeypatch):
     """The mma.sync forward's tile description in registers (DKV_FWD_TILE_SMEM=0) or in smem (1): compile_spec compiles
     0 and, where it spills more than build.FWD_SPILL_TOLERANCE bytes, 1, and keeps the one spilling least (0 on ties).
-    Both compile and differ at d = 128; under NVRTC 13.5 the d = 128 sm_90 causal build (the Qwen3-8B forward on an
-    H100) spills 152 / 168 bytes with 0 and nothing with 1, so the kept build spills nothing. Only fwd builds are chosen
-    among, and DUALKV_EXTRA_DEFINES fixes the choice."""
+    Both compile and differ at d = 128. Under NVRTC 13.5 the d = 128 sm_90 causal build (the Qwen3-8B forward on an
+    H100) spilled 152 / 168 bytes with 0 and nothing with 1 until the lazy rescale (softmax.cuh, s35); since, neither
+    spills, so 0 is kept (the choice itself: the stand-in tests below). Only fwd builds are chosen among, and
+    DUALKV_EXTRA_DEFINES fixes the choice."""
     import dualkv.cuda.build as build
     from dualkv.cuda.configs import dkdv_spec
 
@@ -398,7 +399,7 @@ def test_forward_tile_in_smem_is_chosen_where_registers_spill(monkeypatch):
     assert build.spill_tolerance(dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True)) == 0
     assert kept.cubin == fixed[choice][0]
     if nvrtc_version() == ALLOWANCE_NVRTC:
-        assert fixed["1"][1] == 0 < fixed["0"][1] and choice == "1", (fixed["0"][1], fixed["1"][1])
+        assert fixed["1"][1] == fixed["0"][1] == 0 and choice == "0", (fixed["0"][1], fixed["1"][1])
 
 
 #: A stand-in ptxas -v report with {0} bytes of stack frame, spill stores and spill loads.

@@ -46,8 +46,8 @@ def test_mirror_of_the_hopper_forward_tiles(head_dim, window):
 @pytest.mark.parametrize("head_dim", sorted(SM90_WS_FWD_TILES))
 @pytest.mark.parametrize("window", [-1, 100])
 def test_mirror_of_the_warp_specialised_forward_tiles(head_dim, window):
-    """The warp-specialised forward's schedule at its own key blocks (192 keys at head dims 64 and 96, 128 at 128, 112
-    at 192, 80 at 256): prompts and responses with partial blocks on both sides of 64, 80, 112, 128 and 192 keys."""
+    """The warp-specialised forward's schedule at its own key blocks (192 keys at head dim 64, 128 at 96 and 128, 112 at
+    192, 80 at 256): prompts and responses with partial blocks on both sides of 64, 80, 112, 128 and 192 keys."""
     tile = SM90_WS_FWD_TILES[head_dim]
     layout = GroupLayout.from_lengths([193, 191, 1], [[1, 79, 113, 192, 385], [129], [64, 2]])
     err, _ = _mirror_error(layout, 8, 2, head_dim, window, tile, pack=4)

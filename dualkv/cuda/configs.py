@@ -143,21 +143,23 @@ SM90_FWD_TILES: dict[int, TileConfig] = {
 #: Hopper forward, warp-specialised (sm_90a): a TMA producer warpgroup and two consumer warpgroups of 64 query rows
 #: taking turns on the tensor cores, blocks of ``block_n`` keys in a ring of mbarrier stages.
 SM90_WS_FWD_TILES: dict[int, TileConfig] = {
-    # head dims 64 and 96 (and 128 until its overlap, below): 192-key blocks (S in 96 registers, no spills), two
-    # stages at 96 (with the split K / V release: three would not fit), three at 64: the products' operand reads and
-    # the softmax's per-block work spread
-    # over 1.5x the keys. H100, forward ms, own processes (experiments/results/checks/tiles16-h100-20261127T2033Z.log,
-    # fwd16b-h100-20261127T2042Z.log), against 128-key blocks in three stages:
+    # Head dim 64: 192-key blocks (S in 96 registers, no spills) in three stages: the products' operand reads and the
+    # softmax's per-block work spread over 1.5x the keys. H100, forward ms, own processes (experiments/results/checks/
+    # tiles16-h100-20261127T2033Z.log, fwd16b-h100-20261127T2042Z.log), against 128-key blocks in three stages (96
+    # and 128 ran on 192-key blocks in two stages then):
     #   128 at (28, 4K), (8, 8K), (16, 32K), (16, 64K): 8.03 / 4.71 / 42.05 / 109.67 against 8.70 / 5.05 / 44.78 / 117.27;
     #   96 at (8, 8K), (16, 32K): 4.55 / 39.36 against 5.20 / 42.48; 64: 3.75 / 29.25 against 4.02 / 31.59 (four
     #   stages: 3.80 / 29.39).
-    # Head dim 96: tiles and the output accumulator of 128 columns (the TMA zero-fills columns 96..127; sm90.cuh).
+    # Head dims 96 and 128 (96 on tiles and an output accumulator of 128 columns, the TMA zero-filling columns 96..127;
+    # sm90.cuh): 128-key blocks, two stages, each block's softmax overlapping the warpgroup's own P V of the block
+    # before (overlap; fwd_sm90_ws.cu's DKV_FWD_WAIT1, whose registers do not fit beside 192-key blocks). H200, forward
+    # ms at (8, 8K) / (16, 32K) against 192-key blocks without it, alternating processes, two rounds
+    # (experiments/results/checks/s35d96-*): 128 (and the lazy rescale, the mma.sync forward's numbers in softmax.cuh)
+    # 4.51 / 42.45 and 4.73 / 42.65 against 4.72 / 43.69 and 4.95 / 43.71; 96 4.35 / 39.46 and 4.26 / 39.72 against
+    # 4.62 / 39.92 and 4.35 / 39.95. At 64 it measured the same as the 192-key blocks (128-key blocks in two stages
+    # 3.92 / 30.53 and 3.82 / 30.61 against 3.97 / 30.84 and 3.83 / 30.68; checks/s35hd-*).
     64: TileConfig(block_n=192, warps=8, mslabs=1, producer_warps=4, stages=3, pingpong=True),
-    96: TileConfig(block_n=192, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
-    # 128: 128-key blocks, two stages, the softmax overlapping the warpgroup's own P V (overlap; its registers do not
-    # fit beside 192-key blocks): H200, forward 2-3% faster at (16, 32K), 4-8% at (8, 8K) than 192-key blocks without
-    # it (fwd_sm90_ws.cu's numbers; checks/s35fwd-*). Head dim 96 (the same 128-column tiles) was not measured so and
-    # keeps 192-key blocks.
+    96: TileConfig(block_n=128, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True, overlap=True),
     128: TileConfig(block_n=128, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True, overlap=True),
     # wider heads: the output accumulator, S and P in the consumers' 240 registers, two stages (split release) of the
     # largest key blocks that fit shared memory. H100, forward ms, own processes:
@@ -167,8 +169,11 @@ SM90_WS_FWD_TILES: dict[int, TileConfig] = {
     #   9.06 / 66.80 (final16a-h100-20261127T2047Z.log);
     #   256 on 80-key blocks at (8, 8K), (16, 32K): 8.90 / 79.07 against 9.84 / 84.79 on 64-key blocks, the cuDNN
     #   cascade 12.05 / 86.02 (final16c).
-    192: TileConfig(block_n=112, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
-    256: TileConfig(block_n=80, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True),
+    # Both with the overlap (spill-free beside these blocks): H200, forward ms at (8, 8K) / (16, 32K), two rounds,
+    # against the same blocks without it (checks/s35hd-*): 192 6.26 / 56.02 and 6.32 / 55.94 against 6.90 / 59.12 and
+    # 6.60 / 59.08; 256 8.23 / 73.70 and 8.07 / 73.89 against 8.44 / 75.80 and 8.06 / 76.01.
+    192: TileConfig(block_n=112, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True, overlap=True),
+    256: TileConfig(block_n=80, warps=8, mslabs=1, producer_warps=4, stages=2, pingpong=True, overlap=True),
 }
 
 #: Hopper dK/dV kernel (wgmma, sm_90a): two warpgroups of 64 keys, 64-query steps in pairs over three Q/dO buffers,

@@ -200,6 +200,7 @@
 #   bash experiments/gpu/run_pending.sh s35d96     # #12/#13: old / new forward defaults alternating (d = 128, both families);
 #                                                  # the d = 96 WS forward on 128-key blocks with its overlap: A/B and tests
 #   bash experiments/gpu/run_pending.sh s35hd      # #12: the WS forward's overlap at head dims 64 (128-key blocks), 192, 256
+#   bash experiments/gpu/run_pending.sh s35t1      # #12: Table 1's six shapes, dualkv against the cuDNN cascade, at the end of s35
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2135,6 +2136,15 @@ s34final)
     TAIL=3 step pytest_default 280 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
         proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_ws_split.py \
         proofs_tests/test_tree_cuda_ws.py
+    ;;
+s35t1)
+    # #12 (run with COMPILE_S=1, carry .commit): the README's headline at the end of s35 (the forward's lazy rescale and
+    # the WS forward's overlap at head dims 96 to 256): Table 1's six shapes, dualkv against the cuDNN cascade, fwd / bwd /
+    # fwd+bwd, 10 reps, one process
+    mkdir -p "$OUT/bench"
+    TAIL=12 step t 420 python3 -m dualkv bench kernel --systems dualkv,cudnn_cascade \
+        --shapes 28:4096,8:8192,28:16384,16:32768,16:65536,4:131072 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t"
+    (cd "$OUT" && tar czf s35t1.tgz t.log bench && rm -rf t.log bench)
     ;;
 s35hd)
     # #12 (run with COMPILE_S=1, carry .commit): the WS forward's overlap (DKV_FWD_WAIT1) at the other head dims, each

@@ -32,7 +32,9 @@
 // smem it spills nothing, and ran 7-11% faster (H200, at (8, 8K) and (16, 32K)). NVRTC 13.0 keeps them in uniform
 // registers and spills 8 / 8 bytes either way; there the reloads cost 3-5%. build.py (compiler_chosen_macros,
 // spill_tolerance) compiles 0, then 1 if 0 spills more than 16 bytes, and keeps the one spilling least;
-// DUALKV_EXTRA_DEFINES=DKV_FWD_TILE_SMEM=... fixes it for an A/B.
+// DUALKV_EXTRA_DEFINES=DKV_FWD_TILE_SMEM=... fixes it for an A/B. (Those spill counts predate softmax.cuh's lazy
+// rescale, with which no build of this kernel spills under 13.0, checks/s35lazy-spills-cpu-20261130.log, nor the d =
+// 128 sm_90 causal one under 13.5 in form 0.)
 #ifndef DKV_FWD_TILE_SMEM
 #define DKV_FWD_TILE_SMEM 0
 #endif

@@ -10,7 +10,7 @@
 //     S[it] = Q K[it]^T (wgmma, both operands from the 128-byte-swizzled smem TMA wrote) issued together with
 //     O += P[it-1] V[it-1] (P from registers), then the online softmax of S[it] while the other warpgroup's products
 //     run: with DKV_PINGPONG the two warpgroups take turns issuing (named barriers), so one's softmax hides under
-//     the other's tensor-core work.
+//     the other's tensor-core work; with DKV_FWD_WAIT1 (below) it also overlaps the warpgroup's own P V[it-1].
 // Rows of a tile past the segment, and keys past a partial block (TMA reads the following rows of the tensor, or
 // zeros past its end), are masked exactly as in the other forwards.
 #include "softmax.cuh"
@@ -54,7 +54,7 @@ constexpr int kBarWg0 = 4;        // one consumer warpgroup (+wg)
 #endif
 constexpr bool kSplitRelease = DKV_SPLIT_RELEASE != 0;
 // DKV_FWD_WAIT1 (the tile's overlap, DKV_OVERLAP: FlashAttention-3's intra-warpgroup overlap; configs.SM90_WS_FWD_TILES
-// turns it on at head dim 128): a block's softmax waits for its S only (wgmma_wait<1>), so it overlaps the
+// turns it on at head dims 96 to 256, where it measured faster): a block's softmax waits for its S only (wgmma_wait<1>), so it overlaps the
 // warpgroup's own P V of the block before; the output's rescale and the next A fragments wait for that product. Its
 // registers (P V's A fragments live through the softmax) make the 192-key causal builds spill 32-72 bytes, 132-160
 // with the lazy rescale (NVRTC 13.0), so it runs on 128-key blocks (none). H200, d = 128 forward ms at (28, 4K) /

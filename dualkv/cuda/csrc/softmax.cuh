@@ -60,9 +60,9 @@ __device__ __forceinline__ float exp_row(float (&acc_s)[kMSlabs][kBlockN / 8][4]
 // of the warp moves its max (a warp vote); O / l and the LSE are the same quantities, computed against another
 // (consistent) reference max. H200, forward ms at (28, 4K) / (8, 8K) / (16, 32K), own processes: the mma.sync
 // forward 14.54 / 9.20 / 76.54 against 14.90 / 9.43 / 78.61 without it (the WS forward on 192-key blocks 8.17 / 4.76 /
-// 42.45 against 8.12 / 4.85 / 42.54; experiments/results/checks/s35fwd-*). 0 restores the per-block rescale (whose
-// order the builds of 1641adc were tuned with); 2 is a known-wrong build for the checks to catch (lazy, but the output
-// is never rescaled).
+// 42.45 against 8.12 / 4.85 / 42.54; experiments/results/checks/s35fwd-*). Under NVRTC 13.0 every mma.sync forward
+// build is spill-free with it, 24 spilled 8 / 8 bytes without (checks/s35lazy-spills-cpu-20261130.log). 0 restores
+// the per-block rescale; 2 is a known-wrong build for the checks to catch (lazy, but the output is never rescaled).
 #ifndef DKV_SOFTMAX_LAZY
 #define DKV_SOFTMAX_LAZY 1
 #endif
