@@ -119,8 +119,9 @@ def test_wgmma_kernels_are_not_serialized_by_ptxas():
     """ptxas keeps every Hopper kernel's wgmma asynchronous. It silently serializes them when, say, a product is
     left in flight across a loop's back edge (note C7515), as the first tried version of the dK/dV kernel's overlap
     did, or when the registers run short (C7512), as the warp-specialised backward with the next step's S^T issued
-    early did. Both notes below are from those logs and are flagged; ptxas's note on a wait it injects (C7517) and a
-    clean log are not."""
+    early did, or when non-wgmma code reads an accumulator the pipeline may still write (C7514), as the WS forward's
+    overlap did while P V was issued outside the branch that waits for S alone. The notes below are from those logs
+    and are flagged; ptxas's note on a wait it injects (C7517) and a clean log are not."""
     from dualkv.cuda.configs import SM90_KERNELS
 
     prefix = "ptxas info    : "
@@ -128,7 +129,10 @@ def test_wgmma_kernels_are_not_serialized_by_ptxas():
                   "wgmma instructions defining accumulator registers of a wgmma between start and end of the pipeline "
                   "stage in the function 'dualkv_bwd_dkdv_sm90' in line 2755",
                   prefix + "(C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
-                  "insufficient register resources for the function 'dualkv_bwd_sm90_ws'"]
+                  "insufficient register resources for the function 'dualkv_bwd_sm90_ws'",
+                  prefix + "(C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non "
+                  "wgmma instructions reading accumulator registers of  a wgmma between start and end of the pipeline "
+                  "stage in the function 'dualkv_fwd_sm90_ws'"]
     injected_wait = (prefix + "(C7517) wgmma.wait_group is injected in around line 3407 by compiler to allow use of "
                      "registers defined by GMMA in function 'dualkv_bwd_sm90_ws'")
     assert all(resource_usage(note)["wgmma_serialized"] for note in serialized)

@@ -378,8 +378,8 @@ def _compile(spec: KernelSpec, source: str, options: "ProgramOptions") -> BuiltK
 def resource_usage(log: str) -> dict:
     """Registers, spills and stack frame parsed from a ptxas -v log, and ``wgmma_serialized``: whether ptxas
     serialized the kernel's wgmma instructions: any note saying "wgmma.mma_async instructions are serialized", whatever
-    its code and reason (C7515: non-wgmma code defines an accumulator mid-pipeline; C7512: too few registers). The
-    kernel stays correct, but every warpgroup MMA then waits for the one before it."""
+    its code and reason (C7515 / C7514: non-wgmma code defines / reads an accumulator mid-pipeline; C7512: too
+    few registers). The kernel stays correct, but every warpgroup MMA then waits for the one before it."""
     import re
 
     out = {"wgmma_serialized": "wgmma.mma_async instructions are serialized" in log}
