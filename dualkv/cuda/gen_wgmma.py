@@ -10,8 +10,9 @@ from pathlib import Path
 
 HEADER = Path(__file__).resolve().parent / "csrc" / "wgmma.cuh"
 #: the n of m64nNk16 the kernels use (32: the head-dim-64 backward's dQ halves; 80, 112: the head-dim-256 / 192
-#: forwards' S on their key blocks)
-WIDTHS = (32, 64, 80, 112, 128, 192, 256)
+#: forwards' S on their key blocks; 144, 160, 176: wider blocks for the head-dim-96 / 128 forward's A/B, run_pending
+#: s36fwd144)
+WIDTHS = (32, 64, 80, 112, 128, 144, 160, 176, 192, 256)
 #: widths of wgmma_ss_nb (64: dQ column atoms; 192, 256: the wide backward's dV / dK from P^T / dS^T in smem)
 NB_WIDTHS = (64, 192, 256)
 

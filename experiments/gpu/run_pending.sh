@@ -201,6 +201,7 @@
 #                                                  # the d = 96 WS forward on 128-key blocks with its overlap: A/B and tests
 #   bash experiments/gpu/run_pending.sh s35hd      # #12: the WS forward's overlap at head dims 64 (128-key blocks), 192, 256
 #   bash experiments/gpu/run_pending.sh s35t1      # #12: Table 1's six shapes, dualkv against the cuDNN cascade, at the end of s35
+#   bash experiments/gpu/run_pending.sh s36fwd144  # #12: the WS forward (overlap) on 144- / 160-key blocks at d = 96 / 128 (not yet run)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2136,6 +2137,28 @@ s34final)
     TAIL=3 step pytest_default 280 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
         proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_ws_split.py \
         proofs_tests/test_tree_cuda_ws.py
+    ;;
+s36fwd144)
+    # #12 (not yet run; run with COMPILE_S=1, carry .commit): the WS forward with its overlap on 144-key blocks (spill-free
+    # on the CPU, checks/s35blockn-cpu-20261130.log) and 160-key blocks (24-48 bytes of spills) against the default
+    # 128 at head dims 128 and 96, two stages, forward at (28, 4K), (8, 8K), (16, 32K), two rounds; then the forward
+    # GPU tests at d = 96 / 128 with 144-key blocks
+    mkdir -p "$OUT/bench"
+    for round in 1 2; do
+        for d in 128 96; do
+            for bn in def 144 160; do
+                run=(-m dualkv bench kernel); [ $bn != def ] && run=(experiments/gpu/with_tiles.py \
+                    "SM90_WS_FWD_TILES:$d:block_n=$bn" -- -m dualkv bench kernel)
+                TAIL=1 step d${d}_${round}_$bn 60 python3 "${run[@]}" --head-dim $d --systems dualkv \
+                    --shapes 28:4096,8:8192,16:32768 --mode fwd --reps 10 --out "$OUT/bench/d${d}_${round}_$bn"
+            done
+        done
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" > "$OUT/s36fwd144-table.txt" 2>&1; cat "$OUT/s36fwd144-table.txt"
+    TAIL=3 step pytest_144 200 python3 experiments/gpu/with_tiles.py SM90_WS_FWD_TILES:128:block_n=144 \
+        SM90_WS_FWD_TILES:96:block_n=144 -- -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_forward.py \
+        proofs_tests/test_cuda_hd96.py -k "96 or 128 or shared_prefix_forward"
+    (cd "$OUT" && tar czf s36fwd144.tgz *.log bench && rm -rf d*_[12]_*.log pytest_144.log bench)
     ;;
 s35t1)
     # #12 (run with COMPILE_S=1, carry .commit): the README's headline at the end of s35 (the forward's lazy rescale and
