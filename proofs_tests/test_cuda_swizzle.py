@@ -120,9 +120,9 @@ def test_specs_of_head_dim_96_route_to_wgmma_v1_with_padded_tiles():
         # causal calls without a window; the forward is the warp-specialised one, also on 128-column tiles)
         ws = fwd_spec(96, dtype, 4, False, "sm_90")
         assert ws.kernel == "fwd_sm90_ws" and ws.tile_head_dim == 128 and ("DKV_HEAD_DIM_ACC", "128") in ws.defines()
-        # the same layout as head dim 128's: 128 query rows + 2 stages of 192-key K and V tiles of 128 columns,
+        # the same layout as head dim 128's: 128 query rows + 2 stages of 128-key K and V tiles of 128 columns,
         # mbarriers (the query's, and full K / full V / empty K / empty V per stage), 1 KB alignment slack
-        assert ws.smem_bytes == fwd_spec(128, dtype, 4, False, "sm_90").smem_bytes == (128 + 768) * 256 + 72 + 1024
+        assert ws.smem_bytes == fwd_spec(128, dtype, 4, False, "sm_90").smem_bytes == (128 + 512) * 256 + 72 + 1024
         assert dq_spec(96, dtype, 4, False, "sm_90").kernel == "bwd_dq_sm90"
         assert dkdv_spec(96, dtype, False, "sm_90").kernel == "bwd_dkdv_sm90"
         with kernel_family("mma"):
