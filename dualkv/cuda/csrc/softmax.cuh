@@ -109,9 +109,9 @@ __device__ __forceinline__ void rescale_out(float (&acc_o)[kMSlabs][kOutCols / 8
 }
 
 // One key block: mask it (only where it needs it), update the running max / sum in the log2 domain (scale folded into
-// one FFMA), turn S into P in place and rescale the output accumulator. Lazy builds: softmax_block, then the rescale
-// where the warp needs it; otherwise one pass that rescales each row right after its softmax (the order the default
-// builds' register allocation and spills were tuned with).
+// one FFMA), turn S into P in place and rescale the output accumulator. Lazy builds (the default): softmax_block,
+// then the rescale where the warp needs it; DKV_SOFTMAX_LAZY=0: one pass that rescales each row right after its
+// softmax, exactly the code of the builds before the lazy rescale (for A/Bs against them).
 __device__ __forceinline__ void online_softmax_step(float (&acc_s)[kMSlabs][kBlockN / 8][4],
                                                     float (&acc_o)[kMSlabs][kOutCols / 8][4],
                                                     float (&row_max)[kMSlabs][2], float (&row_sum)[kMSlabs][2],
