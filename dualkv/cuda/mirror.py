@@ -30,11 +30,9 @@ from .schedule import key_range, key_tiles, needs_mask, tile_table
 LAZY_RESCALE = 8.0
 
 
-def make_mirror(key_range_fn: Callable = key_range, needs_mask_fn: Callable = needs_mask,
-                lazy_rescale: float = LAZY_RESCALE, rescale: bool = True):
-    """Compile the mirror around the given schedule functions (the real ones, or a known-wrong variant).
-    ``lazy_rescale``: the softmax's threshold (0: move the max at every block); ``rescale=False`` is a known-wrong
-    softmax that never rescales the output (softmax.cuh's DKV_SOFTMAX_LAZY=2)."""
+def make_mirror(key_range_fn: Callable = key_range, needs_mask_fn: Callable = needs_mask, rescale: bool = True):
+    """Compile the mirror around the given schedule functions (the real ones, or a known-wrong variant);
+    ``rescale=False`` is a known-wrong softmax that never rescales the output (softmax.cuh's DKV_SOFTMAX_LAZY=2)."""
     import numba
 
     kr = numba.njit(cache=False)(key_range_fn)
@@ -98,7 +96,7 @@ def make_mirror(key_range_fn: Callable = key_range, needs_mask_fn: Callable = ne
                                         and (window_left < 0 or key >= i - window_left)):
                                     sc[j] = -np.inf
                         m_new = max(row_max[r], sc.max())
-                        if lazy_rescale > 0 and m_new <= row_max[r] + lazy_rescale:
+                        if m_new <= row_max[r] + LAZY_RESCALE:
                             m_new = row_max[r]  # (-inf stays -inf until the row sees a key)
                         m_use = 0.0 if m_new == -np.inf else m_new
                         alpha = 2.0 ** (row_max[r] - m_use) if rescale else 1.0

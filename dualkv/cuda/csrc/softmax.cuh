@@ -62,7 +62,9 @@ __device__ __forceinline__ float exp_row(float (&acc_s)[kMSlabs][kBlockN / 8][4]
 // forward 14.54 / 9.20 / 76.54 against 14.90 / 9.43 / 78.61 without it (the WS forward on 192-key blocks 8.17 / 4.76 /
 // 42.45 against 8.12 / 4.85 / 42.54; experiments/results/checks/s35fwd-*). Under NVRTC 13.0 every mma.sync forward
 // build is spill-free with it, 24 spilled 8 / 8 bytes without (checks/s35lazy-spills-cpu-20261130.log). 0 restores
-// the per-block rescale; 2 is a known-wrong build for the checks to catch (lazy, but the output is never rescaled).
+// the per-block rescale (the same products as before the lazy rescale, in another instruction order; those spill
+// counts are the old order's); 2 is a known-wrong build for the checks to catch (lazy, but the output is never
+// rescaled).
 #ifndef DKV_SOFTMAX_LAZY
 #define DKV_SOFTMAX_LAZY 1
 #endif
@@ -109,40 +111,17 @@ __device__ __forceinline__ void rescale_out(float (&acc_o)[kMSlabs][kOutCols / 8
 }
 
 // One key block: mask it (only where it needs it), update the running max / sum in the log2 domain (scale folded into
-// one FFMA), turn S into P in place and rescale the output accumulator. Lazy builds (the default): softmax_block,
-// then the rescale where the warp needs it; DKV_SOFTMAX_LAZY=0: one pass that rescales each row right after its
-// softmax, exactly the code of the builds before the lazy rescale (for A/Bs against them).
+// one FFMA), turn S into P in place and rescale the output accumulator (softmax_block, then the rescale where the warp
+// needs it).
 __device__ __forceinline__ void online_softmax_step(float (&acc_s)[kMSlabs][kBlockN / 8][4],
                                                     float (&acc_o)[kMSlabs][kOutCols / 8][4],
                                                     float (&row_max)[kMSlabs][2], float (&row_sum)[kMSlabs][2],
                                                     const QTile& t, bool is_own, int count, int key_base,
                                                     int window_left, int warp_row0, int g, int t4, float scale_log2) {
-    if (DKV_SOFTMAX_LAZY) {
-        float alpha[kMSlabs][2];
-        if (softmax_block(acc_s, row_max, row_sum, alpha, t, is_own, count, key_base, window_left, warp_row0, g, t4,
-                          scale_log2))
-            rescale_out(acc_o, alpha);
-        return;
-    }
-    const bool need_mask = block_needs_mask(t, is_own, count, key_base, window_left);
-#pragma unroll
-    for (int sl = 0; sl < kMSlabs; ++sl) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const float mx =
-                masked_row_max(acc_s, sl, hh, need_mask, t, count, key_base, window_left, warp_row0, g, t4);
-            const float m_new = fmaxf(row_max[sl][hh], mx * scale_log2);
-            const float m_use = m_new == -kInf ? 0.f : m_new;
-            const float alpha = fast_exp2(row_max[sl][hh] - m_use);
-            row_max[sl][hh] = m_new;
-            row_sum[sl][hh] = row_sum[sl][hh] * alpha + exp_row(acc_s, sl, hh, scale_log2, m_use);
-#pragma unroll
-            for (int nt = 0; nt < kOutCols / 8; ++nt) {
-                acc_o[sl][nt][2 * hh] *= alpha;
-                acc_o[sl][nt][2 * hh + 1] *= alpha;
-            }
-        }
-    }
+    float alpha[kMSlabs][2];
+    if (softmax_block(acc_s, row_max, row_sum, alpha, t, is_own, count, key_base, window_left, warp_row0, g, t4,
+                      scale_log2))
+        rescale_out(acc_o, alpha);
 }
 
 // Row sums reduced over the quad: 1 / l into inv_l (0 for rows that saw no key) and the natural-log LSE of the
