@@ -323,15 +323,17 @@ variants_warm() {  # variants_warm "NAME:DEFINES:NVRTC_LIB ..." BENCH_ARGS...: o
     wait
     echo "== warm-up done ($(date -u +%H:%M:%S))"
 }
-variants_ab() {  # variants_ab "NAME:DEFINES:NVRTC_LIB ..." ROUNDS SECONDS BENCH_ARGS...: ROUNDS rounds of one
-    # `dualkv bench kernel BENCH_ARGS` process per variant in order (steps and $OUT/bench folders ab<round>_NAME)
-    local list=$1 rounds=$2 limit=$3 round v name defs lib; shift 3
+variants_ab() {  # variants_ab "NAME:DEFINES:NVRTC_LIB[:TILES] ..." ROUNDS SECONDS BENCH_ARGS...: ROUNDS rounds of one
+    # `dualkv bench kernel BENCH_ARGS` process per variant in order (steps and $OUT/bench folders ab<round>_NAME);
+    # TILES (the rest of the entry, e.g. SM90_WS_FWD_TILES:128:block_n=144) runs it under experiments/gpu/with_tiles.py
+    local list=$1 rounds=$2 limit=$3 round v name defs lib tiles run; shift 3
     mkdir -p "$OUT/bench"
     for round in $(seq "$rounds"); do
         for v in $list; do
-            IFS=: read -r name defs lib <<< "$v"
+            IFS=: read -r name defs lib tiles <<< "$v"
+            run=(-m dualkv bench kernel); [ -n "$tiles" ] && run=(experiments/gpu/with_tiles.py "$tiles" -- "${run[@]}")
             DUALKV_EXTRA_DEFINES=$defs DUALKV_NVRTC_LIB=$lib DUALKV_COMMIT="${DUALKV_COMMIT:-}+$name" TAIL=1 \
-                step "ab${round}_$name" "$limit" python3 -m dualkv bench kernel "$@" --out "$OUT/bench/ab${round}_$name"
+                step "ab${round}_$name" "$limit" python3 "${run[@]}" "$@" --out "$OUT/bench/ab${round}_$name"
         done
     done
 }
@@ -2143,22 +2145,15 @@ s36fwd144)
     # on the CPU, checks/s35blockn-cpu-20261130.log) and 160-key blocks (24-48 bytes of spills) against the default
     # 128 at head dims 128 and 96, two stages, forward at (28, 4K), (8, 8K), (16, 32K), two rounds; then the forward
     # GPU tests at d = 96 / 128 with 144-key blocks
-    mkdir -p "$OUT/bench"
-    for round in 1 2; do
-        for d in 128 96; do
-            for bn in def 144 160; do
-                run=(-m dualkv bench kernel); [ $bn != def ] && run=(experiments/gpu/with_tiles.py \
-                    "SM90_WS_FWD_TILES:$d:block_n=$bn" -- -m dualkv bench kernel)
-                TAIL=1 step d${d}_${round}_$bn 60 python3 "${run[@]}" --head-dim $d --systems dualkv \
-                    --shapes 28:4096,8:8192,16:32768 --mode fwd --reps 10 --out "$OUT/bench/d${d}_${round}_$bn"
-            done
-        done
+    for d in 128 96; do
+        variants_ab "d${d}_def:: d${d}_144:::SM90_WS_FWD_TILES:$d:block_n=144 d${d}_160:::SM90_WS_FWD_TILES:$d:block_n=160" \
+            2 60 --head-dim $d --systems dualkv --shapes 28:4096,8:8192,16:32768 --mode fwd --reps 10
     done
     python3 experiments/gpu/bench_table.py "$OUT/bench" > "$OUT/s36fwd144-table.txt" 2>&1; cat "$OUT/s36fwd144-table.txt"
     TAIL=3 step pytest_144 200 python3 experiments/gpu/with_tiles.py SM90_WS_FWD_TILES:128:block_n=144 \
         SM90_WS_FWD_TILES:96:block_n=144 -- -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_forward.py \
         proofs_tests/test_cuda_hd96.py -k "96 or 128 or shared_prefix_forward"
-    (cd "$OUT" && tar czf s36fwd144.tgz *.log bench && rm -rf d*_[12]_*.log pytest_144.log bench)
+    (cd "$OUT" && tar czf s36fwd144.tgz *.log bench && rm -rf ab[12]_*.log pytest_144.log bench)
     ;;
 s35t1)
     # #12 (run with COMPILE_S=1, carry .commit): the README's headline at the end of s35 (the forward's lazy rescale and
@@ -2256,19 +2251,9 @@ s35fwd)
     variants_warm "$local_variants" --systems dualkv,dualkv_mma --shapes 8:8192 --mode fwd --reps 1
     for v in $local_variants wrong::; do echo "== check ${v%%:*}"; tail -7 "$OUT/check_${v%%:*}.log"; done
     # and the WAIT1 + LAZY build on 128-key blocks (its 192-key causal builds spill 132-160 bytes on the CPU, these none)
-    local_variants="$local_variants w1lazy128:DKV_SOFTMAX_LAZY=1,DKV_FWD_WAIT1=1::block_n=128,stages=2"
-    local_variants="$local_variants w1lazy128s3:DKV_SOFTMAX_LAZY=1,DKV_FWD_WAIT1=1::block_n=128,stages=3"
-    mkdir -p "$OUT/bench"
-    for round in 1 2; do
-        for v in $local_variants; do
-            IFS=: read -r name defs lib tiles <<< "$v"
-            run=(-m dualkv bench kernel); [ -n "$tiles" ] && run=(experiments/gpu/with_tiles.py \
-                "SM90_WS_FWD_TILES:128:$tiles" -- -m dualkv bench kernel)
-            DUALKV_EXTRA_DEFINES=$defs DUALKV_COMMIT="${DUALKV_COMMIT:-}+$name" TAIL=1 step "ab${round}_$name" 60 \
-                python3 "${run[@]}" --systems dualkv,dualkv_mma --shapes 28:4096,8:8192,16:32768 --mode fwd --reps 10 \
-                --out "$OUT/bench/ab${round}_$name"
-        done
-    done
+    local_variants="$local_variants w1lazy128:DKV_SOFTMAX_LAZY=1,DKV_FWD_WAIT1=1::SM90_WS_FWD_TILES:128:block_n=128,stages=2"
+    local_variants="$local_variants w1lazy128s3:DKV_SOFTMAX_LAZY=1,DKV_FWD_WAIT1=1::SM90_WS_FWD_TILES:128:block_n=128,stages=3"
+    variants_ab "$local_variants" 2 60 --systems dualkv,dualkv_mma --shapes 28:4096,8:8192,16:32768 --mode fwd --reps 10
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s35fwd-table.json"
     for v in base w1lazy; do
         defs=; [ $v = w1lazy ] && defs=DKV_SOFTMAX_LAZY=1,DKV_FWD_WAIT1=1
