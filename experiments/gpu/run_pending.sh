@@ -201,7 +201,7 @@
 #                                                  # the d = 96 WS forward on 128-key blocks with its overlap: A/B and tests
 #   bash experiments/gpu/run_pending.sh s35hd      # #12: the WS forward's overlap at head dims 64 (128-key blocks), 192, 256
 #   bash experiments/gpu/run_pending.sh s35t1      # #12: Table 1's six shapes, dualkv against the cuDNN cascade, at the end of s35
-#   bash experiments/gpu/run_pending.sh s36fwd144  # #12: the WS forward (overlap) on 144- / 160-key blocks at d = 96 / 128 (not yet run)
+#   bash experiments/gpu/run_pending.sh s36fwd144  # #12: the WS forward (overlap) on 144- / 160-key blocks at d = 96 / 128 (no gain)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
@@ -2141,8 +2141,9 @@ s34final)
         proofs_tests/test_tree_cuda_ws.py
     ;;
 s36fwd144)
-    # #12 (not yet run; run with COMPILE_S=1, carry .commit): the WS forward with its overlap on 144-key blocks (spill-free
-    # on the CPU, checks/s35blockn-cpu-20261130.log) and 160-key blocks (24-48 bytes of spills) against the default
+    # #12 (run with COMPILE_S=1, carry .commit; ran in s36, no gain: checks/s36fwd144-*): the WS forward with its
+    # overlap on 144-key blocks (spill-free on the CPU, checks/s35blockn-cpu-20261130.log) and 160-key blocks (24-48
+    # bytes of spills) against the default
     # 128 at head dims 128 and 96, two stages, forward at (28, 4K), (8, 8K), (16, 32K), two rounds; then the forward
     # GPU tests at d = 96 / 128 with 144-key blocks
     for d in 128 96; do
