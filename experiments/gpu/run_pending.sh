@@ -201,8 +201,9 @@
 #                                                  # the d = 96 WS forward on 128-key blocks with its overlap: A/B and tests
 #   bash experiments/gpu/run_pending.sh s35hd      # #12: the WS forward's overlap at head dims 64 (128-key blocks), 192, 256
 #   bash experiments/gpu/run_pending.sh s35t1      # #12: Table 1's six shapes, dualkv against the cuDNN cascade, at the end of s35
+#   bash experiments/gpu/run_pending.sh s36t135    # #13: the mma.sync family against the FA2 cascade under NVRTC 13.5, four shapes
 #   bash experiments/gpu/run_pending.sh s36fwd144  # #12: the WS forward (overlap) on 144- / 160-key blocks at d = 96 / 128 (no gain)
-#   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (not yet run)
+#   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (ran in s36)
 #   bash experiments/gpu/run_pending.sh s28nvrtc   # the kernels compiled by NVRTC 13.5 (DUALKV_NVRTC_LIB) against the
 #                                                  # machine's 13.0: both families and both cascades, alternating; needs
 #                                                  # build/nvrtc135.tar.xz carried (see the part)
@@ -2054,7 +2055,7 @@ s33atomic)
     (cd "$OUT" && tar czf s33atomic.tgz *.log bench && rm -rf [mr][012]*.log bench)
     ;;
 s32nvrtc)
-    # #12 / #13 (not yet run): NVRTC 13.5 (carry build/nvrtc135.tar.xz) against the machine's 13.0 at the s31 defaults:
+    # #12 / #13 (ran in s36, checks/s32nvrtc-*): NVRTC 13.5 (carry build/nvrtc135.tar.xz) against the machine's 13.0 at the s31 defaults:
     # both families and both cascades at (8, 8K) and (16, 32K), three processes (13.0, 13.5, 13.0); under 13.5 the
     # mma.sync forward now keeps its tile in smem (s31fwd: 9.26 / 80.30 against 10.33 / 86.39 ms)
     nvrtc135_unpack s32nvrtc
@@ -2139,6 +2140,24 @@ s34final)
     TAIL=3 step pytest_default 280 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
         proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_ws_split.py \
         proofs_tests/test_tree_cuda_ws.py
+    ;;
+s36t135)
+    # #13 (run with COMPILE_S=1, carry .commit and build/nvrtc135.tar.xz): Table 1's rows of the mma.sync family against
+    # the FA2 cascade at the s35 forward defaults (the lazy rescale) with the family compiled by NVRTC 13.5 (s32nvrtc at
+    # 3137631: (16, 32K) 291.54 against 291.70 ms under 13.5, 302.53 / 302.27 against 291.84 / 291.67 under 13.0); t1:
+    # three shapes in one process, t64: (16, 64K); then dualkv verify under DUALKV_KERNELS=mma with 13.5
+    nvrtc135_unpack s36t135
+    export DUALKV_NVRTC_LIB=/tmp/nv135
+    step warm135 150 python3 -m dualkv kernels --compile-only --arch sm_90 --kernel fwd --kernel bwd_dkdv \
+        --kernel bwd_prep --kernel bwd_dq_frag_cast --kernel bwd_dq --jobs 16 --no-progress
+    mkdir -p "$OUT/bench"
+    TAIL=1 step t1 200 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 28:4096,8:8192,16:32768 \
+        --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
+    TAIL=1 step t64 120 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 16:65536 \
+        --mode fwd,bwd,fwdbwd --reps 5 --out "$OUT/bench/t64"
+    python3 experiments/gpu/bench_table.py "$OUT/bench" > "$OUT/s36t135-table.txt" 2>&1; cat "$OUT/s36t135-table.txt"
+    DUALKV_KERNELS=mma TAIL=2 step verify135 170 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma-135.json"
+    (cd "$OUT" && tar czf s36t135.tgz *.log bench && rm -rf t1.log t64.log warm135.log verify135.log bench)
     ;;
 s36fwd144)
     # #12 (run with COMPILE_S=1, carry .commit; ran in s36, no gain: checks/s36fwd144-*): the WS forward with its
