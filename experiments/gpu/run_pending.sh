@@ -201,6 +201,7 @@
 #                                                  # the d = 96 WS forward on 128-key blocks with its overlap: A/B and tests
 #   bash experiments/gpu/run_pending.sh s35hd      # #12: the WS forward's overlap at head dims 64 (128-key blocks), 192, 256
 #   bash experiments/gpu/run_pending.sh s35t1      # #12: Table 1's six shapes, dualkv against the cuDNN cascade, at the end of s35
+#   bash experiments/gpu/run_pending.sh s36rest    # #12/#13: the GPU test files s35final does not run (trees, ordered dQ, hybrid, ...)
 #   bash experiments/gpu/run_pending.sh s36t135    # #13: the mma.sync family against the FA2 cascade under NVRTC 13.5, four shapes
 #   bash experiments/gpu/run_pending.sh s36fwd144  # #12: the WS forward (overlap) on 144- / 160-key blocks at d = 96 / 128 (no gain)
 #   bash experiments/gpu/run_pending.sh s32nvrtc   # #12/#13: NVRTC 13.5 vs 13.0 at the s31 defaults (ran in s36)
@@ -2140,6 +2141,20 @@ s34final)
     TAIL=3 step pytest_default 280 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_backward.py \
         proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_ws_split.py \
         proofs_tests/test_tree_cuda_ws.py
+    ;;
+s36rest)
+    # #12/#13 (run with COMPILE_S=150): the GPU test files that s35final / s36final do not run, at the s35 forward
+    # defaults (the lazy rescale reaches every forward, trees and the hybrid included), in two processes at once (the
+    # kernels are precompiled; the GPU has room for both): trees, ordered dQ, dQ layout, input errors / the hybrid,
+    # head dim 96, the cascade, WS trees and splits, the HF backend, log-probs
+    ( TAIL=3 step pytest_a 380 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py \
+        proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_dq_layout.py proofs_tests/test_input_errors.py \
+        proofs_tests/test_tree_reference.py &
+      TAIL=3 step pytest_b 380 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_hybrid_path.py \
+        proofs_tests/test_cuda_hd96.py proofs_tests/test_cascade.py proofs_tests/test_tree_cuda_ws.py \
+        proofs_tests/test_cuda_ws_split.py proofs_tests/test_hf_gpu.py proofs_tests/test_cuda_logprobs.py &
+      wait )
+    (cd "$OUT" && tar czf s36rest.tgz *.log && rm -f pytest_*.log)
     ;;
 s36t135)
     # #13 (run with COMPILE_S=1, carry .commit and build/nvrtc135.tar.xz): Table 1's rows of the mma.sync family against
