@@ -86,6 +86,22 @@ def test_wrong_flex_mask_is_caught(tiny):
     assert rel_err(out, ref_out) > 1e-3
 
 
+def test_block_mask_builder_compiles_once_on_cuda_and_stays_eager_elsewhere(monkeypatch):
+    """FlexAttention's BlockMask: the eager create_block_mask for CPU tensors; on CUDA torch.compile of it (PyTorch's
+    advice since the deprecated _compile flag: no dense O(T^2) mask), compiled once per process."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from dualkv.bench import systems
+
+    compiled = []
+    monkeypatch.setattr(systems, "_COMPILED_BLOCK_MASK", [])
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(fn) or ("compiled", fn))
+    assert systems.block_mask_builder("cpu") is create_block_mask
+    first = systems.block_mask_builder("cuda")
+    assert first == ("compiled", create_block_mask) and systems.block_mask_builder(torch.device("cuda", 1)) is first
+    assert compiled == [create_block_mask]
+
+
 def _pg_prompt_one_too_long(kwargs):
     kwargs["bench_prompt_len"] += 1
 

@@ -149,14 +149,26 @@ def flex_mask(packed: "PackedBatch | GroupLayout", device, *, build_block_mask: 
         segment[start:start + r] = s + 1
     mask = FlexMask(mask_mod_fn(_t(group, device), _t(segment, device)))
     if build_block_mask:
-        from torch.nn.attention.flex_attention import create_block_mask
-
         t = layout.total_tokens
-        kwargs = {"device": device}
-        if "_compile" in inspect.signature(create_block_mask).parameters and torch.device(device).type == "cuda":
-            kwargs["_compile"] = True   # no O(T^2) mask while building
-        mask.block_mask = create_block_mask(mask.mask_mod, None, None, t, t, **kwargs)
+        mask.block_mask = block_mask_builder(device)(mask.mask_mod, None, None, t, t, device=device)
     return mask
+
+
+def block_mask_builder(device) -> Callable:
+    """FlexAttention's ``create_block_mask`` for masks on ``device``: on CUDA ``torch.compile(create_block_mask)`` (one
+    per process), which never builds the dense O(T^2) mask (PyTorch's advice since its ``_compile=True`` flag was
+    deprecated); elsewhere the eager function."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if torch.device(device).type != "cuda":
+        return create_block_mask
+    if not _COMPILED_BLOCK_MASK:
+        _raise_recompile_limits()
+        _COMPILED_BLOCK_MASK.append(torch.compile(create_block_mask))
+    return _COMPILED_BLOCK_MASK[0]
+
+
+_COMPILED_BLOCK_MASK: list[Callable] = []  # block_mask_builder's compiled create_block_mask, once made
 
 
 def build_batch(system: str, packed: PackedBatch, device: torch.device | str, *,
@@ -251,13 +263,18 @@ def compiled_flex_attention(dynamic: bool | None = False) -> Callable:
     if dynamic not in _COMPILED_FLEX:
         from torch.nn.attention.flex_attention import flex_attention
 
-        import torch._dynamo
-
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
+        _raise_recompile_limits()
         _COMPILED_FLEX[dynamic] = torch.compile(flex_attention, dynamic=dynamic)
     return _COMPILED_FLEX[dynamic]
+
+
+def _raise_recompile_limits() -> None:
+    """Room for a recompile per benchmarked shape (torch.compile's default limit is 8)."""
+    import torch._dynamo
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
 
 
 def _flex_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,

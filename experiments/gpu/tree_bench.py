@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import os
 import sys
@@ -59,8 +58,8 @@ def flex_tree_mask(layout: PrefixTreeLayout, device):
     """(mask_mod, BlockMask builder) of the tree: kv visible to q iff kv's node is an ancestor of q's node, or the
     same node and kv <= q (nodes in preorder: a is an ancestor-or-self of n iff a <= n < subtree_end[a])."""
     import numpy as np
-    from torch.nn.attention.flex_attention import create_block_mask
 
+    from dualkv.bench.systems import block_mask_builder
     from dualkv.cuda.tree_schedule import subtree_ends
 
     node_of = torch.from_numpy(np.repeat(np.arange(layout.num_nodes), layout.node_lens)).to(device)
@@ -71,10 +70,8 @@ def flex_tree_mask(layout: PrefixTreeLayout, device):
         return (nk <= nq) & (nq < end[nk]) & ((nk != nq) | (kv_idx <= q_idx))
 
     t = layout.total_tokens
-    kwargs = {"device": device}
-    if "_compile" in inspect.signature(create_block_mask).parameters and torch.device(device).type == "cuda":
-        kwargs["_compile"] = True  # no O(T^2) dense mask while building (as dualkv.bench.systems.flex_mask)
-    return lambda: create_block_mask(mask_mod, None, None, t, t, **kwargs)
+    build = block_mask_builder(device)  # compiled on CUDA: no O(T^2) dense mask while building
+    return lambda: build(mask_mod, None, None, t, t, device=device)
 
 
 class Runner:
