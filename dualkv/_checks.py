@@ -37,6 +37,10 @@ def check_qkv(tensors: dict[str, torch.Tensor], *, query: str, keys: Sequence[st
             raise ValueError(f"{name} has head_dim {t.shape[2]} but {query} has {q.shape[2]}")
     h = q.shape[1]
     hk = tensors[keys[0]].shape[1]
+    if q.shape[2] < 1:
+        raise ValueError(f"{query} has head_dim {q.shape[2]}; need head_dim >= 1")
+    if h < 1:
+        raise ValueError(f"{query} has {h} heads; need at least one query head")
     for name in keys:
         if tensors[name].shape[1] != hk:
             raise ValueError(f"{name} has {tensors[name].shape[1]} heads but {keys[0]} has {hk}")
@@ -84,13 +88,13 @@ def check_max_seqlen(max_seqlen: int, name: str, lengths: Sequence[int]) -> None
 
 
 def check_window(window_size: Sequence[int], causal: bool) -> tuple[int, int]:
-    """Normalise a FlashAttention-style (left, right) window; -1 means unbounded. Causal caps right at 0."""
-    try:
-        left, right = (int(w) for w in window_size)
-    except (TypeError, ValueError):
-        raise ValueError(f"window_size must be a pair of ints (left, right); got {window_size!r}") from None
-    if left < -1 or right < -1:
-        raise ValueError(f"window_size entries must be >= -1 (-1 = unbounded); got {(left, right)}")
+    """Normalise a FlashAttention-style (left, right) window; -1 means unbounded. Causal caps right at 0. Every
+    entry point that takes ``causal`` passes it through here, so this is also where it must be a bool."""
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be True or False; got {causal!r}")
+    if isinstance(window_size, (str, bytes)) or not hasattr(window_size, "__len__") or len(window_size) != 2:
+        raise ValueError(f"window_size must be a pair of ints (left, right); got {window_size!r}")
+    left, right = (check_int(w, f"window_size[{i}]", -1) for i, w in enumerate(window_size))
     if causal:
         right = 0
     return left, right

@@ -73,6 +73,8 @@ def backend_for(tensor: torch.Tensor, layout: object = None) -> ModuleType:
     doc)."""
     tree = isinstance(layout, PrefixTreeLayout)
     fallback = reference_tree if tree else reference
+    if not hasattr(tensor, "is_cuda"):  # not a tensor: the reference's checks name the argument
+        return fallback
     choice = requested_backend()
     if choice == "reference":
         return fallback

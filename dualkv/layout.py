@@ -35,6 +35,8 @@ SEGMENT_FIELDS = ("q_start", "q_len", "ctx_start", "ctx_len")
 
 
 def _as_positive_ints(values: Iterable[int], what: str) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{what} must be a sequence of ints, got {type(values).__name__}")
     out = []
     for idx, value in enumerate(values):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
@@ -63,6 +65,9 @@ class GroupLayout:
         prompts = _as_positive_ints(self.prompt_lens, "prompt_lens")
         if len(prompts) == 0:
             raise ValueError("a GroupLayout needs at least one group")
+        if isinstance(self.response_lens, (str, bytes)) or not hasattr(self.response_lens, "__len__"):
+            raise TypeError("response_lens must be a sequence with one sequence of lengths per group, got "
+                            f"{type(self.response_lens).__name__}")
         if len(self.response_lens) != len(prompts):
             raise ValueError(f"prompt_lens has {len(prompts)} groups but response_lens has {len(self.response_lens)}")
         responses = []

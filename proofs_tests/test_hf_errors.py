@@ -190,3 +190,39 @@ def test_logprobs_of_a_model_not_in_dualkv_mode_are_refused(model_and_batch):
     model.set_attn_implementation("eager")
     with pytest.raises(ValueError, match="runs 'eager'"):
         model_response_logprobs(model, packed)
+
+
+def test_hybrid_models_are_refused(monkeypatch):
+    """Token mixers outside attention (Qwen3-Next's linear-attention layers) would run across the packed rows:
+    enable_dualkv and the log-prob head refuse them by name; the negative control runs the hybrid model's packed
+    micro-batch with the check bypassed and gets log-probs that differ from the stock model's; the same model with
+    only full-attention layers passes and is exact."""
+    from dualkv.integration import hf
+
+    fields = dict(num_hidden_layers=2, linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
+                  linear_value_head_dim=8, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                  shared_expert_intermediate_size=16)
+    hybrid = _tiny("Qwen3NextForCausalLM", "Qwen3NextConfig", layer_types=["linear_attention", "full_attention"],
+                   **fields).float().eval()  # (its MoE's grouped matmul has no float64)
+    rows, packed = _packed(hybrid)
+    with pytest.raises(NotImplementedError, match="linear_attention layers"):
+        enable_dualkv(hybrid)
+    holder = torch.nn.Module()  # no config: the module scan alone names the mixer
+    holder.add_module("mixer", hybrid.model.layers[0].linear_attn)
+    with pytest.raises(NotImplementedError, match="GatedDeltaNet"):
+        hf.check_token_mixers(holder, "probe")
+    with torch.no_grad():
+        ref, _, _ = stock_forward(hybrid, rows)
+        with monkeypatch.context() as patch:
+            patch.setattr(hf, "check_token_mixers", lambda model, what: None)   # the unchecked (wrong) path
+            with apply_dualkv(hybrid):
+                unchecked, _ = model_response_logprobs(hybrid, packed, with_entropy=False)
+    assert (unchecked - ref).abs().max().item() > 1e-3
+    plain = _tiny("Qwen3NextForCausalLM", "Qwen3NextConfig", layer_types=["full_attention", "full_attention"],
+                  **fields).float().eval()
+    rows, packed = _packed(plain)
+    with torch.no_grad():
+        ref, _, _ = stock_forward(plain, rows)
+        with apply_dualkv(plain):
+            got, _ = model_response_logprobs(plain, packed, with_entropy=False)
+    assert rel_err(got, ref) < 1e-5

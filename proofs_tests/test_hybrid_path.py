@@ -7,6 +7,7 @@ slots of unequal responses, the dQ and prompt dK/dV sums) are checked exactly ag
 variants must fail. On a GPU the public API runs it: fused kernels forward, cuDNN backward.
 """
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -199,3 +200,20 @@ def test_wide_heads_stay_on_the_fused_kernels(head_dim, monkeypatch, launched_sp
     ws = [s for s in launched_specs if s.kernel == "bwd_sm90_ws"]
     assert len(ws) == 2 and {s.head_dim for s in ws} == {head_dim}, launched_specs
     _warnings.reset()
+
+
+def test_empty_settings_mean_auto(monkeypatch):
+    """``export DUALKV_PATH=`` (or DUALKV_KERNELS= / DUALKV_MMA_BWD=) means the default, as for DUALKV_BACKEND,
+    not an error on every call."""
+    import subprocess
+    import sys
+
+    from dualkv.cuda.configs import attention_path
+
+    monkeypatch.setenv("DUALKV_PATH", "")
+    assert attention_path("sm_90", 128, False, deterministic=True) == "fused"
+    code = ("from dualkv.cuda import configs; "
+            "print(configs.current_kernel_family(), configs.current_mma_backward(), configs.current_path())")
+    env = {**os.environ, "DUALKV_KERNELS": "", "DUALKV_MMA_BWD": "", "DUALKV_PATH": ""}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["auto", "auto", "auto"]

@@ -47,6 +47,14 @@ def test_call2_accepts_good_input():
     (lambda a: a.update(window_size=(-2, 0)), ValueError, "window_size"),
     (lambda a: a.update(window_size=3), ValueError, "window_size"),
     (lambda a: a.update(v_decoded=torch.randn(5, 1, 8)), ValueError, "v_decoded has 1 heads"),
+    (lambda a: a.update(window_size=(-0.5, -1)), ValueError, "window_size\\[0\\] = -0.5 must be a whole number"),
+    (lambda a: a.update(window_size=(1, 2, 3)), ValueError, "window_size must be a pair"),
+    (lambda a: a.update(causal="no"), TypeError, "causal must be True or False"),
+    (lambda a: a.update(causal=None), TypeError, "causal must be True or False"),
+    (lambda a: a.update(q=torch.randn(5, 4, 8).numpy()), TypeError, "q must be a torch.Tensor"),
+    (lambda a: a.update(q=torch.randn(5, 0, 8)), ValueError, "q has 0 heads"),
+    (lambda a: a.update(**{n: torch.randn(a[n].shape[0], a[n].shape[1], 0) for n in
+                           ("q", "k_context", "v_context", "k_decoded", "v_decoded")}), ValueError, "head_dim 0"),
 ])
 def test_call2_refuses(mutate, error, match):
     args = _call2_args()
@@ -84,3 +92,25 @@ def test_device_mismatch_is_named():
     args["k_context"] = args["k_context"].cuda()
     with pytest.raises(ValueError, match="k_context is on cuda"):
         dualkv.flash_attn_dualkv_varlen_func(**args)
+
+
+def test_group_layout_names_a_group_that_is_not_a_list_of_lengths():
+    with pytest.raises(TypeError, match="response_lens\\[0\\] must be a sequence of ints"):
+        GroupLayout((5, 6), (2, 3))
+    with pytest.raises(TypeError, match="response_lens must be a sequence"):
+        GroupLayout((5,), 3)
+
+
+def test_tree_attention_checks_deterministic():
+    """As every other reference entry: None or a bool, and False warns that it has no effect."""
+    from dualkv import _warnings
+    from dualkv.reference.tree import tree_attention
+    from dualkv.tree import PrefixTreeLayout
+
+    _warnings.reset()  # the warning is issued once per process
+    layout = PrefixTreeLayout(node_lens=(3, 2, 1), parents=(-1, 0, 0))
+    q, k = torch.randn(6, 2, 8, dtype=torch.float64), torch.randn(6, 1, 8, dtype=torch.float64)
+    with pytest.raises(TypeError, match="deterministic must be True, False or None"):
+        tree_attention(q, k, k, layout, deterministic="yes")
+    with pytest.warns(_warnings.DualKVWarning, match="deterministic=False has no effect"):
+        tree_attention(q, k, k, layout, deterministic=False)

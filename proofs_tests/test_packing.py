@@ -106,6 +106,13 @@ def test_refuses_bad_padding_and_shapes():
         pack_padded(ids.float(), mask, 4, GROUPS)
     with pytest.raises(ValueError, match="only 0 and 1"):
         pack_padded(ids, mask * 2, 4, GROUPS)
+    for bad_mask in (mask.long() * 256, mask.long() * 257, mask.float() * 0.5):  # values a cast to int8 hides
+        with pytest.raises(ValueError, match="only 0 and 1"):
+            pack_padded(ids, bad_mask, 4, GROUPS)
+    with pytest.raises(ValueError, match="prompt_lens\\[0\\] = 2.9 must be a whole number"):
+        pack_varlen(torch.arange(6), torch.tensor([0, 3, 6]), [2.9, 2.9], ["a", "a"])
+    with pytest.raises(TypeError, match="prompt_lens must hold integers"):
+        pack_varlen(torch.arange(6), torch.tensor([0, 3, 6]), torch.tensor([2.0, 2.0]), ["a", "a"])
     with pytest.raises(ValueError, match="cu_seqlens\\[0\\] = 1"):
         pack_varlen(torch.arange(6), torch.tensor([1, 3, 6]), [1, 1], ["a", "a"])
     with pytest.raises(ValueError, match="prompt_lens\\[1\\] = 4 but the row has 3 tokens"):

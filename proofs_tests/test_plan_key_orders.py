@@ -97,3 +97,21 @@ def test_root_first_tree_plans_start_with_the_root_in_both_orders(monkeypatch):
     ideal = sum(work_ws) * 8 / 132
     root_first, heaviest = (_makespan([x for x in w for _ in range(8)]) / ideal for w in (work_ws, work_heavy))
     assert root_first < 1.25 and root_first <= 1.1 * heaviest, (root_first, heaviest)
+
+
+def test_kernel_ready_copies_what_the_kernels_cannot_read():
+    """A view at a misaligned offset and a (T, 1, d) tensor whose size-1 head axis has stride 1 both count as
+    contiguous to torch (``contiguous()`` returns them unchanged); kernel_ready must hand the kernels a fresh,
+    aligned copy of each, and pass aligned tensors through untouched."""
+    from dualkv.cuda.launch import kernel_ready
+
+    flat = torch.randn(1 + 6 * 2 * 64, dtype=torch.bfloat16)
+    misaligned = flat[1:].view(6, 2, 64)
+    one_head = torch.randn(6, 64, 1, dtype=torch.bfloat16).transpose(1, 2)
+    assert misaligned.is_contiguous() and one_head.is_contiguous()
+    for t in (misaligned, one_head):
+        ready = kernel_ready(t)
+        assert ready.data_ptr() != t.data_ptr() and torch.equal(ready, t)
+        assert ready.data_ptr() % 16 == 0 and ready.stride() == (t.shape[1] * 64, 64, 1)
+    aligned = torch.randn(6, 2, 64, dtype=torch.bfloat16)
+    assert kernel_ready(aligned) is aligned

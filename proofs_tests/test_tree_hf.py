@@ -177,6 +177,8 @@ def test_bad_inputs_are_refused():
         tree_logprobs(torch.zeros(5, 32, dtype=torch.float64), model.lm_head.weight, index)
     with apply_dualkv(model), pytest.raises(ValueError, match=r"start\[0\] = 4"):
         model_tree_logprobs(model, index, start=4)
+    with pytest.raises(ValueError, match="model_tree_logprobs needs a model running the 'dualkv' attention"):
+        model_tree_logprobs(model, index)   # stock sdpa on the packed tree would attend across its branches
 
 
 def test_docs_example_runs():

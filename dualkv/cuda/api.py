@@ -220,7 +220,7 @@ def tree_attention(q, k, v, layout: PrefixTreeLayout, softmax_scale=None, window
 
         warn_once("the CUDA tree kernels have no sliding window: this windowed PrefixTreeLayout call runs the "
                   "pure-PyTorch reference (dualkv.reference.tree), which is slow on long sequences", stacklevel=4)
-        return reference_tree(q, k, v, layout, softmax_scale, window_size, return_lse)
+        return reference_tree(q, k, v, layout, softmax_scale, window_size, return_lse, deterministic)
     padded = _kernel_head_dim(q, d, True, window)
     perm = inverse = None
     if not is_preorder(layout):

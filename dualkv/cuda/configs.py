@@ -269,7 +269,7 @@ TREE_KERNELS = ("fwd", "fwd_sm90", "fwd_sm90_ws", "bwd_dq", "bwd_dq_sm90", "bwd_
 #: where it exists, else the wgmma dQ and dK/dV kernels), "wgmma_v1" (the first wgmma kernels: cp.async loads, no
 #: warp specialisation, two-kernel backward), "mma" (the mma.sync kernels everywhere, what sm_80 runs).
 KERNEL_FAMILIES = ("auto", "wgmma_v1", "mma")
-_family = [os.environ.get("DUALKV_KERNELS", "auto")]
+_family = [os.environ.get("DUALKV_KERNELS") or "auto"]  # unset or empty: auto
 
 
 class _Switch:
@@ -343,7 +343,7 @@ AUTO_ATOMIC_HEAD_DIMS = (64, 96, 128)
 #: Its fp32 dQ accumulator adds to the split backward's peak memory as the atomic mode's does, still below the FA2
 #: cascade's: 5.3 / 3.8 / 7.8 GiB at (16, 64K).
 AUTO_ORDERED_HEAD_DIMS = (64, 96, 128)
-_mma_backward = [os.environ.get("DUALKV_MMA_BWD", "auto")]
+_mma_backward = [os.environ.get("DUALKV_MMA_BWD") or "auto"]  # unset or empty: auto
 
 
 class mma_backward(_Switch):  # noqa: N801 - used like a function: mma_backward("ordered")
@@ -581,8 +581,8 @@ class path_override(_Switch):  # noqa: N801 - used like a function: path_overrid
 
 def current_path() -> str:
     """The path choice in force: the :class:`path_override` if one is set, else ``$DUALKV_PATH`` (``"auto"`` when
-    unset), unchecked (:func:`attention_path` checks it)."""
-    return _path[0] if _path[0] is not None else os.environ.get("DUALKV_PATH", "auto")
+    unset or empty), unchecked (:func:`attention_path` checks it)."""
+    return _path[0] if _path[0] is not None else (os.environ.get("DUALKV_PATH") or "auto")
 
 
 def attention_path(arch: str, head_dim: int, window: bool, deterministic: bool) -> str:

@@ -1,6 +1,7 @@
-"""The fused forward with the cuDNN cascade's backward (``DUALKV_PATH=hybrid``): for ``deterministic=False`` calls
-where the cuDNN cascade's backward is the faster one and dualkv's forward is faster or close (Hopper, head dims 64,
-128, 192 and 256; see :func:`dualkv.cuda.configs.attention_path`).
+"""The fused forward with the cuDNN cascade's backward: for ``deterministic=False`` calls where the cuDNN cascade's
+backward was measured the faster one and dualkv's forward faster or close (Hopper, head dims 64 and 128 under
+``DUALKV_PATH=auto``: ``configs.CASCADE_FASTER``), and wherever the cascade serves the head dim under
+``DUALKV_PATH=hybrid`` (up to 128, and 192 / 256 on Hopper; see :func:`dualkv.cuda.configs.attention_path`).
 
 An attention backward needs only the output and the full softmax's log-sum-exp (D = rowsum(dO * O),
 P = exp(S - LSE)); the fused forward returns both, so :func:`dualkv.cascade.cascade_backward` runs each cascade part's

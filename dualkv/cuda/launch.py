@@ -27,11 +27,14 @@ LOG2E = math.log2(math.e)
 
 
 def kernel_ready(t: torch.Tensor) -> torch.Tensor:
-    """``t`` if the kernels can read it in place (unit last stride, 16-byte aligned rows), else a contiguous copy."""
+    """``t`` if the kernels can read it in place (unit last stride, 16-byte aligned rows), else a fresh dense copy.
+
+    A fresh allocation, not ``t.contiguous()``: that returns ``t`` itself when torch counts it as contiguous, which a
+    view at a misaligned offset is, and so is a (T, 1, d) tensor whose size-1 head axis has any stride."""
     elem = t.element_size()
     aligned = (t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * elem) % 16 == 0
                and (t.stride(1) * elem) % 16 == 0)
-    return t if aligned else t.contiguous()
+    return t if aligned else torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
 
 
 def _strided(t: torch.Tensor) -> list:

@@ -192,6 +192,32 @@ def _ensure_registered() -> None:
         register()
 
 
+#: ``config.layer_types`` entries the packed attention serves. Any other (``linear_attention``, ``chunked_attention``,
+#: a mamba or conv block) mixes tokens outside the attention interface, across the packed rows.
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
+#: Class-name fragments of token mixers that do not go through the attention interface (hybrid and recurrent models:
+#: Jamba / Bamba / FalconH1 / Zamba mamba mixers, Qwen3-Next's gated delta net, LFM2's short convolutions, RWKV).
+FOREIGN_MIXERS = ("Mamba", "Mixer", "DeltaNet", "LinearAttention", "ShortConv", "Rwkv")
+
+
+def check_token_mixers(model: torch.nn.Module, what: str) -> None:
+    """Raise when ``model`` mixes tokens anywhere but in its attention layers: such a layer would run over the whole
+    packed stream, so a response would see the other responses' tokens (silently wrong values)."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = getattr(text, "layer_types", None) or ()
+    other = sorted({str(kind) for kind in layer_types} - set(ATTENTION_LAYER_TYPES))
+    if other:
+        raise NotImplementedError(f"{what}: {type(model).__name__} has {', '.join(other)} layers (config.layer_types); "
+                                  f"the '{ATTN_NAME}' packing supports models whose only token mixers are "
+                                  f"{' / '.join(ATTENTION_LAYER_TYPES)} layers")
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if any(fragment in kind for fragment in FOREIGN_MIXERS):
+            raise NotImplementedError(f"{what}: {type(model).__name__} mixes tokens outside attention ({name}: {kind}); "
+                                      f"the '{ATTN_NAME}' packing would let it run across the packed rows")
+
+
 def require_dualkv_attention(model: torch.nn.Module, what: str) -> None:
     """Raise unless ``model``'s attention is a ``"dualkv"`` packed attention (the one :func:`enable_dualkv`
     installs, or any function :func:`register` made): another attention run on a packed micro-batch attends
@@ -210,6 +236,7 @@ def require_dualkv_attention(model: torch.nn.Module, what: str) -> None:
         raise ValueError(f"{what} needs a model running the '{ATTN_NAME}' attention, but {type(model).__name__} runs "
                          f"{name!r}: on a packed micro-batch it would attend across the packed rows and return wrong "
                          "values. Call dualkv.integration.hf.enable_dualkv(model) first (or use apply_dualkv)")
+    check_token_mixers(model, what)
 
 
 # ---------------------------------------------------------------------------------------------- model switching
@@ -236,7 +263,7 @@ class _PositionCheck:
     reads it (one host sync per forward)."""
 
     def __init__(self) -> None:
-        self._last: tuple[weakref.ref, int, int] | None = None
+        self._last: tuple[weakref.ref, int, weakref.ref] | None = None  # (positions, their version, layout)
         self._lock = threading.Lock()
 
     def __call__(self, position_ids: Any, layout: GroupLayout) -> None:
@@ -249,7 +276,7 @@ class _PositionCheck:
         with self._lock:
             last = self._last
         if last is not None and last[0]() is position_ids and last[1] == position_ids._version \
-                and last[2] == id(layout):
+                and last[2]() is layout:
             return
         expected = layout.device_tensors(position_ids.device)["position_ids"]
         flat = position_ids.reshape(-1)
@@ -258,7 +285,7 @@ class _PositionCheck:
                              "logical positions (layout.position_ids(): prompt 0..P-1 and each response P..P+R-1; "
                              "in a prefix tree each node continues its parent's positions)")
         with self._lock:
-            self._last = (weakref.ref(position_ids), position_ids._version, id(layout))
+            self._last = (weakref.ref(position_ids), position_ids._version, weakref.ref(layout))
 
 
 _check_positions = _PositionCheck()
@@ -331,6 +358,7 @@ def enable_dualkv(model: torch.nn.Module, *, check_inputs: bool = True) -> torch
     config = getattr(model, "config", None)
     if config is None or not hasattr(model, "set_attn_implementation"):
         raise TypeError(f"enable_dualkv needs a transformers PreTrainedModel; got {type(model).__name__}")
+    check_token_mixers(model, "enable_dualkv")
     _ensure_registered()
     previous = config._attn_implementation
     model.set_attn_implementation(ATTN_NAME)

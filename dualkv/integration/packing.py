@@ -19,7 +19,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 import torch
 
-from .._checks import check_cu_seqlens
+from .._checks import check_cu_seqlens, check_int
 from ..layout import GroupLayout
 
 __all__ = ["PackedBatch", "pack_padded", "pack_varlen", "unpack_token_values", "split_token_values"]
@@ -189,9 +189,9 @@ def pack_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_wi
     batch, width = input_ids.shape
     if not (isinstance(prompt_width, int) and 0 < prompt_width < width):
         raise ValueError(f"prompt_width must be an int in (0, {width}); got {prompt_width!r}")
-    mask = attention_mask.to(torch.int8).cpu()
-    if not bool(((mask == 0) | (mask == 1)).all()):
+    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):  # before the cast: 256 would become 0
         raise ValueError("attention_mask must hold only 0 and 1")
+    mask = attention_mask.to(torch.int8).cpu()
     ids = input_ids.cpu()
     group_ids = _normalise_group_ids(group_ids, batch)
     prompts, responses = [], []
@@ -224,7 +224,11 @@ def pack_varlen(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, prompt_lens: 
         raise TypeError(f"input_ids must hold integer token ids; got {input_ids.dtype}")
     cu = check_cu_seqlens(cu_seqlens, "cu_seqlens", input_ids.shape[0], input_ids.device)
     batch = len(cu) - 1
-    prompt_lens = [int(p) for p in (prompt_lens.tolist() if isinstance(prompt_lens, torch.Tensor) else prompt_lens)]
+    if isinstance(prompt_lens, torch.Tensor):
+        if prompt_lens.dtype.is_floating_point or prompt_lens.dtype == torch.bool:
+            raise TypeError(f"prompt_lens must hold integers; got {prompt_lens.dtype}")
+        prompt_lens = prompt_lens.tolist()
+    prompt_lens = [check_int(p, f"prompt_lens[{i}]", 0) for i, p in enumerate(prompt_lens)]
     if len(prompt_lens) != batch:
         raise ValueError(f"prompt_lens has {len(prompt_lens)} entries but cu_seqlens describes {batch} rows")
     group_ids = _normalise_group_ids(group_ids, batch)

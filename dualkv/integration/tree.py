@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import TreeIndex, TreeTargets
-from .hf import LAYOUT_KWARG
+from .hf import LAYOUT_KWARG, require_dualkv_attention
 from .logprobs import DEFAULT_CHUNK, _head_of, token_logprobs
 
 __all__ = ["tree_model_inputs", "tree_logprobs", "model_tree_logprobs"]
@@ -77,6 +77,7 @@ def model_tree_logprobs(model: torch.nn.Module, index: TreeIndex, *, start: "int
     ``start``: score tokens t >= start[s] of sequence s (e.g. the prompt lengths); or pass ``targets``.
     Returns logp, entropy: (sum_s (L_s - start_s),) sequence after sequence.
     """
+    require_dualkv_attention(model, "model_tree_logprobs")
     index = _check_index(index).to(model.device)
     targets = index.targets(start) if targets is None else targets
     out = model.get_decoder()(**tree_model_inputs(index), **forward_kwargs)

@@ -80,7 +80,8 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Pr
     """Exact causal attention of a packed prefix tree: every token over its ancestors and, causally, its own node.
 
     Equal to running each root-to-leaf path as its own causal sequence and keeping each packed token once (with
-    gradients of shared tokens summed over the paths through them). ``deterministic`` is accepted for API parity.
+    gradients of shared tokens summed over the paths through them). ``deterministic`` is accepted for API parity
+    (None or a bool; ``False`` warns that it has no effect, as on the other reference entries).
 
     Args:
         q: (T, H, d); k, v: (T, H_k, d), packed as ``layout`` says (H % H_k == 0).
@@ -89,6 +90,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Pr
     Returns:
         out (T, H, d) [, lse (H, T): float32, float64 for float64 inputs].
     """
+    _group._note_deterministic(deterministic)
     _, _, d = check_tree_tensors(q, k, v, layout)
     out, lse = per_node_attention(q, k, v, layout, resolve_scale(softmax_scale, d), check_window(window_size, True))
     return (out, lse) if return_lse else out
