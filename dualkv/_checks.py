@@ -80,7 +80,7 @@ def check_cu_seqlens(cu: torch.Tensor, name: str, total: int, device: torch.devi
 
 
 def check_max_seqlen(max_seqlen: int, name: str, lengths: Sequence[int]) -> None:
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+    if isinstance(max_seqlen, (bool, np.bool_)) or not isinstance(max_seqlen, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(max_seqlen).__name__}")
     actual = max(lengths) if len(lengths) else 0
     if max_seqlen < actual:
@@ -127,7 +127,8 @@ def check_dualkv_inputs(q, k_context, v_context, k_decoded, v_decoded, cu_seqlen
     tensors = {"q": q, "k_context": k_context, "v_context": v_context, "k_decoded": k_decoded,
                "v_decoded": v_decoded}
     h, hk, d = check_qkv(tensors, query="q", keys=("k_context", "v_context", "k_decoded", "v_decoded"))
-    if isinstance(context_seqlen, bool) or not isinstance(context_seqlen, int) or context_seqlen < 0:
+    if isinstance(context_seqlen, (bool, np.bool_)) or not isinstance(context_seqlen, (int, np.integer)) \
+            or context_seqlen < 0:
         raise ValueError(f"context_seqlen must be an int >= 0; got {context_seqlen!r}")
     for name in ("k_context", "v_context"):
         if tensors[name].shape[0] != context_seqlen:

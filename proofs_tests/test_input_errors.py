@@ -22,6 +22,16 @@ def test_call2_accepts_good_input():
     assert out.shape == (5, 4, 8)
 
 
+def test_call2_accepts_numpy_integers_for_its_lengths():
+    import numpy as np
+
+    args = _call2_args()
+    ref = dualkv.flash_attn_dualkv_varlen_func(**args)
+    for name in ("max_seqlen_q", "context_seqlen", "max_seqlen_k_decoded"):
+        args[name] = np.int64(args[name])
+    assert torch.equal(dualkv.flash_attn_dualkv_varlen_func(**args), ref)
+
+
 @pytest.mark.parametrize("mutate,error,match", [
     (lambda a: a.update(cu_seqlens_q=torch.tensor([1, 3, 5], dtype=torch.int32)), ValueError, "must start at 0"),
     (lambda a: a.update(cu_seqlens_q=torch.tensor([0, 4, 3, 5], dtype=torch.int32)), ValueError, "decreases"),

@@ -126,7 +126,7 @@ def flash_attn_dualkv_varlen_func(q, k_context, v_context, k_decoded, v_decoded,
                                                max_seqlen_k_decoded)
     window = check_window(window_size, causal)
     padded = _kernel_head_dim(q, d, causal, window)
-    mapping = map_call2(cu_q, cu_k, context_seqlen)
+    mapping = map_call2(cu_q, cu_k, int(context_seqlen))  # (a numpy integer is accepted)
     inputs = _pad_head_dim(gather_inputs(mapping, q, k_context, v_context, k_decoded, v_decoded), padded)
     plan = make_plan(mapping.segments, head_dim=padded, group_size=h // hk, window_left=window[0], device=q.device,
                      ctx_shared=False, causal=causal, kv_heads=hk)
