@@ -166,10 +166,11 @@ def test_enable_disable_state_errors(model_and_batch):
         enable_dualkv(torch.nn.Linear(2, 2))
 
 
-def test_logit_scaling_head_is_refused(model_and_batch):
+@pytest.mark.parametrize("field", ["logits_scaling", "lm_head_multiplier", "logit_scale"])
+def test_logit_scaling_head_is_refused(model_and_batch, field):
     model, _, packed = model_and_batch
-    model.config.logits_scaling = 4.0
-    with apply_dualkv(model), pytest.raises(NotImplementedError, match="logits_scaling"):
+    setattr(model.config, field, 4.0)   # (a fresh model per test)
+    with apply_dualkv(model), pytest.raises(NotImplementedError, match=field):
         model_response_logprobs(model, packed)
 
 

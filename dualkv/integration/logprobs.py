@@ -203,7 +203,10 @@ def packed_logprobs(hidden_states: torch.Tensor, weight: torch.Tensor, packed: P
                           with_entropy=with_entropy, fused=fused)
 
 
-_UNSUPPORTED_LOGIT_SCALES = ("logit_scale", "logits_scaling", "output_multiplier_scale")
+#: Config fields with which a model multiplies its logits (Cohere's logit_scale, Granite's logits_scaling, FalconH1's
+#: lm_head_multiplier, ...): the packed head computes plain ``hidden @ W^T``, so any value but 1 is refused.
+UNSUPPORTED_LOGIT_SCALES = ("logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling",
+                            "output_multiplier_scale")
 
 
 def _head_of(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
@@ -212,7 +215,7 @@ def _head_of(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None,
     if not isinstance(head, torch.nn.Linear):
         raise NotImplementedError(f"{type(model).__name__} has no nn.Linear output head (get_output_embeddings())")
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    for name in _UNSUPPORTED_LOGIT_SCALES:
+    for name in UNSUPPORTED_LOGIT_SCALES:
         value = getattr(config, name, None)
         if value not in (None, 1, 1.0):
             raise NotImplementedError(f"{type(model).__name__} scales its logits ({name}={value}); the dualkv "

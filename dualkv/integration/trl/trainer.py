@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ..hf import ATTN_NAME, disable_dualkv, enable_dualkv, register
+from ..logprobs import UNSUPPORTED_LOGIT_SCALES
 from .attention import autocast_packed_attention
 from .compat import check_trl_version
 from .forward import HEADS, packed_call_logps, row_kernel
@@ -37,9 +38,6 @@ from .rows import group_rows, group_shuffle
 
 __all__ = ["DualKVTRLError", "DualKVGRPOMixin", "apply_dualkv", "dualkv_trainer_class", "innermost_model"]
 
-#: Config fields of models that scale their logits before the softmax (TRL's fused head honours them; dualkv
-#: refuses such models rather than guess).
-_LOGIT_SCALES = ("logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling", "output_multiplier_scale")
 #: Keyword inputs of TRL's log-prob call that only vision-language models pass.
 _MULTIMODAL = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
                "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
@@ -72,7 +70,7 @@ def _check_model(inner: torch.nn.Module, what: str) -> None:
                              "supports text-only causal LMs")
     if not isinstance(inner.get_output_embeddings(), torch.nn.Linear):
         raise DualKVTRLError(f"the {what} ({type(inner).__name__}) has no nn.Linear output head")
-    for name in _LOGIT_SCALES:
+    for name in UNSUPPORTED_LOGIT_SCALES:  # (TRL's fused head honours them; dualkv refuses rather than guess)
         value = getattr(config, name, None)
         if value not in (None, 1, 1.0):
             raise DualKVTRLError(f"the {what} scales its logits ({name}={value}); dualkv's packed head does not")
