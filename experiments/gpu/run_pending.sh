@@ -235,6 +235,19 @@ nvrtc135_unpack() {  # nvrtc135_unpack PART: NVRTC 13.5 from the carried build/n
     DUALKV_NVRTC_LIB=/tmp/nv135 step nvrtc_version 60 python3 -c "from dualkv.cuda.build import nvrtc_version; \
 print('NVRTC', nvrtc_version())"
 }
+mma_table135() {  # mma_table135 PART: NVRTC 13.5 (nvrtc135_unpack PART; exported for the rest of the part), the
+    # mma.sync kernels compiled with it (step warm135), then Table 1's rows of the family against the FA2 cascade into
+    # $OUT/bench: t1, three shapes in one process (10 reps); t64, (16, 64K) in another (5 reps)
+    nvrtc135_unpack $1
+    export DUALKV_NVRTC_LIB=/tmp/nv135
+    step warm135 150 python3 -m dualkv kernels --compile-only --arch sm_90 --kernel fwd --kernel bwd_dkdv \
+        --kernel bwd_prep --kernel bwd_dq_frag_cast --kernel bwd_dq --jobs 16 --no-progress
+    mkdir -p "$OUT/bench"
+    TAIL=1 step t1 200 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 28:4096,8:8192,16:32768 \
+        --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
+    TAIL=1 step t64 120 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 16:65536 \
+        --mode fwd,bwd,fwdbwd --reps 5 --out "$OUT/bench/t64"
+}
 nvrtc_release_bench() {  # nvrtc_release_bench SECONDS: both families and both cascades at (8, 8K) and (16, 32K) in three
     # processes (steps b1_130, b1_135, b2_130): the machine's NVRTC, /tmp/nv135's, the machine's again; into $OUT/bench
     mkdir -p "$OUT/bench"
@@ -1876,15 +1889,7 @@ s32t135)
     # whose ordered dK/dV kernel does not spill: s32mid measured its backward 4.5% faster than 13.0's); then ncu of the
     # forward at (16, 32K), dualkv's one launch against FA2's three; last the family's backward and tree GPU tests under
     # 13.5 (run with COMPILE_S=1: everything here compiles with 13.5, in step warm135)
-    nvrtc135_unpack s32t135
-    export DUALKV_NVRTC_LIB=/tmp/nv135
-    step warm135 150 python3 -m dualkv kernels --compile-only --arch sm_90 --kernel fwd --kernel bwd_dkdv \
-        --kernel bwd_prep --kernel bwd_dq_frag_cast --kernel bwd_dq --jobs 16 --no-progress
-    mkdir -p "$OUT/bench"
-    TAIL=1 step t1 200 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 28:4096,8:8192,16:32768 \
-        --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
-    TAIL=1 step t64 120 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 16:65536 \
-        --mode fwd,bwd,fwdbwd --reps 5 --out "$OUT/bench/t64"
+    mma_table135 s32t135
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s32t135-table.json"
     mma_fwd_ncu 16:32768 dualkv fa2
     TAIL=3 mma_backward_tests pytest135 170
@@ -2161,15 +2166,7 @@ s36t135)
     # the FA2 cascade at the s35 forward defaults (the lazy rescale) with the family compiled by NVRTC 13.5 (s32nvrtc at
     # 3137631: (16, 32K) 291.54 against 291.70 ms under 13.5, 302.53 / 302.27 against 291.84 / 291.67 under 13.0); t1:
     # three shapes in one process, t64: (16, 64K); then dualkv verify under DUALKV_KERNELS=mma with 13.5
-    nvrtc135_unpack s36t135
-    export DUALKV_NVRTC_LIB=/tmp/nv135
-    step warm135 150 python3 -m dualkv kernels --compile-only --arch sm_90 --kernel fwd --kernel bwd_dkdv \
-        --kernel bwd_prep --kernel bwd_dq_frag_cast --kernel bwd_dq --jobs 16 --no-progress
-    mkdir -p "$OUT/bench"
-    TAIL=1 step t1 200 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 28:4096,8:8192,16:32768 \
-        --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
-    TAIL=1 step t64 120 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 16:65536 \
-        --mode fwd,bwd,fwdbwd --reps 5 --out "$OUT/bench/t64"
+    mma_table135 s36t135
     python3 experiments/gpu/bench_table.py "$OUT/bench" > "$OUT/s36t135-table.txt" 2>&1; cat "$OUT/s36t135-table.txt"
     DUALKV_KERNELS=mma TAIL=2 step verify135 170 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma-135.json"
     (cd "$OUT" && tar czf s36t135.tgz *.log bench && rm -rf t1.log t64.log warm135.log verify135.log bench)
