@@ -75,6 +75,11 @@ def _layer_name(module: torch.nn.Module) -> str:
     return f"{type(module).__name__}" + (f" (layer {idx})" if idx is not None else "")
 
 
+#: ``config.layer_types`` entries the packed attention serves. Any other (``linear_attention``, ``chunked_attention``,
+#: a mamba or conv block) mixes tokens outside the attention interface, across the packed rows.
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
 def _check_layer_type(module: torch.nn.Module, sliding_window: int | None) -> None:
     """Cross-check the window against the layer's declared type in its config (``config.layer_types``)."""
     config = getattr(module, "config", None)
@@ -88,7 +93,7 @@ def _check_layer_type(module: torch.nn.Module, sliding_window: int | None) -> No
                          f"'{ATTN_NAME}' attention; refusing to run it as full attention")
     if kind == "full_attention" and sliding_window:
         raise ValueError(f"{_layer_name(module)} is a full_attention layer but got sliding_window={sliding_window}")
-    if kind not in ("sliding_attention", "full_attention"):
+    if kind not in ATTENTION_LAYER_TYPES:
         raise NotImplementedError(f"{_layer_name(module)} has layer type {kind!r}; the '{ATTN_NAME}' attention "
                                   "supports full_attention and sliding_attention layers")
 
@@ -192,9 +197,6 @@ def _ensure_registered() -> None:
         register()
 
 
-#: ``config.layer_types`` entries the packed attention serves. Any other (``linear_attention``, ``chunked_attention``,
-#: a mamba or conv block) mixes tokens outside the attention interface, across the packed rows.
-ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")
 #: Class-name fragments of token mixers that do not go through the attention interface (hybrid and recurrent models:
 #: Jamba / Bamba / FalconH1 / Zamba mamba mixers, Qwen3-Next's gated delta net, LFM2's short convolutions, RWKV).
 FOREIGN_MIXERS = ("Mamba", "Mixer", "DeltaNet", "LinearAttention", "ShortConv", "Rwkv")
@@ -202,7 +204,10 @@ FOREIGN_MIXERS = ("Mamba", "Mixer", "DeltaNet", "LinearAttention", "ShortConv", 
 
 def check_token_mixers(model: torch.nn.Module, what: str) -> None:
     """Raise when ``model`` mixes tokens anywhere but in its attention layers: such a layer would run over the whole
-    packed stream, so a response would see the other responses' tokens (silently wrong values)."""
+    packed stream, so a response would see the other responses' tokens (silently wrong values). A model that passed
+    is remembered (the log-prob heads call this on every micro-batch; the module scan is done once)."""
+    if model in _MIXERS_CHECKED:
+        return
     config = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     layer_types = getattr(text, "layer_types", None) or ()
@@ -216,6 +221,10 @@ def check_token_mixers(model: torch.nn.Module, what: str) -> None:
         if any(fragment in kind for fragment in FOREIGN_MIXERS):
             raise NotImplementedError(f"{what}: {type(model).__name__} mixes tokens outside attention ({name}: {kind}); "
                                       f"the '{ATTN_NAME}' packing would let it run across the packed rows")
+    _MIXERS_CHECKED.add(model)
+
+
+_MIXERS_CHECKED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models check_token_mixers passed
 
 
 def require_dualkv_attention(model: torch.nn.Module, what: str) -> None:
