@@ -197,6 +197,11 @@
 #   bash experiments/gpu/run_pending.sh s35final   # #12/#13: the new forward defaults (lazy rescale; d = 128 WS forward on
 #                                                  # 128-key blocks with its overlap): verify and forward GPU tests, both families
 #   bash experiments/gpu/run_pending.sh s35table   # #12/#13: Table 1 rows at the new forward defaults (both families, both cascades)
+#   bash experiments/gpu/run_pending.sh s37check   # s36's review fixes: verify, GPU tests (both families), 2-GPU tests
+#                                                  # (kind nvidia-h200-x2)
+#   bash experiments/gpu/run_pending.sh s37rest    # s37check's two timed-out test steps, on the 1-GPU machine
+#   bash experiments/gpu/run_pending.sh s37def     # s37rest's stopped step alone, long limit, durations, build log
+#   bash experiments/gpu/run_pending.sh s37pair    # two copies of that step at once on one GPU, faulthandler timeout
 #   bash experiments/gpu/run_pending.sh s35d96     # #12/#13: old / new forward defaults alternating (d = 128, both families);
 #                                                  # the d = 96 WS forward on 128-key blocks with its overlap: A/B and tests
 #   bash experiments/gpu/run_pending.sh s35hd      # #12: the WS forward's overlap at head dims 64 (128-key blocks), 192, 256
@@ -2342,6 +2347,65 @@ s34split)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s34split-table.json"
     (cd "$OUT" && tar czf s34split.tgz *.log bench && rm -rf r[12]_*.log bench)
     ;;
+s37check)
+    # Correctness of s36's review fixes (kernel_ready's dense copy, check_window, the dispatch's tensor test, empty
+    # settings) on a 2-GPU machine (run with COMPILE_S=150, kind nvidia-h200-x2): on GPU 0 dualkv verify and the
+    # forward / paper-API / backward GPU tests of the default family, then the input-error, hybrid, cascade, HF and
+    # log-prob GPU tests; on GPU 1 verify and the forward GPU tests under DUALKV_KERNELS=mma, then the ordered-dQ and
+    # dQ-layout tests; last the two-device tests (test_cuda_multigpu.py) on both GPUs
+    ( export CUDA_VISIBLE_DEVICES=0
+      TAIL=2 step verify 170 python3 -m dualkv verify --no-progress --json "$OUT/verify-default.json"
+      TAIL=3 step pytest_default 200 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_forward.py \
+          proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_backward.py
+      TAIL=3 step pytest_rest0 150 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_input_errors.py \
+          proofs_tests/test_hybrid_path.py proofs_tests/test_cascade.py proofs_tests/test_hf_gpu.py \
+          proofs_tests/test_cuda_logprobs.py ) &
+    ( export CUDA_VISIBLE_DEVICES=1 DUALKV_KERNELS=mma
+      TAIL=2 step verify_mma 170 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma.json"
+      TAIL=3 step pytest_mma_fwd 150 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_forward.py
+      unset DUALKV_KERNELS
+      TAIL=3 step pytest_rest1 150 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py \
+          proofs_tests/test_dq_layout.py ) &
+    wait
+    TAIL=3 step pytest_multigpu 90 python3 -m pytest -q -m multigpu -p no:cacheprovider proofs_tests/test_cuda_multigpu.py
+    (cd "$OUT" && tar czf s37check.tgz *.log && rm -f verify*.log pytest*.log)
+    ;;
+s37rest)
+    # s37check's two steps that its limits stopped (on the 2-GPU machine the default family's forward / paper-API /
+    # backward tests reached 174 of 385 in 200 s, against 84 s for all of them on the 1-GPU machine in s36final), on
+    # the 1-GPU machine (run with COMPILE_S=150), two processes at once, with pytest's slowest durations: those tests,
+    # and trees / ordered dQ / dQ layout / tree reference
+    ( TAIL=14 step pytest_default 220 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=8 \
+        proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_backward.py &
+      TAIL=14 step pytest_trees 390 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=8 \
+        proofs_tests/test_tree_cuda.py proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_dq_layout.py \
+        proofs_tests/test_tree_reference.py &
+      wait )
+    (cd "$OUT" && tar czf s37rest.tgz *.log && rm -f pytest_*.log)
+    ;;
+s37def)
+    # s37rest's stopped step alone (run with COMPILE_S=170): the default family's forward / paper-API / backward GPU
+    # tests with a long limit, pytest's slowest durations and $DUALKV_BUILD_LOG (which specializations compiled
+    # during the tests because the precompile did not hold them)
+    DUALKV_BUILD_LOG=$OUT/build.jsonl TAIL=24 step pytest_default 470 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        --durations=16 proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py \
+        proofs_tests/test_cuda_backward.py
+    python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; m=[x['spec'] for x in r if not x['cache_hit']];\
+print(len(r), 'specializations asked for,', len(m), 'compiled during the tests'); print(*m[:12], sep='\\n')" "$OUT/build.jsonl"
+    (cd "$OUT" && tar czf s37def.tgz *.log build.jsonl && rm -f pytest_*.log build.jsonl)
+    ;;
+s37pair)
+    # Why s37check / s37rest's default-family test step stalled when it shared the machine (alone, s37def: 385 passed
+    # in 82 s): two copies of it at once on the one GPU (run with COMPILE_S=170), each with pytest's faulthandler
+    # timeout (a test running past 40 s prints every thread's Python stack) and slowest durations
+    for i in 1 2; do
+        DUALKV_BUILD_LOG=$OUT/build$i.jsonl TAIL=30 step pytest_pair$i 300 python3 -m pytest -q -m gpu \
+            -p no:cacheprovider -o faulthandler_timeout=40 --durations=6 proofs_tests/test_cuda_forward.py \
+            proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_backward.py &
+    done
+    wait
+    (cd "$OUT" && tar czf s37pair.tgz *.log build*.jsonl && rm -f pytest_*.log build*.jsonl)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -2349,6 +2413,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair)"
    exit 2 ;;
 esac
