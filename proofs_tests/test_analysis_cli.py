@@ -66,6 +66,16 @@ def test_text_report_and_options(capsys):
     (["--plot", "out", "--results", "/nonexistent/results"], "no result files at /nonexistent/results"),
     (["--N", "2", "--P", "10", "--R", "5", "--seconds", "-1"], "seconds = -1"),
     (["--N", "2", "--P", "10", "--R", "5", "--seconds", "1", "--gpu", "V100"], "unknown gpu 'V100'"),
+    (["--N", "2", "--P", "10", "--R", "5", "--seconds", "nan"], "seconds = nan"),
+    (["--N", "2", "--P", "10", "--R", "5", "--seconds", "inf"], "seconds = inf"),
+    (["--N", "2", "--P", "10", "--R", "5", "--memory-rows", str(DATA / "synthetic_memory.csv")],
+     "--memory-rows needs --mb"),
+    (["--N", "2", "--P", "10", "--R", "5", "--mb", "2", "--memory-rows", "/nonexistent/mem.csv"],
+     "no memory measurement file at /nonexistent/mem.csv"),
+    (["--N", "2", "--P", "10", "--R", "5", "--mb", "2", "--memory-rows", str(DATA / "broken" / "truncated.json")],
+     "truncated.json: not a readable JSON result file"),
+    (["--plot", "out", "--model", "gpt-5"], "unknown model 'gpt-5'"),
+    (["--N", "2", "--P", "10", "--R", "5", "--results", str(DATA)], "--results only applies with --plot"),
 ])
 def test_bad_arguments_name_the_problem(args, match):
     with pytest.raises(SystemExit, match=match):

@@ -96,3 +96,23 @@ def test_law_broadcasts():
     law = MemoryLaw(M0=1.0, c_P=0.5, c_mbR=0.25)
     out = law.predict(np.array([1, 2]), np.array([[1], [2]]), 4)
     assert out.shape == (2, 2) and out[1, 1] == 1.0 + 1.0 + 2.0
+
+
+def test_memory_rows_take_a_steps_peak_over_its_phases(tmp_path):
+    """A policy_update result file has one row per phase (old/ref log-probs, update), each with the peak of that
+    phase alone. The memory law models a training step's peak: one row per configuration, the largest phase peak
+    (a configuration with an OOM phase has no step peak)."""
+    from dualkv.analysis import memory_rows, read_result_file
+
+    def rows(P, mb, peaks, status="ok"):
+        return [{"system": "dualkv", "N": 8, "P": P, "R": 2048, "mb": mb, "phase": phase, "seconds": 1.0,
+                 "peak_mem_gib": peak, "status": status if phase == "update_actor" else "ok"}
+                for phase, peak in zip(("old_log_prob", "ref_log_prob", "update_actor"), peaks)]
+
+    doc = {"benchmark": "policy_update", "rows": rows(4096, 4, (10.0, 10.5, 30.0)) + rows(8192, 4, (12.0, 12.5, 35.0))
+           + rows(8192, 8, (13.0, 13.5, 40.0)) + rows(16384, 8, (15.0, 15.5, None), status="OOM")}
+    (tmp_path / "pu.json").write_text(json.dumps(doc))
+    got = memory_rows(read_result_file(tmp_path / "pu.json"))
+    assert got == [{"P": 4096.0, "mb": 4.0, "R": 2048.0, "peak_mem_gib": 30.0},
+                   {"P": 8192.0, "mb": 4.0, "R": 2048.0, "peak_mem_gib": 35.0},
+                   {"P": 8192.0, "mb": 8.0, "R": 2048.0, "peak_mem_gib": 40.0}]

@@ -137,3 +137,46 @@ def test_bad_model_input():
         ModelConfig.from_dict({**base, "hidden_size": 0})
     with pytest.raises(ValueError, match="layout_kind"):
         model_flops("qwen3-8b", group_layout(2, 10, 5), "fwd", "padded")
+
+
+def test_mfu_and_amdahl_refuse_nan_and_inf():
+    """A NaN or infinite time is no measurement: it must be refused, not turned into a NaN or 0 utilisation (a NaN
+    also makes ``dualkv model --json`` print invalid JSON)."""
+    for seconds in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="seconds"):
+            mfu(1e12, seconds)
+    with pytest.raises(ValueError, match="peak_flops"):
+        mfu(1e12, 1.0, peak_flops=float("nan"))
+    with pytest.raises(ValueError, match="speedup"):
+        amdahl(float("nan"), 0.5)
+
+
+def test_report_mfu_does_not_count_recompute():
+    """MFU counts model FLOPs: gradient checkpointing's extra forward is work the hardware does, not model FLOPs
+    (docs/RESULTS.md: "no recompute counted"), so ``recompute`` changes the FLOP counts but not the MFU."""
+    from dualkv.analysis import model_report
+
+    plain = model_report(8, 8192, 2048, mode="fwdbwd", seconds=2.0)
+    ckpt = model_report(8, 8192, 2048, mode="fwdbwd", recompute=True, seconds=2.0)
+    assert ckpt["flops_dualkv"]["total"] > plain["flops_dualkv"]["total"]
+    assert ckpt["mfu"]["dualkv_flops"] == pytest.approx(plain["mfu"]["dualkv_flops"])
+    assert ckpt["mfu"]["ncopy_equivalent"] == pytest.approx(plain["mfu"]["ncopy_equivalent"])
+    assert plain["mfu"]["dualkv_flops"] == pytest.approx(plain["flops_dualkv"]["total"] / (2.0 * 989e12))
+
+
+@pytest.mark.parametrize("extra,error,match", [
+    ({"global_head_dim": -16}, ValueError, "t.global_head_dim = -16"),
+    ({"global_head_dim": 2.5}, ValueError, "t.global_head_dim = 2.5 must be a whole number"),
+    ({"num_global_kv_heads": 0}, ValueError, "t.num_global_kv_heads = 0"),
+    ({"num_global_kv_heads": 3}, ValueError, "num_heads 4 is not a multiple of num_global_kv_heads 3"),
+    ({"num_experts": 4, "experts_per_token": 8, "moe_intermediate_size": 32}, ValueError,
+     "experts_per_token 8 is more than num_experts 4"),
+    ({"num_experts": -1}, ValueError, "t.num_experts = -1"),
+])
+def test_bad_global_layer_and_expert_fields_are_refused(extra, error, match):
+    """The hybrid's global-layer fields and the MoE fields are checked like the others: a negative or fractional
+    head dim, or a KV-head count that does not divide the heads, must not turn into silently wrong FLOPs."""
+    base = dict(name="t", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                intermediate_size=128, vocab_size=100, layer_pattern=["sliding", "full"], sliding_window=8)
+    with pytest.raises(error, match=match):
+        ModelConfig.from_dict({**base, **extra})

@@ -95,3 +95,53 @@ def test_compare_layer_rows_use_the_micro_batch():
     table = compare(read_result_file(DATA / "synthetic_layer.json"), model="llama-3.1-8b")
     assert len(table) == 12 and all(e["responses_per_group"] == e["mb"] for e in table)
     assert sum(e["speedup_measured"] is not None for e in table) == 6
+
+
+def test_harness_rows_with_r_list_get_a_layout(tmp_path):
+    """dualkv.bench.harness writes layer/model rows with ``R_list`` (and no ``R`` or ``N``): they must still get a
+    layout, a prediction and memory rows."""
+    from dualkv.analysis import memory_rows
+
+    (tmp_path / "layer.json").write_text(json.dumps({"benchmark": "layer", "rows": [
+        {"system": s, "P": 4096, "mb": 4, "R_list": [100, 300, 500, 700], "R_total": 1600, "ms": ms,
+         "peak_mem_gib": 10.0, "status": "ok"} for s, ms in (("dualkv", 10.0), ("fa2_ncopy", 20.0))]}))
+    rows = read_result_file(tmp_path / "layer.json")
+    assert rows[0].R_list == (100, 300, 500, 700) and rows[0].R == 400
+    assert row_layout(rows[0]).response_lens == ((100, 300, 500, 700),)
+    (entry,) = compare(rows)
+    assert entry["speedup_measured"] == 2.0 and entry["speedup_predicted"] > 1
+    assert memory_rows(rows) == [{"P": 4096.0, "mb": 4.0, "R": 400.0, "peak_mem_gib": 10.0}]
+
+
+def test_compare_keeps_head_geometries_apart(tmp_path):
+    """Kernel rows that name their heads / head_dim are compared only with a baseline of the same shape, and their
+    useful TFLOP/s counts their own shape (rows that do not say are Qwen3-8B's 32 x 128)."""
+    base = {"N": 8, "P": 8192, "R": 2048, "mode": "fwdbwd", "status": "ok"}
+    (tmp_path / "k.json").write_text(json.dumps({"benchmark": "kernel", "rows": [
+        {**base, "system": "fa2_ncopy", "heads": 32, "kv_heads": 8, "head_dim": 128, "ms": 40.0},
+        {**base, "system": "dualkv", "heads": 32, "kv_heads": 8, "head_dim": 128, "ms": 10.0},
+        {**base, "system": "fa2_ncopy", "heads": 32, "kv_heads": 8, "head_dim": 64, "ms": 30.0},
+        {**base, "system": "dualkv", "heads": 32, "kv_heads": 8, "head_dim": 64, "ms": 5.0},
+        {**base, "system": "dualkv_mma", "heads": 32, "kv_heads": 8, "head_dim": 64, "ms": 6.0},
+        {**base, "system": "dualkv_mma", "ms": 8.0}]}))
+    table = compare(read_result_file(tmp_path / "k.json"))
+    by = {(e["system"], e["head_dim"]): e for e in table}
+    assert by[("dualkv", 128)]["speedup_measured"] == 4.0
+    assert by[("dualkv", 64)]["speedup_measured"] == 6.0
+    assert by[("dualkv_mma", 64)]["speedup_measured"] == 5.0
+    assert by[("dualkv_mma", 128)]["speedup_measured"] == 5.0          # no shape given: Qwen3-8B's
+    useful = attention_flops(pairs_dualkv(8, 8192, 2048), 32, 64, "fwdbwd") / 5e-3 / 1e12
+    assert by[("dualkv", 64)]["useful_tflops"] == pytest.approx(useful)
+
+
+def test_a_bad_entry_in_an_r_list_is_not_dropped_silently(tmp_path):
+    """A response-length list with an unreadable entry does not describe the batch: dropping the entry would
+    invent a smaller batch (fewer responses, another mean R), so the row has no R at all."""
+    (tmp_path / "r.json").write_text(json.dumps({"benchmark": "kernel", "rows": [
+        {"system": "dualkv", "N": 3, "P": 1000, "R": [100, "x", 300], "ms": 1.0},
+        {"system": "dualkv", "N": 3, "P": 1000, "R": [100, 2.5, 300], "ms": 1.0},
+        {"system": "dualkv", "N": 3, "P": 1000, "R_list": [100, 0, 300], "ms": 1.0}]}))
+    rows = read_result_file(tmp_path / "r.json")
+    for row in rows:
+        assert row.R_list is None and row.R is None and row_layout(row) is None
+    assert compare(rows)[0]["speedup_predicted"] is None                 # and no ValueError from the layout

@@ -47,6 +47,12 @@ def _run(args: argparse.Namespace) -> int:
         for name in available_models():
             print(f"{name:<18} {load_model(name).description}")
         return 0
+    if args.results and not args.plot:
+        raise SystemExit("dualkv model: --results only applies with --plot DIR (the measured points it overlays)")
+    try:
+        load_model(args.model)
+    except (TypeError, ValueError) as err:
+        raise SystemExit(f"dualkv model: {err}") from None
     if args.P is None and args.R is None and args.N is None:
         if not args.plot:
             raise SystemExit("dualkv model: give --N, --P and --R (or --plot DIR, or --list-models)")
@@ -54,12 +60,14 @@ def _run(args: argparse.Namespace) -> int:
         missing = [f"--{k}" for k in ("P", "R") if getattr(args, k) is None]
         if missing:
             raise SystemExit(f"dualkv model: missing {' and '.join(missing)}")
-        law = fit_memory_law(read_memory_rows(args.memory_rows)) if args.memory_rows else None
+        if args.memory_rows and args.mb is None:
+            raise SystemExit("dualkv model: --memory-rows needs --mb (the law predicts peak memory at (P, mb, R))")
         try:
+            law = fit_memory_law(read_memory_rows(args.memory_rows)) if args.memory_rows else None
             rep = model_report(args.N, args.P, args.R, model=args.model, mb=args.mb, mode=args.mode,
                                recompute=args.recompute, memory_law=law, seconds=args.seconds, gpu=args.gpu,
                                num_gpus=args.num_gpus)
-        except (TypeError, ValueError) as err:
+        except (OSError, TypeError, ValueError) as err:
             raise SystemExit(f"dualkv model: {err}") from None
         print(json.dumps(rep, indent=2) if args.json else format_report(rep))
     if args.plot:

@@ -55,8 +55,8 @@ def kernel_memory_savings(N: int, P: int, heads: int, kv_heads: int, head_dim: i
 
 
 def model_kernel_memory_savings(model: "str | ModelConfig", N: int, P: int, dtype_bytes: int = 2) -> dict[str, int]:
-    """:func:`kernel_memory_savings` of the first layer (``"per_layer"``) and summed over all layers
-    (``"all_layers"``), bytes. For hybrid models layers differ; ``"per_layer"`` is then the largest."""
+    """:func:`kernel_memory_savings` of the largest layer (``"per_layer"``; every layer when they are alike) and
+    summed over all layers (``"all_layers"``), bytes."""
     cfg = load_model(model)
     per = [kernel_memory_savings(N, P, layer.heads, layer.kv_heads, layer.head_dim, dtype_bytes,
                                  k_eq_v=layer.k_eq_v)["total"] for layer in cfg.layers]
@@ -187,14 +187,26 @@ def read_memory_rows(path: "str | Path", system: str = "dualkv") -> list[dict]:
 def memory_rows(results: Iterable, system: str = "dualkv", benchmark: str | None = None) -> list[dict]:
     """``{"P", "mb", "R", "peak_mem_gib"}`` of the measured rows (:class:`~dualkv.analysis.results.ResultRow`) of
     ``system`` (rows naming no system count as it) and, if given, ``benchmark``, with status "ok" and a peak
-    memory. ``mb`` defaults to N (one group per micro-batch); ``R`` is the mean response length."""
-    out = []
+    memory. ``mb`` defaults to N (one group per micro-batch); ``R`` is the mean response length. Rows that name a
+    ``phase`` (a policy_update file: one row per phase, each with that phase's own peak) give one row per
+    configuration: the step's peak, the largest over its phases (none if a phase is not "ok" or has no peak)."""
+    out: list[dict] = []
+    steps: dict[tuple, list[dict | None]] = {}   # a configuration's phase rows (None: not "ok" or no peak)
     for r in results:
-        if not r.ok or (r.system or system) != system or r.peak_mem_gib is None or r.P is None or r.R is None:
+        if (r.system or system) != system or r.P is None or r.R is None:
             continue
         if benchmark is not None and r.benchmark != benchmark:
             continue
         mb = r.mb if r.mb is not None else r.N
-        if mb is not None:
-            out.append({"P": float(r.P), "mb": float(mb), "R": float(r.R), "peak_mem_gib": r.peak_mem_gib})
+        if mb is None:
+            continue
+        ok = r.ok and r.peak_mem_gib is not None
+        row = {"P": float(r.P), "mb": float(mb), "R": float(r.R), "peak_mem_gib": r.peak_mem_gib} if ok else None
+        if r.extra.get("phase") is not None:
+            steps.setdefault((r.source, r.benchmark, r.N, r.P, r.R_list or r.R, mb), []).append(row)
+        elif row is not None:
+            out.append(row)
+    for phases in steps.values():
+        if all(phase is not None for phase in phases):
+            out.append(max(phases, key=lambda x: x["peak_mem_gib"]))
     return out

@@ -16,6 +16,7 @@ Shipped configurations (``configs/*.json``): qwen3-8b, qwen3-30b-a3b, llama-3.1-
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from importlib import resources
@@ -112,9 +113,19 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"{self.name}: num_heads {self.num_heads} is not a multiple of num_kv_heads "
                              f"{self.num_kv_heads}")
-        if self.num_experts:
+        if check_int(self.num_experts, f"{self.name}.num_experts", 0):
             check_int(self.experts_per_token, f"{self.name}.experts_per_token", 1)
             check_int(self.moe_intermediate_size, f"{self.name}.moe_intermediate_size", 1)
+            if self.experts_per_token > self.num_experts:
+                raise ValueError(f"{self.name}: experts_per_token {self.experts_per_token} is more than num_experts "
+                                 f"{self.num_experts}")
+        if self.global_head_dim is not None:
+            check_int(self.global_head_dim, f"{self.name}.global_head_dim", 1)
+        if self.num_global_kv_heads is not None:
+            check_int(self.num_global_kv_heads, f"{self.name}.num_global_kv_heads", 1)
+            if self.num_heads % self.num_global_kv_heads:
+                raise ValueError(f"{self.name}: num_heads {self.num_heads} is not a multiple of num_global_kv_heads "
+                                 f"{self.num_global_kv_heads}")
         pattern = tuple(self.layer_pattern)
         bad = [k for k in pattern if k not in ("full", "sliding")]
         if not pattern or bad:
@@ -259,7 +270,7 @@ def amdahl(speedup: float, fraction: float) -> float:
     """Overall speedup when a ``fraction`` (0..1) of the time is sped up by ``speedup`` and the rest is not."""
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"fraction = {fraction}: must be in [0, 1]")
-    if speedup <= 0:
+    if not speedup > 0:
         raise ValueError(f"speedup = {speedup}: must be > 0")
     return 1.0 / ((1.0 - fraction) + fraction / speedup)
 
@@ -269,8 +280,8 @@ def mfu(flops: float, seconds: float, peak_flops: float = PEAK_BF16_FLOPS["H100"
 
     ``flops`` should be the *useful* model FLOPs (e.g. :func:`model_flops` of the dualkv layout, or of the
     N-copy layout when judging the N-copy system on its own terms — say which)."""
-    if seconds <= 0:
-        raise ValueError(f"seconds = {seconds}: a measured time must be > 0")
-    if peak_flops <= 0:
-        raise ValueError(f"peak_flops = {peak_flops}: must be > 0")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"seconds = {seconds}: a measured time must be finite and > 0")
+    if not (math.isfinite(peak_flops) and peak_flops > 0):
+        raise ValueError(f"peak_flops = {peak_flops}: must be finite and > 0")
     return float(flops) / (seconds * peak_flops * check_int(num_gpus, "num_gpus", 1))

@@ -22,7 +22,8 @@ def model_report(N: int | None, P: int, R: IntOrSeq, model: str = "qwen3-8b", mb
     llama-3.1-8b without one, the paper's own fit is used and labelled as such. ``seconds``: a measured time for
     the whole group's ``mode`` pass(es) on ``num_gpus`` GPUs of kind ``gpu`` (a key of ``PEAK_BF16_FLOPS``); adds
     an ``mfu`` section: utilisation counting the dualkv layout's FLOPs, and counting the N-copy layout's FLOPs
-    (the work the same rows cost unshared — an "effective" figure, larger than 1 is possible).
+    (the work the same rows cost unshared — an "effective" figure, larger than 1 is possible). MFU counts model
+    FLOPs only: with ``recompute`` the measured time includes the recomputed forward, but its FLOPs are not counted.
     """
     lens = response_lengths(N, R)
     n = len(lens)
@@ -79,9 +80,11 @@ def model_report(N: int | None, P: int, R: IntOrSeq, model: str = "qwen3-8b", mb
         if gpu not in PEAK_BF16_FLOPS:
             raise ValueError(f"unknown gpu {gpu!r}; known: {', '.join(PEAK_BF16_FLOPS)}")
         peak = PEAK_BF16_FLOPS[gpu]
+        std_model, dk_model = ((model_flops(cfg, layout, mode, kind)["total"] for kind in ("ncopy", "dualkv"))
+                               if recompute else (std["total"], dk["total"]))
         out["mfu"] = {"seconds": seconds, "gpu": gpu, "num_gpus": num_gpus, "peak_flops_per_gpu": peak,
-                      "dualkv_flops": mfu(dk["total"], seconds, peak, num_gpus),
-                      "ncopy_equivalent": mfu(std["total"], seconds, peak, num_gpus)}
+                      "dualkv_flops": mfu(dk_model, seconds, peak, num_gpus),
+                      "ncopy_equivalent": mfu(std_model, seconds, peak, num_gpus)}
     return out
 
 

@@ -1,10 +1,12 @@
 """Readers for benchmark result files (``experiments/results/*.json``) and the prediction-vs-measurement table.
 
 A result file is ``{"environment": {...}, "benchmark": "kernel"|"layer"|"model"|"policy_update", "rows": [...]}``;
-a row holds ``system``, ``N``, ``P``, ``R`` (an int or the list of R_i), ``mb``, ``mode``, ``ms``, ``tflops``,
-``peak_mem_gib`` and ``status`` ("ok" or "OOM"). The readers are tolerant: missing keys become ``None``, OOM rows
-are kept (status "OOM", no time), rows that are not objects are skipped with a warning, and unreadable files in a
-directory are skipped with a warning. Nothing here invents a number: a missing measurement stays ``None``.
+a row holds ``system``, ``N``, ``P``, ``R`` (an int or the list of R_i; :mod:`dualkv.bench.harness` writes the list
+as ``R_list``), ``mb``, ``mode``, ``ms``, ``tflops``, ``peak_mem_gib`` and ``status`` ("ok" or "OOM"); kernel rows
+may name their head geometry (``heads``, ``kv_heads``, ``head_dim``). The readers are tolerant: missing keys
+become ``None``, OOM rows are kept (status "OOM", no time), rows that are not objects are skipped with a warning,
+and unreadable files in a directory are skipped with a warning. Nothing here invents a number: a missing
+measurement stays ``None``.
 """
 
 from __future__ import annotations
@@ -91,14 +93,16 @@ def _status(row: dict, ms: float | None, peak: float | None) -> str:
     return "OOM" if text.upper() == "OOM" else text.lower()
 
 
-_KNOWN = {"benchmark", "system", "N", "P", "R", "mb", "mode", "ms", "tflops", "peak_mem_gib", "status"}
+_KNOWN = {"benchmark", "system", "N", "P", "R", "R_list", "mb", "mode", "ms", "tflops", "peak_mem_gib", "status"}
 
 
 def _row(raw: dict, benchmark: str | None, source: str, gpu: str | None) -> ResultRow:
-    r_value = raw.get("R")
+    r_value = raw.get("R") if raw.get("R") is not None else raw.get("R_list")
     r_list = None
     if isinstance(r_value, (list, tuple)):
-        r_list = tuple(int(x) for x in r_value if _int(x) is not None)
+        lens = [_int(x) for x in r_value]
+        # an unreadable or non-positive entry: no R at all (dropping it would invent another batch)
+        r_list = tuple(lens) if lens and None not in lens and min(lens) >= 1 else None
         r_mean = sum(r_list) / len(r_list) if r_list else None
     else:
         r_mean = _number(r_value)
@@ -191,29 +195,39 @@ def row_layout(row: ResultRow) -> GroupLayout | None:
     return micro_batch_layouts(len(lens), row.P, lens, row.mb, prompts)[0]
 
 
-def _key(row: ResultRow) -> tuple:
-    """What a row measured: benchmark, mode and the packed micro-batch (so mb = N and a missing mb match)."""
+def _heads(row: ResultRow, heads: int, head_dim: int) -> tuple[int, int, int]:
+    """(heads, kv_heads, head_dim) a row names, each defaulting to ``heads`` / Qwen3-8B's KV heads / ``head_dim``."""
+    named = [_int(row.extra.get(k)) for k in ("heads", "kv_heads", "head_dim")]
+    return tuple(v if v is not None and v >= 1 else d
+                 for v, d in zip(named, (heads, QWEN3_8B_ATTENTION.kv_heads, head_dim)))
+
+
+def _key(row: ResultRow, heads: tuple[int, int, int]) -> tuple:
+    """What a row measured: benchmark, mode, head geometry and the packed micro-batch (so mb = N and a missing mb
+    match)."""
     layout = row_layout(row)
     shape = (layout.prompt_lens, layout.response_lens) if layout else (row.N, row.P, row.R_list or row.R, row.mb)
-    return (row.benchmark, row.mode, shape)
+    return (row.benchmark, row.mode, heads, shape)
 
 
 def compare(rows: Iterable[ResultRow], model: str = "qwen3-8b", heads: int = QWEN3_8B_ATTENTION.heads,
             head_dim: int = QWEN3_8B_ATTENTION.head_dim, baseline: str = BASELINE_SYSTEM) -> list[dict]:
-    """One entry per (benchmark, N, P, R, mb, mode) and non-baseline system: measured speedup over ``baseline``
-    next to the prediction.
+    """One entry per (benchmark, N, P, R, mb, mode, head geometry) and non-baseline system: measured speedup over
+    ``baseline`` (a row of the same configuration and head geometry) next to the prediction.
 
     Prediction: kernel rows, the exact causal attention-pair ratio; layer/model/policy_update rows, the
     whole-model FLOP ratio of ``model`` (:func:`step_speedup_bounds`). ``useful_tflops``: attention FLOPs of the
-    useful pairs (``heads`` x ``head_dim``) per measured second (kernel rows only). OOM rows keep their status;
-    their measured speedup is ``None``.
+    useful pairs per measured second (kernel rows only), over the row's own ``heads`` x ``head_dim`` (``heads`` and
+    ``head_dim`` here for rows that do not name theirs). OOM rows keep their status; their measured speedup is
+    ``None``.
     """
     by_key: dict[tuple, dict[str, ResultRow]] = {}
     for row in rows:
         if row.system:
-            by_key.setdefault(_key(row), {})[row.system] = row
+            by_key.setdefault(_key(row, _heads(row, heads, head_dim)), {})[row.system] = row
     out = []
-    for systems in by_key.values():
+    for key, systems in by_key.items():
+        row_heads, row_kv_heads, row_head_dim = key[2]
         base = systems.get(baseline)
         for name, row in sorted(systems.items()):
             if name == baseline:
@@ -225,12 +239,16 @@ def compare(rows: Iterable[ResultRow], model: str = "qwen3-8b", heads: int = QWE
                 if row.benchmark == "kernel":
                     predicted = n_copy_pairs(layout) / useful_pairs(layout)
                     if row.ms:
-                        useful = attention_flops(useful_pairs(layout), heads, head_dim, mode) / (row.ms * 1e-3) / 1e12
+                        useful = (attention_flops(useful_pairs(layout), row_heads, row_head_dim, mode)
+                                  / (row.ms * 1e-3) / 1e12)
                 else:
                     predicted = step_speedup_bounds(model, layout, mode)["flop_ratio"]
             measured = base.ms / row.ms if base is not None and base.ms and row.ms else None
             out.append({"benchmark": row.benchmark, "system": name, "N": row.N, "P": row.P, "R": row.R,
-                        "mb": row.mb, "responses_per_group": layout.group_sizes[0] if layout else None, "mode": row.mode, "ms": row.ms, "ms_baseline": base.ms if base else None,
+                        "mb": row.mb, "responses_per_group": layout.group_sizes[0] if layout else None,
+                        "mode": row.mode,
+                        "heads": row_heads, "kv_heads": row_kv_heads, "head_dim": row_head_dim,
+                        "ms": row.ms, "ms_baseline": base.ms if base else None,
                         "status": row.status, "status_baseline": base.status if base else "missing",
                         "speedup_measured": measured, "speedup_predicted": predicted,
                         "efficiency": measured / predicted if measured and predicted else None,
