@@ -53,8 +53,13 @@ def cancellation_slack(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d_out:
 
 
 # ---------------------------------------------------------------------------------------------- errors
-def _as_f64_cpu(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    return [t.detach().to(device="cpu", dtype=torch.float64) for t in tensors]
+def _as_f64_cpu(out: torch.Tensor, ref: torch.Tensor) -> list[torch.Tensor]:
+    """``out`` and ``ref`` in float64 on the CPU; their shapes must be equal (broadcasting one against the other would
+    compare different elements, and a (n, 1) / (1, m) pair would pass on any values that happen to line up)."""
+    if out.shape != ref.shape:
+        raise ValueError(f"compared tensors differ in shape: {tuple(out.shape)} against the reference's "
+                         f"{tuple(ref.shape)}")
+    return [t.detach().to(device="cpu", dtype=torch.float64) for t in (out, ref)]
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -83,7 +88,9 @@ class Comparison:
 
     @property
     def passed(self) -> bool:
-        return math.isfinite(self.error) and self.error <= self.bound
+        """A finite error within a finite bound (an infinite bound, from a low-precision baseline with NaN / inf,
+        would pass anything)."""
+        return math.isfinite(self.error) and math.isfinite(self.bound) and self.error <= self.bound
 
 
 def compare(out: torch.Tensor, ref64: torch.Tensor, *, dtype: torch.dtype, ref_lowp: torch.Tensor | None = None,

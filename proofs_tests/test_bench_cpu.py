@@ -232,3 +232,20 @@ def test_kernel_plot_merges_runs_and_refuses_other_files(tmp_path):
     assert picked.exists()
     with pytest.raises(ValueError, match=r"no rows for system\(s\) \['flex'\]"):
         plot_kernel_results([first, second], tmp_path / "y.png", ["dualkv", "flex"])
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--systems", "dualkv,dualkv"], "more than once"),     # was: both timed, then a TypeError in the plot
+    (["--r-range", "9,3"], "--r-range"),                      # was: a ValueError traceback from the first row
+    (["--reps", "0"], "--reps"),                              # was: every row an "error", exit status 0
+    (["--warmup", "-1"], "--warmup"),
+    (["--extra", "0x2"], "--extra"),                          # was: a traceback from packing an empty prompt
+])
+def test_sweep_arguments_are_refused_by_name(extra, match, tmp_path, capsys):
+    argv = ["bench", "layer", "--device", "cpu", "--tiny", "--P", "16", "--mb", "2", "--out", str(tmp_path), *extra]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code != 0
+    message = str(exc.value.code) + capsys.readouterr().err
+    assert match in message, message
+    assert not list(tmp_path.glob("*.json"))   # refused before anything ran

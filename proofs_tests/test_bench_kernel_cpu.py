@@ -189,3 +189,59 @@ def test_bench_kernel_cli_passes_the_response_range(tmp_path, monkeypatch):
     assert re.fullmatch(r"kernel-R128-4096-\d{8}-\d{6}\.json", path.name), path.name
     with pytest.raises(SystemExit, match="--R-range"):
         kb.run(parser.parse_args([*args, "--R-range", "4096:128"]))
+
+
+def test_bench_kernel_refuses_malformed_arguments_by_name(monkeypatch):
+    """A malformed --shapes / --mode / --systems / --reps / --R is refused with a message naming the argument before
+    anything is timed (it was a traceback from int() or unpacking, an unknown mode's ValueError after the first
+    system had been timed, an empty system list's IndexError, a duplicated system timed twice)."""
+    import argparse
+
+    import pytest
+
+    ran = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kb, "bench_shape", lambda *a, **kw: ran.append(a) or [])
+    monkeypatch.setattr(kb, "check_systems_agree", lambda systems, **kw: {})
+    monkeypatch.setattr(kb, "environment", lambda device: {"gpu": "none"})
+    parser = argparse.ArgumentParser()
+    kb.add_arguments(parser)
+    good = {"--shapes": "2:64", "--mode": "fwd", "--systems": "reference"}
+    for option, value, match in (("--shapes", "28", "--shapes"), ("--shapes", "a:b", "--shapes"),
+                                 ("--shapes", "2:64:1", "--shapes"), ("--shapes", "0:64", "--shapes"),
+                                 ("--shapes", "2:0", "--shapes"), ("--mode", "fwd,forward", "--mode"),
+                                 ("--mode", "", "--mode"), ("--systems", "reference,reference", "--systems"),
+                                 ("--systems", "", "--systems"), ("--systems", "nope", "unknown system"),
+                                 ("--reps", "0", "--reps"), ("--R", "0", "--R")):
+        argv = [x for k, v in {**good, option: value}.items() for x in (k, v)]
+        with pytest.raises(SystemExit, match=match):
+            kb.run(parser.parse_args(argv))
+    assert ran == []
+
+
+def test_bench_shape_records_allocation_failures_as_oom(monkeypatch):
+    """cuDNN / cuBLAS / compiled kernels report running out of memory as a RuntimeError, not torch.OutOfMemoryError:
+    such a row is OOM (as in the layer benchmark's harness), the other systems still run; other errors still raise."""
+    import pytest
+
+    class CudnnOOM(kb.SYSTEMS["reference"]):
+        def forward(self, train=False):
+            raise RuntimeError("cuDNN Frontend error: CUDNN_STATUS_ALLOC_FAILED")
+
+    class PrepareOOM(kb.SYSTEMS["reference"]):
+        def prepare(self):
+            raise RuntimeError("Triton Error [CUDA]: out of memory")
+
+    class Broken(kb.SYSTEMS["reference"]):
+        def forward(self, train=False):
+            raise RuntimeError("bad wiring")
+
+    for name, cls in (("cudnn_oom", CudnnOOM), ("prepare_oom", PrepareOOM), ("broken", Broken)):
+        monkeypatch.setitem(kb.SYSTEMS, name, cls)
+    shape = {"heads": 2, "kv_heads": 1, "head_dim": 32, "dtype": torch.float32, "reps": 1, "device": "cpu"}
+    rows = kb.bench_shape(2, 24, 8, ["cudnn_oom", "prepare_oom", "reference"], modes=("fwd", "bwd"), **shape)
+    assert [(r.system, r.mode, r.status) for r in rows] == [
+        ("cudnn_oom", "fwd", "OOM"), ("cudnn_oom", "bwd", "OOM"), ("prepare_oom", "fwd", "OOM"),
+        ("prepare_oom", "bwd", "OOM"), ("reference", "fwd", "ok"), ("reference", "bwd", "ok")]
+    with pytest.raises(RuntimeError, match="bad wiring"):
+        kb.bench_shape(2, 24, 8, ["broken"], modes=("fwd",), **shape)

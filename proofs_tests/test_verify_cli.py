@@ -45,3 +45,52 @@ def test_gpu_matrix_covers_the_non_deterministic_paths(monkeypatch):
     monkeypatch.setattr(runner, "shared_prefix_attention", lambda *a, **kw: seen.update(kw))
     runner._non_deterministic(1, 2)
     assert seen == {"deterministic": False}
+
+
+def test_a_non_finite_low_precision_baseline_fails_the_row(monkeypatch):
+    """FlashAttention's rule scales the error of PyTorch's own low-precision computation; when that baseline has a
+    NaN/inf the bound is inf and any finite error passed: such a row fails instead."""
+    import torch
+
+    from dualkv.verify.cases import attention_cases
+
+    case = attention_cases()[0]
+    real = checks.n_copy_attention
+
+    def off_by_one(*args, **kwargs):
+        out, lse = real(*args, **kwargs)
+        return out + 1.0, lse
+
+    def nan_baseline(*args, **kwargs):
+        out, lse = real(*args, **kwargs)
+        return out * float("nan"), lse
+
+    rows = {r.quantity: r for r in checks.shared_prefix_check(case, dtype=torch.bfloat16, attention_fn=off_by_one,
+                                                              with_grad=False)}
+    assert not rows["out"].passed                       # caught by a finite bound ...
+    monkeypatch.setattr(checks, "n_copy_attention", nan_baseline)
+    rows = {r.quantity: r for r in checks.shared_prefix_check(case, dtype=torch.bfloat16, attention_fn=off_by_one,
+                                                              with_grad=False)}
+    assert not rows["out"].passed and "bound" in rows["out"].note    # ... and not passed by an infinite one
+
+
+def test_the_tolerance_rule_refuses_broadcasting_and_infinite_bounds():
+    """dualkv.testing compares only tensors of one shape ((3, 1) against (1, 4) used to broadcast, and a pair of
+    tensors that line up only under broadcasting passed) and passes nothing under an infinite bound."""
+    import math
+
+    import pytest
+    import torch
+
+    from dualkv.testing import Comparison, compare, max_abs_err, rel_err
+
+    col, row = torch.ones(3, 1, dtype=torch.float64), torch.ones(1, 4, dtype=torch.float64)
+    for fn in (rel_err, max_abs_err):
+        with pytest.raises(ValueError, match=r"differ in shape: \(3, 1\) against the reference's \(1, 4\)"):
+            fn(col, row)
+        assert fn(col, col.clone()) == 0.0                       # the same shape still compares
+    with pytest.raises(ValueError, match="differ in shape"):
+        compare(col, row, dtype=torch.float64)
+    assert not Comparison(0.5, math.inf, "max_abs").passed        # known-wrong: an infinite bound
+    assert not Comparison(math.nan, 1.0, "max_abs").passed
+    assert Comparison(0.5, 1.0, "max_abs").passed

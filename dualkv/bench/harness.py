@@ -74,6 +74,8 @@ def _pairs(text: str) -> list[tuple[int, int]]:
             out.append((int(p), int(mb)))
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected PxMB pairs like 131072x8; got {item!r}") from None
+        if min(out[-1]) < 1:
+            raise argparse.ArgumentTypeError(f"expected positive P and MB; got {item!r}")
     return out
 
 
@@ -101,6 +103,9 @@ def add_sweep_arguments(p: argparse.ArgumentParser, *, systems: Sequence[str]) -
         unknown = [x for x in chosen if x not in systems]
         if unknown or not chosen:
             raise argparse.ArgumentTypeError(f"unknown system(s) {unknown or text!r}; choose from {', '.join(systems)}")
+        repeated = sorted({x for x in chosen if chosen.count(x) > 1})
+        if repeated:
+            raise argparse.ArgumentTypeError(f"{', '.join(repeated)} named more than once in {text!r}")
         return chosen
 
     p.add_argument("--systems", type=system_list, default=list(systems),
@@ -124,6 +129,11 @@ def resolve_sweep(args: argparse.Namespace) -> tuple[torch.device, torch.dtype, 
             setattr(args, name, value)
     if len(args.r_range) != 2:
         raise SystemExit(f"--r-range takes LO,HI; got {args.r_range}")
+    if args.r_range[0] > args.r_range[1]:
+        raise SystemExit(f"--r-range takes LO,HI with LO <= HI; got {args.r_range}")
+    if args.reps < 1 or args.warmup < 0:
+        raise SystemExit(f"--reps must be at least 1 and --warmup at least 0; got --reps {args.reps}, "
+                         f"--warmup {args.warmup}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but no CUDA device is available (use --device cpu --tiny for a smoke run)")
@@ -302,7 +312,7 @@ def run_sweep(args: argparse.Namespace, recorder: "RunRecorder", configs: Sequen
     recorder.finish(plot=not args.no_plot)
 
 
-def _is_oom_message(message: str) -> bool:
+def is_oom_message(message: str) -> bool:
     """Allocation failures that do not arrive as ``torch.OutOfMemoryError`` (cuBLAS/cuDNN, compiled kernels)."""
     lowered = message.lower()
     return "out of memory" in lowered or "alloc_failed" in lowered
@@ -352,7 +362,7 @@ class RunRecorder:
             oom = True
         except Exception as err:  # noqa: BLE001 - a benchmark row must not end the sweep; the error is recorded
             message = " ".join(str(err).split())
-            if _is_oom_message(message):
+            if is_oom_message(message):
                 oom = True
             else:
                 row["status"] = "error"

@@ -27,7 +27,7 @@ from ..analysis import QWEN3_8B_ATTENTION, attention_flops, useful_pairs
 from ..layout import GroupLayout
 from . import register_bench
 from .baselines import SYSTEMS
-from .harness import environment, free_memory, measure
+from .harness import is_oom_message, environment, free_memory, measure
 
 #: The seed's Table 1 shapes (N, P) with R = 2048, Qwen3-8B attention.
 TABLE1 = ((28, 4096), (28, 16384), (16, 32768), (16, 65536), (8, 8192), (4, 131072))
@@ -80,6 +80,27 @@ def parse_r_range(text: str | None) -> tuple[int, int] | None:
     if not 1 <= lo <= hi:
         raise SystemExit(f"--R-range needs 1 <= LO <= HI, got {text!r}")
     return lo, hi
+
+
+def parse_shapes(text: str | None) -> list[tuple[int, int]]:
+    """``--shapes N:P,...`` as [(N, P), ...]; the seed's Table 1 for none."""
+    if not text:
+        return list(TABLE1)
+    shapes = []
+    for item in text.split(","):
+        try:
+            n, p = (int(x) for x in item.split(":"))
+        except ValueError:
+            raise SystemExit(f"--shapes takes N:P pairs (two integers each), got {item!r} in {text!r}") from None
+        if n < 1 or p < 1:
+            raise SystemExit(f"--shapes needs N >= 1 and P >= 1, got {item!r} in {text!r}")
+        shapes.append((n, p))
+    return shapes
+
+
+def _is_oom(err: Exception) -> bool:
+    """Out of memory, also where it does not arrive as ``torch.OutOfMemoryError`` (cuDNN/cuBLAS, compiled kernels)."""
+    return isinstance(err, torch.OutOfMemoryError) or is_oom_message(" ".join(str(err).split()))
 
 
 def random_inputs(layout: GroupLayout, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int,
@@ -136,7 +157,9 @@ def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 
             system = SYSTEMS[name](q, k, v, layout)
             system.prepare()
             dout = torch.randn(system.output_rows(), heads, head_dim, device=device, dtype=dtype)
-        except torch.OutOfMemoryError:
+        except Exception as err:  # noqa: BLE001 - out-of-memory becomes the rows' status; anything else is raised
+            if not _is_oom(err):
+                raise
             rows += [BenchRow(name, N, P, R, m, None, None, None, None, "OOM", **shape) for m in modes]
             continue
         for mode in modes:
@@ -146,7 +169,9 @@ def bench_shape(N: int, P: int, R: int, systems: Sequence[str], *, heads: int = 
                 tflops = attention_flops(pairs, heads, head_dim, mode) / (ms * 1e-3) / 1e12 if pairs else None
                 rows.append(BenchRow(name, N, P, R, mode, ms, tflops, None, timing.peak_mem_gib, "ok",
                                      min(timing.ms_runs), max(timing.ms_runs), len(timing.ms_runs), **shape))
-            except torch.OutOfMemoryError:
+            except Exception as err:  # noqa: BLE001 - out-of-memory becomes the row's status; anything else is raised
+                if not _is_oom(err):
+                    raise
                 rows.append(BenchRow(name, N, P, R, mode, None, None, None, None, "OOM", **shape))
     for mode in modes:
         fa2 = next((r for r in rows if r.system == "fa2_ncopy" and r.mode == mode and r.ms), None)
@@ -264,21 +289,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="experiments/results", help="directory for the JSON result")
 
 
+def _comma_list(option: str, what: str, text: str, choices: Sequence[str]) -> list[str]:
+    """``text`` as a comma list of distinct ``choices`` (at least one), else a message naming ``option``."""
+    chosen = [x for x in text.split(",") if x]
+    if not chosen:
+        raise SystemExit(f"{option} needs at least one {what}; choose from {', '.join(choices)}")
+    for name in chosen:
+        if name not in choices:
+            raise SystemExit(f"unknown {what} {name!r} in {option}; choose from {', '.join(choices)}")
+    repeated = sorted({x for x in chosen if chosen.count(x) > 1})
+    if repeated:
+        raise SystemExit(f"{option} names {', '.join(repeated)} more than once: {text!r}")
+    return chosen
+
+
 def run(args: argparse.Namespace) -> int:
-    if not torch.cuda.is_available():
-        print("dualkv bench kernel needs a CUDA GPU", file=sys.stderr)
-        return 2
-    modes = [m for m in args.mode.split(",") if m]
-    systems = [s for s in args.systems.split(",") if s]
-    for name in systems:
-        if name not in SYSTEMS:
-            raise SystemExit(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
-    shapes = TABLE1 if not args.shapes else [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
+    modes = _comma_list("--mode", "mode", args.mode, MODES)
+    systems = _comma_list("--systems", "system", args.systems, tuple(SYSTEMS))
+    shapes = parse_shapes(args.shapes)
     if args.groups < 1:
         raise SystemExit(f"--groups must be at least 1, got {args.groups}")
     r_range = parse_r_range(args.R_range)
+    if r_range is None and args.R < 1:
+        raise SystemExit(f"--R must be at least 1, got {args.R}")
+    if args.reps < 1:
+        raise SystemExit(f"--reps must be at least 1, got {args.reps}")
+    if args.varying < 0:
+        raise SystemExit(f"--varying must be at least 0, got {args.varying}")
     if args.heads < 1 or args.kv_heads < 1 or args.heads % args.kv_heads:
         raise SystemExit(f"--heads ({args.heads}) must be a positive multiple of --kv-heads ({args.kv_heads})")
+    if args.head_dim < 1:
+        raise SystemExit(f"--head-dim must be at least 1, got {args.head_dim}")
+    if not torch.cuda.is_available():
+        print("dualkv bench kernel needs a CUDA GPU", file=sys.stderr)
+        return 2
     rows: list[BenchRow] = []
     for n, p in shapes:
         print(f"{args.groups}x N={n} P={p} ..." if args.groups > 1 else f"N={n} P={p} ...", file=sys.stderr,
