@@ -314,7 +314,8 @@ def sweep_section(files: Sequence[Path], title: str, prefix: str) -> str:
 def policy_mfu(d: dict) -> Callable[[dict], float | None]:
     """row -> MFU over the FLOPs the row's own system executes (``mfu_useful``; derived from ``mfu`` for files
     written before that field existed)."""
-    sys.path.insert(0, str(ROOT / "experiments"))
+    if str(ROOT / "experiments") not in sys.path:   # (once: this runs per file)
+        sys.path.append(str(ROOT / "experiments"))  # appended: experiments/verl must not shadow an installed veRL
     from policy_update_bench import analysis_model, useful_mfu
 
     from dualkv.bench.qwen3 import qwen3_config
