@@ -35,7 +35,7 @@ def test_gpu_matrix_covers_the_non_deterministic_paths(monkeypatch):
     from dualkv.verify.cases import attention_cases
 
     monkeypatch.setattr(runner.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(runner, "cuda_backend_available", lambda: True)
+    monkeypatch.setattr(runner, "kernels_unavailable_reason", lambda: None)
     labels = [t.label for t in runner.build_tasks()]
     nondet = [label for label in labels if "deterministic=False" in label]
     small = [c for c in attention_cases() if c.head_dim <= runner.NON_DETERMINISTIC_MAX_HEAD_DIM]
@@ -94,3 +94,25 @@ def test_the_tolerance_rule_refuses_broadcasting_and_infinite_bounds():
     assert not Comparison(0.5, math.inf, "max_abs").passed        # known-wrong: an infinite bound
     assert not Comparison(math.nan, 1.0, "max_abs").passed
     assert Comparison(0.5, 1.0, "max_abs").passed
+
+
+def test_a_report_without_cuda_rows_says_why(monkeypatch, tmp_path):
+    """A machine with a GPU the kernels cannot serve (below sm_80, no NVRTC) still gets the reference's report, and
+    the report says that no CUDA row ran and why, in its text and its JSON, instead of passing silently."""
+    import io
+    import json
+
+    import dualkv.verify.runner as runner
+
+    monkeypatch.setattr(runner.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(runner.torch.cuda, "get_device_name", lambda *a: "Tesla V100-SXM2-16GB")
+    monkeypatch.setattr(runner, "kernels_unavailable_reason", lambda: "sm_70 is below sm_80")
+    all_tasks = runner.build_tasks
+    assert not any(" cuda " in t.label for t in all_tasks())              # no CUDA task is planned
+    monkeypatch.setattr(runner, "build_tasks", lambda quick=False: [t for t in all_tasks(quick) if "fp32" in t.label][:1])
+    out = io.StringIO()
+    rows, ok = runner.run_verify(json_path=str(tmp_path / "v.json"), progress=False, stream=out)
+    assert ok and "CUDA rows: none (a CUDA device, but the kernels cannot run on it: sm_70 is below sm_80)" \
+        in out.getvalue()
+    assert json.loads((tmp_path / "v.json").read_text())["cuda_rows"] == {
+        "run": False, "reason": "a CUDA device, but the kernels cannot run on it: sm_70 is below sm_80"}

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from .. import shared_prefix_attention
 from ..cuda.configs import ATOMIC_HEAD_DIMS
-from ..dispatch import backend_name, cuda_backend_available
+from ..dispatch import backend_name, kernels_unavailable_reason
 from . import mutants
 from .cases import attention_cases, model_cases
 from .checks import AttentionCase, Row, shared_prefix_check, two_call_check
@@ -55,7 +55,7 @@ def build_tasks(quick: bool = False) -> list[Task]:
         tasks.append(Task(f"shared_prefix fp32 {case.name}", lambda c=case: shared_prefix_check(
             c, dtype=torch.float32, backend="reference")))
     # GPU backends.
-    if torch.cuda.is_available() and cuda_backend_available():
+    if gpu_rows_missing() is None:
         for dtype in (torch.bfloat16, torch.float16):
             for case in cases:
                 tasks.append(Task(f"shared_prefix cuda {dtype} {case.name}", lambda c=case, dt=dtype:
@@ -96,6 +96,15 @@ def build_tasks(quick: bool = False) -> list[Task]:
 NON_DETERMINISTIC_MAX_HEAD_DIM = max(ATOMIC_HEAD_DIMS)
 
 
+def gpu_rows_missing() -> str | None:
+    """Why this machine's report has no CUDA rows (no CUDA device, or the kernels cannot run on it: e.g. a GPU below
+    sm_80, or cuda-python / NVRTC missing); None when it has them."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    reason = kernels_unavailable_reason()
+    return None if reason is None else f"a CUDA device, but the kernels cannot run on it: {reason}"
+
+
 def _non_deterministic(*args, **kwargs):
     """``dualkv.shared_prefix_attention`` with ``deterministic=False``."""
     return shared_prefix_attention(*args, deterministic=False, **kwargs)
@@ -120,7 +129,10 @@ def run_verify(*, quick: bool = False, json_path: str | None = None, progress: b
     ok = stats["failed"] == 0
     print(f"\n{stats['passed']}/{stats['rows']} rows passed" + ("" if ok else f", {stats['failed']} FAILED"),
           file=stream)
+    missing = gpu_rows_missing()
+    if missing:
+        print(f"CUDA rows: none ({missing}); only the reference was checked", file=stream)
     if json_path:
-        write_json(json_path, rows)
+        write_json(json_path, rows, {"cuda_rows": {"run": missing is None, "reason": missing}})
         print(f"rows written to {json_path}", file=stream)
     return rows, ok
