@@ -110,7 +110,14 @@ def check_deterministic(deterministic: bool | None) -> bool | None:
 def resolve_scale(softmax_scale: float | None, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
-    scale = float(softmax_scale)
+    # float() would turn True into 1.0 and "0.5" into 0.5: only numbers (Python, numpy, a 1-element tensor) pass.
+    if isinstance(softmax_scale, (bool, np.bool_, str, bytes)):
+        raise TypeError(f"softmax_scale must be a number or None; got {type(softmax_scale).__name__} "
+                        f"{softmax_scale!r}")
+    try:
+        scale = float(softmax_scale)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise TypeError(f"softmax_scale must be a number or None; got {type(softmax_scale).__name__}") from exc
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"softmax_scale must be a positive finite number; got {softmax_scale!r}")
     return scale
@@ -157,6 +164,8 @@ def check_context_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_s
     for name, t in (("k", k), ("v", v)):
         check_same_tokens(t, name, q, "q")
     if cu_seqlens is None:
+        if max_seqlen is not None:  # optional here (one sequence of q's length), but checked when given
+            check_max_seqlen(max_seqlen, "max_seqlen", [q.shape[0]])
         return h, hk, d, [0, q.shape[0]]
     if max_seqlen is None:
         raise ValueError("context_attention: max_seqlen is required when cu_seqlens is given")

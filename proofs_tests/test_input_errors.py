@@ -124,3 +124,40 @@ def test_tree_attention_checks_deterministic():
         tree_attention(q, k, k, layout, deterministic="yes")
     with pytest.warns(_warnings.DualKVWarning, match="deterministic=False has no effect"):
         tree_attention(q, k, k, layout, deterministic=False)
+
+
+@pytest.mark.parametrize("scale,error", [(True, TypeError), ("0.5", TypeError), (b"1", TypeError),
+                                         (float("nan"), ValueError), (0, ValueError)])
+def test_softmax_scale_must_be_a_number(scale, error):
+    """float(True) is 1.0 and float("0.5") is 0.5: a bool or a string for softmax_scale is refused by name, not
+    silently turned into a scale (every entry point resolves it in _checks.resolve_scale)."""
+    layout = GroupLayout.single(4, [3, 2])
+    q, k = torch.randn(9, 4, 8), torch.randn(9, 2, 8)
+    with pytest.raises(error, match="softmax_scale"):
+        dualkv.shared_prefix_attention(q, k, k, layout, softmax_scale=scale)
+    with pytest.raises(error, match="softmax_scale"):
+        dualkv.flash_attn_dualkv_varlen_func(**_call2_args(), softmax_scale=scale)
+
+
+def test_softmax_scale_accepts_numbers_of_any_kind():
+    import numpy as np
+
+    layout = GroupLayout.single(4, [3, 2])
+    q, k = torch.randn(9, 4, 8, dtype=torch.float64), torch.randn(9, 2, 8, dtype=torch.float64)
+    ref = dualkv.shared_prefix_attention(q, k, k, layout, softmax_scale=0.5)
+    for scale in (np.float32(0.5), np.float64(0.5), torch.tensor(0.5), 0.5):
+        assert torch.equal(dualkv.shared_prefix_attention(q, k, k, layout, softmax_scale=scale), ref)
+    assert torch.equal(dualkv.shared_prefix_attention(q, k, k, layout, softmax_scale=2),
+                       dualkv.shared_prefix_attention(q, k, k, layout, softmax_scale=2.0))
+
+
+def test_context_attention_checks_max_seqlen_without_cu_seqlens():
+    """Without cu_seqlens the prompt is one sequence of q's length; a max_seqlen given anyway is checked against it
+    as it is with cu_seqlens, not ignored."""
+    x = torch.randn(5, 2, 8)
+    with pytest.raises(ValueError, match="max_seqlen = 3 is smaller than the longest sequence \\(5\\)"):
+        dualkv.context_attention(x, x, x, max_seqlen=3)
+    with pytest.raises(TypeError, match="max_seqlen must be an int"):
+        dualkv.context_attention(x, x, x, max_seqlen=5.0)
+    assert torch.equal(dualkv.context_attention(x, x, x, max_seqlen=5), dualkv.context_attention(x, x, x))
+    assert torch.equal(dualkv.context_attention(x, x, x, max_seqlen=9), dualkv.context_attention(x, x, x))

@@ -54,3 +54,25 @@ def test_device_tensors_are_cached():
 def test_bad_lengths(prompts, responses, match):
     with pytest.raises((ValueError, TypeError), match=match):
         GroupLayout.from_lengths(prompts, responses)
+
+
+@pytest.mark.parametrize("build,match", [
+    (lambda: GroupLayout((5,), ({3, 2},)), "response_lens\\[0\\] is a set"),
+    (lambda: GroupLayout.single(5, {3, 3}), "response_lens\\[0\\] is a set"),
+    (lambda: GroupLayout.from_lengths([5], [{4, 2}]), "response_lens\\[0\\] is a set"),
+    (lambda: GroupLayout.from_lengths({5, 6}, [[1], [2]]), "prompt_lens is a set"),
+    (lambda: GroupLayout((5,), (frozenset({3, 2}),)), "response_lens\\[0\\] is a frozenset"),
+    (lambda: GroupLayout((5,), ({3: 1},)), "response_lens\\[0\\] is a dict"),
+    (lambda: GroupLayout((5, 6), {(1,), (2,)}), "response_lens is a set"),
+])
+def test_unordered_lengths_are_refused(build, match):
+    """A set has no order and merges equal lengths ({3, 3} is one response), a dict iterates its keys: either would
+    pack the rows silently in another order or drop some, so both are refused by name."""
+    with pytest.raises(TypeError, match=match):
+        build()
+
+
+def test_ordered_iterables_of_lengths_still_work():
+    layout = GroupLayout.from_lengths(np.array([5, 2]), (lens for lens in (range(1, 3), (n for n in (4,)))))
+    assert layout.prompt_lens == (5, 2) and layout.response_lens == ((1, 2), (4,))
+    assert GroupLayout.single(3, {7: None, 1: None}.keys()).response_lens == ((7, 1),)

@@ -112,3 +112,96 @@ def test_cancellation_floor_covers_fp32_reordering_of_dp_minus_d():
         floor = cancellation_slack(q, k, v, d_out)
         assert 0 < d_q <= floor, (d, d_q, floor)
     assert cancellation_slack(q, k, v, 2 * d_out) == 2 * floor
+
+
+# ---------------------------------------------------------------------------------------------- property test
+def _dense_n_copy(q, k, v, layout, scale, left, right):
+    """Independent float64 oracle: every N-copy row [P; R_i] as one dense masked softmax over its own positions
+    (FlashAttention's rule: key j visible to query i iff i - left <= j <= i + right, right capped at 0 by causality),
+    GQA by repeat_interleave. Returns the (T_std, H, d) outputs and (H, T_std) LSE of the N-copy rows."""
+    expand = torch.from_numpy(layout.copy_token_index)
+    cu = layout.copy_cu_seqlens.tolist()
+    group = q.shape[1] // k.shape[1]
+    outs, lses = [], []
+    for a, b in zip(cu, cu[1:]):
+        rows = expand[a:b]
+        qq, kk, vv = q[rows], k[rows].repeat_interleave(group, 1), v[rows].repeat_interleave(group, 1)
+        i = torch.arange(b - a)[:, None]
+        j = torch.arange(b - a)[None, :]
+        visible = j <= i  # causal: whatever right is, it is capped at 0
+        if left >= 0:
+            visible = visible & (j >= i - left)
+        s = torch.einsum("qhd,khd->hqk", qq, kk) * scale
+        s = s.masked_fill(~visible, float("-inf"))
+        lses.append(torch.logsumexp(s, -1))
+        outs.append(torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), vv))
+    return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
+def _property_cases(n):
+    import random
+
+    rng = random.Random(1234)
+    lens = (1, 63, 65, 127, 129)
+    cases = []
+    for _ in range(n):
+        groups = rng.choice((1, 1, 2, 3))
+        prompts = [rng.choice(lens) for _ in range(groups)]
+        responses = [[rng.choice(lens) for _ in range(rng.choice((1, 1, 2, 3)))] for _ in range(groups)]
+        kv_heads = rng.choice((1, 2))
+        gqa = rng.choice((1, 2, 4, 8))
+        head_dim = rng.choice((32, 64, 96, 128, 256))
+        window = rng.choice(((-1, -1), (0, 0), (5, 3), (64, 0), (65, -1), (200, 7), (-1, 4)))
+        deterministic = rng.choice((None, True, False))
+        scale = rng.choice((None, 0.3))
+        cases.append((prompts, responses, kv_heads * gqa, kv_heads, head_dim, window, deterministic, scale))
+    return cases
+
+
+@pytest.mark.parametrize("case", _property_cases(12), ids=lambda c: f"P{c[0]}R{c[1]}h{c[2]}/{c[3]}d{c[4]}w{c[5]}")
+def test_property_every_reference_path_equals_dense_n_copy(case):
+    """float64, awkward lengths (1, 63, 65, 127, 129), N = 1 and several, several groups, GQA 1-8, head dims
+    32-256, windows with any (left, right) (right is capped at 0), the deterministic flag: shared_prefix_attention,
+    n_copy_attention, the depth-1 tree and the tree entry all equal the dense N-copy oracle in out, LSE (dtype too)
+    and dQ/dK/dV (prompt gradients summed over the copies)."""
+    import warnings
+
+    from dualkv import GroupLayout, PrefixTreeLayout
+    from dualkv.reference import n_copy_attention, shared_prefix_attention, tree_attention
+    from dualkv.reference import tree as ref_tree
+
+    prompts, responses, heads, kv_heads, head_dim, window, deterministic, scale = case
+    layout = GroupLayout.from_lengths(prompts, responses)
+    gen = torch.Generator().manual_seed(len(prompts) * 1000 + head_dim)
+    make = lambda h: torch.randn(layout.total_tokens, h, head_dim, generator=gen,  # noqa: E731
+                                 dtype=torch.float64).requires_grad_()
+    q, k, v = make(heads), make(kv_heads), make(kv_heads)
+    expand = torch.from_numpy(layout.copy_token_index)
+    back = torch.from_numpy(layout.first_copy_index)
+    out_std, lse_std = _dense_n_copy(q, k, v, layout, head_dim ** -0.5 if scale is None else scale, *window)
+    g_std = torch.randn(out_std.shape, generator=gen, dtype=torch.float64)
+    ref_grads = torch.autograd.grad((out_std * g_std).sum(), (q, k, v))
+    g_packed = torch.zeros(q.shape, dtype=torch.float64).index_add_(0, expand, g_std)
+    want_out, want_lse = out_std.detach()[back], lse_std.detach()[:, back]
+    tree = PrefixTreeLayout.from_group_layout(layout)
+    paths = {
+        "shared_prefix": lambda: shared_prefix_attention(q, k, v, layout, softmax_scale=scale, window_size=window,
+                                                         return_lse=True, deterministic=deterministic),
+        "n_copy": lambda: n_copy_attention(q, k, v, layout, softmax_scale=scale, window_size=window, return_lse=True),
+        "tree": lambda: tree_attention(q, k, v, tree, softmax_scale=scale, window_size=window, return_lse=True,
+                                       deterministic=deterministic),
+        "tree_entry": lambda: ref_tree.shared_prefix_attention(q, k, v, layout, softmax_scale=scale,
+                                                               window_size=window, return_lse=True,
+                                                               deterministic=deterministic),
+    }
+    for name, fn in paths.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out, lse = fn()
+        assert out.dtype == torch.float64 and lse.dtype == torch.float64, name
+        assert out.shape == q.shape and lse.shape == (heads, layout.total_tokens), name
+        grads = torch.autograd.grad((out * g_packed).sum(), (q, k, v))
+        errors = {"out": (out - want_out).abs().max().item(), "lse": (lse - want_lse).abs().max().item()}
+        errors.update({n: (g - r).abs().max().item() for n, g, r in zip(("dq", "dk", "dv"), grads, ref_grads)})
+        bad = {n: e for n, e in errors.items() if not e <= 1e-10}
+        assert not bad, f"{name}: {bad}"
