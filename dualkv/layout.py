@@ -35,7 +35,7 @@ __all__ = ["GroupLayout", "SEGMENT_FIELDS"]
 SEGMENT_FIELDS = ("q_start", "q_len", "ctx_start", "ctx_len")
 
 
-def _refuse_unordered(values: object, what: str) -> None:
+def refuse_unordered(values: object, what: str) -> None:
     """Lengths are read in order: a set (no order; equal lengths merge) or a dict (its keys) would pack the rows
     silently in another order or drop some."""
     if isinstance(values, (set, frozenset, Mapping)):
@@ -46,7 +46,7 @@ def _refuse_unordered(values: object, what: str) -> None:
 def _as_positive_ints(values: Iterable[int], what: str) -> tuple[int, ...]:
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise TypeError(f"{what} must be a sequence of ints, got {type(values).__name__}")
-    _refuse_unordered(values, what)
+    refuse_unordered(values, what)
     out = []
     for idx, value in enumerate(values):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
@@ -78,7 +78,7 @@ class GroupLayout:
         if isinstance(self.response_lens, (str, bytes)) or not hasattr(self.response_lens, "__len__"):
             raise TypeError("response_lens must be a sequence with one sequence of lengths per group, got "
                             f"{type(self.response_lens).__name__}")
-        _refuse_unordered(self.response_lens, "response_lens")
+        refuse_unordered(self.response_lens, "response_lens")
         if len(self.response_lens) != len(prompts):
             raise ValueError(f"prompt_lens has {len(prompts)} groups but response_lens has {len(self.response_lens)}")
         responses = []
@@ -94,16 +94,16 @@ class GroupLayout:
     @classmethod
     def single(cls, prompt_len: int, response_lens: Sequence[int]) -> "GroupLayout":
         """One group: a prompt of ``prompt_len`` tokens and responses of the given lengths."""
-        _refuse_unordered(response_lens, "response_lens[0]")
+        refuse_unordered(response_lens, "response_lens[0]")
         return cls((prompt_len,), (tuple(response_lens),))
 
     @classmethod
     def from_lengths(cls, prompt_lens: Sequence[int], response_lens: Sequence[Sequence[int]]) -> "GroupLayout":
-        _refuse_unordered(prompt_lens, "prompt_lens")
-        _refuse_unordered(response_lens, "response_lens")
+        refuse_unordered(prompt_lens, "prompt_lens")
+        refuse_unordered(response_lens, "response_lens")
         groups = tuple(response_lens)
         for g, lens in enumerate(groups):
-            _refuse_unordered(lens, f"response_lens[{g}]")
+            refuse_unordered(lens, f"response_lens[{g}]")
         return cls(tuple(prompt_lens), tuple(tuple(r) for r in groups))
 
     # ------------------------------------------------------------------ sizes

@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from .layout import GroupLayout
+from .layout import GroupLayout, refuse_unordered
 
 __all__ = ["PrefixTreeLayout", "TreeIndex", "TreeTargets", "NODE_FIELDS", "RUN_FIELDS"]
 
@@ -51,6 +51,7 @@ def _int_list(values: object, what: str) -> list[int]:
         values = values.tolist()
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise TypeError(f"{what} must be a sequence of ints, got {type(values).__name__}")
+    refuse_unordered(values, what)
     out = []
     for idx, value in enumerate(values):
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):

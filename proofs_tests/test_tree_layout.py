@@ -276,3 +276,16 @@ def test_large_batch_is_fast():
     assert layout.tokens_std == 64 * 8192
     assert torch.equal(index.packed_ids[index[37]], seqs[37])
     assert elapsed < 2.0, f"from_sequences took {elapsed:.2f} s"
+
+
+def test_unordered_node_lengths_and_parents_are_refused():
+    """Nodes are read in order: a set (equal lengths merge, no order) or a dict (its keys) is refused by name."""
+    import pytest
+
+    from dualkv import PrefixTreeLayout
+
+    with pytest.raises(TypeError, match="node_lens is a set"):
+        PrefixTreeLayout({4, 2, 2}, (-1, 0, 0))
+    with pytest.raises(TypeError, match="parents is a dict"):
+        PrefixTreeLayout((4, 2, 2), {-1: 0, 0: 1, 1: 2})
+    assert PrefixTreeLayout((4, 2, 2), (-1, 0, 0)).node_lens == (4, 2, 2)
