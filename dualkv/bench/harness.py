@@ -85,6 +85,20 @@ PAPER_SWEEP = {"prompts": list(PAPER_P), "mb": list(PAPER_MB), "extra": list(PAP
                "warmup": 2, "reps": 5}
 
 
+def distinct_choices(text: str, choices: Sequence[str], what: str) -> list[str]:
+    """A comma list of distinct ``choices`` (at least one), in the order given; ValueError naming the problem."""
+    chosen = [x for x in text.split(",") if x]
+    if not chosen:
+        raise ValueError(f"needs at least one {what}; choose from {', '.join(choices)}")
+    unknown = [x for x in chosen if x not in choices]
+    if unknown:
+        raise ValueError(f"unknown {what}(s) {unknown}; choose from {', '.join(choices)}")
+    repeated = sorted({x for x in chosen if chosen.count(x) > 1})
+    if repeated:
+        raise ValueError(f"{', '.join(repeated)} named more than once in {text!r}")
+    return chosen
+
+
 def add_sweep_arguments(p: argparse.ArgumentParser, *, systems: Sequence[str]) -> None:
     """The arguments every sweep benchmark takes (device, dtype, grid, repetitions, output)."""
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -99,14 +113,10 @@ def add_sweep_arguments(p: argparse.ArgumentParser, *, systems: Sequence[str]) -
     p.add_argument("--r-range", dest="r_range", type=_int_list, default=None, metavar="LO,HI",
                    help="response lengths R ~ U(LO, HI), seeded per (P, mb) (default 131,2048)")
     def system_list(text: str) -> list[str]:
-        chosen = [x for x in text.split(",") if x]
-        unknown = [x for x in chosen if x not in systems]
-        if unknown or not chosen:
-            raise argparse.ArgumentTypeError(f"unknown system(s) {unknown or text!r}; choose from {', '.join(systems)}")
-        repeated = sorted({x for x in chosen if chosen.count(x) > 1})
-        if repeated:
-            raise argparse.ArgumentTypeError(f"{', '.join(repeated)} named more than once in {text!r}")
-        return chosen
+        try:
+            return distinct_choices(text, systems, "system")
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
 
     p.add_argument("--systems", type=system_list, default=list(systems),
                    help=f"which systems to run (default {','.join(systems)})")

@@ -27,7 +27,7 @@ from ..analysis import QWEN3_8B_ATTENTION, attention_flops, useful_pairs
 from ..layout import GroupLayout
 from . import register_bench
 from .baselines import SYSTEMS
-from .harness import is_oom_message, environment, free_memory, measure
+from .harness import distinct_choices, environment, free_memory, is_oom_message, measure
 
 #: The seed's Table 1 shapes (N, P) with R = 2048, Qwen3-8B attention.
 TABLE1 = ((28, 4096), (28, 16384), (16, 32768), (16, 65536), (8, 8192), (4, 131072))
@@ -292,17 +292,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _comma_list(option: str, what: str, text: str, choices: Sequence[str]) -> list[str]:
-    """``text`` as a comma list of distinct ``choices`` (at least one), else a message naming ``option``."""
-    chosen = [x for x in text.split(",") if x]
-    if not chosen:
-        raise SystemExit(f"{option} needs at least one {what}; choose from {', '.join(choices)}")
-    for name in chosen:
-        if name not in choices:
-            raise SystemExit(f"unknown {what} {name!r} in {option}; choose from {', '.join(choices)}")
-    repeated = sorted({x for x in chosen if chosen.count(x) > 1})
-    if repeated:
-        raise SystemExit(f"{option} names {', '.join(repeated)} more than once: {text!r}")
-    return chosen
+    """``text`` as a comma list of distinct ``choices`` (:func:`~dualkv.bench.harness.distinct_choices`), else a
+    message naming ``option``."""
+    try:
+        return distinct_choices(text, choices, what)
+    except ValueError as err:
+        raise SystemExit(f"{option}: {err}") from None
 
 
 def run(args: argparse.Namespace) -> int:
