@@ -209,17 +209,25 @@ UNSUPPORTED_LOGIT_SCALES = ("logit_scale", "output_multiplier", "lm_head_multipl
                             "output_multiplier_scale")
 
 
+def logit_scaling(config: object) -> str | None:
+    """``"name=value"`` of the first :data:`UNSUPPORTED_LOGIT_SCALES` field ``config`` sets to anything but 1; None
+    when it sets none."""
+    for name in UNSUPPORTED_LOGIT_SCALES:
+        value = getattr(config, name, None)
+        if value not in (None, 1, 1.0):
+            return f"{name}={value}"
+    return None
+
+
 def _head_of(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, float | None]:
     """(weight, bias, final-logit softcap) of a causal LM's output head; refuses heads it would get wrong."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not isinstance(head, torch.nn.Linear):
         raise NotImplementedError(f"{type(model).__name__} has no nn.Linear output head (get_output_embeddings())")
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    for name in UNSUPPORTED_LOGIT_SCALES:
-        value = getattr(config, name, None)
-        if value not in (None, 1, 1.0):
-            raise NotImplementedError(f"{type(model).__name__} scales its logits ({name}={value}); the dualkv "
-                                      "log-prob head does not")
+    if scaled := logit_scaling(config):
+        raise NotImplementedError(f"{type(model).__name__} scales its logits ({scaled}); the dualkv log-prob head "
+                                  "does not")
     return head.weight, head.bias, getattr(config, "final_logit_softcapping", None)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..hf import ATTN_NAME, disable_dualkv, enable_dualkv, register
-from ..logprobs import UNSUPPORTED_LOGIT_SCALES
+from ..logprobs import logit_scaling
 from .attention import autocast_packed_attention
 from .compat import check_trl_version
 from .forward import HEADS, packed_call_logps, row_kernel
@@ -70,10 +70,8 @@ def _check_model(inner: torch.nn.Module, what: str) -> None:
                              "supports text-only causal LMs")
     if not isinstance(inner.get_output_embeddings(), torch.nn.Linear):
         raise DualKVTRLError(f"the {what} ({type(inner).__name__}) has no nn.Linear output head")
-    for name in UNSUPPORTED_LOGIT_SCALES:  # (TRL's fused head honours them; dualkv refuses rather than guess)
-        value = getattr(config, name, None)
-        if value not in (None, 1, 1.0):
-            raise DualKVTRLError(f"the {what} scales its logits ({name}={value}); dualkv's packed head does not")
+    if scaled := logit_scaling(config):  # (TRL's fused head honours it; dualkv refuses rather than guess)
+        raise DualKVTRLError(f"the {what} scales its logits ({scaled}); dualkv's packed head does not")
     if config._attn_implementation == ATTN_NAME:
         raise DualKVTRLError(f"the {what} was loaded with attn_implementation='{ATTN_NAME}'; load it with its own "
                              "attention (sdpa, flash_attention_2): dualkv switches to packed attention per call")
