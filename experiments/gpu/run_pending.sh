@@ -202,6 +202,8 @@
 #   bash experiments/gpu/run_pending.sh s37rest    # s37check's two timed-out test steps, on the 1-GPU machine
 #   bash experiments/gpu/run_pending.sh s37def     # s37rest's stopped step alone, long limit, durations, build log
 #   bash experiments/gpu/run_pending.sh s37pair    # two copies of that step at once on one GPU, faulthandler timeout
+#   bash experiments/gpu/run_pending.sh s38a       # s37's CPU-side fixes: default-family tests, verify (both), mma fwd tests
+#   bash experiments/gpu/run_pending.sh s38b       # the rest of the GPU test files, two processes (after s38a)
 #   bash experiments/gpu/run_pending.sh s35d96     # #12/#13: old / new forward defaults alternating (d = 128, both families);
 #                                                  # the d = 96 WS forward on 128-key blocks with its overlap: A/B and tests
 #   bash experiments/gpu/run_pending.sh s35hd      # #12: the WS forward's overlap at head dims 64 (128-key blocks), 192, 256
@@ -2406,6 +2408,31 @@ s37pair)
     wait
     (cd "$OUT" && tar czf s37pair.tgz *.log build*.jsonl && rm -f pytest_*.log build*.jsonl)
     ;;
+s38a)
+    # The GPU check that s37's CPU-only review fixes owe (dualkv.testing compares equal shapes only and needs a finite
+    # bound; GroupLayout / softmax_scale / context_attention refusals; verify's cuda_rows): alone on one GPU (run with
+    # COMPILE_S=150), one step at a time: the default family's forward / paper-API / backward tests, dualkv verify of
+    # both families, the forward tests under DUALKV_KERNELS=mma
+    TAIL=4 step pytest_default 220 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_forward.py \
+        proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_backward.py
+    TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify-default.json"
+    DUALKV_KERNELS=mma TAIL=3 step verify_mma 150 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma.json"
+    DUALKV_KERNELS=mma TAIL=3 step pytest_mma_fwd 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_forward.py
+    (cd "$OUT" && tar czf s38a.tgz *.log && rm -f verify*.log pytest*.log)
+    ;;
+s38b)
+    # s38a's other half (run with COMPILE_S=150 right after it, the cache then warm): s36rest's two test processes
+    # at once with longer limits
+    ( TAIL=3 step pytest_a 480 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py \
+        proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_dq_layout.py proofs_tests/test_input_errors.py \
+        proofs_tests/test_tree_reference.py &
+      TAIL=3 step pytest_b 480 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_hybrid_path.py \
+        proofs_tests/test_cuda_hd96.py proofs_tests/test_cascade.py proofs_tests/test_tree_cuda_ws.py \
+        proofs_tests/test_cuda_ws_split.py proofs_tests/test_hf_gpu.py proofs_tests/test_cuda_logprobs.py &
+      wait )
+    (cd "$OUT" && tar czf s38b.tgz *.log && rm -f pytest_*.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -2413,6 +2440,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b)"
    exit 2 ;;
 esac
