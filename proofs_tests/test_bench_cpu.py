@@ -2,6 +2,7 @@
 dualkv (so the GPU numbers compare like with like), known-wrong variants of each baseline are caught, the CLI's
 tiny smoke runs write the JSON schema and a plot, OOM/error/time-budget rows, and the bench-kind registry."""
 
+import argparse
 import json
 
 import pytest
@@ -232,6 +233,8 @@ def test_kernel_plot_merges_runs_and_refuses_other_files(tmp_path):
     assert picked.exists()
     with pytest.raises(ValueError, match=r"no rows for system\(s\) \['flex'\]"):
         plot_kernel_results([first, second], tmp_path / "y.png", ["dualkv", "flex"])
+    with pytest.raises(SystemExit, match=r"dualkv bench plot: no rows for system\(s\) \['nosuch'\]"):
+        main(["bench", "plot", str(first), "--systems", "dualkv,nosuch", "--out", str(tmp_path / "z.png")])
 
 
 @pytest.mark.parametrize("extra, match", [
@@ -249,3 +252,59 @@ def test_sweep_arguments_are_refused_by_name(extra, match, tmp_path, capsys):
     message = str(exc.value.code) + capsys.readouterr().err
     assert match in message, message
     assert not list(tmp_path.glob("*.json"))   # refused before anything ran
+
+
+@pytest.mark.parametrize("kind", ["layer", "model"])
+def test_sweep_without_a_gpu_needs_tiny_or_an_explicit_cpu(kind, tmp_path, monkeypatch):
+    """Without a GPU and without --device, only --tiny runs (on the CPU): the full sweep there would take hours, and it
+    used to start silently (found by a README walkthrough: `bench layer --reps 1` ran the Qwen3-8B sweep on the CPU)."""
+    import dualkv.bench.layer
+    import dualkv.bench.model
+
+    def started(*args, **kwargs):
+        raise AssertionError("the sweep started")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(dualkv.bench.layer, "build_layer", started)
+    monkeypatch.setattr(dualkv.bench.model, "build_model", started)
+    with pytest.raises(SystemExit, match="--tiny") as exc:
+        main(["bench", kind, "--reps", "1", "--warmup", "0", "--out", str(tmp_path)])
+    assert "hours" in str(exc.value.code)
+    for device in ("tpu", "meta"):
+        with pytest.raises(SystemExit, match="--device"):
+            main(["bench", kind, "--device", device, "--tiny", "--out", str(tmp_path)])
+    assert not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.parametrize("spelling", ["--r-range", "--R-range"])
+@pytest.mark.parametrize("text", ["5:9", "5,9"])
+def test_response_range_one_spelling_for_every_kind(spelling, text):
+    """``--r-range`` / ``--R-range``, ``LO:HI`` / ``LO,HI``: the layer / model sweeps and bench kernel read the same."""
+    from dualkv.bench import kernel as kb
+    from dualkv.bench.cli import _add_arguments
+
+    parser = argparse.ArgumentParser()
+    _add_arguments(parser)
+    layer = parser.parse_args(["layer", spelling, text])
+    assert layer.r_range == [5, 9]
+    kernel = parser.parse_args(["kernel", spelling, text])
+    assert kb.parse_r_range(kernel.R_range) == (5, 9)
+    for bad in ("9:3", "5", "5:9:12", "a:b", "0:4"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["layer", spelling, bad])
+        with pytest.raises(SystemExit, match="--R-range"):
+            kb.parse_r_range(bad)
+
+
+def test_bench_plot_names_bad_files_and_systems(tmp_path):
+    """Missing files, non-JSON files, JSON that is not a bench result and unknown --systems end in one line naming
+    the problem (they were tracebacks)."""
+    not_json = tmp_path / "notes.md"
+    not_json.write_text("# not json\n")
+    no_rows = tmp_path / "other.json"
+    no_rows.write_text(json.dumps({"benchmark": "kernel"}))
+    for files, match in (([str(tmp_path / "missing.json")], "cannot read"), ([str(not_json)], "is not JSON"),
+                         ([str(no_rows)], "not a `dualkv bench` result")):
+        with pytest.raises(SystemExit, match=match) as exc:
+            main(["bench", "plot", *files, "--out", str(tmp_path)])
+        assert str(exc.value.code).startswith("dualkv bench plot:")

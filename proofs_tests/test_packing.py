@@ -75,7 +75,7 @@ def test_uid_strings_and_tensor_ids():
 
 @pytest.mark.parametrize("rows,groups,match", [
     ([([5, 6], [1]), ([5, 7], [2])], ["a", "a"], "rows 0 and 1 share group id 'a' but their prompts differ"),
-    ([([5, 6], [1]), ([6], [2])], ["a", "a"], "prompts differ \\(1 vs 2 tokens\\)"),
+    ([([5, 6], [1]), ([6], [2])], ["a", "a"], "prompts differ \\(2 vs 1 tokens\\)"),
     ([([5], [1]), ([6], [2]), ([5], [3])], ["a", "b", "a"], "rows of group 'a' are not adjacent"),
     ([([5], []), ([5], [2])], ["a", "a"], "row 0 \\(group 'a'\\) has an empty response"),
     ([([], [1])], ["a"], "row 0 \\(group 'a'\\) has an empty prompt"),

@@ -176,6 +176,23 @@ def test_readme_python_examples_run(index, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+def test_api_own_forward_example_runs(tmp_path):
+    """docs/api.md's example for trainers that own the forward, on the README's model and batch: the log-probs equal
+    model_response_logprobs' (a README walkthrough found both functions named there but documented nowhere)."""
+    api = (ROOT / "docs" / "api.md").read_text()
+    section = api.split("### Trainers that own the forward", 1)[1]
+    example = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[0]
+    readme = re.findall(r"```python\n(.*?)```", README, re.DOTALL)[1]
+    check = ("\nwith apply_dualkv(model):\n    want, _ = model_response_logprobs(model, packed)\n"
+             "assert logp.shape == want.shape == entropy.shape, (logp.shape, want.shape)\n"
+             "assert torch.equal(logp, want), (logp - want).abs().max()\n")
+    script = tmp_path / "example.py"
+    script.write_text(readme + "\n" + example + check)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_readme_is_a_users_document():
     lines = README.splitlines()
     assert len(lines) <= 240

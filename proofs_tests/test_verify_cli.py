@@ -116,3 +116,24 @@ def test_a_report_without_cuda_rows_says_why(monkeypatch, tmp_path):
         in out.getvalue()
     assert json.loads((tmp_path / "v.json").read_text())["cuda_rows"] == {
         "run": False, "reason": "a CUDA device, but the kernels cannot run on it: sm_70 is below sm_80"}
+
+
+def test_a_bad_json_path_is_refused_before_the_matrix_runs(monkeypatch, tmp_path):
+    """``--json`` naming a folder (or a path below a file) used to end a whole run in IsADirectoryError; it is now
+    refused by name before any check runs."""
+    import pytest
+
+    import dualkv.verify.runner as runner
+
+    def no_tasks(quick):
+        raise AssertionError("the matrix started")
+
+    monkeypatch.setattr(runner, "build_tasks", no_tasks)
+    a_file = tmp_path / "report.txt"
+    a_file.write_text("")
+    for target, match in ((tmp_path, "is a folder"), (a_file / "v.json", "is a file, not a folder")):
+        with pytest.raises(SystemExit, match=match) as exc:
+            main(["verify", "--quick", "--json", str(target)])
+        assert str(exc.value.code).startswith("dualkv verify: --json")
+        with pytest.raises(ValueError, match=match):
+            runner.run_verify(quick=True, json_path=str(target))

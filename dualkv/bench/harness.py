@@ -79,6 +79,26 @@ def _pairs(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def parse_lo_hi(text: str, flag: str = "--r-range") -> tuple[int, int]:
+    """``LO:HI`` (or ``LO,HI``) as (LO, HI) with 1 <= LO <= HI; ValueError naming ``flag`` otherwise. The one
+    spelling of a response-length range for every bench kind."""
+    parts = text.replace(",", ":").split(":")
+    try:
+        lo, hi = (int(x) for x in parts)
+    except ValueError:
+        raise ValueError(f"{flag} takes LO:HI (two integers), got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise ValueError(f"{flag} needs 1 <= LO <= HI, got {text!r}")
+    return lo, hi
+
+
+def _lo_hi_arg(text: str) -> list[int]:
+    try:
+        return list(parse_lo_hi(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 #: What --tiny changes (unless given explicitly): small lengths, few runs.
 TINY_SWEEP = {"prompts": [24, 40], "mb": [2, 3], "extra": [], "r_range": [3, 9], "warmup": 1, "reps": 2}
 PAPER_SWEEP = {"prompts": list(PAPER_P), "mb": list(PAPER_MB), "extra": list(PAPER_EXTRA), "r_range": [131, 2048],
@@ -101,8 +121,9 @@ def distinct_choices(text: str, choices: Sequence[str], what: str) -> list[str]:
 
 def add_sweep_arguments(p: argparse.ArgumentParser, *, systems: Sequence[str]) -> None:
     """The arguments every sweep benchmark takes (device, dtype, grid, repetitions, output)."""
-    default_device = "cuda" if torch.cuda.is_available() else "cpu"
-    p.add_argument("--device", default=default_device, help=f"torch device (default {default_device})")
+    p.add_argument("--device", default=None,
+                   help="torch device (default cuda; without a GPU only --tiny runs on the CPU by default, as a full "
+                        "sweep there would take hours: give --device cpu to run one anyway)")
     p.add_argument("--dtype", type=parse_dtype, default=None,
                    help="bf16 (default on a GPU), fp16, fp32 (default on a CPU), fp64")
     p.add_argument("--P", dest="prompts", type=_int_list, default=None,
@@ -110,8 +131,8 @@ def add_sweep_arguments(p: argparse.ArgumentParser, *, systems: Sequence[str]) -
     p.add_argument("--mb", type=_int_list, default=None, help="responses per prompt (default 4,8,16,32)")
     p.add_argument("--extra", type=_pairs, default=None,
                    help="extra (P, mb) pairs as PxMB,... (default 131072x8); '' for none")
-    p.add_argument("--r-range", dest="r_range", type=_int_list, default=None, metavar="LO,HI",
-                   help="response lengths R ~ U(LO, HI), seeded per (P, mb) (default 131,2048)")
+    p.add_argument("--r-range", "--R-range", dest="r_range", type=_lo_hi_arg, default=None, metavar="LO:HI",
+                   help="response lengths R ~ U(LO, HI), seeded per (P, mb) (default 131:2048; LO,HI also read)")
     def system_list(text: str) -> list[str]:
         try:
             return distinct_choices(text, systems, "system")
@@ -137,14 +158,18 @@ def resolve_sweep(args: argparse.Namespace) -> tuple[torch.device, torch.dtype, 
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    if len(args.r_range) != 2:
-        raise SystemExit(f"--r-range takes LO,HI; got {args.r_range}")
-    if args.r_range[0] > args.r_range[1]:
-        raise SystemExit(f"--r-range takes LO,HI with LO <= HI; got {args.r_range}")
     if args.reps < 1 or args.warmup < 0:
         raise SystemExit(f"--reps must be at least 1 and --warmup at least 0; got --reps {args.reps}, "
                          f"--warmup {args.warmup}")
-    device = torch.device(args.device)
+    if args.device is None and not torch.cuda.is_available() and not args.tiny:
+        raise SystemExit("no CUDA device is available, and the full sweep on the CPU would take hours: use --tiny "
+                         "for a smoke run on the CPU, or --device cpu to run the sweep there anyway")
+    try:
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as err:
+        raise SystemExit(f"--device {args.device!r} is not a torch device: {err}") from None
+    if device.type not in ("cuda", "cpu"):
+        raise SystemExit(f"--device {args.device!r}: the benchmarks run on cuda or cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but no CUDA device is available (use --device cpu --tiny for a smoke run)")
     dtype = args.dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)

@@ -27,7 +27,7 @@ from ..analysis import QWEN3_8B_ATTENTION, attention_flops, useful_pairs
 from ..layout import GroupLayout
 from . import register_bench
 from .baselines import SYSTEMS
-from .harness import distinct_choices, environment, free_memory, is_oom_message, measure
+from .harness import distinct_choices, environment, free_memory, is_oom_message, measure, parse_lo_hi
 
 #: The seed's Table 1 shapes (N, P) with R = 2048, Qwen3-8B attention.
 TABLE1 = ((28, 4096), (28, 16384), (16, 32768), (16, 65536), (8, 8192), (4, 131072))
@@ -74,12 +74,9 @@ def parse_r_range(text: str | None) -> tuple[int, int] | None:
     if not text:
         return None
     try:
-        lo, hi = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise SystemExit(f"--R-range takes LO:HI (two integers), got {text!r}") from None
-    if not 1 <= lo <= hi:
-        raise SystemExit(f"--R-range needs 1 <= LO <= HI, got {text!r}")
-    return lo, hi
+        return parse_lo_hi(text, "--R-range")
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
 
 
 def parse_shapes(text: str | None) -> list[tuple[int, int]]:
@@ -277,7 +274,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list of " + ",".join(SYSTEMS))
     p.add_argument("--shapes", default=None, help="comma list of N:P (default: the seed's Table 1)")
     p.add_argument("--R", type=int, default=2048)
-    p.add_argument("--R-range", default=None, metavar="LO:HI",
+    p.add_argument("--R-range", "--r-range", dest="R_range", default=None, metavar="LO:HI",
                    help="ragged responses, as an RL step makes them: each length drawn uniformly from LO..HI "
                         "(seeded: every system sees the same micro-batch); replaces --R, the rows' R is the mean")
     p.add_argument("--groups", type=int, default=1,
@@ -345,7 +342,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-register_bench("kernel", "attention kernels: dualkv vs FA2 N-copy, FlexAttention, stock FA2 cascade (fwd/bwd)",
+register_bench("kernel", "attention kernels: dualkv vs the cuDNN and FA2 cascades (cudnn_cascade, cascade), cuDNN / "
+               "FA2 N-copy and FlexAttention (fwd/bwd)",
                add_arguments, run)
 
 

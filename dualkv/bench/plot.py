@@ -218,8 +218,28 @@ def _describe_merge(paths: Sequence[str]) -> str:
     return note
 
 
+def _read_result(path: str) -> dict:
+    """One result file's JSON; SystemExit naming the file if it is missing, not JSON or not a bench result."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise SystemExit(f"dualkv bench plot: cannot read {path}: {err.strerror or err}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise SystemExit(f"dualkv bench plot: {path} is not JSON ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise SystemExit(f"dualkv bench plot: {path} is not a `dualkv bench` result (no 'rows' list)")
+    return data
+
+
 def _plot_run(args: argparse.Namespace) -> int:
-    kernel_files = [f for f in args.files if json.loads(Path(f).read_text()).get("benchmark") == "kernel"]
+    try:
+        return _plot_files(args)
+    except ValueError as err:  # e.g. --systems naming a system without rows
+        raise SystemExit(f"dualkv bench plot: {err}") from None
+
+
+def _plot_files(args: argparse.Namespace) -> int:
+    kernel_files = [f for f in args.files if _read_result(f).get("benchmark") == "kernel"]
     others = [f for f in args.files if f not in kernel_files]
     names = ([Path(kernel_files[-1]).stem] if kernel_files else []) + [Path(f).stem for f in others]
     figures = _figure_paths(args.out, names)
@@ -232,7 +252,7 @@ def _plot_run(args: argparse.Namespace) -> int:
             return 1
         print(f"plot: {png}")
     for f, png in zip(others, figures):
-        rows = json.loads(Path(f).read_text())["rows"]
+        rows = _read_result(f)["rows"]
         print(speedup_table(rows))
         if plot_results(f, png) is None:
             return 1

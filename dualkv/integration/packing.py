@@ -112,7 +112,7 @@ def _build(prompts: list[torch.Tensor], responses: list[torch.Tensor], group_ids
             raise ValueError(f"row {first} (group {gid!r}) has an empty prompt; every row needs >= 1 prompt token")
         for row in range(first + 1, end):
             if prompts[row].numel() != prompt.numel() or not torch.equal(prompts[row], prompt):
-                what = (f"{prompts[row].numel()} vs {prompt.numel()} tokens" if prompts[row].numel() != prompt.numel()
+                what = (f"{prompt.numel()} vs {prompts[row].numel()} tokens" if prompts[row].numel() != prompt.numel()
                         else "same length, different tokens")
                 raise ValueError(f"rows {first} and {row} share group id {gid!r} but their prompts differ ({what}); "
                                  "a group's rows must share one prompt")

@@ -41,6 +41,18 @@ def summary(rows: Sequence[Row]) -> dict:
     return {"rows": len(rows), "passed": len(rows) - len(failed), "failed": len(failed)}
 
 
+def json_target_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot take the JSON report (a folder, or below a file), or None; asked before the matrix runs,
+    so a bad ``--json`` does not end a full run in a traceback."""
+    path = Path(path)
+    if path.is_dir():
+        return f"--json {path} is a folder; give a file path such as {path / 'verify.json'}"
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        return f"--json {path}: {blocking} is a file, not a folder"
+    return None
+
+
 def write_json(path: str | Path, rows: Sequence[Row], extra: dict | None = None) -> None:
     payload = {"environment": environment(), "summary": summary(rows), "rows": [r.to_dict() for r in rows]}
     if extra:

@@ -30,6 +30,7 @@ __all__ = ["DualKVGRPOTrainer", "DualKVTRLError", "SUPPORTED_TRL", "TESTED_TRL",
 
 def __getattr__(name: str) -> Any:
     if name == "DualKVGRPOTrainer":
+        check_trl_version()  # TRL missing or unsupported: UnsupportedTRLError naming the range, not ModuleNotFoundError
         from trl import GRPOTrainer
 
         from .trainer import dualkv_trainer_class

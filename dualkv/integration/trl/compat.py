@@ -26,7 +26,8 @@ class UnsupportedTRLError(RuntimeError):
 def check_trl_version(version: str | None = None) -> Version:
     """The parsed TRL version; raise :class:`UnsupportedTRLError` naming the supported range otherwise."""
     low, high = SUPPORTED_TRL
-    wanted = f"trl>={low},<{high} (tested with {TESTED_TRL}; `pip install 'dualkv[trl]'`)"
+    wanted = (f"trl>={low},<{high} (tested with {TESTED_TRL}: `pip install trl=={TESTED_TRL}`, or install dualkv with "
+              "its `trl` extra from the repository: `pip install -e '.[trl]'` in a checkout)")
     if version is None:
         try:
             version = metadata.version("trl")
