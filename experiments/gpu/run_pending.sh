@@ -205,6 +205,7 @@
 #   bash experiments/gpu/run_pending.sh s38a       # s37's CPU-side fixes: default-family tests, verify (both), mma fwd tests
 #   bash experiments/gpu/run_pending.sh s38b       # the rest of the GPU test files, two processes (after s38a)
 #   bash experiments/gpu/run_pending.sh s38mg      # 2 GPUs: the default-family tests on both at once, cores split; 2-GPU tests
+#   bash experiments/gpu/run_pending.sh s38mg2     # its control: the same without the split (torch's default threads)
 #   bash experiments/gpu/run_pending.sh s35d96     # #12/#13: old / new forward defaults alternating (d = 128, both families);
 #                                                  # the d = 96 WS forward on 128-key blocks with its overlap: A/B and tests
 #   bash experiments/gpu/run_pending.sh s35hd      # #12: the WS forward's overlap at head dims 64 (128-key blocks), 192, 256
@@ -223,6 +224,9 @@
 set -u
 source "$(dirname "$0")/device_env.sh"
 tail -2 "$OUT/compile.log"
+# Test steps run side by side (two pytest processes) need the cores split between them (OMP_NUM_THREADS = cores /
+# processes): the GPU tests compute their float64 oracle on the CPU, and with torch's default threads two processes
+# oversubscribe the CPUs and each runs 2-3x slower (s38mg / s38mg2: 385 tests in 73 s each, split, against 138 in 150 s).
 step() {  # step NAME SECONDS CMD...: run with a limit, keep the log, print its tail
     local name=$1 limit=$2; shift 2
     timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
@@ -2451,6 +2455,17 @@ s38mg)
     TAIL=3 step pytest_multigpu 90 python3 -m pytest -q -m multigpu -p no:cacheprovider proofs_tests/test_cuda_multigpu.py
     (cd "$OUT" && tar czf s38mg.tgz *.log && rm -f pytest*.log)
     ;;
+s38mg2)
+    # s38mg's control, on the same warm 2-GPU machine right after it: the same two processes at once with torch's
+    # default intra-op threads (every core each), as s37check ran them; a limit of 150 s (split: 73 s each)
+    for g in 0 1; do
+        CUDA_VISIBLE_DEVICES=$g TAIL=3 step pytest_gpu$g 150 python3 -m pytest -q -m gpu \
+            -p no:cacheprovider proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py \
+            proofs_tests/test_cuda_backward.py &
+    done
+    wait
+    (cd "$OUT" && tar czf s38mg2.tgz *.log && rm -f pytest*.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -2458,6 +2473,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b, s38mg)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b, s38mg, s38mg2)"
    exit 2 ;;
 esac
