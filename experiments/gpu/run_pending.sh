@@ -206,6 +206,7 @@
 #   bash experiments/gpu/run_pending.sh s38b       # the rest of the GPU test files, two processes (after s38a)
 #   bash experiments/gpu/run_pending.sh s38mg      # 2 GPUs: the default-family tests on both at once, cores split; 2-GPU tests
 #   bash experiments/gpu/run_pending.sh s38mg2     # its control: the same without the split (torch's default threads)
+#   bash experiments/gpu/run_pending.sh s38bench   # the bench CLI after s38's fixes, on a GPU (tiny layer/model, ragged kernel)
 #   bash experiments/gpu/run_pending.sh s35d96     # #12/#13: old / new forward defaults alternating (d = 128, both families);
 #                                                  # the d = 96 WS forward on 128-key blocks with its overlap: A/B and tests
 #   bash experiments/gpu/run_pending.sh s35hd      # #12: the WS forward's overlap at head dims 64 (128-key blocks), 192, 256
@@ -2466,6 +2467,18 @@ s38mg2)
     wait
     (cd "$OUT" && tar czf s38mg2.tgz *.log && rm -f pytest*.log)
     ;;
+s38bench)
+    # The bench CLI after s38's walkthrough fixes (run with COMPILE_S=1: the processes compile what they use): bench
+    # layer / model with no --device (cuda on a GPU machine) and --tiny, bench kernel with --r-range LO,HI (the other
+    # spelling) at a small ragged shape against the cuDNN cascade, then bench plot on its file
+    mkdir -p "$OUT/bench"
+    TAIL=2 step layer_tiny 120 python3 -m dualkv bench layer --tiny --out "$OUT/bench" --no-plot
+    TAIL=2 step model_tiny 120 python3 -m dualkv bench model --tiny --out "$OUT/bench" --no-plot
+    TAIL=4 step kernel_ragged 200 python3 -m dualkv bench kernel --shapes 8:1024 --r-range 256,2048 --groups 2 \
+        --systems dualkv,cudnn_cascade --mode fwd,bwd --reps 3 --out "$OUT/bench"
+    TAIL=3 step plot 60 python3 -m dualkv bench plot "$OUT"/bench/kernel-*.json --out "$OUT/bench/plot.png"
+    (cd "$OUT" && tar czf s38bench.tgz *.log bench && rm -rf layer_tiny.log model_tiny.log kernel_ragged.log plot.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -2473,6 +2486,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b, s38mg, s38mg2)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b, s38mg, s38mg2, s38bench)"
    exit 2 ;;
 esac
