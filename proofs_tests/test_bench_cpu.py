@@ -308,3 +308,34 @@ def test_bench_plot_names_bad_files_and_systems(tmp_path):
         with pytest.raises(SystemExit, match=match) as exc:
             main(["bench", "plot", *files, "--out", str(tmp_path)])
         assert str(exc.value.code).startswith("dualkv bench plot:")
+
+
+def test_kernel_plot_draws_the_shape_its_files_hold(tmp_path):
+    """A file of ragged multi-group rows (`bench kernel --groups 2 --r-range ...`) plots at its own shape (it ended in
+    ZeroDivisionError: the figure looked for Table 1's single-group rows only, s38bench on an H200); files of several
+    other shapes, and files without fwd+bwd rows, are refused by name."""
+    from dualkv.bench.plot import kernel_file_shape
+
+    def row(system, mode, ms, **shape):
+        return {"system": system, "N": 8, "P": 1024, "R": 1100, "mode": mode, "ms": ms, "tflops": 100.0 / ms,
+                "speedup_vs_fa2": None, "peak_mem_gib": 0.1, "status": "ok", **shape}
+
+    env = {"gpu": "none", "date": "today"}
+    ragged = {"groups": 2, "r_range": "256-2048", "heads": 32, "kv_heads": 8, "head_dim": 128}
+
+    def write(name, rows):
+        path = tmp_path / name
+        path.write_text(json.dumps({"environment": env, "benchmark": "kernel", "rows": rows}))
+        return str(path)
+
+    one = write("kernel-ragged.json", [row(s, m, 2.0, **ragged) for s in ("dualkv", "cudnn_cascade")
+                                       for m in ("fwd", "fwdbwd")])
+    assert kernel_file_shape([one]) == ragged
+    png = tmp_path / "ragged.png"
+    assert main(["bench", "plot", one, "--out", str(png)]) == 0 and png.stat().st_size > 0
+    other = write("kernel-d64.json", [row("dualkv", "fwdbwd", 1.0, **{**ragged, "head_dim": 64})])
+    with pytest.raises(SystemExit, match="rows of 2 shapes"):
+        main(["bench", "plot", one, other, "--out", str(tmp_path / "mixed.png")])
+    no_fb = write("kernel-fwd-bwd.json", [row("dualkv", m, 2.0, **ragged) for m in ("fwd", "bwd")])
+    with pytest.raises(SystemExit, match="no measured fwd\\+bwd rows"):
+        main(["bench", "plot", no_fb, "--out", str(tmp_path / "nofb.png")])

@@ -142,6 +142,26 @@ def latest_kernel_rows(paths: Sequence[str | Path], groups: int = 1, heads: int 
     return list(latest.values()), env
 
 
+def kernel_file_shape(paths: Sequence[str | Path]) -> dict:
+    """The micro-batch / attention shape (:func:`row_shape`) a figure of these ``dualkv bench kernel`` files draws:
+    the default one (Table 1's) where any row has it, else the only one present; ValueError when the files hold no
+    rows or several other shapes (a figure compares systems at one shape)."""
+    shapes = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        if data.get("benchmark") != "kernel":
+            raise ValueError(f"{path} is not a `dualkv bench kernel` result (benchmark={data.get('benchmark')!r})")
+        for r in data["rows"]:
+            if row_shape(r) not in shapes:
+                shapes.append(row_shape(r))
+    if not shapes:
+        raise ValueError("these kernel files hold no rows")
+    if _ROW_DEFAULTS in shapes or len(shapes) == 1:
+        return dict(_ROW_DEFAULTS) if _ROW_DEFAULTS in shapes else shapes[0]
+    raise ValueError(f"these kernel files hold rows of {len(shapes)} shapes ({shapes}); plot one shape's files at a "
+                     "time")
+
+
 def plot_kernel_results(paths: Sequence[str | Path], out: str | Path,
                         systems: Sequence[str] | None = None) -> Path | None:
     """``dualkv bench kernel`` files (later files replace earlier rows of the same system, shape and mode): per
@@ -150,7 +170,8 @@ def plot_kernel_results(paths: Sequence[str | Path], out: str | Path,
     plt = _pyplot()
     if plt is None:
         return None
-    rows, env = latest_kernel_rows(paths)
+    shape = kernel_file_shape(paths)
+    rows, env = latest_kernel_rows(paths, **shape)
     present = list(dict.fromkeys(r["system"] for r in rows))
     if systems:
         missing = [s for s in systems if s not in present]
@@ -158,6 +179,9 @@ def plot_kernel_results(paths: Sequence[str | Path], out: str | Path,
             raise ValueError(f"no rows for system(s) {missing} in these files (present: {present})")
         rows = [r for r in rows if r["system"] in systems]
     systems = list(systems or present)
+    if not any(r["mode"] == "fwdbwd" and _ok(r) for r in rows):
+        raise ValueError("these kernel files hold no measured fwd+bwd rows, which the figure draws (run bench kernel "
+                         "with --mode including fwdbwd)")
     shapes = sorted({(r["N"], r["P"]) for r in rows}, key=lambda s: (s[1], s[0]))
     fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.6 * len(shapes)), 7))
     width = 0.8 / len(systems)
@@ -177,7 +201,9 @@ def plot_kernel_results(paths: Sequence[str | Path], out: str | Path,
     axes[0].set_ylabel("fwd+bwd ms (light: forward part)")
     axes[1].set_ylabel("fwd+bwd useful TFLOP/s")
     axes[0].legend(fontsize=7, ncol=len(systems))
-    fig.suptitle(f"dualkv bench kernel — {env.get('gpu')} — {env.get('date')}", fontsize=9)
+    what = "" if shape == _ROW_DEFAULTS else (f"\n{shape['groups']} group(s), R {shape['r_range'] or 'equal'}, "
+                                              f"H {shape['heads']} / {shape['kv_heads']}, d {shape['head_dim']}")
+    fig.suptitle(f"dualkv bench kernel — {env.get('gpu')} — {env.get('date')}{what}", fontsize=9)
     fig.tight_layout()
     out = Path(out)
     fig.savefig(out, dpi=110)
