@@ -33,7 +33,8 @@ def test_the_drop_in_trainer_without_trl_names_the_supported_range(monkeypatch):
 
 
 def test_unsupported_versions_are_refused_by_range():
-    for version, match in (("1.15.2", "found trl 1.15.2"), ("1.17.0", "found trl 1.17.0"), ("x.y", "cannot parse")):
+    for version, match in (("1.15.2", "found trl 1.15.2"), ("1.17.0", "found trl 1.17.0"), ("x.y", "cannot parse"),
+                           ("1.17.0rc1", "found trl 1.17.0rc1"), ("1.17.0.dev0", "found trl 1.17.0.dev0")):
         with pytest.raises(dualkv_trl.UnsupportedTRLError, match=match):
             dualkv_trl.check_trl_version(version)
     assert str(dualkv_trl.check_trl_version("1.16.3")) == "1.16.3"

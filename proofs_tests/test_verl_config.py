@@ -59,7 +59,43 @@ def test_the_ref_can_opt_out(model_dir):
     cfg = F.compose_grpo(model_dir, 4, dualkv=True, extra=["+actor_rollout_ref.ref.use_dualkv=false"])
     assert type(omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)) is dv.DualKVActorConfig
     assert not install_dualkv_target(cfg.actor_rollout_ref.ref)
-    assert cfg.actor_rollout_ref.ref._target_ != DUALKV_TARGET
+    assert cfg.actor_rollout_ref.ref.use_dualkv is False   # converts as DualKVActorConfig, switched off (below)
+
+
+def test_an_explicit_off_switch_converts_as_stock(model_dir):
+    """The ref's opt-out and an A/B script's ``actor.use_dualkv=false`` used to reach veRL's FSDPActorConfig with the
+    key still in the config (TypeError: unexpected keyword argument 'use_dualkv', at worker start); such a role now
+    converts as DualKVActorConfig with the switch off, whose engine flag keeps every patch out of the way."""
+    from omegaconf import open_dict
+    from verl.utils.config import omega_conf_to_dataclass
+
+    def convert_ref(cfg):
+        """What veRL 0.9.1's engine worker does before it converts the ref (engine_workers.py, init_model)."""
+        ref = cfg.actor_rollout_ref.ref
+        with open_dict(ref):
+            ref.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+            ref.ppo_micro_batch_size = ref.pop("log_prob_micro_batch_size", None)
+            ref.ppo_micro_batch_size_per_gpu = ref.pop("log_prob_micro_batch_size_per_gpu", None)
+            ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
+            ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
+        return omega_conf_to_dataclass(ref)
+
+    cfg = F.compose_grpo(model_dir, 4, dualkv=True, extra=["+actor_rollout_ref.ref.use_dualkv=false"])
+    ref = convert_ref(cfg)
+    assert type(ref) is dv.DualKVActorConfig and ref.use_dualkv is False and ref.engine.use_dualkv is False
+    assert type(convert_ref(F.compose_grpo(model_dir, 4, dualkv=True))).__name__ == "DualKVActorConfig"
+    for value in ("false", "off", "'False'", "0"):
+        cfg = F.compose_grpo(model_dir, 4, dualkv=False, extra=[f"+actor_rollout_ref.actor.use_dualkv={value}"])
+        actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+        assert actor.use_dualkv is False and actor.engine.use_dualkv is False, value
+        ref = convert_ref(cfg)   # follows the actor: off
+        assert not getattr(ref, "use_dualkv", False), value
+    for value in ("on", "'TRUE'", "1"):
+        cfg = F.compose_grpo(model_dir, 4, dualkv=False, extra=[f"+actor_rollout_ref.actor.use_dualkv={value}"])
+        assert omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).use_dualkv is True, value
+    cfg = F.compose_grpo(model_dir, 4, dualkv=False, extra=["+actor_rollout_ref.actor.use_dualkv=maybe"])
+    with pytest.raises(ValueError, match="use_dualkv='maybe': expected true or false"):
+        install_dualkv_target(cfg.actor_rollout_ref.actor)
 
 
 def test_trie_packing_is_one_more_override_and_the_ref_follows(model_dir):

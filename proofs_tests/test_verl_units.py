@@ -80,7 +80,7 @@ def test_empty_responses_pack_with_a_placeholder_and_come_back_empty():
 
 
 @pytest.mark.parametrize("case, message", [
-    ("split", "not adjacent"), ("prompts", "prompts differ"), ("positions", "position_ids"),
+    ("split", "not adjacent"), ("prompts", "prompts differ.*dualkv_packing=trie"), ("positions", "position_ids"),
     ("uid_count", "'uid' has"), ("no_prompt", "non-empty prompt"),
 ])
 def test_pack_rows_refuses_what_would_be_wrong(case, message):
@@ -274,8 +274,14 @@ def test_when_imported_runs_after_import_and_now():
     sys.modules.pop(name, None)
 
 
-@pytest.mark.parametrize("version", ["0.7.1", "0.8.3", "0.10.0", "1.0", "garbage!"])
+@pytest.mark.parametrize("version", ["0.7.1", "0.8.3", "0.10.0", "1.0", "garbage!", "0.10.0rc1", "0.10.0.dev0",
+                                     "0.9.1rc1"])
 def test_version_gate_refuses_other_releases(version):
     with pytest.raises(UnsupportedVerlError, match=r"verl>=0\.9\.1,<0\.10"):
         check_verl_version(version)
     assert str(check_verl_version("0.9.1")) == "0.9.1"
+
+
+def test_planning_an_empty_batch_is_refused_by_name():
+    with pytest.raises(ValueError, match="no rows to plan micro-batches for"):
+        plan_micro_batches([], [], [], 100, partition=lambda w, k: _kk(w, k, False))

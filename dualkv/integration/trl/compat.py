@@ -37,7 +37,7 @@ def check_trl_version(version: str | None = None) -> Version:
         found = Version(version)
     except InvalidVersion:
         raise UnsupportedTRLError(f"cannot parse the TRL version {version!r}; dualkv needs {wanted}") from None
-    if not low <= found < high:
+    if not (low <= found and Version(found.base_version) < high):  # 0.10.0rc1 / .dev0 belong to 0.10
         raise UnsupportedTRLError(f"dualkv's TRL integration supports {wanted}; found trl {version}. Its GRPOTrainer "
                                   "seams (log-prob call, generation, batch shuffle) differ in other releases")
     return found

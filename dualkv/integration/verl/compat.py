@@ -44,7 +44,7 @@ def check_verl_version(version: str | None = None) -> Version:
         found = Version(text)
     except InvalidVersion:
         raise UnsupportedVerlError(f"cannot parse the installed veRL version {text!r}; dualkv needs {wanted}") from None
-    if not low <= found < high:
+    if not (low <= found and Version(found.base_version) < high):  # 0.10.0rc1 / .dev0 belong to 0.10
         raise UnsupportedVerlError(f"dualkv's veRL integration supports {wanted}; found verl {text}. Its patch points "
                                    "(engine forward_step, micro-batching, trainer balancing) differ in other releases")
     return found

@@ -60,6 +60,8 @@ def group_units(group_ids: Sequence[Hashable], prompt_lens: Sequence[int], respo
     if not len(group_ids) == len(prompt_lens) == len(response_lens):
         raise ValueError(f"group_ids, prompt_lens, response_lens have {len(group_ids)}, {len(prompt_lens)}, "
                          f"{len(response_lens)} entries")
+    if len(group_ids) == 0:
+        raise ValueError("no rows to plan micro-batches for (this rank's batch is empty)")
     units: list[Unit] = []
     for rows in collect_groups(group_ids):
         p = int(prompt_lens[rows[0]])

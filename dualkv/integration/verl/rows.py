@@ -32,7 +32,8 @@ __all__ = ["DualKVBatchError", "group_ids_of", "prompt_lengths", "packed_respons
 #: What to change in veRL when a batch cannot be packed.
 _HINT = ("dualkv needs each prompt group's rows adjacent inside a micro-batch and sharing one prompt: keep "
          "actor.shuffle=False, let dualkv's group-preserving balancing run (do not reorder rows by length), and "
-         "give every prompt its own uid")
+         "give every prompt its own uid (where rows of one uid carry different prompts, as veRL's multi-output "
+         "agent loop makes them, set actor.dualkv_packing=trie: it packs each micro-batch by shared prefix instead)")
 
 
 class DualKVBatchError(ValueError):

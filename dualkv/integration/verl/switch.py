@@ -45,10 +45,26 @@ def _role_setting(config: Any, key: str) -> Any:
     return actor.get(key, None) if isinstance(actor, DictConfig) else None
 
 
+#: What ``use_dualkv`` may be set to besides a bool (an ``${oc.env:...}`` interpolation gives a string).
+_SWITCH_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
+def switch_value(value: Any) -> bool | None:
+    """``use_dualkv`` as a bool (None: not set). Bools, 0 / 1 and the words true / false, yes / no, on / off (any
+    case); anything else raises ValueError naming it (``bool("off")`` would have switched dualkv on)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _SWITCH_WORDS:
+        return _SWITCH_WORDS[value.strip().lower()]
+    raise ValueError(f"{FLAG}={value!r}: expected true or false")
+
+
 def role_switch(config: Any) -> bool:
     """Whether an actor/ref ``DictConfig`` asks for dualkv: its own ``use_dualkv``, else, for the ref, the actor's.
-    Any other config: False."""
-    return bool(_role_setting(config, FLAG))
+    Any other config: False. A value other than a bool or a true / false word raises ValueError."""
+    return bool(switch_value(_role_setting(config, FLAG)))
 
 
 def install_dualkv_target(config: Any) -> bool:
@@ -57,12 +73,26 @@ def install_dualkv_target(config: Any) -> bool:
     Raises:
         ValueError: the role runs on an engine dualkv does not patch, or sets ``dualkv_packing`` without the switch.
     """
+    from omegaconf import DictConfig, open_dict, read_write
+
     if not role_switch(config):
         own = config.get(PACKING, None) if hasattr(config, "get") else None
         if own not in (None, "group"):
             raise ValueError(f"{PACKING}={own!r} needs {FLAG}=true (it chooses how dualkv packs micro-batches)")
+        own_switch = config.get(FLAG, None) if hasattr(config, "get") else None
+        if not isinstance(config, DictConfig) or (own_switch is None and own is None):
+            return False  # nothing of dualkv's in this config: it converts as it is
+        # Switched off explicitly (the ref's opt-out, an A/B script's use_dualkv=false): the stock class has no such
+        # fields, so an FSDP role converts as DualKVActorConfig with the switch off (stock behaviour: every patch
+        # checks the flag); another engine's role drops them.
+        with read_write(config), open_dict(config):
+            if config.get("_target_", None) in FSDP_TARGETS + (DUALKV_TARGET,):
+                config["_target_"] = DUALKV_TARGET
+                config[FLAG] = False
+            else:
+                config.pop(FLAG, None)
+                config.pop(PACKING, None)
         return False
-    from omegaconf import open_dict, read_write
 
     target = config.get("_target_", None)
     if target not in FSDP_TARGETS + (DUALKV_TARGET,):
