@@ -285,3 +285,35 @@ def test_version_gate_refuses_other_releases(version):
 def test_planning_an_empty_batch_is_refused_by_name():
     with pytest.raises(ValueError, match="no rows to plan micro-batches for"):
         plan_micro_batches([], [], [], 100, partition=lambda w, k: _kk(w, k, False))
+
+
+def test_micro_batches_that_split_groups_are_noted_once(recwarn):
+    """Fixed micro-batch sizes that are not a multiple of rollout.n split prompt groups (exact, little shared): the
+    trainer's balancing warns once per setting, as TRL's integration does; string switches read like bools."""
+    from omegaconf import OmegaConf
+
+    from dualkv.integration.verl import trainers
+
+    def config(actor_mb=8, ref_mb=8, switch=True, dynamic=False, n=4):
+        return OmegaConf.create({"actor_rollout_ref": {
+            "actor": {"use_dualkv": switch, "ppo_micro_batch_size_per_gpu": actor_mb, "use_dynamic_bsz": dynamic},
+            "rollout": {"n": n, "log_prob_micro_batch_size_per_gpu": 8, "log_prob_use_dynamic_bsz": False},
+            "ref": {"log_prob_micro_batch_size_per_gpu": ref_mb, "log_prob_use_dynamic_bsz": False}}})
+
+    assert trainers.micro_batch_notes(config()) == []
+    notes = trainers.micro_batch_notes(config(actor_mb=3, ref_mb=6))
+    assert [note.split("=")[0] for note in notes] == ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                                                     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"]
+    assert "multiple of rollout.n=4" in notes[0] and "use_dynamic_bsz=true" in notes[0]
+    assert trainers.micro_batch_notes(config(actor_mb=3, dynamic=True, ref_mb=8)) == []
+    assert trainers.micro_batch_notes(config(actor_mb=3, switch=False)) == []
+    assert trainers.micro_batch_notes(config(actor_mb=3, switch="off")) == []
+    assert trainers.micro_batch_notes(config(actor_mb=3, n=1)) == []
+    assert trainers.uses_dualkv(config(switch="true")) and not trainers.uses_dualkv(config(switch="false"))
+    with pytest.raises(ValueError, match="expected true or false"):
+        trainers.uses_dualkv(config(switch="maybe"))
+    trainers._noted.clear()
+    trainers.warn_micro_batches(config(actor_mb=3))
+    trainers.warn_micro_batches(config(actor_mb=3))
+    assert [str(w.message).split("=")[0] for w in recwarn.list if "rollout.n" in str(w.message)] == [
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"]

@@ -87,11 +87,12 @@ def _patch_engine(module: ModuleType) -> None:
 
 
 def _balance_patch(balance: Callable) -> Callable[[Callable], Callable]:
-    from .trainers import uses_dualkv
+    from .trainers import uses_dualkv, warn_micro_batches
 
     def make(original):
         def wrapper(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
             if uses_dualkv(self.config):
+                warn_micro_batches(self.config)
                 return balance(self, batch, metrics, logging_prefix, keep_minibatch)
             return original(self, batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
         return wrapper

@@ -19,14 +19,55 @@ import torch
 
 from .balance import group_balanced_partitions
 
-__all__ = ["uses_dualkv", "dualkv_partitions", "balance_legacy", "balance_v1", "uid_of_v1_key"]
+__all__ = ["uses_dualkv", "micro_batch_notes", "warn_micro_batches", "dualkv_partitions", "balance_legacy", "balance_v1",
+           "uid_of_v1_key"]
 
 
 def uses_dualkv(config: Any) -> bool:
     """Whether the actor or the ref of a trainer's (OmegaConf) config has ``use_dualkv`` (either packs groups, so
-    either needs them kept together)."""
+    either needs them kept together); the switch read as :func:`~.switch.switch_value` reads it."""
+    from .switch import switch_value
+
     roles = config.actor_rollout_ref
-    return any(bool(roles.get(role, {}).get("use_dualkv", False)) for role in ("actor", "ref"))
+    return any(bool(switch_value(roles.get(role, {}).get("use_dualkv", None))) for role in ("actor", "ref"))
+
+
+#: (role, fixed micro-batch size key, its dynamic-batch switch) of each phase whose micro-batches dualkv packs.
+_MICRO_BATCH_SETTINGS = (("actor", "ppo_micro_batch_size_per_gpu", "use_dynamic_bsz"),
+                         ("rollout", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz"),
+                         ("ref", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz"))
+
+
+def micro_batch_notes(config: Any) -> list[str]:
+    """Fixed micro-batch sizes (dynamic batch size off) that are not a multiple of ``rollout.n`` in a trainer config
+    with dualkv on: exact, but their micro-batches hold parts of prompt groups, so each prompt is packed once per
+    micro-batch holding its rows and little is shared (TRL's integration warns the same way)."""
+    roles = config.get("actor_rollout_ref", {})
+    n = roles.get("rollout", {}).get("n", None)
+    if not uses_dualkv(config) or not isinstance(n, int) or n < 2:
+        return []
+    notes = []
+    for role, size_key, dynamic_key in _MICRO_BATCH_SETTINGS:
+        section = roles.get(role, {}) or {}
+        size = section.get(size_key, None)
+        if isinstance(size, int) and size > 0 and not section.get(dynamic_key, False) and size % n:
+            notes.append(f"actor_rollout_ref.{role}.{size_key}={size} is not a multiple of rollout.n={n}: its "
+                         "micro-batches split prompt groups, so dualkv packs a prompt once per micro-batch holding "
+                         f"its rows (exact, but less shared); use a multiple of {n} or {dynamic_key}=true")
+    return notes
+
+
+_noted: set[str] = set()
+
+
+def warn_micro_batches(config: Any) -> None:
+    """Warn once per process for each of :func:`micro_batch_notes`."""
+    import warnings
+
+    for note in micro_batch_notes(config):
+        if note not in _noted:
+            _noted.add(note)
+            warnings.warn(note, stacklevel=3)
 
 
 def dualkv_partitions(group_ids: Sequence, prompt_lens: Sequence[int], response_lens: Sequence[int], dp_size: int,
