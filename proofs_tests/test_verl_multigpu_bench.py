@@ -103,3 +103,16 @@ def test_summary_merges_launches_of_one_sp(tmp_path):
     assert summary["max_prompt"]["stock_sp2_mb1"]["max_p"] == 8 and "stock_sp2" not in summary["max_prompt"]
     assert summary["dualkv_vs_stock_update"] == [{"sp": 2, "P": 8, "stock_s": 6.0, "dualkv_s": 2.0, "speedup": 3.0,
                                                   "stock_mb": 1, "mb": 4}]
+
+
+def test_the_launch_programs_name_a_missing_verl(monkeypatch, tmp_path):
+    """Without veRL, distributed_parity.py and multigpu_bench.py stop with the supported range and the install line
+    (they ended in a ModuleNotFoundError deep inside the run)."""
+    import dualkv.integration.verl.compat as compat
+
+    monkeypatch.setattr(compat, "installed_verl_version", lambda: None)
+    parity = load_script("experiments/verl/distributed_parity.py", "distributed_parity")
+    with pytest.raises(SystemExit, match=r"distributed_parity\.py: .*veRL is not installed"):
+        parity.main(["--mode", "dp1", "--device", "cpu", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"multigpu_bench\.py: .*pip install -e '\.\[verl\]'"):
+        load_bench().main(["--model-dir", str(tmp_path), "--device", "cpu", "--out", str(tmp_path)])

@@ -646,8 +646,12 @@ def exit_now(code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dualkv.integration.verl.compat import exit_unless_supported_verl
+
     try:
-        return run(parse_args(argv))
+        args = parse_args(argv)
+        exit_unless_supported_verl("distributed_parity.py")
+        return run(args)
     finally:
         for folder in SCRATCH:
             shutil.rmtree(folder, ignore_errors=True)

@@ -371,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.model_dir:
         raise SystemExit("--model-dir is required (save one with --save-model)")
+    from dualkv.integration.verl.compat import exit_unless_supported_verl
+
+    exit_unless_supported_verl("multigpu_bench.py")
     return run(args)
 
 

@@ -12,7 +12,8 @@ from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["SUPPORTED_VERL", "TESTED_VERL", "UnsupportedVerlError", "check_verl_version", "installed_verl_version"]
+__all__ = ["SUPPORTED_VERL", "TESTED_VERL", "UnsupportedVerlError", "check_verl_version", "exit_unless_supported_verl",
+           "installed_verl_version"]
 
 #: Half-open range of veRL versions whose patch points this package knows: >= 0.9.1, < 0.10.
 SUPPORTED_VERL = (Version("0.9.1"), Version("0.10"))
@@ -48,3 +49,12 @@ def check_verl_version(version: str | None = None) -> Version:
         raise UnsupportedVerlError(f"dualkv's veRL integration supports {wanted}; found verl {text}. Its patch points "
                                    "(engine forward_step, micro-batching, trainer balancing) differ in other releases")
     return found
+
+
+def exit_unless_supported_verl(program: str) -> None:
+    """For command-line programs that drive veRL (``experiments/verl``): SystemExit with :func:`check_verl_version`'s
+    message, prefixed by ``program``, when veRL is missing or unsupported, instead of an import traceback later."""
+    try:
+        check_verl_version()
+    except UnsupportedVerlError as err:
+        raise SystemExit(f"{program}: {err}") from None
