@@ -233,6 +233,26 @@ step() {  # step NAME SECONDS CMD...: run with a limit, keep the log, print its 
     timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
     echo "== $name: exit $? ($(date -u +%H:%M:%S))"; tail -${TAIL:-6} "$OUT/$name.log"
 }
+rest_tests() {  # rest_tests SECONDS: the GPU test files beside the default family's forward / paper-API / backward
+    # ones, in two processes at once on one GPU (steps pytest_a, pytest_b): trees, ordered dQ, dQ layout, input errors,
+    # tree reference; the hybrid, head dim 96, the cascade, WS trees and splits, the HF backend, log-probs
+    ( TAIL=3 step pytest_a $1 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py \
+        proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_dq_layout.py proofs_tests/test_input_errors.py \
+        proofs_tests/test_tree_reference.py &
+      TAIL=3 step pytest_b $1 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_hybrid_path.py \
+        proofs_tests/test_cuda_hd96.py proofs_tests/test_cascade.py proofs_tests/test_tree_cuda_ws.py \
+        proofs_tests/test_cuda_ws_split.py proofs_tests/test_hf_gpu.py proofs_tests/test_cuda_logprobs.py &
+      wait )
+}
+default_tests_both_gpus() {  # default_tests_both_gpus SECONDS: the default family's forward / paper-API / backward
+    # GPU tests on GPU 0 and GPU 1 at once (steps pytest_gpu0, pytest_gpu1; the caller's OMP_NUM_THREADS, if any)
+    for g in 0 1; do
+        CUDA_VISIBLE_DEVICES=$g TAIL=3 step pytest_gpu$g $1 python3 -m pytest -q -m gpu \
+            -p no:cacheprovider proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py \
+            proofs_tests/test_cuda_backward.py &
+    done
+    wait
+}
 table1_bench() {  # table1_bench PREFIX SYSTEMS TAIL_A TAIL_B: the seed's Table 1 in two processes (steps PREFIXa,
     # PREFIXb), so the first half's JSON survives a time limit
     mkdir -p "$OUT/bench"
@@ -2165,13 +2185,7 @@ s36rest)
     # defaults (the lazy rescale reaches every forward, trees and the hybrid included), in two processes at once (the
     # kernels are precompiled; the GPU has room for both): trees, ordered dQ, dQ layout, input errors / the hybrid,
     # head dim 96, the cascade, WS trees and splits, the HF backend, log-probs
-    ( TAIL=3 step pytest_a 380 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py \
-        proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_dq_layout.py proofs_tests/test_input_errors.py \
-        proofs_tests/test_tree_reference.py &
-      TAIL=3 step pytest_b 380 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_hybrid_path.py \
-        proofs_tests/test_cuda_hd96.py proofs_tests/test_cascade.py proofs_tests/test_tree_cuda_ws.py \
-        proofs_tests/test_cuda_ws_split.py proofs_tests/test_hf_gpu.py proofs_tests/test_cuda_logprobs.py &
-      wait )
+    rest_tests 380
     (cd "$OUT" && tar czf s36rest.tgz *.log && rm -f pytest_*.log)
     ;;
 s36t135)
@@ -2430,13 +2444,7 @@ s38a)
 s38b)
     # s38a's other half (run with COMPILE_S=150 right after it, the cache then warm): s36rest's two test processes
     # at once with longer limits
-    ( TAIL=3 step pytest_a 480 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py \
-        proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_dq_layout.py proofs_tests/test_input_errors.py \
-        proofs_tests/test_tree_reference.py &
-      TAIL=3 step pytest_b 480 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_hybrid_path.py \
-        proofs_tests/test_cuda_hd96.py proofs_tests/test_cascade.py proofs_tests/test_tree_cuda_ws.py \
-        proofs_tests/test_cuda_ws_split.py proofs_tests/test_hf_gpu.py proofs_tests/test_cuda_logprobs.py &
-      wait )
+    rest_tests 480
     (cd "$OUT" && tar czf s38b.tgz *.log && rm -f pytest_*.log)
     ;;
 s38mg)
@@ -2447,24 +2455,14 @@ s38mg)
     # cores split between them (OMP_NUM_THREADS = cores / 2); then the two-device tests at this commit
     python3 -c "import os, torch; print('cores', os.cpu_count(), 'torch threads by default', torch.get_num_threads())"
     half=$(( $(nproc) / 2 ))
-    for g in 0 1; do
-        CUDA_VISIBLE_DEVICES=$g OMP_NUM_THREADS=$half TAIL=3 step pytest_gpu$g 240 python3 -m pytest -q -m gpu \
-            -p no:cacheprovider proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py \
-            proofs_tests/test_cuda_backward.py &
-    done
-    wait
+    OMP_NUM_THREADS=$half default_tests_both_gpus 240
     TAIL=3 step pytest_multigpu 90 python3 -m pytest -q -m multigpu -p no:cacheprovider proofs_tests/test_cuda_multigpu.py
     (cd "$OUT" && tar czf s38mg.tgz *.log && rm -f pytest*.log)
     ;;
 s38mg2)
     # s38mg's control, on the same warm 2-GPU machine right after it: the same two processes at once with torch's
     # default intra-op threads (every core each), as s37check ran them; a limit of 150 s (split: 73 s each)
-    for g in 0 1; do
-        CUDA_VISIBLE_DEVICES=$g TAIL=3 step pytest_gpu$g 150 python3 -m pytest -q -m gpu \
-            -p no:cacheprovider proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py \
-            proofs_tests/test_cuda_backward.py &
-    done
-    wait
+    default_tests_both_gpus 150
     (cd "$OUT" && tar czf s38mg2.tgz *.log && rm -f pytest*.log)
     ;;
 s38bench)
