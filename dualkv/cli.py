@@ -26,12 +26,12 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
 
 def _verify_run(args: argparse.Namespace) -> int:
     from .verify import run_verify
-    from .verify.report import json_target_problem
+    from .verify.report import JsonTargetError
 
-    problem = json_target_problem(args.json) if args.json else None
-    if problem:
-        raise SystemExit(f"dualkv verify: {problem}")
-    _, ok = run_verify(quick=args.quick, json_path=args.json, progress=not args.no_progress)
+    try:
+        _, ok = run_verify(quick=args.quick, json_path=args.json, progress=not args.no_progress)
+    except JsonTargetError as err:  # refused before any check ran
+        raise SystemExit(f"dualkv verify: {err}") from None
     return 0 if ok else 1
 
 

@@ -41,6 +41,10 @@ def summary(rows: Sequence[Row]) -> dict:
     return {"rows": len(rows), "passed": len(rows) - len(failed), "failed": len(failed)}
 
 
+class JsonTargetError(ValueError):
+    """``--json`` names a path the report cannot be written to (raised before the matrix runs)."""
+
+
 def json_target_problem(path: str | Path) -> str | None:
     """Why ``path`` cannot take the JSON report (a folder, or below a file), or None; asked before the matrix runs,
     so a bad ``--json`` does not end a full run in a traceback."""

@@ -21,7 +21,7 @@ from . import mutants
 from .cases import attention_cases, model_cases
 from .checks import AttentionCase, Row, shared_prefix_check, two_call_check
 from .model_checks import model_check
-from .report import format_table, json_target_problem, summary, write_json
+from .report import JsonTargetError, format_table, json_target_problem, summary, write_json
 
 
 @dataclass
@@ -120,7 +120,7 @@ def run_verify(*, quick: bool = False, json_path: str | None = None, progress: b
     stream = sys.stdout if stream is None else stream
     problem = json_target_problem(json_path) if json_path else None
     if problem:
-        raise ValueError(problem)
+        raise JsonTargetError(problem)
     rows: list[Row] = []
     tasks = build_tasks(quick)
     bar = tqdm(tasks, desc="dualkv verify", unit="check", disable=not progress, file=sys.stderr)
