@@ -339,3 +339,32 @@ def test_kernel_plot_draws_the_shape_its_files_hold(tmp_path):
     no_fb = write("kernel-fwd-bwd.json", [row("dualkv", m, 2.0, **ragged) for m in ("fwd", "bwd")])
     with pytest.raises(SystemExit, match="no measured fwd\\+bwd rows"):
         main(["bench", "plot", no_fb, "--out", str(tmp_path / "nofb.png")])
+
+
+def test_bench_plot_reads_each_file_once(tmp_path, monkeypatch):
+    """`dualkv bench plot` reads every result file once and hands the data on (it read each kernel file up to four
+    times: the argument check, the shape, the rows and the merge note)."""
+    from pathlib import Path
+
+    def row(system, n, mode, ms):
+        return {"system": system, "N": n, "P": 64, "R": 8, "mode": mode, "ms": ms, "tflops": 1.0 / ms,
+                "speedup_vs_fa2": None, "peak_mem_gib": 0.1, "status": "ok", "mb": n}
+
+    env = {"gpu": "none", "date": "today", "commit": "abc"}
+    files = []
+    for name, rows, kind in (("kernel-a.json", [row("dualkv", 2, "fwdbwd", 1.0)], "kernel"),
+                             ("kernel-b.json", [row("cascade", 2, "fwdbwd", 2.0)], "kernel"),
+                             ("layer-c.json", [row("dualkv", 2, "fwdbwd", 1.0)], "layer")):
+        path = tmp_path / name
+        path.write_text(json.dumps({"environment": env, "benchmark": kind, "rows": rows}))
+        files.append(str(path))
+    reads: list[str] = []
+    real = Path.read_text
+
+    def counted(self, *args, **kwargs):
+        reads.append(self.name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    assert main(["bench", "plot", *files, "--out", str(tmp_path / "figs")]) == 0
+    assert sorted(reads) == ["kernel-a.json", "kernel-b.json", "layer-c.json"], reads

@@ -11,15 +11,39 @@ import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence, Union
 
 from ..analysis.models import QWEN3_8B_ATTENTION
 from . import register_bench
 from .cli import DEFAULT_OUT
 
-__all__ = ["latest_kernel_rows", "plot_kernel_results", "plot_results", "speedup_table"]
+__all__ = ["ResultFile", "latest_kernel_rows", "plot_kernel_results", "plot_results", "speedup_table"]
 
 REFERENCE_SYSTEM = "dualkv"
+
+
+class ResultFile(NamedTuple):
+    """A benchmark result file read once: its path (for messages and figure names) and its JSON."""
+
+    path: str
+    data: dict
+
+
+#: What the functions below take for a result file: its path (read there) or a :class:`ResultFile` already read.
+ResultSource = Union[str, Path, ResultFile]
+
+
+def _loaded(source: ResultSource) -> ResultFile:
+    return source if isinstance(source, ResultFile) else ResultFile(str(source), json.loads(Path(source).read_text()))
+
+
+def _kernel_files(sources: Sequence[ResultSource]) -> list[ResultFile]:
+    """Each source read (once, if it is a path); ValueError naming one that is not a ``dualkv bench kernel`` result."""
+    files = [_loaded(source) for source in sources]
+    for f in files:
+        if f.data.get("benchmark") != "kernel":
+            raise ValueError(f"{f.path} is not a `dualkv bench kernel` result (benchmark={f.data.get('benchmark')!r})")
+    return files
 
 
 def _ok(row: dict) -> bool:
@@ -53,14 +77,14 @@ def speedup_table(rows: Sequence[dict], reference: str = REFERENCE_SYSTEM) -> st
     return "\n".join(lines)
 
 
-def plot_results(path: str | Path, out: str | Path | None = None) -> Path | None:
+def plot_results(source: ResultSource, out: str | Path | None = None) -> Path | None:
     """Draw time and peak memory per (P, mb) and system into ``out`` (default: next to the JSON file, what a
     benchmark run does with its own file); None without matplotlib."""
     plt = _pyplot()
     if plt is None:
         return None
+    path, data = _loaded(source)
     path = Path(path)
-    data = json.loads(path.read_text())
     rows = data["rows"]
     prompts = sorted({r["P"] for r in rows})
     systems = list(dict.fromkeys(r["system"] for r in rows))
@@ -121,7 +145,7 @@ def row_shape(row: dict) -> dict:
     return {key: row.get(key, default) for key, default in _ROW_DEFAULTS.items()}
 
 
-def latest_kernel_rows(paths: Sequence[str | Path], groups: int = 1, heads: int = QWEN3_8B_ATTENTION.heads,
+def latest_kernel_rows(paths: Sequence[ResultSource], groups: int = 1, heads: int = QWEN3_8B_ATTENTION.heads,
                        kv_heads: int = QWEN3_8B_ATTENTION.kv_heads,
                        head_dim: int = QWEN3_8B_ATTENTION.head_dim,
                        r_range: str | None = None) -> tuple[list[dict], dict]:
@@ -131,10 +155,7 @@ def latest_kernel_rows(paths: Sequence[str | Path], groups: int = 1, heads: int 
     later file replacing an earlier one's (system, N, P, mode) row, and the last file's environment."""
     want = {"groups": groups, "r_range": r_range, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim}
     latest, env = {}, {}
-    for path in paths:
-        data = json.loads(Path(path).read_text())
-        if data.get("benchmark") != "kernel":
-            raise ValueError(f"{path} is not a `dualkv bench kernel` result (benchmark={data.get('benchmark')!r})")
+    for _, data in _kernel_files(paths):
         env = data["environment"]
         for r in data["rows"]:
             if row_shape(r) == want:
@@ -142,15 +163,12 @@ def latest_kernel_rows(paths: Sequence[str | Path], groups: int = 1, heads: int 
     return list(latest.values()), env
 
 
-def kernel_file_shape(paths: Sequence[str | Path]) -> dict:
+def kernel_file_shape(paths: Sequence[ResultSource]) -> dict:
     """The micro-batch / attention shape (:func:`row_shape`) a figure of these ``dualkv bench kernel`` files draws:
     the default one (Table 1's) where any row has it, else the only one present; ValueError when the files hold no
     rows or several other shapes (a figure compares systems at one shape)."""
     shapes = []
-    for path in paths:
-        data = json.loads(Path(path).read_text())
-        if data.get("benchmark") != "kernel":
-            raise ValueError(f"{path} is not a `dualkv bench kernel` result (benchmark={data.get('benchmark')!r})")
+    for _, data in _kernel_files(paths):
         for r in data["rows"]:
             if row_shape(r) not in shapes:
                 shapes.append(row_shape(r))
@@ -162,7 +180,7 @@ def kernel_file_shape(paths: Sequence[str | Path]) -> dict:
                      "time")
 
 
-def plot_kernel_results(paths: Sequence[str | Path], out: str | Path,
+def plot_kernel_results(paths: Sequence[ResultSource], out: str | Path,
                         systems: Sequence[str] | None = None) -> Path | None:
     """``dualkv bench kernel`` files (later files replace earlier rows of the same system, shape and mode): per
     (N, P), each system's fwd / bwd / fwd+bwd ms (log scale) and fwd+bwd useful TFLOP/s, as grouped bars;
@@ -170,6 +188,7 @@ def plot_kernel_results(paths: Sequence[str | Path], out: str | Path,
     plt = _pyplot()
     if plt is None:
         return None
+    paths = _kernel_files(paths)  # (each file read once)
     shape = kernel_file_shape(paths)
     rows, env = latest_kernel_rows(paths, **shape)
     present = list(dict.fromkeys(r["system"] for r in rows))
@@ -233,19 +252,19 @@ def _figure_paths(out: str, names: list[str]) -> list[Path]:
     return [target / f"{name}.png" for name in names]
 
 
-def _describe_merge(paths: Sequence[str]) -> str:
+def _describe_merge(files: Sequence[ResultFile]) -> str:
     """What a kernel figure over several files merges: the files and the commits they were measured at."""
-    commits = list(dict.fromkeys(json.loads(Path(f).read_text())["environment"].get("commit") for f in paths))
-    note = f"merging {len(paths)} kernel files (a later file's row replaces an earlier one's): " + ", ".join(
-        Path(f).name for f in paths)
+    commits = list(dict.fromkeys(f.data["environment"].get("commit") for f in files))
+    note = f"merging {len(files)} kernel files (a later file's row replaces an earlier one's): " + ", ".join(
+        Path(f.path).name for f in files)
     if len(commits) > 1:
         note += f"\nnote: measured at {len(commits)} commits ({', '.join(map(str, commits))}): the figure compares " \
                 "across runs"
     return note
 
 
-def _read_result(path: str) -> dict:
-    """One result file's JSON; SystemExit naming the file if it is missing, not JSON or not a bench result."""
+def _read_result(path: str) -> ResultFile:
+    """One result file, read; SystemExit naming the file if it is missing, not JSON or not a bench result."""
     try:
         data = json.loads(Path(path).read_text())
     except OSError as err:
@@ -254,7 +273,7 @@ def _read_result(path: str) -> dict:
         raise SystemExit(f"dualkv bench plot: {path} is not JSON ({err})") from None
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise SystemExit(f"dualkv bench plot: {path} is not a `dualkv bench` result (no 'rows' list)")
-    return data
+    return ResultFile(path, data)
 
 
 def _plot_run(args: argparse.Namespace) -> int:
@@ -265,9 +284,10 @@ def _plot_run(args: argparse.Namespace) -> int:
 
 
 def _plot_files(args: argparse.Namespace) -> int:
-    kernel_files = [f for f in args.files if _read_result(f).get("benchmark") == "kernel"]
-    others = [f for f in args.files if f not in kernel_files]
-    names = ([Path(kernel_files[-1]).stem] if kernel_files else []) + [Path(f).stem for f in others]
+    files = [_read_result(f) for f in args.files]  # (every file read once, here)
+    kernel_files = [f for f in files if f.data.get("benchmark") == "kernel"]
+    others = [f for f in files if f.data.get("benchmark") != "kernel"]
+    names = ([Path(kernel_files[-1].path).stem] if kernel_files else []) + [Path(f.path).stem for f in others]
     figures = _figure_paths(args.out, names)
     if kernel_files:  # one figure for all of them (a table is often split over several runs)
         if len(kernel_files) > 1:
@@ -278,8 +298,7 @@ def _plot_files(args: argparse.Namespace) -> int:
             return 1
         print(f"plot: {png}")
     for f, png in zip(others, figures):
-        rows = _read_result(f)["rows"]
-        print(speedup_table(rows))
+        print(speedup_table(f.data["rows"]))
         if plot_results(f, png) is None:
             return 1
         print(f"plot: {png}")

@@ -7,9 +7,9 @@ function ``shuffle_sequence_dict``, ``training_step``/``prediction_step``) were 
 
 from __future__ import annotations
 
-from importlib import metadata
+from packaging.version import Version
 
-from packaging.version import InvalidVersion, Version
+from ..releases import SupportedReleases, installed_version
 
 __all__ = ["SUPPORTED_TRL", "TESTED_TRL", "UnsupportedTRLError", "check_trl_version"]
 
@@ -17,6 +17,8 @@ __all__ = ["SUPPORTED_TRL", "TESTED_TRL", "UnsupportedTRLError", "check_trl_vers
 SUPPORTED_TRL = (Version("1.16.0"), Version("1.17"))
 #: The release the CPU tests run against.
 TESTED_TRL = "1.16.0"
+_RELEASES = SupportedReleases("trl", "TRL", *SUPPORTED_TRL, TESTED_TRL, "trl",
+                              "Its GRPOTrainer seams (log-prob call, generation, batch shuffle) differ in other releases")
 
 
 class UnsupportedTRLError(RuntimeError):
@@ -24,20 +26,6 @@ class UnsupportedTRLError(RuntimeError):
 
 
 def check_trl_version(version: str | None = None) -> Version:
-    """The parsed TRL version; raise :class:`UnsupportedTRLError` naming the supported range otherwise."""
-    low, high = SUPPORTED_TRL
-    wanted = (f"trl>={low},<{high} (tested with {TESTED_TRL}: `pip install trl=={TESTED_TRL}`, or install dualkv with "
-              "its `trl` extra from the repository: `pip install -e '.[trl]'` in a checkout)")
-    if version is None:
-        try:
-            version = metadata.version("trl")
-        except metadata.PackageNotFoundError:
-            raise UnsupportedTRLError(f"dualkv's TRL integration needs {wanted}, but TRL is not installed") from None
-    try:
-        found = Version(version)
-    except InvalidVersion:
-        raise UnsupportedTRLError(f"cannot parse the TRL version {version!r}; dualkv needs {wanted}") from None
-    if not (low <= found and Version(found.base_version) < high):  # 0.10.0rc1 / .dev0 belong to 0.10
-        raise UnsupportedTRLError(f"dualkv's TRL integration supports {wanted}; found trl {version}. Its GRPOTrainer "
-                                  "seams (log-prob call, generation, batch shuffle) differ in other releases")
-    return found
+    """The parsed TRL version (None: the installed one's); raise :class:`UnsupportedTRLError` naming the supported
+    range otherwise (pre-releases of 1.17 included)."""
+    return _RELEASES.check(installed_version("trl") if version is None else version, UnsupportedTRLError)

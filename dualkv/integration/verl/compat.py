@@ -8,9 +8,9 @@ patched blindly.
 
 from __future__ import annotations
 
-from importlib import metadata
+from packaging.version import Version
 
-from packaging.version import InvalidVersion, Version
+from ..releases import SupportedReleases, installed_version
 
 __all__ = ["SUPPORTED_VERL", "TESTED_VERL", "UnsupportedVerlError", "check_verl_version", "exit_unless_supported_verl",
            "installed_verl_version"]
@@ -19,6 +19,9 @@ __all__ = ["SUPPORTED_VERL", "TESTED_VERL", "UnsupportedVerlError", "check_verl_
 SUPPORTED_VERL = (Version("0.9.1"), Version("0.10"))
 #: The release the CPU test suite runs against.
 TESTED_VERL = "0.9.1"
+_RELEASES = SupportedReleases("verl", "veRL", *SUPPORTED_VERL, TESTED_VERL, "verl",
+                              "Its patch points (engine forward_step, micro-batching, trainer balancing) differ in other "
+                              "releases")
 
 
 class UnsupportedVerlError(RuntimeError):
@@ -27,28 +30,13 @@ class UnsupportedVerlError(RuntimeError):
 
 def installed_verl_version() -> str | None:
     """The installed veRL distribution's version string, or None when veRL is not installed."""
-    try:
-        return metadata.version("verl")
-    except metadata.PackageNotFoundError:
-        return None
+    return installed_version("verl")
 
 
 def check_verl_version(version: str | None = None) -> Version:
-    """Return the parsed veRL version; raise :class:`UnsupportedVerlError` naming the supported range otherwise."""
-    text = installed_verl_version() if version is None else version
-    low, high = SUPPORTED_VERL
-    wanted = (f"verl>={low},<{high} (tested with {TESTED_VERL}: `pip install verl=={TESTED_VERL}`, or install dualkv "
-              "with its `verl` extra from the repository: `pip install -e '.[verl]'` in a checkout)")
-    if text is None:
-        raise UnsupportedVerlError(f"dualkv's veRL integration needs {wanted}, but veRL is not installed")
-    try:
-        found = Version(text)
-    except InvalidVersion:
-        raise UnsupportedVerlError(f"cannot parse the installed veRL version {text!r}; dualkv needs {wanted}") from None
-    if not (low <= found and Version(found.base_version) < high):  # 0.10.0rc1 / .dev0 belong to 0.10
-        raise UnsupportedVerlError(f"dualkv's veRL integration supports {wanted}; found verl {text}. Its patch points "
-                                   "(engine forward_step, micro-batching, trainer balancing) differ in other releases")
-    return found
+    """Return the parsed veRL version (None: the installed one's); raise :class:`UnsupportedVerlError` naming the
+    supported range otherwise (pre-releases of 0.10 included)."""
+    return _RELEASES.check(installed_verl_version() if version is None else version, UnsupportedVerlError)
 
 
 def exit_unless_supported_verl(program: str) -> None:
