@@ -65,6 +65,9 @@ class GroupLayout:
     Attributes:
         prompt_lens: ``P_g`` for each group g (each >= 1).
         response_lens: ``(R_g,1, ..., R_g,N_g)`` for each group g (each >= 1, N_g >= 1).
+
+    Layouts compare (and hash) by identity: each keeps the device tensors built from it, and callers cache per
+    layout object. Two layouts of the same lengths are ``a.lengths == b.lengths``.
     """
 
     prompt_lens: tuple[int, ...]
@@ -107,6 +110,11 @@ class GroupLayout:
         return cls(tuple(prompt_lens), tuple(tuple(r) for r in groups))
 
     # ------------------------------------------------------------------ sizes
+    @property
+    def lengths(self) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+        """(prompt_lens, response_lens): what two layouts of the same micro-batch shape share."""
+        return self.prompt_lens, self.response_lens
+
     @property
     def num_groups(self) -> int:
         return len(self.prompt_lens)

@@ -76,3 +76,12 @@ def test_ordered_iterables_of_lengths_still_work():
     layout = GroupLayout.from_lengths(np.array([5, 2]), (lens for lens in (range(1, 3), (n for n in (4,)))))
     assert layout.prompt_lens == (5, 2) and layout.response_lens == ((1, 2), (4,))
     assert GroupLayout.single(3, {7: None, 1: None}.keys()).response_lens == ((7, 1),)
+
+
+def test_layouts_compare_by_identity_and_by_lengths():
+    """Layouts are compared by identity (each holds its own device cache); ``lengths`` compares the micro-batch shape."""
+    a = GroupLayout.from_lengths([4, 2], [[3, 1], [2]])
+    b = GroupLayout.from_lengths([4, 2], [[3, 1], [2]])
+    assert a != b and a == a and len({a, b}) == 2
+    assert a.lengths == b.lengths == ((4, 2), ((3, 1), (2,)))
+    assert a.lengths != GroupLayout.from_lengths([4, 2], [[3, 1], [1]]).lengths
