@@ -235,19 +235,26 @@ step() {  # step NAME SECONDS CMD...: run with a limit, keep the log, print its 
 }
 rest_tests() {  # rest_tests SECONDS: the GPU test files beside the default family's forward / paper-API / backward
     # ones, in two processes at once on one GPU (steps pytest_a, pytest_b): trees, ordered dQ, dQ layout, input errors,
-    # tree reference; the hybrid, head dim 96, the cascade, WS trees and splits, the HF backend, log-probs
-    ( TAIL=3 step pytest_a $1 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_tree_cuda.py \
+    # tree reference; the hybrid, head dim 96, the cascade, WS trees and splits, the HF backend, log-probs. Each process
+    # gets half the cores for torch's CPU threads (the tests' float64 oracle runs there; s38mg: a process with every
+    # core beside another ran 138 of 385 tests in 150 s, with half of them 385 in 73 s)
+    local threads=${OMP_NUM_THREADS:-$(( $(nproc) / 2 ))}
+    ( OMP_NUM_THREADS=$threads TAIL=3 step pytest_a $1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        proofs_tests/test_tree_cuda.py \
         proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_dq_layout.py proofs_tests/test_input_errors.py \
         proofs_tests/test_tree_reference.py &
-      TAIL=3 step pytest_b $1 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_hybrid_path.py \
+      OMP_NUM_THREADS=$threads TAIL=3 step pytest_b $1 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        proofs_tests/test_hybrid_path.py \
         proofs_tests/test_cuda_hd96.py proofs_tests/test_cascade.py proofs_tests/test_tree_cuda_ws.py \
         proofs_tests/test_cuda_ws_split.py proofs_tests/test_hf_gpu.py proofs_tests/test_cuda_logprobs.py &
       wait )
 }
 default_tests_both_gpus() {  # default_tests_both_gpus SECONDS: the default family's forward / paper-API / backward
-    # GPU tests on GPU 0 and GPU 1 at once (steps pytest_gpu0, pytest_gpu1; the caller's OMP_NUM_THREADS, if any)
+    # GPU tests on GPU 0 and GPU 1 at once (steps pytest_gpu0, pytest_gpu1; the caller's OMP_NUM_THREADS, else half
+    # the cores each, as rest_tests)
+    local threads=${OMP_NUM_THREADS:-$(( $(nproc) / 2 ))}
     for g in 0 1; do
-        CUDA_VISIBLE_DEVICES=$g TAIL=3 step pytest_gpu$g $1 python3 -m pytest -q -m gpu \
+        OMP_NUM_THREADS=$threads CUDA_VISIBLE_DEVICES=$g TAIL=3 step pytest_gpu$g $1 python3 -m pytest -q -m gpu \
             -p no:cacheprovider proofs_tests/test_cuda_forward.py proofs_tests/test_cuda_paper_api.py \
             proofs_tests/test_cuda_backward.py &
     done
