@@ -54,3 +54,14 @@ def test_curve_spread_sees_a_different_curve():
     spread = grpo_e2e.curve_spread({"stock": rows([0.1, 0.2]), "stock_seed1": rows([0.1, 0.5])})
     assert spread["stock_seed1"]["reward_max_abs_diff"] == pytest.approx(0.3)
     assert spread["stock_seed1"]["reward_mean_abs_diff"] == pytest.approx(0.15)
+
+
+def test_install_wheels_help_and_missing_folder(tmp_path):
+    """``install_wheels.py --help`` took "--help" for the wheel folder ("no wheels in --help", exit 1)."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "trl_grpo" / "install_wheels.py"
+    shown = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True)
+    assert shown.returncode == 0 and "usage:" in shown.stdout and "WHEEL_DIR" in shown.stdout, shown.stderr
+    empty = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True)
+    assert empty.returncode == 1 and f"no wheels in {tmp_path}" in empty.stderr

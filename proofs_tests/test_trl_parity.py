@@ -332,3 +332,90 @@ def test_refusals(trainers, model_dir, tmp_path):
     with pytest.raises(UnsupportedTRLError, match="1.16"):
         check_trl_version("1.15.2")
     assert type(stock).__name__ == "GRPOTrainer"          # a failed apply leaves the class alone
+
+
+# ------------------------------------------------------------------------------------------ walkthrough findings
+def test_moe_refusal_names_trls_switch_and_the_switch_works(tmp_path):
+    """TRL 1.16 turns the router aux loss on for every MoE config that declares ``router_aux_loss_coef`` (Qwen3-MoE:
+    0.001), whatever ``output_router_logits`` says; the refusal blamed ``output_router_logits=True`` (which the user
+    never set) and did not name the way out. It names ``router_aux_loss_coef=0.0`` now, which runs as stock."""
+    from proofs_tests.verl_fixtures.synthetic import save_random_model
+    from dualkv.testing import tiny_causal_lm
+
+    moe_dir = save_random_model(tmp_path / "moe", tiny_causal_lm("qwen3_moe", dtype=torch.float32, vocab=VOCAB,
+                                                                 tie_word_embeddings=False))
+    plain, _ = make_trainer(moe_dir, tmp_path, "stock")
+    assert plain.aux_loss_enabled and not plain.model.config.output_router_logits
+    with pytest.raises(DualKVTRLError, match=r"router_aux_loss_coef=0\.0") as exc:
+        apply_dualkv(plain)
+    assert "output_router_logits=True" not in str(exc.value)
+    assert type(plain).__name__ == "GRPOTrainer"
+    _, got, ref = _run_pair(moe_dir, tmp_path, router_aux_loss_coef=0.0, optim="sgd")
+    assert_parity(got, ref)
+
+
+@pytest.mark.parametrize("config", [{"loss_type": "bnpo"}, {"top_entropy_quantile": 0.5}, {"entropy_coef": 0.1}])
+def test_group_shuffle_warns_where_it_changes_the_optimizer_step(model_dir, tmp_path, config):
+    """With several micro-batches per generation, bnpo's token normaliser, the high-entropy quantile and the entropy
+    bonus are computed per micro-batch, so the group shuffle (the default) changes the optimizer step against stock
+    TRL (measured: the first step's gradients differ by 1e-3 to 50% relative). It said so for bnpo in the docs only;
+    it now warns, naming keep_groups=False (stock's row shuffle, exact)."""
+    trainer, _ = make_trainer(model_dir, tmp_path, "stock", gradient_accumulation_steps=2, steps_per_generation=2,
+                              **config)
+    with pytest.warns(UserWarning, match="keep_groups=False"):
+        apply_dualkv(trainer)
+    for options, extra in (({"keep_groups": False}, config), ({}, {})):   # row shuffle, or dapo: nothing to say
+        trainer, _ = make_trainer(model_dir, tmp_path, "stock", gradient_accumulation_steps=2,
+                                  steps_per_generation=2, **extra)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            apply_dualkv(trainer, **options)
+
+
+def test_hybrid_models_are_refused_when_dualkv_is_applied(tmp_path):
+    """A model with token mixers outside attention (here LFM2's short convolutions) was accepted by apply_dualkv and
+    refused only by the first log-prob call, after a whole generation; it is refused up front now, by name."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    from proofs_tests.verl_fixtures.synthetic import save_random_model
+
+    config = Lfm2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, layer_types=["conv", "full_attention"])
+    torch.manual_seed(0)
+    hybrid_dir = save_random_model(tmp_path / "lfm2", Lfm2ForCausalLM(config).float())
+    plain, _ = make_trainer(hybrid_dir, tmp_path, "stock")
+    with pytest.raises(DualKVTRLError, match="conv"):
+        apply_dualkv(plain)
+    assert type(plain).__name__ == "GRPOTrainer"
+    with pytest.raises(DualKVTRLError, match="conv"):
+        make_trainer(hybrid_dir, tmp_path, "subclass")
+
+
+@pytest.mark.parametrize("value", ["false", 0, None])
+def test_keep_groups_must_be_a_bool(model_dir, tmp_path, value):
+    """``dualkv_keep_groups="false"`` (a config file's string) switched the group shuffle on (bool("false") is True)."""
+    with pytest.raises(TypeError, match="keep_groups must be True or False"):
+        make_trainer(model_dir, tmp_path, "subclass", dualkv_options={"keep_groups": value})
+
+
+def test_attention_softcapping_is_refused_when_dualkv_is_applied(tmp_path):
+    """Gemma 2's default attention logit softcapping (50) was accepted by apply_dualkv and refused by the first
+    packed forward, after a whole generation; it is refused up front now, by name."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from proofs_tests.verl_fixtures.synthetic import save_tokenizer
+
+    tokenizer = save_tokenizer(tmp_path / "tok", VOCAB)
+    config = Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
+                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    assert config.attn_logit_softcapping == 50.0
+    args = GRPOConfig(output_dir=str(tmp_path / "gemma2"), per_device_train_batch_size=4, num_generations=2,
+                      max_completion_length=4, use_cpu=True, report_to=[], save_strategy="no")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = GRPOTrainer(model=Gemma2ForCausalLM(config).float(), processing_class=tokenizer,
+                            reward_funcs=even_token_reward, args=args, train_dataset=_dataset())
+    with pytest.raises(DualKVTRLError, match="softcapping"):
+        apply_dualkv(plain)
+    assert type(plain).__name__ == "GRPOTrainer"

@@ -8,6 +8,7 @@ what another carried wheel requires and the carried one does. Nothing is resolve
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import zipfile
@@ -37,7 +38,12 @@ def installed(name: str) -> Version | None:
 
 
 def main(argv: list[str]) -> int:
-    folder = Path(argv[0]) if argv else Path(__file__).resolve().parents[2] / ".whl"
+    parser = argparse.ArgumentParser(description="Install the carried wheels of fetch_wheels.sh where a distribution "
+                                                 "is missing or too old, offline (--no-deps --no-index).")
+    parser.add_argument("folder", nargs="?", metavar="WHEEL_DIR", type=Path,
+                        default=Path(__file__).resolve().parents[2] / ".whl",
+                        help="folder of the carried wheels (default: .whl at the repo root)")
+    folder = parser.parse_args(argv).folder
     wheels = {}
     for path in sorted(folder.glob("*.whl")):
         name, version, *_ = parse_wheel_filename(path.name)

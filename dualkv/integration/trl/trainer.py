@@ -18,8 +18,10 @@ Around it:
   sdpa and FlashAttention do, so float32 weights with ``bf16=True`` still run dualkv's CUDA kernels;
 * what cannot be packed runs stock: a call whose rows all have empty completions (the whole call, with a warning).
 
-Refused by name: vision-language inputs, the MoE router aux loss, PEFT prompt learning, models that scale their
-logits, TRL outside :data:`~.compat.SUPPORTED_TRL`.
+Refused by name: vision-language inputs, the MoE router aux loss (``router_aux_loss_coef=0.0`` turns it off), PEFT
+prompt learning, models that scale their logits or softcap their attention logits, models with token mixers outside
+attention (all checked when dualkv is applied), TRL outside :data:`~.compat.SUPPORTED_TRL`. Warned: micro-batches
+that split prompt groups, and loss terms computed per micro-batch that the group shuffle changes.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ..hf import ATTN_NAME, disable_dualkv, enable_dualkv, register
+from ..hf import ATTN_NAME, check_token_mixers, disable_dualkv, enable_dualkv, register
 from ..logprobs import logit_scaling
 from .attention import autocast_packed_attention
 from .compat import check_trl_version
@@ -42,6 +44,15 @@ __all__ = ["DualKVTRLError", "DualKVGRPOMixin", "apply_dualkv", "dualkv_trainer_
 _MULTIMODAL = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
                "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
 _STOCK_SHUFFLE = "shuffle_sequence_dict"
+
+
+def _aux_loss_refusal(coef: float | None) -> str:
+    """Why the MoE router aux loss is refused, and TRL's switch that turns it off."""
+    here = "" if coef is None else f" (here {coef})"
+    return ("the MoE router aux loss is not supported by dualkv (stock's load-balancing term counts each prompt "
+            "token N times, a packed forward once); TRL 1.16 adds it for every MoE config that declares "
+            f"router_aux_loss_coef{here}, whatever output_router_logits says: set "
+            "GRPOConfig(router_aux_loss_coef=0.0) to train without it")
 
 
 class DualKVTRLError(ValueError):
@@ -75,6 +86,28 @@ def _check_model(inner: torch.nn.Module, what: str) -> None:
     if config._attn_implementation == ATTN_NAME:
         raise DualKVTRLError(f"the {what} was loaded with attn_implementation='{ATTN_NAME}'; load it with its own "
                              "attention (sdpa, flash_attention_2): dualkv switches to packed attention per call")
+    # refused here, not by the first packed forward after a whole generation
+    if softcap := getattr(text_config, "attn_logit_softcapping", None):
+        raise DualKVTRLError(f"the {what} ({type(inner).__name__}) softcaps its attention logits "
+                             f"(attn_logit_softcapping={softcap}); the '{ATTN_NAME}' attention does not")
+    try:
+        check_token_mixers(inner, f"the {what}")
+    except NotImplementedError as exc:   # hybrid models (mamba, linear-attention, conv token mixers)
+        raise DualKVTRLError(str(exc)) from None
+
+
+def _micro_batch_terms(trainer: Any) -> list[str]:
+    """The GRPO loss terms TRL computes per micro-batch (a normaliser, a quantile, a mean), named as set: which rows
+    share a micro-batch changes them, so the group shuffle changes the optimizer step against TRL's row shuffle."""
+    terms = []
+    if getattr(trainer, "loss_type", None) == "bnpo":
+        terms.append("loss_type='bnpo' (token count of the micro-batch)")
+    quantile = getattr(trainer, "top_entropy_quantile", 1.0)
+    if quantile < 1.0:
+        terms.append(f"top_entropy_quantile={quantile} (entropy quantile of the micro-batch)")
+    if getattr(trainer, "_entropy_bonus_enabled", False):
+        terms.append("the entropy bonus (entropy_coef; mean entropy of the micro-batch)")
+    return terms
 
 
 class DualKVGRPOMixin:
@@ -85,26 +118,37 @@ class DualKVGRPOMixin:
         check_trl_version()
         if head not in HEADS:
             raise ValueError(f"head must be one of {HEADS}; got {head!r}")
+        if not isinstance(keep_groups, bool):   # bool("false") is True
+            raise TypeError(f"keep_groups must be True or False; got {keep_groups!r}")
         if getattr(self, "_is_vlm", False):
             raise DualKVTRLError("vision-language training (images in the dataset) is not supported by dualkv")
-        if getattr(self, "aux_loss_enabled", False):
-            raise DualKVTRLError("the MoE router aux loss (model_init_kwargs output_router_logits=True) is not "
-                                 "supported by dualkv: its load-balancing term counts each prompt token N times")
         policy = innermost_model(self.model, self.accelerator)
         _check_model(policy, "policy")
         if self.ref_model is not None:
             _check_model(innermost_model(self.ref_model, self.accelerator), "reference model")
+        if getattr(self, "aux_loss_enabled", False):
+            raise DualKVTRLError(_aux_loss_refusal(getattr(self, "router_aux_loss_coef", None)))
         softcap = getattr(policy.config.get_text_config(), "final_logit_softcapping", None)
         self._dualkv_kernel = row_kernel(head, softcap)
         self._dualkv_head = head
-        self._dualkv_keep_groups = bool(keep_groups)
+        self._dualkv_keep_groups = keep_groups
         self._dualkv_switched: list[torch.nn.Module] = []
         self._dualkv_warned: set[str] = set()
+        self._dualkv_warn_batching()
+
+    def _dualkv_warn_batching(self) -> None:
+        """Warn where the micro-batches split groups, or where the group shuffle changes the optimizer step."""
         per_step, n = self.args.per_device_train_batch_size, self.num_generations
         if per_step % n != 0:
             self._dualkv_warn("split", f"per_device_train_batch_size ({per_step}) is not a multiple of "
                                        f"num_generations ({n}): some prompt groups are split across micro-batches; "
                                        "each part packs its own copy of the prompt (exact, smaller saving)")
+        terms = _micro_batch_terms(self)
+        if self._dualkv_keep_groups and self.args.steps_per_generation > 1 and terms:
+            self._dualkv_warn("composition", f"{'; '.join(terms)} depend on which rows share a micro-batch, and the "
+                                             "group shuffle (keep_groups=True) puts other rows together than TRL's "
+                                             "row shuffle: the optimizer steps differ from stock TRL's. "
+                                             "keep_groups=False keeps TRL's row shuffle (exact, smaller saving)")
 
     # ------------------------------------------------------------------ attention state
     def _dualkv_warn(self, key: str, message: str) -> None:
@@ -136,7 +180,7 @@ class DualKVGRPOMixin:
         if passed or unknown:
             raise DualKVTRLError(f"dualkv packs text-only GRPO batches; this log-prob call carries {passed + unknown}")
         if compute_aux_loss:
-            raise DualKVTRLError("the MoE router aux loss is not supported by dualkv")
+            raise DualKVTRLError(_aux_loss_refusal(getattr(self, "router_aux_loss_coef", None)))
         inner = innermost_model(model, self.accelerator)
         groups = group_rows(attention_mask, input_ids, input_ids.shape[1] - logits_to_keep)
         if not groups.groups:
@@ -211,7 +255,11 @@ def apply_dualkv(trainer: Any, *, head: str = "trl", keep_groups: bool = True) -
             — :func:`dualkv.integration.logprobs.token_logprobs`.
         keep_groups: shuffle the generation batch by prompt group, not by row, so each of the
             ``steps_per_generation`` micro-batches holds whole groups (False: TRL's row shuffle; the packing stays
-            exact, groups split over micro-batches just share less).
+            exact, groups split over micro-batches just share less). Must be a bool. Changes the optimizer step
+            where a loss term is computed per micro-batch (bnpo, ``top_entropy_quantile``, the entropy bonus; a
+            warning names them).
+    Raises:
+        DualKVTRLError: a setting or model dualkv does not support (named); TypeError: ``keep_groups`` not a bool.
     Returns:
         the same trainer.
     """
