@@ -350,26 +350,57 @@ def test_dkdv_addr32_switch_is_scoped_to_the_dkdv_kernel(monkeypatch):
         compile_spec(dkdv[0], use_cache=False)
 
 
-@pytest.mark.parametrize("version, ordered, other", [("12.8", (2, 1, 0), (1, 2, 0)), ("13.0", (2, 1, 0), (1, 2, 0)),
-                                                     ("13.1", (1, 0, 2), (1, 0, 2)), ("13.5", (1, 0, 2), (1, 0, 2)),
-                                                     ("14.2", (1, 0, 2), (1, 0, 2)), (None, (2, 1, 0), (1, 2, 0)),
-                                                     ("unavailable: no NVRTC", (2, 1, 0), (1, 2, 0))])
-def test_dkdv_addr32_modes_follow_the_nvrtc_release(monkeypatch, version, ordered, other):
-    """The dK/dV kernel's ldmatrix addressing modes in order of preference (build.py DKDV_ADDR32_BY_NVRTC): before
-    NVRTC 13.1, 2 first for the ordered dQ builds and 1 for the others; from 13.1 (which forms shared addresses in 32
-    bits itself), 1; an unknown release counts as the oldest. Only bwd_dkdv builds are chosen among, and
-    DUALKV_EXTRA_DEFINES fixes the addressing (either macro)."""
+def test_dkdv_smem32_switch_is_scoped_to_the_dkdv_kernel(monkeypatch):
+    """DUALKV_EXTRA_DEFINES=DKV_DKDV_SMEM32=1 / 2 / 4 / 7 (bwd_dkdv.cu's 32-bit shared addressing bits; 7 is the default
+    under NVRTC before 13.1) compile the mma.sync dK/dV kernel, 7 to another cubin than 0, and leave the forward's and
+    the dQ kernel's, which share common.cuh's helpers, as they are; a value outside 0..7 is refused at compile time."""
+    from dualkv.cuda.configs import dkdv_spec, dq_spec
+
+    others = [fwd_spec(64, torch.bfloat16, 4, False, "sm_80"), dq_spec(64, torch.bfloat16, 4, False, "sm_80")]
+    dkdv = dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True)
+
+    def build(value: str, with_others: bool = False):
+        monkeypatch.setenv("DUALKV_EXTRA_DEFINES", f"DKV_DKDV_SMEM32={value},DKV_DKDV_ADDR32=0")
+        return (compile_spec(dkdv, use_cache=False).cubin,
+                [compile_spec(spec, use_cache=False).cubin for spec in others] if with_others else None)
+
+    plain, plain_others = build("0", True)
+    smem32, smem32_others = build("7", True)
+    assert smem32 != plain and smem32_others == plain_others
+    for bits in ("1", "2", "4"):
+        build(bits)
+    with pytest.raises(KernelBuildError, match="DKV_DKDV_SMEM32 takes bits"):
+        build("8")
+
+
+OLD, NEW = ((0, 1, 2), (0, 1, 2), 7), ((1, 0, 2), (1, 0, 2), 0)
+
+
+@pytest.mark.parametrize("version, expected", [("12.8", OLD), ("13.0", OLD), ("13.1", NEW), ("13.5", NEW),
+                                               ("14.2", NEW), (None, OLD), ("unavailable: no NVRTC", OLD)])
+def test_dkdv_addr32_modes_follow_the_nvrtc_release(monkeypatch, version, expected):
+    """The dK/dV kernel's ldmatrix addressing modes in order of preference (build.py DKDV_ADDR32_BY_NVRTC), and its
+    32-bit shared addressing (DKV_DKDV_SMEM32): before NVRTC 13.1, SMEM32 7 on every dK/dV build and mode 0 first; from
+    13.1 (which forms shared addresses in 32 bits itself), no SMEM32 and mode 1 first; an unknown release counts as the
+    oldest. Only bwd_dkdv builds are chosen among; DUALKV_EXTRA_DEFINES fixes the addressing (either macro) and, apart,
+    SMEM32."""
     import dualkv.cuda.build as build
     from dualkv.cuda.configs import dkdv_spec, dq_spec
 
+    ordered, other, smem32 = expected
     monkeypatch.setattr(build, "nvrtc_version", lambda: version)
     specs = {True: dkdv_spec(128, torch.bfloat16, False, "sm_90", dq_ordered=True, root_first=True),
              False: dkdv_spec(128, torch.bfloat16, False, "sm_80", dq_atomic=True, kernel="bwd_dkdv")}
+    release = [("DKV_DKDV_SMEM32", str(smem32))] if smem32 else []
     for dq_ordered, modes in ((True, ordered), (False, other)):
         assert build.dkdv_addr32_modes(version, dq_ordered) == modes
-        assert build.compiler_chosen_macros(specs[dq_ordered], []) == [[("DKV_DKDV_ADDR32", str(m))] for m in modes]
+        assert build.compiler_chosen_macros(specs[dq_ordered], []) == [[("DKV_DKDV_ADDR32", str(m))] + release
+                                                                        for m in modes]
         for fixed in ("DKV_DKDV_ADDR32", "DKV_LDSM_ADDR32"):
-            assert build.compiler_chosen_macros(specs[dq_ordered], [(fixed, "0")]) == [[]]
+            assert build.compiler_chosen_macros(specs[dq_ordered], [(fixed, "0")]) == [release]
+            assert build.compiler_chosen_macros(specs[dq_ordered], [(fixed, "0"), ("DKV_DKDV_SMEM32", "0")]) == [[]]
+        assert build.compiler_chosen_macros(specs[dq_ordered], [("DKV_DKDV_SMEM32", "3")]) == [
+            [("DKV_DKDV_ADDR32", str(m))] for m in modes]
     assert build.compiler_chosen_macros(dq_spec(64, torch.bfloat16, 4, False, "sm_80"), []) == [[]]
     assert build.compiler_chosen_macros(fwd_spec(64, torch.bfloat16, 4, False, "sm_80", kernel="fwd_sm90"), []) == [[]]
 
@@ -447,21 +478,23 @@ def test_compile_spec_keeps_the_first_mode_that_spills_nothing(monkeypatch, tmp_
     assert run({"1": 52, "0": 0, "2": 0}) == "0" and compiled == ["1", "0"]
     assert run({"1": 52, "0": 20, "2": 4}) == "2" and compiled == ["1", "0", "2"]
     assert run({"1": 8, "0": 20, "2": 8}) == "1"                            # ties go to the preferred mode
-    monkeypatch.setattr(build, "nvrtc_version", lambda: "13.0")  # modes 2, 1, 0
-    assert run({"2": 4, "1": 36, "0": 60}) == "2" and compiled == ["2", "1", "0"]
+    assert "DKV_DKDV_SMEM32" not in dict(build.compile_spec(spec, use_cache=False).defines)
+    monkeypatch.setattr(build, "nvrtc_version", lambda: "13.0")  # modes 0, 1, 2, each with DKV_DKDV_SMEM32=7
+    assert run({"0": 4, "1": 36, "2": 60}) == "0" and compiled == ["0", "1", "2"]
     kept = build.compile_spec(spec, use_cache=False, verbose=True)              # verbose: the kept mode's report
-    assert dict(kept.defines)["DKV_DKDV_ADDR32"] == "2" and "4 bytes spill stores" in kept.log
-    assert run({"2": 0, "1": 0}) == "2" and compiled == ["2"]
-    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_DKDV_ADDR32=0")
-    assert run({"0": 60}) == "0" and compiled == ["0"]
+    assert dict(kept.defines)["DKV_DKDV_ADDR32"] == "0" and "4 bytes spill stores" in kept.log
+    assert dict(kept.defines)["DKV_DKDV_SMEM32"] == "7"
+    assert run({"0": 0, "1": 0}) == "0" and compiled == ["0"]
+    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_DKDV_ADDR32=2")
+    assert run({"2": 60}) == "2" and compiled == ["2"]
     monkeypatch.delenv("DUALKV_EXTRA_DEFINES")
 
     monkeypatch.setenv("DUALKV_CACHE_DIR", str(tmp_path))
-    assert run({"2": 4, "1": 0, "0": 60}, use_cache=True) == "1" and compiled == ["2", "1"]
+    assert run({"0": 4, "1": 0, "2": 60}, use_cache=True) == "1" and compiled == ["0", "1"]
     compiled.clear()
     assert build.compile_spec(spec).cubin == b"1" and compiled == []         # from the cache, nothing compiled
-    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_DKDV_ADDR32=2")             # a fixed mode: its own cache entry
-    assert run({"2": 4}, use_cache=True) == "2" and compiled == ["2"]
+    monkeypatch.setenv("DUALKV_EXTRA_DEFINES", "DKV_DKDV_ADDR32=0")             # a fixed mode: its own cache entry
+    assert run({"0": 4}, use_cache=True) == "0" and compiled == ["0"]
 
 
 def test_forward_tile_choice_keeps_registers_up_to_the_tolerance(monkeypatch, tmp_path):
@@ -527,10 +560,10 @@ def test_a_missing_spill_report_is_an_error_not_zero(monkeypatch):
     monkeypatch.setattr(build, "nvrtc_version", lambda: "13.0")
     run, compiled = _stand_in_compiles(monkeypatch, spec, "DKV_DKDV_ADDR32",
                                        lambda spilled: "" if spilled is None else PTXAS_REPORT.format(spilled))
-    assert run({"2": 36, "1": 16, "0": 60}) == "1"
+    assert run({"0": 36, "1": 16, "2": 60}) == "1"
     with pytest.raises(KernelBuildError, match=r"reported no spills for KernelSpec\(kernel='bwd_dkdv'.*DKV_DKDV_ADDR32"):
-        run({"2": None, "1": 16, "0": 60})
-    assert compiled == ["2"]
+        run({"0": None, "1": 16, "2": 60})
+    assert compiled == ["0"]
 
 
 def test_build_log_names_each_build_and_its_check_catches_bad_ones(monkeypatch, tmp_path):
@@ -550,11 +583,11 @@ def test_build_log_names_each_build_and_its_check_catches_bad_ones(monkeypatch, 
     log = tmp_path / "builds.jsonl"
     monkeypatch.setenv("DUALKV_BUILD_LOG", str(log))
     monkeypatch.setenv("DUALKV_CACHE_DIR", str(tmp_path / "cache"))
-    assert run({"2": 36, "1": 16, "0": 60}, use_cache=True) == "1"
-    assert run({"2": 36, "1": 16, "0": 60}, use_cache=True) == "1"
+    assert run({"0": 36, "1": 16, "2": 60}, use_cache=True) == "1"
+    assert run({"0": 36, "1": 16, "2": 60}, use_cache=True) == "1"
     fresh, hit = [json.loads(line) for line in log.read_text().splitlines()]
     assert (fresh["cache_hit"], hit["cache_hit"]) == (False, True) and fresh["cubin_sha256"] == hit["cubin_sha256"]
-    assert fresh["kept_macros"] == {"DKV_DKDV_ADDR32": "1"} and fresh["spill_stores"] == 16
+    assert fresh["kept_macros"] == {"DKV_DKDV_ADDR32": "1", "DKV_DKDV_SMEM32": "7"} and fresh["spill_stores"] == 16
     assert fresh["nvrtc"] == "13.0"
     assert "kept_macros" not in hit and fresh["spec"] == repr(spec)
 

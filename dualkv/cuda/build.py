@@ -167,11 +167,12 @@ def extra_defines() -> list[tuple[str, str]]:
 
 class AddressingModes(NamedTuple):
     """DKV_DKDV_ADDR32 modes in order of preference from NVRTC release ``first`` on: for the ordered dQ builds and for
-    the others."""
+    the others; and the DKV_DKDV_SMEM32 bits every dK/dV build takes there (0: the source's pointer form)."""
 
     first: tuple[int, int]
     ordered: tuple[int, ...]
     other: tuple[int, ...]
+    smem32: int = 0
 
 
 #: The mma.sync dK/dV kernel's ldmatrix addressing (bwd_dkdv.cu's DKV_DKDV_ADDR32; common.cuh's DKV_LDSM_ADDR32) by the
@@ -184,23 +185,38 @@ class AddressingModes(NamedTuple):
 #: the one spilling least. H200, d = 128 dK/dV kernel at (16, 32K), ms: NVRTC 13.0 ordered 239.3 / 231.2 / 226.4
 #: (modes 0 / 1 / 2; spill stores 60 / 36 / 4 bytes), atomic 221.2 / 221.9 (1) against 227.8 (2); NVRTC 13.5 ordered
 #: 230.0 / 222.6 / 234.5 (spill stores 20 / 0 / 108) (checks/s30addr32-h200-20261129T1839Z.json).
+#: Before 13.1 every dK/dV build also takes DKV_DKDV_SMEM32=7 (bwd_dkdv.cu: the main loop's shared addresses formed in
+#: 32 bits from one conversion of the smem base, which 13.5 does itself) and then mode 0 first: NVRTC 13.0's sm_90
+#: d = 128 ordered main loop 1306 SASS instructions without spills (13.5's default: 1307), against 1343 spilling 16 / 20
+#: bytes before (checks/s39addr-cpu-20261130.log). H200, NVRTC 13.0, mma.sync backward ms at (8, 8K) / (16, 32K), two
+#: rounds of alternating processes: ordered 27.11 / 227.74 and 27.08 / 227.47 before, 26.38 / 219.50 and 26.21 / 219.78
+#: with 7 in mode 0 (26.66 / 222.92 and 26.47 / 223.63 in mode 2); atomic 26.83 / 215.80 and 26.83 / 215.62 before,
+#: 26.21 / 211.06 and 26.12 / 210.91 with 7 in mode 0 (checks/s39addr-h200-20261130T2105Z.json).
 DKDV_ADDR32_BY_NVRTC: tuple[AddressingModes, ...] = (AddressingModes((13, 1), (1, 0, 2), (1, 0, 2)),
-                                                     AddressingModes((0, 0), (2, 1, 0), (1, 2, 0)))
+                                                     AddressingModes((0, 0), (0, 1, 2), (0, 1, 2), smem32=7))
 #: The macros that fix the dK/dV kernel's addressing when ``$DUALKV_EXTRA_DEFINES`` sets either.
 ADDRESSING_MACROS = ("DKV_DKDV_ADDR32", "DKV_LDSM_ADDR32")
+#: The dK/dV kernel's 32-bit shared addressing bits (bwd_dkdv.cu), set per NVRTC release (:class:`AddressingModes`)
+#: unless ``$DUALKV_EXTRA_DEFINES`` sets it.
+SMEM32_MACRO = "DKV_DKDV_SMEM32"
 
 Macros = list[tuple[str, str]]
 
 
-def dkdv_addr32_modes(version: str | None, dq_ordered: bool) -> tuple[int, ...]:
-    """DKV_DKDV_ADDR32 modes, preferred first, for an mma.sync dK/dV build (``dq_ordered``: the ordered dQ mode's) under
-    NVRTC ``version`` ("13.0"; None, when unknown, as the oldest): those of the newest release in
-    :data:`DKDV_ADDR32_BY_NVRTC` that is not newer."""
+def dkdv_addressing(version: str | None) -> AddressingModes:
+    """The mma.sync dK/dV kernel's addressing under NVRTC ``version`` ("13.0"; None, when unknown, as the oldest): the
+    entry of the newest release in :data:`DKDV_ADDR32_BY_NVRTC` that is not newer."""
     try:
         release = tuple(int(part) for part in version.split(".")[:2]) if version else (0, 0)
     except ValueError:  # "unavailable: ..." (nvrtc_version); the compilation itself raises on that
         release = (0, 0)
-    modes = next(entry for entry in DKDV_ADDR32_BY_NVRTC if release >= entry.first)
+    return next(entry for entry in DKDV_ADDR32_BY_NVRTC if release >= entry.first)
+
+
+def dkdv_addr32_modes(version: str | None, dq_ordered: bool) -> tuple[int, ...]:
+    """DKV_DKDV_ADDR32 modes, preferred first, for an mma.sync dK/dV build (``dq_ordered``: the ordered dQ mode's) under
+    NVRTC ``version`` (:func:`dkdv_addressing`)."""
+    modes = dkdv_addressing(version)
     return modes.ordered if dq_ordered else modes.other
 
 
@@ -220,6 +236,8 @@ FWD_SPILL_TOLERANCE = 16
 #: ``$DUALKV_BUILD_LOG`` records as kept).
 CHOSEN_BY_KERNEL = {"bwd_dkdv": "DKV_DKDV_ADDR32", "fwd": "DKV_FWD_TILE_SMEM"}
 CHOSEN_MACROS = tuple(CHOSEN_BY_KERNEL.values())
+#: The macros ``$DUALKV_BUILD_LOG`` records as kept: the chosen ones and those set per NVRTC release.
+RECORDED_MACROS = CHOSEN_MACROS + (SMEM32_MACRO,)
 #: Names a compiler-chosen build's cache entry (with its candidates): changed when the choosing changed, so that no
 #: cubin kept by an earlier rule is served. "choose2": the rule that asks NVRTC not to serve -v compilations from its
 #: own cache (:func:`nvrtc_caches`); entries under "choose" may hold a build kept on a missing spill report.
@@ -228,13 +246,18 @@ CHOICE_KEY = "choose2:"
 
 def compiler_chosen_macros(spec: KernelSpec, extra: Macros) -> list[Macros]:
     """The macro sets :func:`compile_spec` chooses among for ``spec``, preferred first (what the compiler decides rather
-    than the kernel specification): DKV_DKDV_ADDR32's modes for bwd_dkdv builds (:func:`dkdv_addr32_modes`) and
-    DKV_FWD_TILE_SMEM's (:data:`FWD_TILE_SMEM_CHOICES`) for fwd builds, unless ``extra`` (``$DUALKV_EXTRA_DEFINES``)
-    fixes the macro; one empty set otherwise."""
+    than the kernel specification): DKV_DKDV_ADDR32's modes for bwd_dkdv builds (:func:`dkdv_addr32_modes`), each with
+    the release's DKV_DKDV_SMEM32 where it is not 0, and DKV_FWD_TILE_SMEM's (:data:`FWD_TILE_SMEM_CHOICES`) for fwd
+    builds, unless ``extra`` (``$DUALKV_EXTRA_DEFINES``) fixes the macro; one empty set otherwise."""
     fixed = {name for name, _ in extra}
     chosen = CHOSEN_BY_KERNEL.get(spec.kernel)
-    if spec.kernel == "bwd_dkdv" and not fixed & set(ADDRESSING_MACROS):
-        return [[(chosen, str(mode))] for mode in dkdv_addr32_modes(nvrtc_version(), spec.dq_ordered)]
+    if spec.kernel == "bwd_dkdv":
+        addressing = dkdv_addressing(nvrtc_version())
+        smem32 = [(SMEM32_MACRO, str(addressing.smem32))] if addressing.smem32 and SMEM32_MACRO not in fixed else []
+        if fixed & set(ADDRESSING_MACROS):
+            return [smem32]
+        return [[(chosen, str(mode))] + smem32
+                for mode in (addressing.ordered if spec.dq_ordered else addressing.other)]
     if spec.kernel == "fwd" and chosen not in fixed:
         return [[(chosen, str(choice))] for choice in FWD_TILE_SMEM_CHOICES]
     return [[]]
@@ -294,8 +317,8 @@ def compile_spec(spec: KernelSpec, *, use_cache: bool = True, verbose: bool = Fa
     that is set). Where the compiler chooses among macro sets (:func:`compiler_chosen_macros`) they are compiled in
     turn, with ptxas -v, until one spills no more than :func:`spill_tolerance` bytes (stores and loads); else the one
     spilling the fewest is kept. A
-    cold cache thus compiles such a build up to three times (NVRTC 13.0's sm_90 d = 128 ordered dK/dV builds spill a
-    little in every mode). The cache holds the kept cubin under a key naming the candidates in order, not the one kept;
+    cold cache thus compiles such a build up to three times (before DKV_DKDV_SMEM32, NVRTC 13.0's sm_90 d = 128
+    ordered dK/dV builds spilled a little in every mode). The cache holds the kept cubin under a key naming the candidates in order, not the one kept;
     a set that fails to compile raises, naming its macros."""
     nvrtc_from_env()
     from cuda.core.utils import make_program_cache_key
@@ -304,8 +327,10 @@ def compile_spec(spec: KernelSpec, *, use_cache: bool = True, verbose: bool = Fa
     extra = extra_defines()
     candidates = compiler_chosen_macros(spec, extra)
     tolerance = spill_tolerance(spec)
-    if len(candidates) > 1:  # e.g. DKV_DKDV_ADDR32=choose2:2,1,0, DKV_FWD_TILE_SMEM=choose2:0,1@16
-        keyed = [(candidates[0][0][0], CHOICE_KEY + ",".join(macros[0][1] for macros in candidates) +
+    if len(candidates) > 1:  # e.g. DKV_DKDV_ADDR32=choose2:1,0,2, DKV_FWD_TILE_SMEM=choose2:0,1@16; with more
+        # macros per candidate, every value: DKV_DKDV_ADDR32=choose2:0+7,1+7,2+7
+        keyed = [(candidates[0][0][0], CHOICE_KEY + ",".join("+".join(value for _, value in macros)
+                                                             for macros in candidates) +
                   (f"@{tolerance}" if tolerance else ""))]
     else:
         keyed = candidates[0]
@@ -336,7 +361,7 @@ def _logged(built: BuiltKernel, *, hit: bool, extra: Macros = ()) -> BuiltKernel
         record = {"spec": repr(built.spec), "nvrtc": nvrtc_version(), "cache_hit": hit,
                   "cubin_sha256": hashlib.sha256(built.cubin).hexdigest()[:16], "pid": os.getpid()}
         if not hit:
-            macros = {name for name, _ in extra} | set(CHOSEN_MACROS)
+            macros = {name for name, _ in extra} | set(RECORDED_MACROS)
             record["kept_macros"] = {name: value for name, value in built.defines if name in macros}
             record.update({k: v for k, v in resource_usage(built.log).items() if k.startswith("spill")})
         with _build_log_lock, open(path, "a") as log:

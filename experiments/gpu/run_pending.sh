@@ -207,6 +207,13 @@
 #   bash experiments/gpu/run_pending.sh s38mg      # 2 GPUs: the default-family tests on both at once, cores split; 2-GPU tests
 #   bash experiments/gpu/run_pending.sh s38mg2     # its control: the same without the split (torch's default threads)
 #   bash experiments/gpu/run_pending.sh s38bench   # the bench CLI after s38's fixes, on a GPU (tiny layer/model, ragged kernel)
+#   bash experiments/gpu/run_pending.sh s39final   # #13: DKV_DKDV_SMEM32=7 the default under NVRTC 13.0: verify (mma), tests
+#   bash experiments/gpu/run_pending.sh s39table   # #13: its Table 1 rows against the FA2 cascade, ordered-dQ tests
+#   bash experiments/gpu/run_pending.sh s39def     # #13: the same default in the default family: verify, its GPU tests
+#   bash experiments/gpu/run_pending.sh s39rest    # #13: the rest of the GPU test files at that default (after s39def)
+#   bash experiments/gpu/run_pending.sh s39rl      # #13: ragged RL micro-batches of the mma.sync family at that default
+#   bash experiments/gpu/run_pending.sh s39addr    # #13: the dK/dV kernel's 32-bit shared addresses (DKV_DKDV_SMEM32=7) under
+#                                                  # NVRTC 13.0: bwd A/B (default / the macro / the macro in mode 0), tests
 #   bash experiments/gpu/run_pending.sh s35d96     # #12/#13: old / new forward defaults alternating (d = 128, both families);
 #                                                  # the d = 96 WS forward on 128-key blocks with its overlap: A/B and tests
 #   bash experiments/gpu/run_pending.sh s35hd      # #12: the WS forward's overlap at head dims 64 (128-key blocks), 192, 256
@@ -275,13 +282,29 @@ nvrtc135_unpack() {  # nvrtc135_unpack PART: NVRTC 13.5 from the carried build/n
     DUALKV_NVRTC_LIB=/tmp/nv135 step nvrtc_version 60 python3 -c "from dualkv.cuda.build import nvrtc_version; \
 print('NVRTC', nvrtc_version())"
 }
-mma_table135() {  # mma_table135 PART: NVRTC 13.5 (nvrtc135_unpack PART; exported for the rest of the part), the
-    # mma.sync kernels compiled with it (step warm135), then Table 1's rows of the family against the FA2 cascade into
-    # $OUT/bench: t1, three shapes in one process (10 reps); t64, (16, 64K) in another (5 reps)
+mma_bwd_ab() {  # mma_bwd_ab PART "VARIANTS" SECONDS: the mma.sync backward (dualkv_mma, dualkv_mma_atomic) at (8, 8K) /
+    # (16, 32K) for each variant (variants_warm / variants_ab entries), two rounds of alternating processes of SECONDS
+    # each; the table as $OUT/PART-table.json, logs and rows in $OUT/PART.tgz
+    variants_warm "$2" --systems dualkv_mma,dualkv_mma_atomic --shapes 8:8192 --mode bwd --reps 1
+    variants_ab "$2" 2 "$3" --systems dualkv_mma,dualkv_mma_atomic --shapes 8:8192,16:32768 --mode bwd --reps 10
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/$1-table.json"
+    (cd "$OUT" && tar czf "$1.tgz" *.log bench && rm -rf ab[12]_*.log warm_*.log bench)
+}
+mma_warm() {  # mma_warm NAME SECONDS: the mma.sync family's kernels for sm_90 precompiled (step NAME), under the caller's
+    # DUALKV_NVRTC_LIB / DUALKV_EXTRA_DEFINES
+    step "$1" "$2" python3 -m dualkv kernels --compile-only --arch sm_90 --kernel fwd --kernel bwd_dkdv \
+        --kernel bwd_prep --kernel bwd_dq_frag_cast --kernel bwd_dq --jobs 16 --no-progress
+}
+mma_table135() {  # mma_table135 PART: NVRTC 13.5 (nvrtc135_unpack PART; exported for the rest of the part), then
+    # mma_table warm135 150
     nvrtc135_unpack $1
     export DUALKV_NVRTC_LIB=/tmp/nv135
-    step warm135 150 python3 -m dualkv kernels --compile-only --arch sm_90 --kernel fwd --kernel bwd_dkdv \
-        --kernel bwd_prep --kernel bwd_dq_frag_cast --kernel bwd_dq --jobs 16 --no-progress
+    mma_table warm135 150
+}
+mma_table() {  # mma_table NAME SECONDS: the mma.sync kernels compiled (mma_warm NAME SECONDS), then Table 1's rows of the
+    # family against the FA2 cascade into $OUT/bench: t1, three shapes in one process (10 reps); t64, (16, 64K) in
+    # another (5 reps)
+    mma_warm "$1" "$2"
     mkdir -p "$OUT/bench"
     TAIL=1 step t1 200 python3 -m dualkv bench kernel --systems dualkv_mma,cascade --shapes 28:4096,8:8192,16:32768 \
         --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
@@ -1980,11 +2003,7 @@ s33seg)
     nvrtc135_unpack s33seg
     local_variants="s0:DKV_STEP_SEG_SMEM=0: s1:DKV_STEP_SEG_SMEM=1: t0:DKV_STEP_SEG_SMEM=0:/tmp/nv135 \
 t1:DKV_STEP_SEG_SMEM=1:/tmp/nv135"
-    variants_warm "$local_variants" --systems dualkv_mma,dualkv_mma_atomic --shapes 8:8192 --mode bwd --reps 1
-    variants_ab "$local_variants" 2 60 --systems dualkv_mma,dualkv_mma_atomic --shapes 8:8192,16:32768 --mode bwd \
-        --reps 10
-    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s33seg-table.json"
-    (cd "$OUT" && tar czf s33seg.tgz *.log bench && rm -rf ab[12]_*.log warm_*.log bench)
+    mma_bwd_ab s33seg "$local_variants" 60
     ;;
 s33table)
     # #13 (ran at e1aad6c, but its rows do not stand: the precompile after s33seg's compilations on the same machine
@@ -2484,6 +2503,60 @@ s38bench)
     TAIL=3 step plot 60 python3 -m dualkv bench plot "$OUT"/bench/kernel-*.json --out "$OUT/bench/plot.png"
     (cd "$OUT" && tar czf s38bench.tgz *.log bench && rm -rf layer_tiny.log model_tiny.log kernel_ragged.log plot.log bench)
     ;;
+s39addr)
+    # #13 (s39; CPU only so far, checks/s39addr-cpu-20261130.log): the mma.sync dK/dV kernel's main-loop shared addresses
+    # formed in 32 bits from one conversion of the smem base (bwd_dkdv.cu DKV_DKDV_SMEM32=7: the ldmatrix operands, the
+    # step's copies, the P^T / dS^T stores and the LSE / D reads). NVRTC 13.0 keeps shared pointers in 64 bits (13.5:
+    # 32); with the macro its d = 128 sm_90 ordered build's main loop is 1306 SASS instructions without spills in
+    # addressing mode 0 (13.5's default build: 1307), 1332 in mode 2 (what build.py's choice keeps), against 1343 with
+    # 16 / 20 bytes of spills at the default (mode 1). The mma.sync family's backward (dualkv_mma: ordered dQ,
+    # dualkv_mma_atomic) at (8, 8K) / (16, 32K): the default (d0), the macro with the build's mode choice (s7), the
+    # macro in mode 0 for every dK/dV build (s7m0), one process each, alternating, two rounds (COMPILE_S=5: the
+    # precompile of the default family is not needed here)
+    local_variants="d0:: s7:DKV_DKDV_SMEM32=7: s7m0:DKV_DKDV_SMEM32=7,DKV_DKDV_ADDR32=0:"
+    mma_bwd_ab s39addr "$local_variants" 50
+    ;;
+s39final)
+    # #13 (run with COMPILE_S=1, carry .commit): correctness of the new default under the machine's NVRTC 13.0 (every
+    # dK/dV build with DKV_DKDV_SMEM32=7, ldmatrix mode 0 first): the mma.sync kernels precompiled (step warm), dualkv
+    # verify under DUALKV_KERNELS=mma, the family's backward and tree GPU tests
+    mma_warm warm 200
+    DUALKV_KERNELS=mma TAIL=2 step verify130 150 python3 -m dualkv verify --no-progress --json "$OUT/verify-mma-130.json"
+    TAIL=3 mma_backward_tests pytest_bwd 240
+    ;;
+s39def)
+    # #13's default change reaches the default family too (run with COMPILE_S=240, carry .commit): its dK/dV builds
+    # (windows, non-causal, head dims without the warp-specialised backward) take DKV_DKDV_SMEM32=7 under NVRTC 13.0:
+    # dualkv verify, then the default family's forward / paper-API / backward GPU tests
+    TAIL=3 step verify 150 python3 -m dualkv verify --no-progress --json "$OUT/verify-default.json"
+    TAIL=4 step pytest_default 240 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_cuda_forward.py \
+        proofs_tests/test_cuda_paper_api.py proofs_tests/test_cuda_backward.py
+    ;;
+s39rest)
+    # s39def's other half (run with COMPILE_S=120, carry .commit): the rest of the GPU test files, two processes with
+    # half the cores each (rest_tests)
+    rest_tests 430
+    ;;
+s39rl)
+    # #13 (run with COMPILE_S=1, carry .commit): s33rl's ragged RL micro-batches of the mma.sync family against the FA2
+    # cascade at the new NVRTC 13.0 default (DKV_DKDV_SMEM32=7, mode 0 first): 4 groups x (8, 512) / (8, 1024), R in
+    # 256-4096; 1 group (16, 2048) / (16, 4096), R in 512-8192
+    mma_warm warm 200
+    rl g4 dualkv_mma,dualkv_mma_atomic,cascade 4 8:512,8:1024 256:4096
+    rl g1 dualkv_mma,dualkv_mma_atomic,cascade 1 16:2048,16:4096 512:8192
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s39rl-table.json"
+    (cd "$OUT" && tar czf s39rl.tgz *.log bench && rm -rf g4.log g1.log bench)
+    ;;
+s39table)
+    # #13 (run with COMPILE_S=1, carry .commit): Table 1's rows of the mma.sync family against the FA2 cascade at the new
+    # default under NVRTC 13.0 (t1: three shapes, 10 reps; t64: (16, 64K), 5 reps), then the ordered dQ and paper-API
+    # GPU tests under DUALKV_KERNELS=mma
+    mma_table warm 200
+    python3 experiments/gpu/bench_table.py "$OUT/bench" > "$OUT/s39table.txt" 2>&1; cat "$OUT/s39table.txt"
+    DUALKV_KERNELS=mma TAIL=3 step pytest_ord 120 python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+        proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_paper_api.py
+    (cd "$OUT" && tar czf s39table.tgz *.log bench && rm -rf t1.log t64.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -2491,6 +2564,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b, s38mg, s38mg2, s38bench)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b, s38mg, s38mg2, s38bench, s39addr, s39final, s39table, s39def, s39rest, s39rl)"
    exit 2 ;;
 esac

@@ -51,6 +51,24 @@
 #ifndef DKV_LDSM_ADDR32
 #define DKV_LDSM_ADDR32 DKV_DKDV_ADDR32
 #endif
+// DKV_DKDV_SMEM32 (#13; default 0): the main loop's shared addresses formed in 32 bits from one conversion of the smem
+// base and the tiles' byte offsets (common.cuh SmemPtr32), in bits: 1 the MMA operands (ldmatrix; with
+// DKV_DKDV_ADDR32=0 each address is then base + offset in 32 bits, as NVRTC 13.5 forms the pointer form's); 2 the step's
+// cp.async copies (Q, dO, LSE, D) and the LSE = inf / D = 0 rows past a segment; 4 the P^T / dS^T stores (st.shared)
+// and the step's LSE / D reads, one 8-byte ld.shared per lane and 8 columns, read where they are used (a volatile asm
+// read per use, unmerged, took 96 loads a step). NVRTC 12.8-13.0 keep shared pointers in 64 bits (13.5's PTX:
+// `mov.u32 %r, smem_raw`, every ld/st.shared on a 32-bit register), so each shared address formed from a generic
+// pointer costs 64-bit adds and a truncation (cvt.u32.u64 before each ldmatrix / cp.async) that ptxas does not fold.
+// d = 128 causal shared-first ordered build, main loop SASS instructions and spill bytes (stores / loads), NVRTC 13.0
+// | 13.5, default modes (1): sm_90 1343, 16 / 20 | 1307, 0; sm_80 1529, 0 | 1487, 0. With 7: sm_90 mode 0 1306, 0 |
+// 1312, 0; mode 1 1317, 32 / 48 | 1323, 32 / 48; mode 2 1332, 0 | 1337, 0; sm_80 mode 0 1500, 0 | 1500, 0; mode 1
+// 1500, 0 | 1499, 0; mode 2 1585, 44 / 64 | 1584, 44 / 64 (experiments/results/checks/s39addr-cpu-20261130.log; untimed).
+#ifndef DKV_DKDV_SMEM32
+#define DKV_DKDV_SMEM32 0
+#endif
+#if DKV_DKDV_SMEM32 < 0 || DKV_DKDV_SMEM32 > 7
+#error "DKV_DKDV_SMEM32 takes bits 1, 2 and 4 (0 to 7)"
+#endif
 #include "flags.cuh"
 #include "kernel_params.cuh"
 #include "keywalk.cuh"
@@ -279,6 +297,30 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     float* sDelta = sLse + kStages * kBlockM;                                     // [kStages][kBlockM]
     elem_t* sdS = reinterpret_cast<elem_t*>(sDelta + kStages * kBlockM);  // [kBlockKeys][kDsStride] (dQ modes, kQWarps 2)
     elem_t* sP = sdS + kBlockKeys * kDsStride;                           // [kBlockKeys][kDsStride] (kQWarps 2)
+#if DKV_DKDV_SMEM32  // the main loop's tiles as 32-bit shared addresses (mX: ldmatrix operands, wX: stores / loads)
+    // (byte offsets of the tiles above, spelled out: a pointer difference is formed in 64 bits by NVRTC 13.0)
+    constexpr unsigned kTileBytes = kBlockKeys * kRowStride * kElemBytes, kStepBytes = kBlockM * kRowStride * kElemBytes;
+    constexpr unsigned kOffQ = 2 * kTileBytes, kOffdO = kOffQ + kStages * kStepBytes;
+    constexpr unsigned kOffLse = kOffdO + kDoStages * kStepBytes, kOffDelta = kOffLse + kStages * kBlockM * 4;
+    constexpr unsigned kOffdS = kOffDelta + kStages * kBlockM * 4, kOffP = kOffdS + kBlockKeys * kDsStride * kElemBytes;
+    const unsigned smem0 = smem_addr(smem_raw);
+    using TileE = SmemPtr32<elem_t>;
+    (void)sP;
+#endif
+#if DKV_DKDV_SMEM32 & 1
+    const TileE mK{smem0}, mV{smem0 + kTileBytes}, mdS{smem0 + kOffdS}, mP{smem0 + kOffP};
+#else
+    const elem_t* const mK = sK;
+    const elem_t* const mV = sV;
+    const elem_t* const mdS = sdS;
+    const elem_t* const mP = sP;
+#endif
+#if DKV_DKDV_SMEM32 & 4
+    const TileE wdS{smem0 + kOffdS}, wP{smem0 + kOffP};
+#else
+    elem_t* const wdS = sdS;
+    elem_t* const wP = sP;
+#endif
 
     // ordered dQ: a 1-D grid, head-major when first_tiles >= 0 (ws_schedule.cta_order), else a row's KV heads adjacent
     const int2 cta =
@@ -299,6 +341,20 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
     // two-level ordered builds in the default order stage LSE / D one row per thread (keywalk.cuh says why only they).
     constexpr bool kStatsPerThread =
         kDqOrdered && !kTree && (!DKV_TREE_ROOT_FIRST || DKV_SHARED_FIRST_ROW_STATS) && kBlockM <= kThreads;
+#if DKV_DKDV_SMEM32 & 2
+    auto load_step = [&](const Cursor& c, int buf) {
+        load_walk_step<kBlockM, kQdoSwizzle, kDqOrdered, kDoSingle ? 1 : 3, kStatsPerThread>(
+            w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2, delta, lse_sh, TileE{smem0 + kOffQ + buf * kStepBytes},
+            TileE{smem0 + kOffdO + (kDoSingle ? 0 : buf) * kStepBytes}, SmemPtr32<float>{smem0 + kOffLse + buf * kBlockM * 4},
+            SmemPtr32<float>{smem0 + kOffDelta + buf * kBlockM * 4});
+    };
+    auto load_do = [&](const Cursor& c) {
+        load_walk_step<kBlockM, kQdoSwizzle, kDqOrdered, 2>(w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2,
+                                                            delta, lse_sh, TileE{smem0 + kOffQ}, TileE{smem0 + kOffdO},
+                                                            SmemPtr32<float>{smem0 + kOffLse},
+                                                            SmemPtr32<float>{smem0 + kOffDelta});
+    };
+#else
     auto load_step = [&](const Cursor& c, int buf) {
         load_walk_step<kBlockM, kQdoSwizzle, kDqOrdered, kDoSingle ? 1 : 3, kStatsPerThread>(
             w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2, delta, lse_sh, sQ + buf * kBlockM * kRowStride,
@@ -308,6 +364,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         load_walk_step<kBlockM, kQdoSwizzle, kDqOrdered, 2>(w, c, kv_head, q, q_st, q_sh, dout, do_st, do_sh, lse2,
                                                             delta, lse_sh, sQ, sdO, sLse, sDelta);
     };
+#endif
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int key_warp = warp % kKeyWarps, dsplit = warp / kKeyWarps;
@@ -348,6 +405,28 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         const elem_t* bdO = sdO + (kDoSingle ? 0 : buf) * kBlockM * kRowStride;
         const float* bLse = sLse + buf * kBlockM;
         const float* bDelta = sDelta + buf * kBlockM;
+#if DKV_DKDV_SMEM32 & 1
+        (void)bQ;
+        (void)bdO;
+        const TileE mQ{smem0 + kOffQ + buf * kStepBytes};
+        const TileE mdO{smem0 + kOffdO + (kDoSingle ? 0 : buf) * kStepBytes};
+#else
+        const elem_t* const mQ = bQ;
+        const elem_t* const mdO = bdO;
+#endif
+#if DKV_DKDV_SMEM32 & 4  // (this warp's columns: sdp_q0 on)
+        (void)bLse;
+        (void)bDelta;
+        auto wLse_at = [&]() {
+            return load_cols<kSdpQueries / 8>(SmemPtr32<float>{smem0 + kOffLse + buf * kBlockM * 4} + sdp_q0, t4);
+        };
+        auto wDelta_at = [&]() {
+            return load_cols<kSdpQueries / 8>(SmemPtr32<float>{smem0 + kOffDelta + buf * kBlockM * 4} + sdp_q0, t4);
+        };
+#else
+        auto wLse_at = [&]() { return bLse + sdp_q0; };
+        auto wDelta_at = [&]() { return bDelta + sdp_q0; };
+#endif
         const StepGeometry sg = step_geometry(w, cur, kBlockKeys);
         auto take_counter = [&]() {  // thread 0: this step's counter and rank
             pending = dq_sems + (kv_head * group_size + cur.h) * static_cast<long long>(n_qtiles) +
@@ -375,9 +454,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
 
         float acc_s[kKeySlabs][kSdpQueries / 8][4];
 #if DKV_QDO_SWZ
-        gemm_rows_swz<kKeySlabs, kSdpQueries, kBlockM>(acc_s, sK, bQ, sdp_q0, warp_key0, lrow, lmat);  // S^T
+        gemm_rows_swz<kKeySlabs, kSdpQueries, kBlockM>(acc_s, mK, mQ, sdp_q0, warp_key0, lrow, lmat);  // S^T
 #else
-        gemm_rows_rows<kKeySlabs, kSdpQueries>(acc_s, sK, bQ + sdp_q0 * kRowStride, warp_key0, lrow, lmat);  // S^T
+        gemm_rows_rows<kKeySlabs, kSdpQueries>(acc_s, mK, mQ + sdp_q0 * kRowStride, warp_key0, lrow, lmat);  // S^T
 #endif
         // The next step's walk (segment-table loads) and copies go out here, behind the S^T product's MMAs, not
         // before it, where every warp waited on the walk's loads with no product in flight: the mma.sync backward
@@ -394,17 +473,17 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         }
         float acc_dp[kKeySlabs][kSdpQueries / 8][4];
         if constexpr (kQWarps == 1) {  // (written for any kKeySlabs so that both branches type-check)
-            probs_t(acc_s[0], bLse, sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
+            probs_t(acc_s[0], wLse_at(), sg.need_mask, sg.key_base + warp_key0, sg.query_pos0, window_left, g, t4,
                     scale_log2);  // P^T
             unsigned p_frag[kKeySlabs][kSdpQueries / 16][4];
             to_a_frag<kKeySlabs, kSdpQueries>(p_frag, acc_s);
-            gemm_frag_rows<kKeySlabs, kSdpQueries, kCols>(acc_dv, p_frag, bdO, col0, lrow, lmat);  // dV += P^T dO
+            gemm_frag_rows<kKeySlabs, kSdpQueries, kCols>(acc_dv, p_frag, mdO, col0, lrow, lmat);  // dV += P^T dO
 
-            gemm_rows_rows<kKeySlabs, kSdpQueries>(acc_dp, sV, bdO, warp_key0, lrow, lmat);  // dP^T = V dO^T
-            dscores_t(acc_dp[0], acc_s[0], bDelta, t4);  // dS^T
+            gemm_rows_rows<kKeySlabs, kSdpQueries>(acc_dp, mV, mdO, warp_key0, lrow, lmat);  // dP^T = V dO^T
+            dscores_t(acc_dp[0], acc_s[0], wDelta_at(), t4);  // dS^T
             unsigned ds_frag[kKeySlabs][kSdpQueries / 16][4];
             to_a_frag<kKeySlabs, kSdpQueries>(ds_frag, acc_dp);
-            gemm_frag_rows<kKeySlabs, kSdpQueries, kCols>(acc_dk, ds_frag, bQ, col0, lrow, lmat);  // dK += dS^T Q
+            gemm_frag_rows<kKeySlabs, kSdpQueries, kCols>(acc_dk, ds_frag, mQ, col0, lrow, lmat);  // dK += dS^T Q
         } else {
             // P^T and dS^T of this warp's 32 keys x 32 queries to smem; after the barrier, dV and dK with warps over
             // (keys x columns) read them back as A operands.
@@ -414,43 +493,57 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             // 234.06 and 45.78 / 28.43 / 234.13 ms against 46.63 / 28.48 / 236.71 and 46.36 / 28.83 / 236.98; atomic
             // 49.84 / 29.47 / 231.51 and 50.07 / 29.53 / 233.43 against 48.44 / 28.41 / 227.69 and 48.45 / 28.63 /
             // 226.90, slower that way (experiments/results/checks/s23mask-h200-20261128T1802Z.log).
+#if DKV_DKDV_SMEM32 & 4
+            const auto lse_cols = wLse_at();
+#define DKV_STEP_LSE lse_cols
+#else
+#define DKV_STEP_LSE wLse_at()  // (each call's own pointer, as the default build always had it)
+#endif
             if (kDqOrdered && !sg.need_mask) {
 #pragma unroll
                 for (int sl = 0; sl < kKeySlabs; ++sl)
-                    probs_t(acc_s[sl], bLse + sdp_q0, false, 0, 0, window_left, g, t4, scale_log2);  // P^T
+                    probs_t(acc_s[sl], DKV_STEP_LSE, false, 0, 0, window_left, g, t4, scale_log2);  // P^T
             } else {
 #pragma unroll
                 for (int sl = 0; sl < kKeySlabs; ++sl)
-                    probs_t(acc_s[sl], bLse + sdp_q0, sg.need_mask, sg.key_base + warp_key0 + sl * 16,
+                    probs_t(acc_s[sl], DKV_STEP_LSE, sg.need_mask, sg.key_base + warp_key0 + sl * 16,
                             sg.query_pos0 + sdp_q0, window_left, g, t4, scale_log2);  // P^T
             }
-            store_frag_rows<kKeySlabs, kSdpQueries>(sP, kDsStride, acc_s, warp_key0, sdp_q0, g, t4);
+            store_frag_rows<kKeySlabs, kSdpQueries>(wP, kDsStride, acc_s, warp_key0, sdp_q0, g, t4);
             if (kDoSingle) {
                 cp_async_wait<1>();  // this step's dO (the next step's Q copies, committed since, may be in flight)
                 __syncthreads();
             }
 #if DKV_QDO_SWZ
-            gemm_rows_swz<kKeySlabs, kSdpQueries, kBlockM>(acc_dp, sV, bdO, sdp_q0, warp_key0, lrow,
+            gemm_rows_swz<kKeySlabs, kSdpQueries, kBlockM>(acc_dp, mV, mdO, sdp_q0, warp_key0, lrow,
                                                            lmat);  // dP^T = V dO^T
 #else
-            gemm_rows_rows<kKeySlabs, kSdpQueries>(acc_dp, sV, bdO + sdp_q0 * kRowStride, warp_key0, lrow,
+            gemm_rows_rows<kKeySlabs, kSdpQueries>(acc_dp, mV, mdO + sdp_q0 * kRowStride, warp_key0, lrow,
                                                    lmat);  // dP^T = V dO^T
 #endif
+#if DKV_DKDV_SMEM32 & 4
+            const auto d_cols = wDelta_at();
+#define DKV_STEP_D d_cols
+#else
+#define DKV_STEP_D wDelta_at()
+#endif
 #pragma unroll
-            for (int sl = 0; sl < kKeySlabs; ++sl) dscores_t(acc_dp[sl], acc_s[sl], bDelta + sdp_q0, t4);  // dS^T
-            store_frag_rows<kKeySlabs, kSdpQueries>(sdS, kDsStride, acc_dp, warp_key0, sdp_q0, g, t4);
+            for (int sl = 0; sl < kKeySlabs; ++sl) dscores_t(acc_dp[sl], acc_s[sl], DKV_STEP_D, t4);  // dS^T
+#undef DKV_STEP_LSE
+#undef DKV_STEP_D
+            store_frag_rows<kKeySlabs, kSdpQueries>(wdS, kDsStride, acc_dp, warp_key0, sdp_q0, g, t4);
             if (kDqOrdered && DKV_DQ_FENCE == 0) __threadfence();  // the previous step's adds land before the release
             __syncthreads();  // P^T and dS^T are in smem
             if (kDqOrdered) release_and_prefetch();
 #if DKV_QDO_SWZ
-            gemm_smem_swz<kKeySlabs, kBlockM, kCols, kBlockM>(acc_dv, sP, kDsStride, warp_key0, bdO, col0, lrow,
+            gemm_smem_swz<kKeySlabs, kBlockM, kCols, kBlockM>(acc_dv, mP, kDsStride, warp_key0, mdO, col0, lrow,
                                                               lmat);  // dV += P^T dO
-            gemm_smem_swz<kKeySlabs, kBlockM, kCols, kBlockM>(acc_dk, sdS, kDsStride, warp_key0, bQ, col0, lrow,
+            gemm_smem_swz<kKeySlabs, kBlockM, kCols, kBlockM>(acc_dk, mdS, kDsStride, warp_key0, mQ, col0, lrow,
                                                               lmat);  // dK += dS^T Q
 #else
-            gemm_smem_rows<kKeySlabs, kBlockM, kCols>(acc_dv, sP, kDsStride, warp_key0, bdO, col0, lrow,
+            gemm_smem_rows<kKeySlabs, kBlockM, kCols>(acc_dv, mP, kDsStride, warp_key0, mdO, col0, lrow,
                                                       lmat);  // dV += P^T dO
-            gemm_smem_rows<kKeySlabs, kBlockM, kCols>(acc_dk, sdS, kDsStride, warp_key0, bQ, col0, lrow,
+            gemm_smem_rows<kKeySlabs, kBlockM, kCols>(acc_dk, mdS, kDsStride, warp_key0, mQ, col0, lrow,
                                                       lmat);  // dK += dS^T Q
 #endif
         }
@@ -460,7 +553,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                 // DKV_DQ_FENCE=0: the previous step's adds land before thread 0 releases them below
                 if (kDqOrdered && DKV_DQ_FENCE == 0) __threadfence();
                 // dS^T (this warp's 16 keys x kBlockM queries) to smem; then dQ_step = dS K, added in fp32.
-                if (dsplit == 0) store_frag_rows<kKeySlabs, kSdpQueries>(sdS, kDsStride, acc_dp, warp_key0, 0, g, t4);
+                if (dsplit == 0) store_frag_rows<kKeySlabs, kSdpQueries>(wdS, kDsStride, acc_dp, warp_key0, 0, g, t4);
                 __syncthreads();
                 if (kDqOrdered) release_and_prefetch();
             }
@@ -470,7 +563,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
 #pragma unroll
             for (int sl = 0; sl < kDqSlabs; ++sl) zero_acc(acc_dq[sl]);
 #if DKV_LDSM_ADDR32
-            const unsigned ds0 = smem_addr(sdS + ((lmat / 2) * 8 + lrow) * kDsStride + dq_rw * kDqSlabs * 16 +
+            const unsigned ds0 = smem_addr(mdS + ((lmat / 2) * 8 + lrow) * kDsStride + dq_rw * kDqSlabs * 16 +
                                            (lmat % 2) * 8);
 #endif
 #pragma unroll
@@ -481,10 +574,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
 #if DKV_LDSM_ADDR32
                     ldmatrix_x4_trans(a[sl][0], ds0 + (kk * 16 * kDsStride + sl * 16) * kElemBytes);
 #else
-                    ldmatrix_x4_trans(a[sl][0], sdS + (kk * 16 + (lmat / 2) * 8 + lrow) * kDsStride +
+                    ldmatrix_x4_trans(a[sl][0], mdS + (kk * 16 + (lmat / 2) * 8 + lrow) * kDsStride +
                                                     (dq_rw * kDqSlabs + sl) * 16 + (lmat % 2) * 8);
 #endif
-                gemm_frag_rows<kDqSlabs, 16, kDqCols>(acc_dq, a, sK + kk * 16 * kRowStride, dq_part * kDqCols, lrow,
+                gemm_frag_rows<kDqSlabs, 16, kDqCols>(acc_dq, a, mK + kk * 16 * kRowStride, dq_part * kDqCols, lrow,
                                                       lmat);
             }
             // Ordered mode: thread 0 waits until every earlier contribution to this (head, query tile) has landed.

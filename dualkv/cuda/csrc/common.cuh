@@ -100,6 +100,32 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
+// A shared-memory address of a T as a 32-bit byte address (bwd_dkdv.cu's DKV_DKDV_SMEM32): the kernel converts its
+// smem base once and adds 32-bit offsets, so that NVRTC 12.8-13.0, whose shared pointers are 64-bit (13.1 on: 32-bit),
+// form none of its main loop's shared addresses in 64 bits. The MMA helpers below, store_frag_rows, load_strided_rows
+// and keywalk.cuh's load_walk_step take one in place of a pointer (stores and copies then go through asm).
+template <typename T>
+struct SmemPtr32 {
+    unsigned addr;
+    __device__ __forceinline__ SmemPtr32 operator+(int n) const {
+        return SmemPtr32{addr + static_cast<unsigned>(n) * static_cast<unsigned>(sizeof(T))};
+    }
+    struct Ref {  // p[i] = v (a float) as st.shared
+        unsigned addr;
+        __device__ __forceinline__ void operator=(float v) const {
+            asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v));
+        }
+    };
+    __device__ __forceinline__ Ref operator[](int i) const { return Ref{(*this + i).addr}; }
+};
+template <typename T>
+__device__ __forceinline__ unsigned smem_addr(SmemPtr32<T> p) { return p.addr; }
+// A 32-bit store to a SmemPtr32.
+template <typename T>
+__device__ __forceinline__ void st_u32(SmemPtr32<T> p, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(p.addr), "r"(v));
+}
+
 // 16-byte global -> shared copy; bytes beyond src_bytes (0 or 16) are zero-filled.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
     const int src_bytes = valid ? 16 : 0;
@@ -109,6 +135,15 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
 // 4-byte global -> shared copy (through L1: cp.async.cg takes 16 bytes only).
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(smem)), "l"(gmem));
+}
+template <typename T>
+__device__ __forceinline__ void cp_async_16(SmemPtr32<T> smem, const void* gmem, bool valid) {
+    const int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem.addr), "l"(gmem), "r"(src_bytes));
+}
+template <typename T>
+__device__ __forceinline__ void cp_async_4(SmemPtr32<T> smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem.addr), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -139,6 +174,10 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) 
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
     ldmatrix_x4_trans(r, smem_addr(smem));
 }
+template <typename T>
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], SmemPtr32<T> p) { ldmatrix_x4(r, p.addr); }
+template <typename T>
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], SmemPtr32<T> p) { ldmatrix_x4_trans(r, p.addr); }
 
 // D = A * B + D for one m16n8k16 tile; A: 4 regs (row-major 16x16), B: 2 regs (16x8, k-major), D: 4 floats.
 __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
@@ -226,6 +265,47 @@ __device__ __forceinline__ void load_strided_rows(elem_t* smem, const elem_t* fi
     }
 }
 
+// load_strided_rows into a tile given by its 32-bit shared address (bwd_dkdv.cu's DKV_DKDV_SMEM32 & 2): the same
+// copies, each destination formed in 32 bits. (An overload, not one template over the tile type: that template changed
+// the SASS of the forward and dQ kernels' builds under NVRTC 13.0 and 13.5, nvdisasm hashes, s39.)
+template <int kRows, bool kSwizzle = false>
+__device__ __forceinline__ void load_strided_rows(SmemPtr32<elem_t> smem, const elem_t* first, long long row_stride,
+                                                  int count, const elem_t* any_valid) {
+    constexpr int kSlots = kSwizzle ? kHeadDimAcc / 8 : kChunksPerRow;  // (as load_strided_rows above)
+    constexpr int kRowsPerPass = kThreads / kSlots;
+    if constexpr (kThreads % kSlots == 0 && kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0) {
+#if DKV_ROWS_TID_AGAIN
+        const int tid = thread_index_again();
+        const int r0 = tid / kSlots, c = tid % kSlots;
+#else
+        const int r0 = threadIdx.x / kSlots, c = threadIdx.x % kSlots;
+#endif
+        if constexpr (kSlots != kChunksPerRow) {
+            if (c >= kChunksPerRow) return;
+        }
+        const SmemPtr32<unsigned char> dst{
+            smem.addr + static_cast<unsigned>(kSwizzle ? swizzled_offset<kRows>(r0, c) : (r0 * kRowStride + c * 8) * 2)};
+        constexpr int kDstStep = kSwizzle ? kRowsPerPass * 128 : kRowsPerPass * kRowStride * 2;
+        const elem_t* src = first + r0 * row_stride + c * 8;
+        const long long step = kRowsPerPass * row_stride;
+#pragma unroll
+        for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+            const bool ok = r0 + i * kRowsPerPass < count;
+            cp_async_16(dst + i * kDstStep, ok ? src : any_valid, ok);
+            src += step;
+        }
+    } else {  // (load_rows_async's loop)
+        for (int idx = threadIdx.x; idx < kRows * kChunksPerRow; idx += kThreads) {
+            const int r = idx / kChunksPerRow;
+            const int c = idx % kChunksPerRow;
+            const bool ok = r < count;
+            const SmemPtr32<unsigned char> dst{
+                smem.addr + static_cast<unsigned>(kSwizzle ? swizzled_offset<kRows>(r, c) : (r * kRowStride + c * 8) * 2)};
+            cp_async_16(dst, ok ? first + r * row_stride + c * 8 : any_valid, ok);
+        }
+    }
+}
+
 template <int kN8>
 __device__ __forceinline__ void zero_acc(float (&acc)[kN8][4]) {
 #pragma unroll
@@ -265,9 +345,9 @@ __device__ __forceinline__ Segment load_segment(const int* table, int s) {
 // ---- Warp-level GEMMs on padded smem tiles (rows of kRowStride elements), MS 16-row slabs per warp.
 
 // acc[MS][N/8] (16*MS rows x N cols) = A (smem rows a_row0..) x B^T (smem rows 0..N-1), over HEAD_DIM.
-template <int MS, int N>
-__device__ __forceinline__ void gemm_rows_rows(float (&acc)[MS][N / 8][4], const elem_t* sA, const elem_t* sB,
-                                               int a_row0, int lrow, int lmat) {
+template <int MS, int N, typename PA, typename PB>
+__device__ __forceinline__ void gemm_rows_rows(float (&acc)[MS][N / 8][4], PA sA, PB sB, int a_row0, int lrow,
+                                               int lmat) {
 #pragma unroll
     for (int sl = 0; sl < MS; ++sl)
 #pragma unroll
@@ -307,9 +387,9 @@ __device__ __forceinline__ void gemm_rows_rows(float (&acc)[MS][N / 8][4], const
 }
 
 // acc[MS][COLS/8] += frag (16*MS rows x K, A layout) x B (smem rows 0..K-1, columns col0..col0+COLS-1).
-template <int MS, int K, int COLS>
+template <int MS, int K, int COLS, typename PB>
 __device__ __forceinline__ void gemm_frag_rows(float (&acc)[MS][COLS / 8][4], const unsigned (&frag)[MS][K / 16][4],
-                                               const elem_t* sB, int col0, int lrow, int lmat) {
+                                               PB sB, int col0, int lrow, int lmat) {
 #if DKV_LDSM_ADDR32
     lane_coords_again(lrow, lmat);
     const unsigned b0 = smem_addr(sB + ((lmat % 2) * 8 + lrow) * kRowStride + col0 + (lmat / 2) * 8);
@@ -335,9 +415,9 @@ __device__ __forceinline__ void gemm_frag_rows(float (&acc)[MS][COLS / 8][4], co
 
 // acc[MS][COLS/8] += A (smem rows a_row0.., K columns, row stride a_stride) x B (smem rows 0..K-1 of kRowStride,
 // columns col0..col0+COLS-1): a product whose A operand another warp wrote (bwd_dkdv.cu's P^T and dS^T).
-template <int MS, int K, int COLS>
-__device__ __forceinline__ void gemm_smem_rows(float (&acc)[MS][COLS / 8][4], const elem_t* sA, int a_stride,
-                                               int a_row0, const elem_t* sB, int col0, int lrow, int lmat) {
+template <int MS, int K, int COLS, typename PA, typename PB>
+__device__ __forceinline__ void gemm_smem_rows(float (&acc)[MS][COLS / 8][4], PA sA, int a_stride, int a_row0, PB sB,
+                                               int col0, int lrow, int lmat) {
 #if DKV_LDSM_ADDR32
     lane_coords_again(lrow, lmat);
     const unsigned a0 = smem_addr(sA + (a_row0 + (lmat % 2) * 8 + lrow) * a_stride + (lmat / 2) * 8);
@@ -379,9 +459,9 @@ __device__ __forceinline__ void gemm_smem_rows(float (&acc)[MS][COLS / 8][4], co
 // loop varies are its own, and XOR with a compile-time constant moves between chunks (one LOP3 per address).
 
 // acc[MS][N/8] (16*MS rows x N cols) = A (padded smem rows a_row0..) x B^T (swizzled rows b_row0.., b_row0 % 8 == 0).
-template <int MS, int N, int kRowsB>
-__device__ __forceinline__ void gemm_rows_swz(float (&acc)[MS][N / 8][4], const elem_t* sA, const elem_t* sB,
-                                              int b_row0, int a_row0, int lrow, int lmat) {
+template <int MS, int N, int kRowsB, typename PA, typename PB>
+__device__ __forceinline__ void gemm_rows_swz(float (&acc)[MS][N / 8][4], PA sA, PB sB, int b_row0, int a_row0,
+                                              int lrow, int lmat) {
     static_assert(kHeadDim % 64 == 0, "swizzled tiles: whole 64-column atoms");
 #pragma unroll
     for (int sl = 0; sl < MS; ++sl)
@@ -421,9 +501,9 @@ __device__ __forceinline__ void gemm_rows_swz(float (&acc)[MS][N / 8][4], const 
 
 // acc[MS][COLS/8] += A (padded smem rows a_row0.., K columns, row stride a_stride) x B (swizzled rows 0..K-1, columns
 // col0..col0+COLS-1; col0 a multiple of COLS).
-template <int MS, int K, int COLS, int kRowsB>
-__device__ __forceinline__ void gemm_smem_swz(float (&acc)[MS][COLS / 8][4], const elem_t* sA, int a_stride,
-                                              int a_row0, const elem_t* sB, int col0, int lrow, int lmat) {
+template <int MS, int K, int COLS, int kRowsB, typename PA, typename PB>
+__device__ __forceinline__ void gemm_smem_swz(float (&acc)[MS][COLS / 8][4], PA sA, int a_stride, int a_row0, PB sB,
+                                              int col0, int lrow, int lmat) {
     static_assert(kHeadDim % 64 == 0 && (COLS & (COLS - 1)) == 0 && COLS >= 16 && COLS <= 64,
                   "swizzled tiles: whole atoms, and a warp's chunk bits below its columns' own");
 #if DKV_LDSM_ADDR32
@@ -471,6 +551,18 @@ __device__ __forceinline__ void store_frag_rows(elem_t* tile, int stride, const 
             for (int hh = 0; hh < 2; ++hh)
                 *reinterpret_cast<unsigned*>(tile + (row0 + sl * 16 + g + 8 * hh) * stride + col0 + nt * 8 + 2 * t4) =
                     pack2(acc[sl][nt][2 * hh], acc[sl][nt][2 * hh + 1]);
+}
+template <int MS, int N>
+__device__ __forceinline__ void store_frag_rows(SmemPtr32<elem_t> tile, int stride, const float (&acc)[MS][N / 8][4],
+                                                int row0, int col0, int g, int t4) {
+#pragma unroll
+    for (int sl = 0; sl < MS; ++sl)
+#pragma unroll
+        for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+                st_u32(tile + (row0 + sl * 16 + g + 8 * hh) * stride + col0 + nt * 8 + 2 * t4,
+                       pack2(acc[sl][nt][2 * hh], acc[sl][nt][2 * hh + 1]));
 }
 
 // C fragments (fp32, N columns) -> A fragments (16-bit, k = N) for the next product.

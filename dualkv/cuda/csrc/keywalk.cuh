@@ -187,13 +187,14 @@ __device__ __forceinline__ StepGeometry step_geometry(const Walk<kStep, kRankOrd
 // caller commits the group and waits for it; the rows beyond the segment are plain). kParts: 3 all of them; 1 Q,
 // LSE and D; 2 dO alone (bwd_dkdv.cu's single dO buffer, filled later in the step). kRowPerThread: LSE / D one row per
 // thread (needs kStep <= kThreads) rather than by the strided loop (see below; the caller chooses).
-template <int kStep, bool kSwizzle, bool kRankOrder, int kParts = 3, bool kRowPerThread = false>
+// (The tiles: pointers, or 32-bit shared addresses, SmemPtr32, for bwd_dkdv.cu's DKV_DKDV_SMEM32 & 2.)
+template <int kStep, bool kSwizzle, bool kRankOrder, int kParts = 3, bool kRowPerThread = false, typename PE,
+          typename PF>
 __device__ __forceinline__ void load_walk_step(const Walk<kStep, kRankOrder>& w, const Cursor& c, int kv_head,
                                                const elem_t* __restrict__ q, long long q_st, long long q_sh,
                                                const elem_t* __restrict__ dout, long long do_st, long long do_sh,
                                                const float* __restrict__ lse2, const float* __restrict__ delta,
-                                               long long lse_sh, elem_t* sQ, elem_t* sdO, float* sLse,
-                                               float* sDelta) {
+                                               long long lse_sh, PE sQ, PE sdO, PF sLse, PF sDelta) {
     const Segment seg = load_segment(w.segments, w.seg_of(c.src));
     const int head = kv_head * w.group + c.h;
     const int n = min(kStep, c.p_hi + 1 - c.pos);
@@ -265,18 +266,38 @@ __device__ __forceinline__ KeyBlock<kStep, kRankOrder> make_key_block(const int*
     return b;
 }
 
+// A step's LSE or D at one lane's query columns nt * 8 + 2 t4 + {0, 1} (probs_t / dscores_t), read once by 8-byte
+// ld.shared from a 32-bit address (bwd_dkdv.cu's DKV_DKDV_SMEM32 & 4), or a pointer to the step's row (column c).
+template <int kN8>
+struct ColVals {
+    float v[kN8][2];
+};
+template <int kN8>
+__device__ __forceinline__ ColVals<kN8> load_cols(SmemPtr32<float> row, int t4) {
+    ColVals<kN8> r;
+#pragma unroll
+    for (int nt = 0; nt < kN8; ++nt)
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                     : "=f"(r.v[nt][0]), "=f"(r.v[nt][1])
+                     : "r"((row + (nt * 8 + 2 * t4)).addr));
+    return r;
+}
+__device__ __forceinline__ float col_val(const float* row, int c, int, int) { return row[c]; }
+template <int kN8>
+__device__ __forceinline__ float col_val(const ColVals<kN8>& cols, int, int nt, int e) { return cols.v[nt][e & 1]; }
+
 // P^T of one step in place: acc holds S^T (16 keys of this warp x 8 kN8 queries, m16n8 layout: rows g, g + 8);
 // key0 is the logical position of the warp's first key, query_pos0 that of the step's first query, lse the
 // step's per-query LSE (log2 domain; +inf for rows beyond the segment, so their P is 0).
-template <int kN8>
-__device__ __forceinline__ void probs_t(float (&acc)[kN8][4], const float* lse, bool need_mask, int key0,
+template <int kN8, typename PL>
+__device__ __forceinline__ void probs_t(float (&acc)[kN8][4], PL lse, bool need_mask, int key0,
                                         int query_pos0, int window_left, int g, int t4, float scale_log2) {
 #pragma unroll
     for (int nt = 0; nt < kN8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int c = nt * 8 + 2 * t4 + (e & 1);  // query column
-            float p = fast_exp2(fmaf(acc[nt][e], scale_log2, -lse[c]));
+            float p = fast_exp2(fmaf(acc[nt][e], scale_log2, -col_val(lse, c, nt, e)));
             if (need_mask) {
                 const int key = key0 + g + 8 * (e >> 1);
                 const int i = query_pos0 + c;
@@ -287,13 +308,12 @@ __device__ __forceinline__ void probs_t(float (&acc)[kN8][4], const float* lse, 
 }
 
 // dS^T = P^T * (dP^T - D) in place of dP^T (delta: the step's per-query D).
-template <int kN8>
-__device__ __forceinline__ void dscores_t(float (&acc_dp)[kN8][4], const float (&p)[kN8][4],
-                                          const float* delta, int t4) {
+template <int kN8, typename PD>
+__device__ __forceinline__ void dscores_t(float (&acc_dp)[kN8][4], const float (&p)[kN8][4], PD delta, int t4) {
 #pragma unroll
     for (int nt = 0; nt < kN8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc_dp[nt][e] = p[nt][e] * (acc_dp[nt][e] - delta[nt * 8 + 2 * t4 + (e & 1)]);
+        for (int e = 0; e < 4; ++e) acc_dp[nt][e] = p[nt][e] * (acc_dp[nt][e] - col_val(delta, nt * 8 + 2 * t4 + (e & 1), nt, e));
 }
 
 // Copy the valid rows of a padded (kRowStride) smem tile to (tokens, heads, d) rows at dst (16-byte stores).
