@@ -191,7 +191,8 @@ class AddressingModes(NamedTuple):
 #: bytes before (checks/s39addr-cpu-20261130.log). H200, NVRTC 13.0, mma.sync backward ms at (8, 8K) / (16, 32K), two
 #: rounds of alternating processes: ordered 27.11 / 227.74 and 27.08 / 227.47 before, 26.38 / 219.50 and 26.21 / 219.78
 #: with 7 in mode 0 (26.66 / 222.92 and 26.47 / 223.63 in mode 2); atomic 26.83 / 215.80 and 26.83 / 215.62 before,
-#: 26.21 / 211.06 and 26.12 / 210.91 with 7 in mode 0 (checks/s39addr-h200-20261130T2105Z.json).
+#: 26.21 / 211.06 and 26.12 / 210.91 with 7 in mode 0 (checks/s39addr-h200-20261130T2105Z.json). Under 13.5 the macro
+#: made the ordered backward 1.5-2% slower (218.3-219.5 against 215.1 / 215.3 ms at (16, 32K): checks/s39n135-*).
 DKDV_ADDR32_BY_NVRTC: tuple[AddressingModes, ...] = (AddressingModes((13, 1), (1, 0, 2), (1, 0, 2)),
                                                      AddressingModes((0, 0), (0, 1, 2), (0, 1, 2), smem32=7))
 #: The macros that fix the dK/dV kernel's addressing when ``$DUALKV_EXTRA_DEFINES`` sets either.

@@ -212,6 +212,7 @@
 #   bash experiments/gpu/run_pending.sh s39def     # #13: the same default in the default family: verify, its GPU tests
 #   bash experiments/gpu/run_pending.sh s39rest    # #13: the rest of the GPU test files at that default (after s39def)
 #   bash experiments/gpu/run_pending.sh s39rl      # #13: ragged RL micro-batches of the mma.sync family at that default
+#   bash experiments/gpu/run_pending.sh s39n135    # #13: the same macro under NVRTC 13.5 (A/B; needs build/nvrtc135.tar.xz)
 #   bash experiments/gpu/run_pending.sh s39addr    # #13: the dK/dV kernel's 32-bit shared addresses (DKV_DKDV_SMEM32=7) under
 #                                                  # NVRTC 13.0: bwd A/B (default / the macro / the macro in mode 0), tests
 #   bash experiments/gpu/run_pending.sh s35d96     # #12/#13: old / new forward defaults alternating (d = 128, both families);
@@ -2547,6 +2548,14 @@ s39rl)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s39rl-table.json"
     (cd "$OUT" && tar czf s39rl.tgz *.log bench && rm -rf g4.log g1.log bench)
     ;;
+s39n135)
+    # #13 (run with COMPILE_S=1, carry .commit and build/nvrtc135.tar.xz): does DKV_DKDV_SMEM32=7 help under NVRTC 13.5
+    # too (the CPU: sm_90 d = 128 ordered loop 1312 in mode 0, 1323 in mode 1 with 32 / 48 B of spills, against the
+    # default's 1307)? The mma.sync backward under 13.5: the default (n0), the macro with 13.5's mode choice (n7), the
+    # macro in mode 0 (n7m0)
+    nvrtc135_unpack s39n135
+    mma_bwd_ab s39n135 "n0::/tmp/nv135 n7:DKV_DKDV_SMEM32=7:/tmp/nv135 n7m0:DKV_DKDV_SMEM32=7,DKV_DKDV_ADDR32=0:/tmp/nv135" 50
+    ;;
 s39table)
     # #13 (run with COMPILE_S=1, carry .commit): Table 1's rows of the mma.sync family against the FA2 cascade at the new
     # default under NVRTC 13.0 (t1: three shapes, 10 reps; t64: (16, 64K), 5 reps), then the ordered dQ and paper-API
@@ -2564,6 +2573,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b, s38mg, s38mg2, s38bench, s39addr, s39final, s39table, s39def, s39rest, s39rl)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b, s38mg, s38mg2, s38bench, s39addr, s39final, s39table, s39def, s39rest, s39rl, s39n135)"
    exit 2 ;;
 esac
