@@ -253,12 +253,12 @@ def compiler_chosen_macros(spec: KernelSpec, extra: Macros) -> list[Macros]:
     fixed = {name for name, _ in extra}
     chosen = CHOSEN_BY_KERNEL.get(spec.kernel)
     if spec.kernel == "bwd_dkdv":
-        addressing = dkdv_addressing(nvrtc_version())
-        smem32 = [(SMEM32_MACRO, str(addressing.smem32))] if addressing.smem32 and SMEM32_MACRO not in fixed else []
+        version = nvrtc_version()
+        bits = dkdv_addressing(version).smem32
+        smem32 = [(SMEM32_MACRO, str(bits))] if bits and SMEM32_MACRO not in fixed else []
         if fixed & set(ADDRESSING_MACROS):
             return [smem32]
-        return [[(chosen, str(mode))] + smem32
-                for mode in (addressing.ordered if spec.dq_ordered else addressing.other)]
+        return [[(chosen, str(mode))] + smem32 for mode in dkdv_addr32_modes(version, spec.dq_ordered)]
     if spec.kernel == "fwd" and chosen not in fixed:
         return [[(chosen, str(choice))] for choice in FWD_TILE_SMEM_CHOICES]
     return [[]]

@@ -43,14 +43,13 @@ class SupportedReleases:
     def check(self, version: str | None, error: type[Exception]) -> Version:
         """The parsed ``version`` (None: not installed); raise ``error`` naming the range when it is missing,
         unparsable or outside it."""
-        text = version
-        if text is None:
+        if version is None:
             raise error(f"dualkv's {self.label} integration needs {self.wanted()}, but {self.label} is not installed")
         try:
-            found = Version(text)
+            found = Version(version)
         except InvalidVersion:
-            raise error(f"cannot parse the {self.label} version {text!r}; dualkv needs {self.wanted()}") from None
+            raise error(f"cannot parse the {self.label} version {version!r}; dualkv needs {self.wanted()}") from None
         if not (self.low <= found and Version(found.base_version) < self.high):
             raise error(f"dualkv's {self.label} integration supports {self.wanted()}; found {self.distribution} "
-                        f"{text}. {self.seams}")
+                        f"{version}. {self.seams}")
         return found
