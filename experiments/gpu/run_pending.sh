@@ -213,6 +213,8 @@
 #   bash experiments/gpu/run_pending.sh s39rest    # #13: the rest of the GPU test files at that default (after s39def)
 #   bash experiments/gpu/run_pending.sh s39rl      # #13: ragged RL micro-batches of the mma.sync family at that default
 #   bash experiments/gpu/run_pending.sh s39n135    # #13: the same macro under NVRTC 13.5 (A/B; needs build/nvrtc135.tar.xz)
+#   bash experiments/gpu/run_pending.sh s40a       # 2 GPUs: TRL's end-to-end GRPO (GPU 1) beside #13's ordered-dQ orders at
+#                                                  # (16, 32K) / (16, 64K) (GPU 0)
 #   bash experiments/gpu/run_pending.sh s39addr    # #13: the dK/dV kernel's 32-bit shared addresses (DKV_DKDV_SMEM32=7) under
 #                                                  # NVRTC 13.0: bwd A/B (default / the macro / the macro in mode 0), tests
 #   bash experiments/gpu/run_pending.sh s35d96     # #12/#13: old / new forward defaults alternating (d = 128, both families);
@@ -2566,6 +2568,36 @@ s39table)
         proofs_tests/test_cuda_ordered_dq.py proofs_tests/test_cuda_paper_api.py
     (cd "$OUT" && tar czf s39table.tgz *.log bench && rm -rf t1.log t64.log bench)
     ;;
+s40a)
+    # Kind nvidia-h200-x2 (run with COMPILE_S=200, carry .commit and .whl from experiments/trl_grpo/fetch_wheels.sh). GPU 1:
+    # TRL's end-to-end GRPO (stock against dualkv, its three settings) at this commit, last run on an H100 at 41b0c3e+
+    # (Nov 26). GPU 0, #13: the mma.sync ordered backward at (16, 32K) / (16, 64K) under the two-level orders a user can
+    # pick, which s25 measured only up to (16, 32K): the defaults (d; also the atomic dQ, for the ordering's cost at
+    # 64K), DUALKV_MMA_CTA_ORDER=head (h), DUALKV_TWO_LEVEL_DQ_ORDER=own (o); one process each, alternating, two rounds
+    ( export CUDA_VISIBLE_DEVICES=1 OMP_NUM_THREADS=8
+      python3 experiments/trl_grpo/install_wheels.py .whl > "$OUT/trl_install.log" 2>&1 &&
+      timeout 560 python3 experiments/trl_grpo/grpo_e2e.py --out "$OUT" --time-budget-s 330 --deadline-s 470 \
+          > "$OUT/trl.log" 2>&1; echo "== trl: exit $? ($(date -u +%H:%M:%S))" ) &
+    trl_pid=$!
+    mkdir -p "$OUT/bench"
+    for round in 1 2; do
+        for v in d h o; do
+            ( export CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=16 DUALKV_COMMIT="$DUALKV_COMMIT+$v"
+              systems=dualkv_mma
+              case $v in
+                  d) systems=dualkv_mma,dualkv_mma_atomic ;;
+                  h) export DUALKV_MMA_CTA_ORDER=head ;;
+                  o) export DUALKV_TWO_LEVEL_DQ_ORDER=own ;;
+              esac
+              TAIL=1 step ab${round}_$v 150 python3 -m dualkv bench kernel --systems $systems \
+                  --shapes 16:32768,16:65536 --mode bwd --reps 5 --out "$OUT/bench/ab${round}_$v" )
+        done
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s40a-table.json"
+    wait $trl_pid
+    tail -15 "$OUT/trl.log"
+    (cd "$OUT" && tar czf s40a.tgz *.log bench && rm -rf ab[12]_*.log trl*.log bench)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -2573,6 +2605,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b, s38mg, s38mg2, s38bench, s39addr, s39final, s39table, s39def, s39rest, s39rl, s39n135)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b, s38mg, s38mg2, s38bench, s39addr, s39final, s39table, s39def, s39rest, s39rl, s39n135, s40a)"
    exit 2 ;;
 esac
