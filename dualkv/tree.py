@@ -28,6 +28,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
+from ._gather import gather_rows
 from .layout import GroupLayout, refuse_unordered
 
 __all__ = ["PrefixTreeLayout", "TreeIndex", "TreeTargets", "NODE_FIELDS", "RUN_FIELDS"]
@@ -384,7 +385,7 @@ class TreeTargets:
         if not isinstance(values, torch.Tensor) or values.dim() < 1 or values.shape[0] != self.rows.shape[0]:
             raise ValueError(f"values must have {self.rows.shape[0]} rows (one per scored packed token); got "
                              f"{tuple(getattr(values, 'shape', ()))}")
-        return values.index_select(0, self.gather.to(values.device))
+        return gather_rows(values, self.gather.to(values.device))
 
     def split(self, values: torch.Tensor) -> list[torch.Tensor]:
         """(sum_s (L_s - start_s), ...) per-sequence values (:meth:`unpack`'s output, or what

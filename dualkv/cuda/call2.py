@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .._gather import gather_rows
 from .schedule import segments_from_cu_seqlens
 
 __all__ = ["Call2Map", "map_call2", "gather_inputs", "scatter_outputs"]
@@ -85,12 +86,13 @@ def _index(a: np.ndarray, device: torch.device) -> torch.Tensor:
 def gather_inputs(m: Call2Map, q: torch.Tensor, k_context: torch.Tensor, v_context: torch.Tensor,
                   k_decoded: torch.Tensor, v_decoded: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """(q, k_ctx, v_ctx, k_own, v_own) for the kernels: q (T_ext, H, d), context (T_c, H_k, d), own keys
-    (T_ext, H_k, d). Differentiable (index_select / cat), so gradients reach the caller's five tensors."""
+    (T_ext, H_k, d). Differentiable (row gathers and cat), so gradients reach the caller's five tensors; the gathers
+    sum a repeated row's gradients in a fixed order (:func:`dualkv._gather.gather_rows`)."""
     if m.own_index is None:
         return q, k_context, v_context, k_decoded, v_decoded
     own = _index(m.own_index, q.device)
-    k_own = torch.cat([k_context, k_decoded]).index_select(0, own)
-    v_own = torch.cat([v_context, v_decoded]).index_select(0, own)
+    k_own = gather_rows(torch.cat([k_context, k_decoded]), own)  # (context rows repeat across sequences)
+    v_own = gather_rows(torch.cat([v_context, v_decoded]), own)
     if len(m.context_lens) == 1:  # a view: rows the segments do not read as context are not handed over
         k_context, v_context = k_context[:m.context_lens[0]], v_context[:m.context_lens[0]]
     else:                         # none (an empty view), or one copy per distinct context length
@@ -98,7 +100,7 @@ def gather_inputs(m: Call2Map, q: torch.Tensor, k_context: torch.Tensor, v_conte
         v_context = torch.cat([v_context[:0], *(v_context[:c] for c in m.context_lens)])
     if m.query_index is not None:
         rows = np.where(m.query_index < 0, q.shape[0], m.query_index)  # -1 -> the appended zero row
-        q = torch.cat([q, q.new_zeros((1, *q.shape[1:]))]).index_select(0, _index(rows, q.device))
+        q = gather_rows(torch.cat([q, q.new_zeros((1, *q.shape[1:]))]), _index(rows, q.device))
     return q, k_context, v_context, k_own, v_own
 
 

@@ -27,6 +27,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from .._checks import check_head_inputs
+from .._gather import gather_rows
 from .packing import PackedBatch, unpack_token_values
 
 __all__ = ["DEFAULT_CHUNK", "model_response_logprobs", "packed_logprobs", "to_padded", "to_sequence_layout",
@@ -168,7 +169,7 @@ def token_logprobs(hidden_states: torch.Tensor, weight: torch.Tensor, predictor_
     if isinstance(hidden_states, torch.Tensor) and hidden_states.dim() == 3 and hidden_states.shape[0] == 1:
         hidden_states = hidden_states[0]
     check_head_inputs(hidden_states, weight, bias, predictor_index, targets, temperature, chunk_size, logit_softcap)
-    h = hidden_states.index_select(0, predictor_index)
+    h = gather_rows(hidden_states, predictor_index)  # (repeated rows: a group's last prompt position)
     targets = targets.to(torch.int64)
     if fused:
         return _FusedLinearLogprobs.apply(h, weight, bias, targets, float(temperature), logit_softcap, chunk_size,

@@ -215,6 +215,8 @@
 #   bash experiments/gpu/run_pending.sh s39n135    # #13: the same macro under NVRTC 13.5 (A/B; needs build/nvrtc135.tar.xz)
 #   bash experiments/gpu/run_pending.sh s40a       # 2 GPUs: TRL's end-to-end GRPO (GPU 1) beside #13's ordered-dQ orders at
 #                                                  # (16, 32K) / (16, 64K) (GPU 0)
+#   bash experiments/gpu/run_pending.sh s40b       # 2 GPUs: veRL 2-GPU parity and tests; the row gathers' GPU tests; TRL
+#                                                  # curves run twice at once, compared bit for bit
 #   bash experiments/gpu/run_pending.sh s39addr    # #13: the dK/dV kernel's 32-bit shared addresses (DKV_DKDV_SMEM32=7) under
 #                                                  # NVRTC 13.0: bwd A/B (default / the macro / the macro in mode 0), tests
 #   bash experiments/gpu/run_pending.sh s35d96     # #12/#13: old / new forward defaults alternating (d = 128, both families);
@@ -2598,6 +2600,35 @@ s40a)
     tail -15 "$OUT/trl.log"
     (cd "$OUT" && tar czf s40a.tgz *.log bench && rm -rf ab[12]_*.log trl*.log bench)
     ;;
+s40b)
+    # Kind nvidia-h200-x2, a fresh machine (TRL installed beside veRL 0.9.1 breaks veRL's import of trl: s40a's machine
+    # was reused); run with COMPILE_S=150, carry .commit, .whl and experiments/verl/wheels. (1) veRL's 2-GPU parity (DP=2,
+    # SP=2) and the multi-GPU tests at this commit; (2) the row gathers' GPU tests (dualkv/_gather.py); (3) TRL's
+    # curves setting, dualkv only, once on each GPU at the same time: the two runs must agree bit for bit (s40a: two
+    # dualkv runs of one seed parted at step 5, from index_select's atomic backward on repeated rows)
+    PARTS=parity,pytest PYTEST_S=200 BUDGET_S=330 OUT="$OUT/verl" bash experiments/verl/run_multigpu.sh 2gpu 2>&1 \
+        | grep -E "run_multigpu|passed|failed|Error" | tail -25
+    TAIL=3 step pytest_gather 150 python3 -m pytest -q -m gpu -p no:cacheprovider proofs_tests/test_gather_rows.py
+    python3 experiments/trl_grpo/install_wheels.py .whl > "$OUT/trl_install.log" 2>&1 || tail -5 "$OUT/trl_install.log"
+    for gpu in 0 1; do
+        CUDA_VISIBLE_DEVICES=$gpu timeout 200 python3 experiments/trl_grpo/grpo_e2e.py --settings curves --systems dualkv \
+            --out "$OUT/trl$gpu" > "$OUT/trl$gpu.log" 2>&1 &
+    done
+    wait
+    rm -f "$OUT"/trl[01]/*.png
+    python3 - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+runs = [json.loads(next((Path(sys.argv[1]) / f"trl{g}").glob("trl_grpo-*.json")).read_text()) for g in (0, 1)]
+rows = [[(r["step"], r["reward"], r["loss"], r["entropy"]) for r in run["rows"]] for run in runs]
+same = rows[0] == rows[1]
+print(f"trl curves, dualkv on GPU 0 and GPU 1: {len(rows[0])} / {len(rows[1])} steps, bitwise equal: {same}")
+if not same:
+    first = next(i for i, (a, b) in enumerate(zip(*rows)) if a != b)
+    print("first difference at", rows[0][first], rows[1][first])
+PY
+    (cd "$OUT" && tar czf s40b.tgz *.log && rm -f *.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
@@ -2605,6 +2636,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b, s38mg, s38mg2, s38bench, s39addr, s39final, s39table, s39def, s39rest, s39rl, s39n135, s40a)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b, s38mg, s38mg2, s38bench, s39addr, s39final, s39table, s39def, s39rest, s39rl, s39n135, s40a, s40b)"
    exit 2 ;;
 esac

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from ..._gather import gather_rows
 from ..hf import LAYOUT_KWARG
 from ..logprobs import DEFAULT_CHUNK, to_padded
 from ..packing import PackedBatch, pack_padded
@@ -45,7 +46,7 @@ def trl_row_kernel(logit_softcap: float | None = None) -> RowKernel:
 
     def kernel(hidden, weight, bias, rows, targets, temperature, with_entropy):
         outputs = ("log_probs", "entropy") if with_entropy else ("log_probs",)
-        logp, entropy, *_ = ChunkedLogProbFunction.apply(hidden.index_select(0, rows), weight, bias, targets,
+        logp, entropy, *_ = ChunkedLogProbFunction.apply(gather_rows(hidden, rows), weight, bias, targets,
                                                          temperature, _CHUNKED_LOGPROB_CHUNK_SIZE, logit_softcap,
                                                          1.0, outputs)
         return logp, entropy

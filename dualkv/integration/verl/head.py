@@ -27,6 +27,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from ..._gather import gather_rows
 from ..logprobs import DEFAULT_CHUNK, token_logprobs
 from ..packing import PackedBatch
 
@@ -146,7 +147,7 @@ def verl_fused_row_kernel(backend: str) -> RowKernel:
     def kernel(hidden, weight, bias, rows, targets, temperature, with_entropy):
         if bias is not None:
             raise NotImplementedError("veRL's fused log-prob kernels take no lm_head bias")
-        h = hidden.index_select(0, rows)
+        h = gather_rows(hidden, rows)
         if backend == "triton":
             from verl.utils.kernel.linear_cross_entropy import linear_cross_entropy
 
