@@ -5,6 +5,8 @@ that passes a mutant cannot tell right from wrong.
 * ``shifted_mask`` — the response queries' causal mask shifted by one (each sees one future response key).
 * ``own_row_first_token`` — a response's first token predicted from its own first row instead of the group's
   shared last prompt row.
+* ``atomic_gather_head`` — the log-prob head gathering its predicting rows with ``index_select``, whose CUDA backward
+  sums a repeated row with atomics (the run-to-run repeat check must catch it on a GPU).
 """
 
 from __future__ import annotations
@@ -66,3 +68,12 @@ def own_row_first_token(predictor_index: torch.Tensor, layout: GroupLayout) -> t
 
 
 ATTENTION_MUTANTS = {"no_context_grad": no_context_grad, "shifted_mask": shifted_mask}
+
+
+def atomic_gather_head(hidden: torch.Tensor, weight: torch.Tensor, predictors: torch.Tensor, targets: torch.Tensor):
+    """The fused log-prob head on rows gathered by ``index_select`` (atomic backward on CUDA) rather than
+    :func:`dualkv._gather.gather_rows`."""
+    from ..integration.logprobs import token_logprobs
+
+    rows = hidden.index_select(0, predictors)
+    return token_logprobs(rows, weight, torch.arange(rows.shape[0], device=rows.device), targets, fused=True)

@@ -1,8 +1,9 @@
 """``dualkv verify``: the numerical-equivalence report on whatever hardware is present.
 
 Runs the fixed matrix of :mod:`dualkv.verify.cases` on every available backend — the reference on the CPU
-(float64, float32), and on a GPU the CUDA kernels (bf16, fp16) once they are built — plus the whole-model checks
-and the negative controls (known-wrong variants that must be caught).
+(float64, float32), and on a GPU the CUDA kernels (bf16, fp16) once they are built, and there also the run-to-run
+repeat checks of the deterministic backward — plus the whole-model checks and the negative controls (known-wrong
+variants that must be caught).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from . import mutants
 from .cases import attention_cases, model_cases
 from .checks import AttentionCase, Row, shared_prefix_check, two_call_check
 from .model_checks import model_check
+from .repeat_checks import attention_repeat_check, head_repeat_check
 from .report import JsonTargetError, format_table, json_target_problem, summary, write_json
 
 
@@ -70,6 +72,15 @@ def build_tasks(quick: bool = False) -> list[Task]:
                                   lambda c=case, dt=dtype: shared_prefix_check(
                                       c, dtype=dt, device="cuda", backend=_gpu_backend(dt),
                                       attention_fn=_non_deterministic, check="shared_prefix deterministic=False")))
+        # Run-to-run reproducibility of the deterministic default (bit-identical backward), and the known-wrong head
+        # it must catch: ~16K gathers of one row, whose atomic sum lands in another order on some run.
+        for case in [c for c in cases if sum(map(len, c.response_lens)) > 1 and c.window == (-1, -1)][:3]:
+            tasks.append(Task(f"repeat cuda bf16 {case.name}", lambda c=case: attention_repeat_check(
+                c, dtype=torch.bfloat16, backend=_gpu_backend(torch.bfloat16))))
+        tasks.append(Task("repeat cuda log-prob head", head_repeat_check))
+        tasks.append(Task("control atomic_gather_head", lambda: _control("atomic_gather_head", head_repeat_check(
+            groups=1, responses=1 << 14, response_len=1, head=mutants.atomic_gather_head,
+            check="control:atomic_gather_head"))))
     # Whole models.
     for arch, prompts, responses, ckpt in model_cases(quick):
         tasks.append(Task(f"model {arch} fp64", lambda a=arch, p=prompts, r=responses, ck=ckpt: model_check(

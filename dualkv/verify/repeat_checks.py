@@ -1,0 +1,88 @@
+"""Run-to-run reproducibility of the deterministic default: the same backward, run again on the same inputs, gives
+the same bits. Checked for the fused kernels' dQ / dK / dV and for the log-prob head's gradient, whose gather of a
+group's last prompt row once per response sums repeated rows (an atomic sum there made two TRL runs of one seed
+part at step 5: experiments/results/checks/s40b-*). One :class:`~dualkv.verify.checks.Row` per quantity: the largest
+|difference| from the first run, bound 0 (bit-identical)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+
+from .. import shared_prefix_attention
+from ..integration.logprobs import token_logprobs
+from ..testing import random_qkv
+from .checks import DTYPE_NAMES, AttentionCase, Row
+
+#: Backward runs compared with the first.
+RUNS = 3
+
+HeadFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def repeat_rows(check: str, config: str, run: Callable[[], Sequence[torch.Tensor]], quantities: Sequence[str],
+                backend: str, dtype: str, runs: int = RUNS) -> list[Row]:
+    """``run()`` ``runs`` times; a row per returned tensor: passed when every run returned the first run's bits."""
+    first = [t.detach().clone() for t in run()]
+    if len(first) != len(quantities):
+        raise ValueError(f"run() returned {len(first)} tensors for {len(quantities)} quantities")
+    worst = [0.0] * len(first)
+    same = [True] * len(first)
+    for _ in range(runs - 1):
+        for i, (a, b) in enumerate(zip(first, run())):
+            if not torch.equal(a, b):
+                same[i] = False
+                diff = float((a.double() - b.double()).abs().max())
+                worst[i] = max(worst[i], diff if math.isfinite(diff) else math.inf)
+    return [Row(check, config, f"{q} bitwise over {runs} runs", backend, dtype, worst[i], 0.0, "max |run - run 1|",
+                same[i]) for i, q in enumerate(quantities)]
+
+
+def attention_repeat_check(case: AttentionCase, *, dtype: torch.dtype, device: str = "cuda", backend: str = "dispatch",
+                           seed: int = 0) -> list[Row]:
+    """``shared_prefix_attention``'s backward (the deterministic default) on ``case``, run :data:`RUNS` times."""
+    layout = case.layout
+    q, k, v = random_qkv(layout, case.heads, case.kv_heads, case.head_dim, dtype=dtype, device=device, seed=seed)
+    d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    d_out = d_out.to(device=device, dtype=dtype)
+
+    def run():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = shared_prefix_attention(*leaves, layout, window_size=case.window)
+        return torch.autograd.grad(out, leaves, d_out)
+
+    return repeat_rows("repeat", case.name, run, ("dq", "dk", "dv"), backend, DTYPE_NAMES[dtype])
+
+
+def fused_head(hidden, weight, predictors, targets):
+    """The log-prob head as the veRL / TRL integrations call it (fused backward)."""
+    return token_logprobs(hidden, weight, predictors, targets, fused=True)
+
+
+def head_repeat_check(*, groups: int = 8, responses: int = 16, response_len: int = 64, hidden_dim: int = 256,
+                      vocab: int = 1000, device: str = "cuda", head: HeadFn = fused_head, check: str = "repeat",
+                      seed: int = 0) -> list[Row]:
+    """The log-prob head's gradient w.r.t. the packed hidden states, run :data:`RUNS` times: ``groups`` groups of
+    ``responses`` responses of ``response_len`` tokens, every response's first token predicted by its group's last
+    prompt row (that row gathered ``responses`` times)."""
+    gen = torch.Generator().manual_seed(seed)
+    span = 1 + responses * response_len          # a group's last prompt row, then its responses' rows
+    hidden = torch.randn(groups * span, hidden_dim, generator=gen, dtype=torch.float64).to(device=device,
+                                                                                          dtype=torch.float32)
+    weight = (torch.randn(vocab, hidden_dim, generator=gen, dtype=torch.float64) / hidden_dim ** 0.5).to(
+        device=device, dtype=torch.float32)
+    last_prompt = torch.arange(groups) * span
+    own_rows = last_prompt[:, None, None] + 1 + torch.arange(responses * response_len).view(1, responses, response_len)
+    predictors = torch.cat([last_prompt.repeat_interleave(responses)[:, None],
+                            own_rows.reshape(groups * responses, response_len)[:, :-1]], 1).reshape(-1).to(device)
+    targets = torch.randint(0, vocab, predictors.shape, generator=gen).to(device)
+
+    def run():
+        leaf = hidden.detach().requires_grad_()
+        logp, ent = head(leaf, weight, predictors, targets)
+        return torch.autograd.grad(logp.sum() + ent.sum(), leaf)
+
+    config = f"log-prob head: {groups} groups x {responses} responses x {response_len} tokens, D{hidden_dim} V{vocab}"
+    return repeat_rows(check, config, run, ("d hidden",), "cuda" if str(device).startswith("cuda") else "cpu", "fp32")
