@@ -10,7 +10,8 @@ import torch
 import dualkv.verify.runner as runner
 from dualkv.verify import mutants
 from dualkv.verify.cases import attention_cases
-from dualkv.verify.repeat_checks import RUNS, attention_repeat_check, head_repeat_check, repeat_rows
+from dualkv.verify.repeat_checks import (RUNS, attention_repeat_check, head_repeat_check, repeat_cases,
+                                         repeat_rows)
 
 
 def test_a_run_whose_bits_change_fails_and_a_repeatable_one_passes():
@@ -55,8 +56,7 @@ def test_the_matrix_has_the_repeat_rows_and_their_control_on_a_gpu_only(monkeypa
 
 @pytest.mark.gpu
 def test_gpu_repeat_rows_pass_and_the_atomic_head_is_caught():
-    cases = [c for c in attention_cases() if sum(map(len, c.response_lens)) > 1 and c.window == (-1, -1)][:3]
-    rows = [r for c in cases for r in attention_repeat_check(c, dtype=torch.bfloat16)] + head_repeat_check()
+    rows = [r for c in repeat_cases(attention_cases()) for r in attention_repeat_check(c, dtype=torch.bfloat16)] + head_repeat_check()
     assert all(r.passed for r in rows), [r for r in rows if not r.passed]
     control = head_repeat_check(groups=1, responses=1 << 14, response_len=1, head=mutants.atomic_gather_head)
     assert not control[0].passed and control[0].error > 0

@@ -15,11 +15,18 @@ from .. import shared_prefix_attention
 from ..integration.logprobs import token_logprobs
 from ..testing import random_qkv
 from .checks import DTYPE_NAMES, AttentionCase, Row
+from .model_checks import pack_rows, random_rows
 
 #: Backward runs compared with the first.
 RUNS = 3
 
 HeadFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def repeat_cases(cases: Sequence[AttentionCase], count: int = 3) -> list[AttentionCase]:
+    """The first ``count`` cases with more than one response and no window: where a prompt's dK / dV sums several
+    responses' contributions."""
+    return [c for c in cases if sum(map(len, c.response_lens)) > 1 and c.window == (-1, -1)][:count]
 
 
 def repeat_rows(check: str, config: str, run: Callable[[], Sequence[torch.Tensor]], quantities: Sequence[str],
@@ -63,21 +70,18 @@ def fused_head(hidden, weight, predictors, targets):
 
 def head_repeat_check(*, groups: int = 8, responses: int = 16, response_len: int = 64, hidden_dim: int = 256,
                       vocab: int = 1000, device: str = "cuda", head: HeadFn = fused_head, check: str = "repeat",
-                      seed: int = 0) -> list[Row]:
-    """The log-prob head's gradient w.r.t. the packed hidden states, run :data:`RUNS` times: ``groups`` groups of
-    ``responses`` responses of ``response_len`` tokens, every response's first token predicted by its group's last
-    prompt row (that row gathered ``responses`` times)."""
+                      seed: int = 0, runs: int = RUNS) -> list[Row]:
+    """The log-prob head's gradient w.r.t. the packed hidden states, run ``runs`` times, on the P+ΣR packing of
+    ``groups`` one-token prompts with ``responses`` responses of ``response_len`` tokens each (every response's first
+    token predicted by its group's prompt row, so that row is gathered ``responses`` times)."""
+    rows, group_ids = random_rows((1,) * groups, ((response_len,) * responses,) * groups, vocab, seed)
+    packed = pack_rows(rows, group_ids)
     gen = torch.Generator().manual_seed(seed)
-    span = 1 + responses * response_len          # a group's last prompt row, then its responses' rows
-    hidden = torch.randn(groups * span, hidden_dim, generator=gen, dtype=torch.float64).to(device=device,
-                                                                                          dtype=torch.float32)
+    hidden = torch.randn(packed.layout.total_tokens, hidden_dim, generator=gen, dtype=torch.float64).to(
+        device=device, dtype=torch.float32)
     weight = (torch.randn(vocab, hidden_dim, generator=gen, dtype=torch.float64) / hidden_dim ** 0.5).to(
         device=device, dtype=torch.float32)
-    last_prompt = torch.arange(groups) * span
-    own_rows = last_prompt[:, None, None] + 1 + torch.arange(responses * response_len).view(1, responses, response_len)
-    predictors = torch.cat([last_prompt.repeat_interleave(responses)[:, None],
-                            own_rows.reshape(groups * responses, response_len)[:, :-1]], 1).reshape(-1).to(device)
-    targets = torch.randint(0, vocab, predictors.shape, generator=gen).to(device)
+    predictors, targets = packed.predictor_index.to(device), packed.response_ids.to(device)
 
     def run():
         leaf = hidden.detach().requires_grad_()
@@ -85,4 +89,5 @@ def head_repeat_check(*, groups: int = 8, responses: int = 16, response_len: int
         return torch.autograd.grad(logp.sum() + ent.sum(), leaf)
 
     config = f"log-prob head: {groups} groups x {responses} responses x {response_len} tokens, D{hidden_dim} V{vocab}"
-    return repeat_rows(check, config, run, ("d hidden",), "cuda" if str(device).startswith("cuda") else "cpu", "fp32")
+    return repeat_rows(check, config, run, ("d hidden",), "cuda" if str(device).startswith("cuda") else "cpu", "fp32",
+                       runs)

@@ -22,7 +22,7 @@ from . import mutants
 from .cases import attention_cases, model_cases
 from .checks import AttentionCase, Row, shared_prefix_check, two_call_check
 from .model_checks import model_check
-from .repeat_checks import attention_repeat_check, head_repeat_check
+from .repeat_checks import attention_repeat_check, head_repeat_check, repeat_cases
 from .report import JsonTargetError, format_table, json_target_problem, summary, write_json
 
 
@@ -74,7 +74,7 @@ def build_tasks(quick: bool = False) -> list[Task]:
                                       attention_fn=_non_deterministic, check="shared_prefix deterministic=False")))
         # Run-to-run reproducibility of the deterministic default (bit-identical backward), and the known-wrong head
         # it must catch: ~16K gathers of one row, whose atomic sum lands in another order on some run.
-        for case in [c for c in cases if sum(map(len, c.response_lens)) > 1 and c.window == (-1, -1)][:3]:
+        for case in repeat_cases(cases):
             tasks.append(Task(f"repeat cuda bf16 {case.name}", lambda c=case: attention_repeat_check(
                 c, dtype=torch.bfloat16, backend=_gpu_backend(torch.bfloat16))))
         tasks.append(Task("repeat cuda log-prob head", head_repeat_check))
