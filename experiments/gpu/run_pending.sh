@@ -302,7 +302,7 @@ mma_bwd_ab() {  # mma_bwd_ab PART "VARIANTS" SECONDS: the mma.sync backward (dua
 mma_warm() {  # mma_warm NAME SECONDS: the mma.sync family's kernels for sm_90 precompiled (step NAME), under the caller's
     # DUALKV_NVRTC_LIB / DUALKV_EXTRA_DEFINES
     step "$1" "$2" python3 -m dualkv kernels --compile-only --arch sm_90 --kernel fwd --kernel bwd_dkdv \
-        --kernel bwd_prep --kernel bwd_dq_frag_cast --kernel bwd_dq --jobs 16 --no-progress
+        --kernel bwd_prep --kernel bwd_dq_frag_cast --kernel bwd_dq_fixed_cast --kernel bwd_dq --jobs 16 --no-progress
 }
 mma_table135() {  # mma_table135 PART: NVRTC 13.5 (nvrtc135_unpack PART; exported for the rest of the part), then
     # mma_table warm135 150
@@ -2671,6 +2671,21 @@ s40e)
     python3 experiments/trl_grpo/install_wheels.py .whl > "$OUT/trl_install.log" 2>&1 || tail -5 "$OUT/trl_install.log"
     TAIL=12 step trl 540 python3 experiments/trl_grpo/grpo_e2e.py --out "$OUT"
     (cd "$OUT" && tar czf s40e.tgz *.log && rm -f *.log)
+    ;;
+s41a)
+    # #13 (run with COMPILE_S=1, carry .commit): the fixed-point dQ mode (mma_backward("fixed"), deterministic without
+    # an order): the mma.sync kernels compiled, then the mma.sync backward with the ordered (default),
+    # fixed-point and atomic dQ against the FA2 cascade at Table 1's shapes, bwd and fwd+bwd, in one process (t1: three
+    # shapes, 10 reps; t64: (16, 64K), 5 reps), then the fixed-point mode's GPU tests
+    mma_warm warm 150
+    mkdir -p "$OUT/bench"
+    TAIL=1 step t1 150 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_fixed,dualkv_mma_atomic,cascade \
+        --shapes 28:4096,8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
+    TAIL=1 step t64 150 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_fixed,dualkv_mma_atomic,cascade \
+        --shapes 16:65536 --mode fwd,bwd,fwdbwd --reps 5 --out "$OUT/bench/t64"
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41a-table.json"
+    TAIL=4 step pytest_fixed 160 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_fixed_dq.py
+    (cd "$OUT" && tar czf s41a.tgz *.log && rm -f *.log)
     ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
