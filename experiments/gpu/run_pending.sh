@@ -2687,6 +2687,22 @@ s41a)
     TAIL=4 step pytest_fixed 160 python3 -m pytest -q -x -m gpu -p no:cacheprovider proofs_tests/test_cuda_fixed_dq.py
     (cd "$OUT" && tar czf s41a.tgz *.log && rm -f *.log)
     ;;
+s41b)
+    # #13 (run with COMPILE_S=1, carry .commit): where s41a's fixed-point adds lose their time, by timing probes of the
+    # DKV_DQ_FIXED build (DKV_FIXED_PROBE, wrong results, timing only): 1 the 64-bit REDs without the conversion, 2 the
+    # conversion with 32-bit REDs, 3 without the unit loads; against the build itself (0) and the ordered and atomic
+    # modes; bwd at (28, 4K) and (16, 32K), one process each
+    mkdir -p "$OUT/bench"
+    TAIL=1 step ref 200 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic \
+        --shapes 28:4096,16:32768 --mode bwd --reps 5 --out "$OUT/bench/ref"
+    for p in 0 1 2 3; do
+        DUALKV_EXTRA_DEFINES=DKV_FIXED_PROBE=$p DUALKV_COMMIT="${DUALKV_COMMIT:-}+probe$p" TAIL=1 step p$p 100 \
+            python3 -m dualkv bench kernel --systems dualkv_mma_fixed --shapes 28:4096,16:32768 --mode bwd --reps 5 \
+            --out "$OUT/bench/p$p"
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41b-table.json"
+    (cd "$OUT" && tar czf s41b.tgz *.log && rm -f *.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"

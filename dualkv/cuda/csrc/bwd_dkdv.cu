@@ -87,6 +87,9 @@
 #ifndef DKV_DQ_FIXED
 #define DKV_DQ_FIXED 0
 #endif
+#ifndef DKV_FIXED_PROBE
+#define DKV_FIXED_PROBE 0  // timing probes of the fixed-point adds (wrong results): 1 no conversion, 2 32-bit adds, 3 no unit loads
+#endif
 #ifndef DKV_TREE
 #define DKV_TREE 0
 #endif
@@ -580,8 +583,12 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
 #pragma unroll
             for (int sl = 0; sl < kDqSlabs; ++sl) {
                 const long long tok = sg.seg.q_start + cur.pos + (dq_rw * kDqSlabs + sl) * 16 + g;
+#if DKV_FIXED_PROBE == 3
+                unit[sl][0] = unit[sl][1] = 1048576.f + (float)(tok & 1);
+#else
                 unit[sl][0] = __ldg(dq_unit + head * unit_sh + tok);
                 unit[sl][1] = __ldg(dq_unit + head * unit_sh + tok + 8);
+#endif
             }
 #endif
 #if DKV_LDSM_ADDR32
@@ -615,8 +622,17 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                     for (int nt = 0; nt < kDqCols / 8; ++nt)
 #pragma unroll
                         for (int e = 0; e < 4; ++e)
+#if DKV_FIXED_PROBE == 1
+                            red_add_s64(lane_lo + (e >> 1) * 8 * kHeadDim + nt * 64 + (e & 1) * 32,
+                                        (long long)__float_as_int(acc_dq[sl][nt][e] * unit[sl][e >> 1]));
+#elif DKV_FIXED_PROBE == 2
+                            atomicAdd(reinterpret_cast<unsigned*>(lane_lo + (e >> 1) * 8 * kHeadDim + nt * 64 +
+                                                                  (e & 1) * 32),
+                                      (unsigned)to_fixed(acc_dq[sl][nt][e], unit[sl][e >> 1]));
+#else
                             red_add_s64(lane_lo + (e >> 1) * 8 * kHeadDim + nt * 64 + (e & 1) * 32,
                                         to_fixed(acc_dq[sl][nt][e], unit[sl][e >> 1]));
+#endif
                 }
             } else
 #endif
