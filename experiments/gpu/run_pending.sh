@@ -2703,6 +2703,21 @@ s41b)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41b-table.json"
     (cd "$OUT" && tar czf s41b.tgz *.log && rm -f *.log)
     ;;
+s41c)
+    # #13 (run with COMPILE_S=1, carry .commit): s41b's probes left the fixed-point build's time unchanged; probe 4 adds
+    # 32-bit integers at the fp32 modes' addresses (4 bytes apart, not 8: half the RED traffic), against the build (0)
+    # and the ordered and atomic modes, bwd at (28, 4K) and (16, 32K), one process each
+    mkdir -p "$OUT/bench"
+    TAIL=1 step ref 200 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic \
+        --shapes 28:4096,16:32768 --mode bwd --reps 5 --out "$OUT/bench/ref"
+    for p in 4 0; do
+        DUALKV_EXTRA_DEFINES=DKV_FIXED_PROBE=$p DUALKV_COMMIT="${DUALKV_COMMIT:-}+probe$p" TAIL=1 step p$p 100 \
+            python3 -m dualkv bench kernel --systems dualkv_mma_fixed --shapes 28:4096,16:32768 --mode bwd --reps 5 \
+            --out "$OUT/bench/p$p"
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41c-table.json"
+    (cd "$OUT" && tar czf s41c.tgz *.log && rm -f *.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"

@@ -88,7 +88,8 @@
 #define DKV_DQ_FIXED 0
 #endif
 #ifndef DKV_FIXED_PROBE
-#define DKV_FIXED_PROBE 0  // timing probes of the fixed-point adds (wrong results): 1 no conversion, 2 32-bit adds, 3 no unit loads
+#define DKV_FIXED_PROBE 0  // timing probes of the fixed-point adds (wrong results): 1 no conversion, 2 32-bit adds, 3 no unit loads,
+                           // 4 32-bit adds at the fp32 modes' addresses
 #endif
 #ifndef DKV_TREE
 #define DKV_TREE 0
@@ -625,6 +626,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
 #if DKV_FIXED_PROBE == 1
                             red_add_s64(lane_lo + (e >> 1) * 8 * kHeadDim + nt * 64 + (e & 1) * 32,
                                         (long long)__float_as_int(acc_dq[sl][nt][e] * unit[sl][e >> 1]));
+#elif DKV_FIXED_PROBE == 4
+                            atomicAdd(reinterpret_cast<unsigned*>(dq_acc + head * dqa_sh + (tok >> 3) * (8 * kHeadDim) +
+                                                                  (tok & 7) * 4 + t4 + dq_part * kDqCols * 8 +
+                                                                  (e >> 1) * 8 * kHeadDim + nt * 64 + (e & 1) * 32),
+                                      (unsigned)to_fixed(acc_dq[sl][nt][e], unit[sl][e >> 1]));
 #elif DKV_FIXED_PROBE == 2
                             atomicAdd(reinterpret_cast<unsigned*>(lane_lo + (e >> 1) * 8 * kHeadDim + nt * 64 +
                                                                   (e & 1) * 32),
