@@ -37,7 +37,6 @@ NAMES = {"dualkv": "dualkv", "dualkv_atomic": "dualkv, deterministic=False", "du
          "dualkv_mma": "dualkv, mma.sync kernels", "dualkv_mma_split": "dualkv, mma.sync kernels, split dQ",
          "dualkv_mma_ordered": "dualkv, mma.sync kernels, ordered dQ",
          "dualkv_mma_atomic": "dualkv, mma.sync kernels, atomic dQ",
-         "dualkv_mma_fixed": "dualkv, mma.sync kernels, fixed-point dQ",
          "cudnn_cascade": "cuDNN cascade", "cudnn_ncopy": "cuDNN N-copy",
          "flex": "FlexAttention",
          "flex_dynamic": "FlexAttention, dynamic shapes", "cascade": "FA2 cascade", "fa2_ncopy": "FA2 N-copy",

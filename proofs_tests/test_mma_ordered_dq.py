@@ -506,10 +506,9 @@ def test_backward_routes_each_key_tile_order(monkeypatch, stand_in_launches, ord
     assert len(dkdv) == 1
     spec, grid, args = dkdv[0]
     n_tiles = plan.key_tiles.shape[0]
-    # (..., kv_heads, first_tiles, segments, key tiles, 4 scalars, 4 split arguments: nothing split in this plan,
-    # the fixed-point mode's units and their stride: unused here)
-    segments, tiles, first_tiles, kv_heads = args[-12], args[-11], args[-13], args[-14]
-    assert [int(a) for a in args[-6:]] == [0, 0, 1, 0, 0, 0]
+    # (..., kv_heads, first_tiles, segments, key tiles, 4 scalars, 4 split arguments: nothing split in this plan)
+    segments, tiles, first_tiles, kv_heads = args[-10], args[-9], args[-11], args[-12]
+    assert [int(a) for a in args[-4:]] == [0, 0, 1, 0]
     assert spec.dq_ordered == ordered and segments == plan.segments.data_ptr()
     assert not spec.split_tiles and "DKV_SPLIT_TILES" not in dict(spec.defines())  # the build without the split epilogue
     if ordered:
@@ -560,7 +559,7 @@ def test_run_backward_hands_the_plans_split_to_the_ordered_kernel(monkeypatch, s
                             plan.key_tiles, plan.dq_pack, True, scale=0.125, window_left=-1,
                             ws_first_tiles=plan.ws_first_tiles)
     (args,) = [a for spec, _, a in log if spec.kernel == "bwd_dkdv"]
-    assert args[-13] == plan.ws_first_tiles and args[-14] == 2  # first_tiles after kv_heads (then 12 more)
+    assert args[-11] == plan.ws_first_tiles and args[-12] == 2  # first_tiles after kv_heads (then 8 more arguments)
 
 
 @pytest.mark.parametrize("head_major", [True, False], ids=["head", "tile"])
@@ -588,7 +587,6 @@ def test_run_backward_hands_a_split_table_to_the_ordered_kernel(monkeypatch, sta
                             ws_first_tiles=plan.ws_first_tiles, split_key_tiles_t=plan.split_key_tiles,
                             split_parts=plan.split_parts)
     ((spec, grid, args),) = [entry for entry in log if entry[0].kernel == "bwd_dkdv"]
-    args = args[:-2]  # (the fixed-point mode's units and their stride last)
     assert grid == (rows * 2, 1, 1) and args[-9] == plan.split_key_tiles.data_ptr()
     assert args[-11] == (plan.ws_first_tiles + added if head_major else -1)
     assert args[-4] != 0 and args[-3] != 0 and int(args[-2]) == 2 and int(args[-1]) == plan.ws_first_tiles * 2

@@ -188,14 +188,6 @@ class DualKVMmaAtomic(_Switched):
     switches = (("kernel_family", "mma"), ("mma_backward", "atomic"), ("path_override", "fused"))
 
 
-class DualKVMmaFixed(_Switched):
-    """The mma.sync kernels with the fixed-point dQ backward (``mma_backward("fixed")``): dQ inside the dK/dV kernel,
-    five products, added as int64 fixed-point numbers in any order, deterministic (:mod:`dualkv.cuda.dq_fixed`)."""
-
-    name = "dualkv_mma_fixed"
-    switches = (("kernel_family", "mma"), ("mma_backward", "fixed"))
-
-
 class DualKVV1(_Switched):
     """dualkv with the first-generation Hopper wgmma kernels (cp.async loads, no warp specialisation)."""
 
@@ -433,7 +425,7 @@ class FlexDynamic(Flex):
 
 #: The kernel-level implementations of the one registry (dualkv.bench.registry).
 SYSTEMS = {cls.name: cls for cls in (DualKV, DualKVTree, DualKVAtomic, DualKVHybrid, DualKVMma, DualKVMmaSplit,
-                                     DualKVMmaOrdered, DualKVMmaAtomic, DualKVMmaFixed, DualKVV1, FA2NCopy, Cascade,
-                                     CudnnCascade, CudnnNCopy, Flex, FlexDynamic, Reference)}
+                                     DualKVMmaOrdered, DualKVMmaAtomic, DualKVV1, FA2NCopy, Cascade, CudnnCascade,
+                                     CudnnNCopy, Flex, FlexDynamic, Reference)}
 if set(SYSTEMS) != set(kernel_systems()):
     raise RuntimeError(f"kernel systems {tuple(SYSTEMS)} and the registry's {kernel_systems()} disagree")

@@ -36,8 +36,6 @@ REGISTRY: dict[str, SystemInfo] = {info.name: info for info in (
                False),
     SystemInfo("dualkv_mma_atomic", "dualkv_mma with mma_backward('atomic'), deterministic=False, on the fused path "
                "(atomic dQ, five products)", True, False),
-    SystemInfo("dualkv_mma_fixed", "dualkv_mma with the fixed-point dQ backward (five products, deterministic, no "
-               "order)", True, False),
     SystemInfo("dualkv_v1", "dualkv with the first wgmma kernels", True, False),
     SystemInfo("fa2_ncopy", "N-copy varlen layout, PyTorch's FlashAttention-2 (varlen_attn)", True, True),
     SystemInfo("cudnn_ncopy", "N-copy layout as a padded batch, cuDNN attention", True, False),

@@ -248,10 +248,8 @@ def check_tile_tables(sm90_dkdv: dict = SM90_DKDV_TILES, sm90_dq: dict = SM90_DQ
 
 check_tile_tables()
 
-#: The one-pass kernels around the backward (no tiles): its preprocessing and the dQ casts.
-CAST_KERNELS = ("bwd_prep", "bwd_dq_cast", "bwd_dq_frag_cast", "bwd_dq_fixed_cast")
 KERNELS = ("fwd", "fwd_sm90", "fwd_sm90_ws", "bwd_prep", "bwd_dq", "bwd_dq_sm90", "bwd_dkdv", "bwd_dkdv_sm90",
-           "bwd_sm90_ws", "bwd_dq_cast", "bwd_dq_frag_cast", "bwd_dq_fixed_cast")
+           "bwd_sm90_ws", "bwd_dq_cast", "bwd_dq_frag_cast")
 #: The backward's preprocessing kernel (D = rowsum(dO * O), LSE in log2): up to 8 threads per row, no tiles; the
 #: warp-specialised backward's dQ cast uses the same (one thread per 8 output elements).
 PREP_TILE = TileConfig(block_n=16, warps=8, mslabs=1)
@@ -316,13 +314,11 @@ def current_kernel_family() -> str:
 #: without a window run "ordered" and ``deterministic=False`` calls at :data:`AUTO_ATOMIC_HEAD_DIMS` "atomic"; "split" elsewhere),
 #: "split" (the dQ kernel and the dK/dV kernel, seven
 #: products per query tile x key block, for every call), "ordered" (dQ inside the dK/dV kernel, five products, added
-#: in a fixed order: DKV_DQ_ORDERED; head dims :data:`ORDERED_HEAD_DIMS`, no window; every call), "atomic"
+#: in a fixed order: DKV_DQ_ORDERED; head dims :data:`ORDERED_HEAD_DIMS`, no window; every call) or "atomic"
 #: (``deterministic=False`` calls add dQ by fp32 atomics inside the dK/dV kernel, five products, FlashAttention-2's
 #: scheme; head dims :data:`ATOMIC_HEAD_DIMS`; deterministic calls run the split backward; on sm_90 it also replaces
-#: the wgmma dQ + dK/dV pair) or "fixed" (dQ inside the dK/dV kernel, five products, added as 64-bit fixed-point
-#: integers in any order: deterministic without an order, :mod:`dualkv.cuda.dq_fixed`; head dims
-#: :data:`ATOMIC_HEAD_DIMS`, every call but a prefix tree's).
-MMA_BACKWARDS = ("auto", "split", "ordered", "atomic", "fixed")
+#: the wgmma dQ + dK/dV pair).
+MMA_BACKWARDS = ("auto", "split", "ordered", "atomic")
 #: Head dims where "auto" sends ``deterministic=False`` calls to the atomic dQ: where it measured faster than the split
 #: backward (or tied, at the smallest shape). H100 under ``kernel_family("mma")`` (the Ampere stand-in), backward ms,
 #: atomic against split, one process per head dim, after the row-run dQ adds (experiments/results/
@@ -514,13 +510,6 @@ def dq_ordered_for(head_dim: int, arch: str, window: bool, *, deterministic: boo
     return head_dim in dims and not window and dkdv_kernel_for(head_dim, arch) == "bwd_dkdv"
 
 
-def dq_fixed_for(head_dim: int, arch: str, tree: bool = False) -> bool:
-    """Whether a backward that the warp-specialised kernel does not serve runs the fixed-point dQ mode: chosen by
-    ``mma_backward("fixed")``, at a head dim of :data:`ATOMIC_HEAD_DIMS`, not on a prefix tree (whose dK/dV builds are
-    the ordered mode's), deterministic or not."""
-    return current_mma_backward() == "fixed" and head_dim in ATOMIC_HEAD_DIMS and not tree
-
-
 def _use_sm90(kernel: str, head_dim: int, arch: str) -> bool:
     choice = _family[0]
     if choice not in KERNEL_FAMILIES:
@@ -658,7 +647,6 @@ class KernelSpec:
     root_first: bool = False  # ordered-dQ backwards: the root-first (tree) / shared-first (two-level) dQ order
     head_major: bool = False  # bwd_sm90_ws only: each KV head's key-tile table launched in turn (DKV_HEAD_MAJOR)
     split_tiles: bool = False  # ordered dQ mode only: the build that sums split shared-key tiles (DKV_SPLIT_TILES)
-    dq_fixed: bool = False   # with dq_atomic: the adds are 64-bit fixed-point integers (deterministic; DKV_DQ_FIXED)
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -673,8 +661,6 @@ class KernelSpec:
             raise ValueError(f"the atomic dQ mode exists for the dK/dV kernel at head dims {ATOMIC_HEAD_DIMS}")
         if self.dq_ordered:
             self._check_dq_ordered()
-        if self.dq_fixed and not self.dq_atomic:
-            raise ValueError("the fixed-point dQ mode is a build of the atomic dQ mode (dq_atomic=True, dq_fixed=True)")
         if self.kernel == "bwd_dkdv" and (self.tile.qwarps != 1 or self.tile.do_stages):
             self._check_qwarps()
         if self.tree and (self.kernel not in TREE_KERNELS + (("bwd_dkdv",) if self.dq_ordered else ())
@@ -733,7 +719,7 @@ class KernelSpec:
     def smem_bytes(self) -> int:
         row = (self.head_dim + 8) * 2
         t = self.tile
-        if self.kernel in CAST_KERNELS:
+        if self.kernel in ("bwd_prep", "bwd_dq_cast", "bwd_dq_frag_cast"):
             return 0
         if self.kernel == "fwd":
             return (t.block_m + 2 * t.block_n) * row
@@ -778,13 +764,11 @@ class KernelSpec:
                   ("DKV_CAUSAL", "1" if self.causal else "0")]
         if self.tile_head_dim != self.head_dim:
             common += [("DKV_HEAD_DIM_ACC", str(self.tile_head_dim))]
-        if self.kernel in CAST_KERNELS:
+        if self.kernel in ("bwd_prep", "bwd_dq_cast", "bwd_dq_frag_cast"):
             return common
         if self.kernel in ("bwd_dkdv", "bwd_dkdv_sm90", "bwd_sm90_ws"):
             keys = common + [("DKV_BLOCK_M", str(t.block_m)), ("DKV_STAGES", str(t.stages)),
                              ("DKV_DQ_ATOMIC", "1" if self.dq_atomic else "0")]
-            if self.dq_fixed:  # absent otherwise: the other specs keep their compile options
-                keys += [("DKV_DQ_FIXED", "1")]
             if self.dq_ordered:  # absent otherwise: the other specs keep their compile options
                 keys += [("DKV_DQ_ORDERED", "1")] + ([("DKV_TREE", "1")] if self.tree else [])
             if t.qwarps != 1:
@@ -905,8 +889,7 @@ def dkdv_tile(head_dim: int, arch: str, dq_here: bool) -> KeyTileConfig:
 
 def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,
               kernel: str | None = None, causal: bool = True, dq_ordered: bool = False,
-              tree: bool = False, root_first: bool = False, split_tiles: bool = False,
-              dq_fixed: bool = False) -> KernelSpec:
+              tree: bool = False, root_first: bool = False, split_tiles: bool = False) -> KernelSpec:
     """The dK/dV specialization; ``kernel`` defaults to :func:`dkdv_kernel_for` (``arch`` is the device's);
     ``dq_ordered``: the mma.sync kernel's ordered dQ mode (``tree``: its prefix-tree build, ``root_first``: with the
     root-first (tree) or shared-first (two-level) dQ order, ``split_tiles``: its build for split shared-key tiles)."""
@@ -917,7 +900,7 @@ def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_ato
         return KernelSpec(kernel, head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a", causal=causal)
     return KernelSpec(kernel, head_dim, name, dkdv_tile(head_dim, arch, dq_atomic or dq_ordered), 1, window, arch,
                       dq_atomic, causal, tree=tree, dq_ordered=dq_ordered, root_first=root_first,
-                      split_tiles=split_tiles, dq_fixed=dq_fixed)
+                      split_tiles=split_tiles)
 
 
 def prep_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
@@ -930,15 +913,6 @@ def dq_cast_spec(head_dim: int, dtype: torch.dtype, arch: str = "sm_90") -> Kern
     """The dQ cast (fp32 accumulator -> scaled 16-bit dQ) of the warp-specialised backward (sm_90)."""
     _check_head_dim(head_dim)
     return KernelSpec("bwd_dq_cast", head_dim, _check_dtype(dtype), PREP_TILE, 1, False, arch)
-
-
-def dq_fixed_cast_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
-    """The dQ cast of the mma.sync dK/dV kernel's fixed-point dQ mode (int64 accumulator in fragment order, per-row
-    units: :mod:`dualkv.cuda.dq_fixed`)."""
-    _check_head_dim(head_dim)
-    if head_dim not in ATOMIC_HEAD_DIMS:
-        raise ValueError(f"the fixed-point dQ mode exists at head dims {ATOMIC_HEAD_DIMS}, not {head_dim}")
-    return KernelSpec("bwd_dq_fixed_cast", head_dim, _check_dtype(dtype), PREP_TILE, 1, False, arch)
 
 
 def dq_frag_cast_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:
@@ -960,7 +934,6 @@ def all_specs(arch: str) -> list[KernelSpec]:
     cast_dims = set(SM90_WS_BWD_TILES) if arch == "sm_90" else set()
     specs += [dq_cast_spec(d, dtype, arch) for d in sorted(cast_dims) for dtype in DTYPES]
     specs += [dq_frag_cast_spec(d, dtype, arch) for d in ATOMIC_HEAD_DIMS for dtype in DTYPES]
-    specs += [dq_fixed_cast_spec(d, dtype, arch) for d in ATOMIC_HEAD_DIMS for dtype in DTYPES]
     for head_dim, dtype, (window, causal, tree) in product(HEAD_DIMS, DTYPES, ((False, True, False), (True, True, False),
                                                                              (False, False, False), (False, True, True))):
         if window and head_dim not in WINDOW_HEAD_DIMS:
@@ -993,8 +966,6 @@ def all_specs(arch: str) -> list[KernelSpec]:
         specs.append(dkdv_spec(head_dim, dtype, window, arch, kernel="bwd_dkdv", causal=causal))
         if head_dim in ATOMIC_HEAD_DIMS:
             specs.append(dkdv_spec(head_dim, dtype, window, arch, dq_atomic=True, kernel="bwd_dkdv", causal=causal))
-            specs.append(dkdv_spec(head_dim, dtype, window, arch, dq_atomic=True, kernel="bwd_dkdv", causal=causal,
-                                   dq_fixed=True))
         if head_dim in ORDERED_HEAD_DIMS and not window:
             specs.append(dkdv_spec(head_dim, dtype, False, arch, causal=causal, dq_ordered=True,
                                    root_first=TWO_LEVEL_SHARED_FIRST))

@@ -33,14 +33,12 @@ def acc_rows(tokens: int) -> int:
 TAIL_ROWS = 64
 
 
-def new_frag_acc(tokens: int, heads: int, head_dim: int, device, step_rows: int = TAIL_ROWS,
-                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """A zeroed accumulator (H, acc_rows(tokens), d) in fragment order (fp32; int64 for the fixed-point dQ mode), with
-    the rows a query step of ``step_rows`` can add past the last token behind it in the same allocation (at least
-    :data:`TAIL_ROWS`)."""
+def new_frag_acc(tokens: int, heads: int, head_dim: int, device, step_rows: int = TAIL_ROWS) -> torch.Tensor:
+    """A zeroed accumulator (H, acc_rows(tokens), d), fp32, in fragment order, with the rows a query step of
+    ``step_rows`` can add past the last token behind it in the same allocation (at least :data:`TAIL_ROWS`)."""
     rows = acc_rows(tokens)
     tail = max(TAIL_ROWS, acc_rows(step_rows))
-    flat = torch.zeros((heads * rows + tail) * head_dim, dtype=dtype, device=device)
+    flat = torch.zeros((heads * rows + tail) * head_dim, dtype=torch.float32, device=device)
     return flat[:heads * rows * head_dim].view(heads, rows, head_dim)
 
 

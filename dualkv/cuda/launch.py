@@ -15,13 +15,11 @@ import torch
 
 from .configs import (DKDV_TILES, DQ_TILES, KEY_TILES_NODE_MAJOR, MMA_HEAD_MAJOR, TMA_KERNELS, TREE_DQ_ROOT_FIRST,
                       TWO_LEVEL_SHARED_FIRST, WS_SPLIT, KeyTileConfig, TileConfig, dkdv_spec, dq_atomic_for,
-                      dq_cast_spec, dq_fixed_cast_spec, dq_fixed_for, dq_frag_cast_spec, dq_ordered_for, dq_spec,
-                      forward_kernel_for, forward_tile,
+                      dq_cast_spec, dq_frag_cast_spec, dq_ordered_for, dq_spec, forward_kernel_for, forward_tile,
                       fwd_spec, pack_for, prep_spec, ws_backward_for, ws_bwd_spec)
 from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
 from . import ws_schedule, ws_split
 from .split_args import NO_SPLIT, part_buffers, split_args
-from .dq_fixed import kv_amax, new_units
 from .dq_layout import acc_rows, new_frag_acc
 from .schedule import check_block_order, key_tiles, tile_table
 
@@ -208,11 +206,9 @@ def run_forward(q, k_ctx, v_ctx, k_own, v_own, segments, tiles, pack: int, *, sc
     return out, lse
 
 
-def run_prep(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_lse: torch.Tensor | None = None,
-             units: tuple[torch.Tensor, torch.Tensor] | None = None):
+def run_prep(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_lse: torch.Tensor | None = None):
     """(LSE * log2(e), D = rowsum(dO * O) - dLSE), both (H, T_q) fp32, from one pass over dO and O (no fp32
-    copies). dout/out: (T_q, H, d) with 16-byte aligned rows; lse, d_lse: (H, T_q). ``units``: (the fixed-point dQ
-    mode's units (H, >= T_q) fp32, filled here; (max |K|, max |V|) fp32 (2,), :mod:`dualkv.cuda.dq_fixed`)."""
+    copies). dout/out: (T_q, H, d) with 16-byte aligned rows; lse, d_lse: (H, T_q)."""
     dout, out = kernel_ready(dout), kernel_ready(out)
     tokens, heads, head_dim = out.shape
     lse = lse.float().contiguous()
@@ -223,15 +219,12 @@ def run_prep(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, d_lse: to
     rows_per_cta = max(kern.spec.threads // 8, 1)     # up to 8 lanes share a row; the kernel grid-strides
     kern.launch((max((tokens * heads + rows_per_cta - 1) // rows_per_cta, 1), 1, 1),
                 [*_strided(dout), *_strided(out), lse.data_ptr(), d_lse.data_ptr() if d_lse is not None else 0,
-                 i64(lse.stride(0)), lse2.data_ptr(), delta.data_ptr(), i32(tokens), i32(heads),
-                 *([units[0].data_ptr(), i64(units[0].stride(0)), units[1].data_ptr()] if units else [0, i64(0), 0])])
+                 i64(lse.stride(0)), lse2.data_ptr(), delta.data_ptr(), i32(tokens), i32(heads)])
     return lse2, delta
 
 
 #: The dK/dV kernels' ordered-dQ arguments when they are unused: counters, tile offsets, tiles, K/V heads, CTA split.
 _NO_DQ_ORDER = [0, 0, i32(0), i32(0), i32(-1)]
-#: The dK/dV kernels' fixed-point dQ arguments when they are unused: the row units and their head stride.
-_NO_UNITS = [0, i64(0)]
 
 
 def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_tiles, key_tiles_t, dq_pack: int,
@@ -272,17 +265,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     arch = arch_of(device)
     window = window_left >= 0
     dout, q, k_ctx, v_ctx, k_own, v_own = (kernel_ready(t) for t in (dout, q, k_ctx, v_ctx, k_own, v_own))
-    ws = (ws_backward_for(head_dim, arch, window, causal, tree) and not dq_tile and not dkdv_tile
-          and kernels == ("dq", "dkdv"))
-    fixed = (not ws and not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv")
-             and dq_fixed_for(head_dim, arch, tree))
-    units = None
-    if fixed:
-        units = new_units(q.shape[0], heads, q.device)
-        ctx = [] if ctx_shared else [k_ctx, v_ctx]
-        lse2, delta = run_prep(dout, out, lse, d_lse, units=(units, kv_amax(k_own, *ctx[:1], v_own, *ctx[1:])))
-    else:
-        lse2, delta = run_prep(dout, out, lse, d_lse)
+    lse2, delta = run_prep(dout, out, lse, d_lse)
     dq = _new(q.shape, q)
     dk_own, dv_own = _new(k_own.shape, k_own), _new(v_own.shape, v_own)
     if ctx_shared:
@@ -291,7 +274,8 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
     else:
         dk_ctx, dv_ctx = _new(k_ctx.shape, k_ctx), _new(v_ctx.shape, v_ctx)
         dkc_args, dvc_args = _strided(dk_ctx), _strided(dv_ctx)
-    if ws:
+    if (ws_backward_for(head_dim, arch, window, causal, tree) and not dq_tile and not dkdv_tile
+            and kernels == ("dq", "dkdv")):
         split = split_args(key_tiles_t, split_key_tiles_t, split_parts, ws_first_tiles)
         _run_backward_ws(dout, q, k_ctx, v_ctx, k_own, v_own, lse2, delta, dq, dkc_args, dvc_args, dk_own, dv_own,
                          segments, split[0], group, scale, tree, split[1], split[2:])
@@ -300,10 +284,6 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
             lse2.data_ptr(), delta.data_ptr(), i64(lse2.stride(0))]
     scalars = [i32(group), f32(scale * LOG2E), f32(scale), i32(window_left)]
     grads = [*keys, *dkc_args, *dvc_args, *_strided(dk_own), *_strided(dv_own)]
-    if fixed:
-        _run_dkdv_fixed(grads, scalars, q, dq, segments, key_tiles_t if dkdv_key_tiles_t is None else dkdv_key_tiles_t,
-                        k_own.shape[1], window, causal, scale, units)
-        return dq, dk_ctx, dv_ctx, dk_own, dv_own
     if (not dq_tile and not dkdv_tile and kernels == ("dq", "dkdv")
             and dq_ordered_for(head_dim, arch, window, deterministic=deterministic, causal=causal)):
         split = split_args(key_tiles_t, split_key_tiles_t, split_parts, ws_first_tiles)
@@ -328,7 +308,7 @@ def run_backward(dout, q, k_ctx, v_ctx, k_own, v_own, out, lse, segments, dq_til
         dkdv_tiles = key_tiles_t if dkdv_key_tiles_t is None else dkdv_key_tiles_t
         dkdv_kernel.launch((dkdv_tiles.shape[0], k_own.shape[1], 1),
                            [*grads, *(frag_acc_args(dq_acc) if atomic else [0, i64(0), i64(0)]), *_NO_DQ_ORDER,
-                            segments.data_ptr(), dkdv_tiles.data_ptr(), *scalars, *NO_SPLIT, *_NO_UNITS])
+                            segments.data_ptr(), dkdv_tiles.data_ptr(), *scalars, *NO_SPLIT])
     if atomic:
         _cast_dq_frag(dq_acc, dq, scale)
     return dq, dk_ctx, dv_ctx, dk_own, dv_own
@@ -359,28 +339,8 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
                 [*grads, *frag_acc_args(dq_acc), sems.data_ptr(),
                  qtile_offset.data_ptr() if qtile_offset is not None else 0, i32(n_qtiles), i32(kv_heads),
                  i32(_mma_cta_split(key_tiles_t, tree, first_tiles)), segments.data_ptr(), key_tiles_t.data_ptr(),
-                 *scalars, *part_args, *_NO_UNITS])
+                 *scalars, *part_args])
     _cast_dq_frag(dq_acc, dq, scale)
-
-
-def _run_dkdv_fixed(grads: list, scalars: list, q: torch.Tensor, dq: torch.Tensor, segments: torch.Tensor,
-                    key_tiles_t: torch.Tensor, kv_heads: int, window: bool, causal: bool, scale: float,
-                    units: torch.Tensor) -> None:
-    """The mma.sync dK/dV kernel in its fixed-point dQ mode (DKV_DQ_FIXED, :mod:`dualkv.cuda.dq_fixed`): dK, dV
-    (written through ``grads``) and dQ added as int64 fixed-point numbers at each row's unit (``units`` (H, >= T + 64)
-    from :func:`run_prep`) into one accumulator in fragment order, in any order (the atomic mode's grid and walk), then
-    scaled and cast into ``dq`` (T_q, H, d). ``key_tiles_t``: any order (heaviest first is fastest)."""
-    tokens, heads, head_dim = q.shape
-    device = device_index(q)
-    spec = dkdv_spec(head_dim, q.dtype, window, arch_of(device), dq_atomic=True, kernel="bwd_dkdv", causal=causal,
-                     dq_fixed=True)
-    kern = get_kernel(spec, device)
-    dq_acc = new_frag_acc(tokens, heads, head_dim, q.device, spec.tile.block_m, dtype=torch.int64)
-    kern.launch((key_tiles_t.shape[0], kv_heads, 1),
-                [*grads, *frag_acc_args(dq_acc), *_NO_DQ_ORDER, segments.data_ptr(), key_tiles_t.data_ptr(),
-                 *scalars, *NO_SPLIT, units.data_ptr(), i64(units.stride(0))])
-    _launch_cast(dq_fixed_cast_spec, [dq_acc.data_ptr(), i64(dq_acc.stride(0)), units.data_ptr(),
-                                      i64(units.stride(0))], dq, acc_rows(tokens), scale)
 
 
 def _cta_split(key_tiles_t: torch.Tensor, first_tiles: int | None) -> int:

@@ -302,7 +302,7 @@ mma_bwd_ab() {  # mma_bwd_ab PART "VARIANTS" SECONDS: the mma.sync backward (dua
 mma_warm() {  # mma_warm NAME SECONDS: the mma.sync family's kernels for sm_90 precompiled (step NAME), under the caller's
     # DUALKV_NVRTC_LIB / DUALKV_EXTRA_DEFINES
     step "$1" "$2" python3 -m dualkv kernels --compile-only --arch sm_90 --kernel fwd --kernel bwd_dkdv \
-        --kernel bwd_prep --kernel bwd_dq_frag_cast --kernel bwd_dq_fixed_cast --kernel bwd_dq --jobs 16 --no-progress
+        --kernel bwd_prep --kernel bwd_dq_frag_cast --kernel bwd_dq --jobs 16 --no-progress
 }
 mma_table135() {  # mma_table135 PART: NVRTC 13.5 (nvrtc135_unpack PART; exported for the rest of the part), then
     # mma_table warm135 150
@@ -2673,6 +2673,8 @@ s40e)
     (cd "$OUT" && tar czf s40e.tgz *.log && rm -f *.log)
     ;;
 s41a)
+    # (run at fccabeb, s41b at 845b5bf, s41c at a6cd2cd: the fixed-point mode lives on branch s41-fixed-dq, not on main;
+    # experiments/results/checks/s41-fixed-dq-*.json)
     # #13 (run with COMPILE_S=1, carry .commit): the fixed-point dQ mode (mma_backward("fixed"), deterministic without
     # an order): the mma.sync kernels compiled, then the mma.sync backward with the ordered (default),
     # fixed-point and atomic dQ against the FA2 cascade at Table 1's shapes, bwd and fwd+bwd, in one process (t1: three

@@ -32,13 +32,9 @@
 // a dependent's rank also counts the blocks of the nodes between it and the key's node (bwd_sm90_ws.cu's tree
 // ranks), and the counters are indexed by the query tile's first token; DKV_TREE_ROOT_FIRST=1 takes the root-first
 // order (bwd_sm90_ws.cu).
-//
-// DKV_DQ_FIXED (with DKV_DQ_ATOMIC: deterministic without any order) adds each step's dQ as 64-bit fixed-point
-// integers: round(dQ_step * u) for the row's unit u, a power of two that bwd_prep.cu chooses so that the row's whole
-// sum stays below 2^62 in magnitude (dualkv/cuda/dq_fixed.py states the bound), into an int64 accumulator in fragment
-// order. Integer addition is associative, so the CTAs add with plain REDs in whatever order they arrive and the sum
-// is the same bits every run; bwd_dq_fixed_cast.cu divides by u. Each add rounds by at most 2^-63 of the row's
-// bound.
+// (An order-free deterministic alternative, int64 fixed-point adds at a per-row unit, measured 9-20% slower than this
+// order on an H200: the dQ adds run near L2's atomic throughput and 8-byte adds double their bytes; 32-bit ones would
+// at best match the atomic mode, at a coarser grid. experiments/results/checks/s41-fixed-dq-*.json.)
 //
 // Tile macros: DKV_BLOCK_M (query positions per step), DKV_DSPLIT (warps sharing 16 keys, each owning
 // HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles), DKV_QWARPS (2: the
@@ -83,13 +79,6 @@
 
 #ifndef DKV_DQ_ORDERED
 #define DKV_DQ_ORDERED 0
-#endif
-#ifndef DKV_DQ_FIXED
-#define DKV_DQ_FIXED 0
-#endif
-#ifndef DKV_FIXED_PROBE
-#define DKV_FIXED_PROBE 0  // timing probes of the fixed-point adds (wrong results): 1 no conversion, 2 32-bit adds, 3 no unit loads,
-                           // 4 32-bit adds at the fp32 modes' addresses
 #endif
 #ifndef DKV_TREE
 #define DKV_TREE 0
@@ -222,8 +211,6 @@ constexpr bool kDqAtomic = DKV_DQ_ATOMIC != 0;
 constexpr bool kDqOrdered = DKV_DQ_ORDERED != 0;
 constexpr bool kDqHere = kDqAtomic || kDqOrdered;  // this kernel computes dQ = dS K
 static_assert(!(kDqAtomic && kDqOrdered), "one dQ mode");
-constexpr bool kDqFixed = DKV_DQ_FIXED != 0;
-static_assert(!kDqFixed || kDqAtomic, "DKV_DQ_FIXED: the atomic mode's walk and grid, with fixed-point adds");
 static_assert(DKV_DQ_FENCE >= 0 && DKV_DQ_FENCE <= 2 && DKV_DQ_PREFETCH >= 0 && DKV_DQ_PREFETCH <= 2,
               "DKV_DQ_FENCE and DKV_DQ_PREFETCH take 0, 1 or 2");
 static_assert((DKV_DQ_RELEASE == 0 || DKV_DQ_RELEASE == 1) && !(DKV_DQ_RELEASE == 1 && DKV_DQ_FENCE == 0),
@@ -578,20 +565,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             float acc_dq[kDqSlabs][kDqCols / 8][4];
 #pragma unroll
             for (int sl = 0; sl < kDqSlabs; ++sl) zero_acc(acc_dq[sl]);
-#if DKV_DQ_FIXED
-            // the fixed-point mode's units of rows g and g + 8 of each slab, read before the dQ product hides them
-            float unit[kDqSlabs][2];
-#pragma unroll
-            for (int sl = 0; sl < kDqSlabs; ++sl) {
-                const long long tok = sg.seg.q_start + cur.pos + (dq_rw * kDqSlabs + sl) * 16 + g;
-#if DKV_FIXED_PROBE == 3
-                unit[sl][0] = unit[sl][1] = 1048576.f + (float)(tok & 1);
-#else
-                unit[sl][0] = __ldg(dq_unit + head * unit_sh + tok);
-                unit[sl][1] = __ldg(dq_unit + head * unit_sh + tok + 8);
-#endif
-            }
-#endif
 #if DKV_LDSM_ADDR32
             const unsigned ds0 = smem_addr(mdS + ((lmat / 2) * 8 + lrow) * kDsStride + dq_rw * kDqSlabs * 16 +
                                            (lmat % 2) * 8);
@@ -610,39 +583,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                 gemm_frag_rows<kDqSlabs, 16, kDqCols>(acc_dq, a, mK + kk * 16 * kRowStride, dq_part * kDqCols, lrow,
                                                       lmat);
             }
-#if DKV_DQ_FIXED
-            if (kDqFixed) {  // the fp32 mode's addresses in an int64 accumulator (rows past a step's end add 0)
-                long long* acc64 = reinterpret_cast<long long*>(dq_acc);
-#pragma unroll
-                for (int sl = 0; sl < kDqSlabs; ++sl) {
-                    const int slab = dq_rw * kDqSlabs + sl;
-                    const long long tok = sg.seg.q_start + cur.pos + slab * 16 + g;
-                    long long* lane_lo = acc64 + head * dqa_sh + (tok >> 3) * (8 * kHeadDim) + (tok & 7) * 4 + t4 +
-                                         dq_part * kDqCols * 8;
-#pragma unroll
-                    for (int nt = 0; nt < kDqCols / 8; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-#if DKV_FIXED_PROBE == 1
-                            red_add_s64(lane_lo + (e >> 1) * 8 * kHeadDim + nt * 64 + (e & 1) * 32,
-                                        (long long)__float_as_int(acc_dq[sl][nt][e] * unit[sl][e >> 1]));
-#elif DKV_FIXED_PROBE == 4
-                            atomicAdd(reinterpret_cast<unsigned*>(dq_acc + head * dqa_sh + (tok >> 3) * (8 * kHeadDim) +
-                                                                  (tok & 7) * 4 + t4 + dq_part * kDqCols * 8 +
-                                                                  (e >> 1) * 8 * kHeadDim + nt * 64 + (e & 1) * 32),
-                                      (unsigned)to_fixed(acc_dq[sl][nt][e], unit[sl][e >> 1]));
-#elif DKV_FIXED_PROBE == 2
-                            atomicAdd(reinterpret_cast<unsigned*>(lane_lo + (e >> 1) * 8 * kHeadDim + nt * 64 +
-                                                                  (e & 1) * 32),
-                                      (unsigned)to_fixed(acc_dq[sl][nt][e], unit[sl][e >> 1]));
-#else
-                            red_add_s64(lane_lo + (e >> 1) * 8 * kHeadDim + nt * 64 + (e & 1) * 32,
-                                        to_fixed(acc_dq[sl][nt][e], unit[sl][e >> 1]));
-#endif
-                }
-            } else
-#endif
-            {
             // Ordered mode: thread 0 waits until every earlier contribution to this (head, query tile) has landed.
             if (kDqOrdered) {
                 if (threadIdx.x == 0) {
@@ -692,7 +632,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                             atomicAdd(at, acc_dq[sl][nt][e]);
                         }
                     }
-            }
             }
         }
 

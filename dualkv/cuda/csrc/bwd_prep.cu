@@ -3,11 +3,6 @@
 // of dO or O. kLanes threads share a (token, head) row: consecutive lanes read consecutive 16-byte chunks, so a warp
 // reads 32 / kLanes whole rows of contiguous memory (one thread per row read 256-byte-strided chunks: 3x slower).
 // Rows are walked warp-uniformly with a grid stride, so any grid size is correct.
-// With dq_unit (the fixed-point dQ mode, bwd_dkdv.cu DKV_DQ_FIXED) it also writes each row's unit u = 2^e (H, unit_sh):
-// with kv_amax = (max |K|, max |V|), x = 2 max|K| (||dO||_1 max|V| + |D|) bounds twice the row's dQ sum before the
-// softmax scale, and e = 61 - floor(log2 x) (clamped to [-126, 126]; x = 0: 126) keeps |sum * u| below 2^62.
-// u is NaN where x or the row's LSE is not finite, so that bwd_dq_fixed_cast.cu writes NaN there
-// (dualkv/cuda/dq_fixed.py states the bound and checks it).
 #include "common.cuh"
 
 using namespace dkv;
@@ -27,8 +22,7 @@ constexpr int kRowsPerWarp = 32 / kLanes;
 extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_prep(
     const elem_t* __restrict__ dout, long long do_st, long long do_sh, const elem_t* __restrict__ out, long long o_st,
     long long o_sh, const float* __restrict__ lse, const float* __restrict__ d_lse, long long lse_sh,
-    float* __restrict__ lse2, float* __restrict__ delta, int tokens, int heads, float* __restrict__ dq_unit,
-    long long unit_sh, const float* __restrict__ kv_amax) {
+    float* __restrict__ lse2, float* __restrict__ delta, int tokens, int heads) {
     const int lane = threadIdx.x % 32, sub = lane % kLanes;
     const long long total = static_cast<long long>(tokens) * heads;
     const long long stride = static_cast<long long>(gridDim.x) * kWarps * kRowsPerWarp;
@@ -37,7 +31,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_prep(
         const long long row = base + lane / kLanes;
         const bool valid = row < total;
         const int t = valid ? static_cast<int>(row / heads) : 0, h = valid ? static_cast<int>(row % heads) : 0;
-        float acc = 0.f, l1 = 0.f;
+        float acc = 0.f;
         if (valid) {
             const uint4* a = reinterpret_cast<const uint4*>(dout + t * do_st + h * do_sh);
             const uint4* b = reinterpret_cast<const uint4*>(out + t * o_st + h * o_sh);
@@ -52,27 +46,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_prep(
                     const float2 yf = to_float2(ys[e]);
                     acc = fmaf(xf.x, yf.x, acc);
                     acc = fmaf(xf.y, yf.y, acc);
-                    l1 += fabsf(xf.x) + fabsf(xf.y);
                 }
             }
         }
 #pragma unroll
-        for (int off = kLanes / 2; off > 0; off /= 2) {
-            acc += __shfl_xor_sync(0xffffffffu, acc, off);
-            l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-        }
+        for (int off = kLanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
         if (valid && sub == 0) {
             const long long idx = h * lse_sh + t;
-            const float d = d_lse ? acc - d_lse[idx] : acc;
-            delta[idx] = d;
+            delta[idx] = d_lse ? acc - d_lse[idx] : acc;
             lse2[idx] = lse[idx] * 1.4426950408889634f;
-            if (dq_unit) {
-                const float x = 2.f * kv_amax[0] * (l1 * kv_amax[1] + fabsf(d));
-                float u = __int_as_float(0x7fc00000);  // NaN
-                if (x <= 3.402823466e38f && fabsf(lse[idx]) <= 3.402823466e38f)
-                    u = ldexpf(1.f, x == 0.f ? 126 : max(-126, min(126, 61 - ilogbf(x))));
-                dq_unit[h * unit_sh + t] = u;
-            }
         }
     }
 }

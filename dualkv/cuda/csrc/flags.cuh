@@ -46,16 +46,4 @@ __device__ __forceinline__ void red_add(float* p, float v) {
     asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;\n" ::"l"(p), "f"(v));
 }
 
-// *p += v in 64-bit two's complement without waiting for it: the fixed-point dQ mode's adds (bwd_dkdv.cu
-// DKV_DQ_FIXED). Integer addition is associative, so the sum's bits do not depend on the order the adds land in.
-__device__ __forceinline__ void red_add_s64(long long* p, long long v) {
-    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;\n" ::"l"(p), "l"(v));
-}
-// The fixed-point dQ mode's integer of v at row unit u: round(v * u) (u a power of two, so v * u is exact).
-__device__ __forceinline__ long long to_fixed(float v, float u) {
-    long long r;
-    asm("cvt.rni.s64.f32 %0, %1;\n" : "=l"(r) : "f"(v * u));
-    return r;
-}
-
 }  // namespace dkv

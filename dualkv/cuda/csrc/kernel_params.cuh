@@ -35,8 +35,7 @@
 // dq_sems, qtile_offset, n_qtiles, kv_heads, first_tiles: the ordered mode's counters and grid (first_tiles >= 0:
 // head-major CTAs split after that many table rows, keywalk.cuh's cta_head_tile; < 0: a row's KV heads adjacent;
 // else unused); part_acc, part_sems, parts, partial_rows: the ordered mode's split key tiles (split_parts.cuh; read
-// by its DKV_SPLIT_TILES build only; parts 1 and no partial rows otherwise); dq_unit, unit_sh: the fixed-point dQ
-// mode's per-row units (H, unit_sh >= T + 64) fp32 from bwd_prep.cu (its DKV_DQ_FIXED build only; else 0).
+// by its DKV_SPLIT_TILES build only; parts 1 and no partial rows otherwise).
 #define DKV_DKDV_PARAMS                                                  \
     DKV_BWD_IN_PARAMS,                                                   \
     elem_t* __restrict__ dkc, long long dkc_st, long long dkc_sh,        \
@@ -48,5 +47,4 @@
     int n_qtiles, int kv_heads, int first_tiles,                         \
     const int* __restrict__ segments, const int* __restrict__ key_tiles, \
     int group_size, float scale_log2, float scale, int window_left,      \
-    float* __restrict__ part_acc, int* __restrict__ part_sems, int parts, int partial_rows, \
-    const float* __restrict__ dq_unit, long long unit_sh
+    float* __restrict__ part_acc, int* __restrict__ part_sems, int parts, int partial_rows
