@@ -570,15 +570,21 @@ def distributed_section(root: Path) -> str:
     return "\n".join(out)
 
 
-def headline_block(root: Path = RESULTS) -> str:
-    """The README's results block: the newest kernel run's dualkv times with same-run ratios, and end to end."""
-    runs = kernel_runs(root)
+def _has_spread(row: dict) -> bool:
+    """Whether a result row carries the min and max of its timed runs (every run since the harness recorded them)."""
+    return row.get("ms_min") is not None and row.get("ms_max") is not None
+
+
+def headline_kernel_table(runs: Sequence[KernelRun]) -> list[str]:
+    """The headline's kernel table and its caption: the newest run's dualkv times (median, spread, TF/s) and each
+    peer's same-run ratio with its spread."""
     newest = headline_run(runs)
     header = ["(N, P)", f"dualkv fwd+bwd ({newest.commit})"] + [f"vs {NAMES[p]}" for p in HEADLINE_PEERS]
-    rows, used = [], {}
+    rows, used, clear = [], {}, {}
     for shape in newest.shapes:
         dk = newest.fwdbwd("dualkv", shape)
-        cells = [_shape(shape), f"{dk['ms']:.1f} ms ({dk['tflops']:.0f} TF/s)"]
+        spread = f"{dk['ms_min']:.1f}–{dk['ms_max']:.1f}, " if _has_spread(dk) else ""
+        cells = [_shape(shape), f"{dk['ms']:.1f} ms ({spread}{dk['tflops']:.0f} TF/s)"]
         for peer in HEADLINE_PEERS:
             # a ratio from dualkv's GPU where one exists (the newest run elsewhere may be a later commit's partial
             # table on another GPU), else the newest on any GPU (the caption names each peer's GPUs)
@@ -588,21 +594,36 @@ def headline_block(root: Path = RESULTS) -> str:
                 continue
             used.setdefault(peer, set()).add(f"{run.commit} ({str(run.env.get('gpu', '?')).replace('NVIDIA ', '')}"
                                              f"{_nvrtc_note(run.env)})")
-            ratio = run.fwdbwd(peer, shape)["ms"] / run.fwdbwd("dualkv", shape)["ms"]
-            cells.append(f"{ratio:.2f}×")
+            mine, theirs = run.fwdbwd("dualkv", shape), run.fwdbwd(peer, shape)
+            ratio = theirs["ms"] / mine["ms"]
+            if _has_spread(mine) and _has_spread(theirs):
+                lo, hi = theirs["ms_min"] / mine["ms_max"], theirs["ms_max"] / mine["ms_min"]
+                cells.append(f"{ratio:.2f}× ({lo:.2f}–{hi:.2f})")
+                clear[peer] = clear.get(peer, 0) + (lo > 1)
+            else:
+                cells.append(f"{ratio:.2f}×")
         rows.append(cells)
     sources = "; ".join(f"{NAMES[p]} at {', '.join(sorted(c))}" for p, c in used.items())
     verdict = []
     for i, peer in enumerate(HEADLINE_PEERS):
-        ratios = [float(r[2 + i][:-1]) for r in rows if r[2 + i] != "–"]
+        ratios = [float(r[2 + i].split("×")[0]) for r in rows if r[2 + i] != "–"]
         if ratios:
-            verdict.append(f"{NAMES[peer]} at {sum(x > 1 for x in ratios)} of {len(ratios)} shapes")
+            verdict.append(f"{NAMES[peer]} at {sum(x > 1 for x in ratios)} of {len(ratios)} shapes"
+                           + (f" ({clear[peer]} with every timed run faster)" if peer in clear else ""))
     kernel = [_table(header, rows), "",
               f"Attention only, bf16, Qwen3-8B heads (H=32, H_k=8, d=128), R=2048; dualkv's times on an "
               f"{newest.env.get('gpu')}. "
-              "A ratio is the peer's forward+backward time over dualkv's measured in the same run "
-              f"({sources}); TF/s counts only the pairs shared-prompt attention needs. dualkv is faster than "
+              "A ratio is the peer's median forward+backward time over dualkv's, measured in the same run "
+              f"({sources}); in brackets the spread over the timed runs (min–max; for a ratio, the peer's fastest "
+              "over dualkv's slowest to the reverse). TF/s counts only the pairs shared-prompt attention needs. "
+              "By the medians dualkv is faster than "
               + ", ".join(verdict) + "."]
+    return kernel
+
+
+def headline_block(root: Path = RESULTS) -> str:
+    """The README's results block: the newest kernel run's dualkv times with same-run ratios, and end to end."""
+    kernel = headline_kernel_table(kernel_runs(root))
     layer = sorted(root.glob("layer-*.json"))
     policy = sorted(root.glob("policy_update-*.json"))
     end_to_end = []

@@ -242,3 +242,24 @@ def test_ragged_kernel_files_are_left_out_of_every_table(summarize, tmp_path):
         (results / name).write_text(json.dumps({"environment": env, "benchmark": "kernel", "rows": rows}))
     assert summarize.kernel_runs(results) == []
     assert "d=64" not in summarize.other_shapes_section(results)
+
+
+def test_headline_shows_each_ratios_spread(summarize, tmp_path):
+    """The headline's ratio brackets pair the peer's fastest run with dualkv's slowest and the reverse; a shape where
+    the ranges overlap is not counted as faster in every timed run (a known-wrong spread, the medians' ratio repeated,
+    would print 1.50 (1.50-1.50) and count both)."""
+    results = tmp_path / "results"
+    results.mkdir()
+    base = {"R": 2048, "mode": "fwdbwd", "tflops": 300.0, "speedup_vs_fa2": None, "peak_mem_gib": 1.0, "status": "ok",
+            "groups": 1, "r_range": None, "reps": 10}
+    rows = [dict(base, system="dualkv", N=8, P=8192, ms=10.0, ms_min=9.0, ms_max=11.0),
+            dict(base, system="cudnn_cascade", N=8, P=8192, ms=15.0, ms_min=12.0, ms_max=18.0),
+            dict(base, system="dualkv", N=16, P=32768, ms=100.0, ms_min=99.0, ms_max=101.0),
+            dict(base, system="cudnn_cascade", N=16, P=32768, ms=103.0, ms_min=100.0, ms_max=106.0)]
+    env = {"commit": "abcdef0123", "gpu": "test GPU", "date": "2026-12-01T00:00Z"}
+    (results / "kernel-20261201-000000.json").write_text(json.dumps({"environment": env, "benchmark": "kernel",
+                                                                    "rows": rows}))
+    block = "\n".join(summarize.headline_kernel_table(summarize.kernel_runs(results)))
+    assert "| (8, 8K) | 10.0 ms (9.0–11.0, 300 TF/s) | 1.50× (1.09–2.00) |" in block, block
+    assert "| (16, 32K) | 100.0 ms (99.0–101.0, 300 TF/s) | 1.03× (0.99–1.07) |" in block, block
+    assert "cuDNN cascade at 2 of 2 shapes (1 with every timed run faster)" in block
