@@ -2720,6 +2720,20 @@ s41c)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41c-table.json"
     (cd "$OUT" && tar czf s41c.tgz *.log && rm -f *.log)
     ;;
+s41d)
+    # #13 (run with COMPILE_S=1, carry .commit): Table 1's rows of the mma.sync family at this commit against the FA2
+    # cascade, with the like-for-like nondeterministic row beside the deterministic default (dualkv_mma_atomic:
+    # deterministic=False, atomic dQ as FA2's own backward adds it), in one process per table (t1: three shapes, 10
+    # reps; t64: (16, 64K), 5 reps)
+    mma_warm warm 150
+    mkdir -p "$OUT/bench"
+    TAIL=1 step t1 200 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic,cascade \
+        --shapes 28:4096,8:8192,16:32768 --mode fwd,bwd,fwdbwd --reps 10 --out "$OUT/bench/t1"
+    TAIL=1 step t64 150 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic,cascade \
+        --shapes 16:65536 --mode fwd,bwd,fwdbwd --reps 5 --out "$OUT/bench/t64"
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41d-table.json"
+    (cd "$OUT" && tar czf s41d.tgz *.log && rm -f *.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"
