@@ -2734,6 +2734,23 @@ s41d)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41d-table.json"
     (cd "$OUT" && tar czf s41d.tgz *.log && rm -f *.log)
     ;;
+s41e)
+    # #13 (run with COMPILE_S=1, carry .commit): the ordered dQ in two rank chains (DUALKV_DQ_CHAINS=2: block b waits
+    # on b - 2, one more fp32 accumulator) against one (the default): the mma.sync backward at Table 1's four shapes,
+    # one process per setting, alternating, two rounds; then the ordered-dQ GPU tests under two chains
+    mkdir -p "$OUT/bench"
+    for round in 1 2; do
+        for c in 1 2; do
+            DUALKV_DQ_CHAINS=$c DUALKV_COMMIT="${DUALKV_COMMIT:-}+chains$c" TAIL=1 step ab${round}_c$c 150 \
+                python3 -m dualkv bench kernel --systems dualkv_mma --shapes 28:4096,8:8192,16:32768,16:65536 \
+                --mode bwd --reps 5 --out "$OUT/bench/ab${round}_c$c"
+        done
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41e-table.json"
+    DUALKV_DQ_CHAINS=2 DUALKV_KERNELS=mma TAIL=3 step pytest_chains 200 python3 -m pytest -q -x -m gpu \
+        -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py -k "not tree"
+    (cd "$OUT" && tar czf s41e.tgz *.log && rm -f *.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"

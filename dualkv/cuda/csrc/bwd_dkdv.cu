@@ -83,6 +83,12 @@
 #ifndef DKV_TREE
 #define DKV_TREE 0
 #endif
+// DKV_DQ_CHAINS (the ordered mode): the contributions of rank r to a (head, query tile) go to chain r % chains, with
+// rank r / chains there: each chain has its own counters and its own accumulator (dq_acc + chain * dqa_st), so block b
+// waits on block b - chains instead of b - 1; the cast sums the chains in order.
+#ifndef DKV_DQ_CHAINS
+#define DKV_DQ_CHAINS 1
+#endif
 // DKV_SPLIT_TILES (the ordered mode): the build that runs split shared-key tiles (split_parts.cuh), launched only for a
 // split table (dualkv/cuda/split_args.py refuses a split for the other builds). The others have no split epilogue:
 // at 255 registers it added to ptxas's spills inside the main loop (NVRTC 13.0, the GPU machine's; d = 128 sm_90 causal
@@ -225,6 +231,8 @@ static_assert(!kSplitTiles || (kDqOrdered && !kTree), "DKV_SPLIT_TILES: the two-
 // cubin bytes)
 static_assert(!DKV_TREE_ROOT_FIRST || kDqOrdered, "the root-first / shared-first dQ order is the ordered dQ mode's");
 constexpr bool kDqPrefetch = kDqOrdered && DKV_DQ_PREFETCH != 0;
+constexpr int kDqChains = DKV_DQ_CHAINS;
+static_assert(kDqChains == 1 || (kDqOrdered && kDqPrefetch), "DKV_DQ_CHAINS: the ordered mode with its prefetch");
 static_assert(!kTree || (kDqOrdered && kCausal), "the dK/dV kernel's tree build is the causal ordered dQ mode's");
 static_assert(kBlockM % 16 == 0 && kCols % 16 == 0, "tile sizes");
 static_assert(kStages == 1 || kStages == 2, "1 or 2 stages");
@@ -384,6 +392,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         zero_acc(acc_dv[sl]);
     }
 
+#if DKV_DQ_CHAINS > 1
+    __shared__ int s_dq_chain;
+#endif
     int* pending = nullptr;  // ordered dQ (thread 0): the counter of the adds last issued, released one step late
     int pending_rank = 0;
 
@@ -435,6 +446,12 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             pending = dq_sems + (kv_head * group_size + cur.h) * static_cast<long long>(n_qtiles) +
                       dq_counter(w, cur, qtile_offset, sg.seg.q_start);
             pending_rank = dq_rank(w, cur);
+#if DKV_DQ_CHAINS > 1
+            const int chain = pending_rank % kDqChains;
+            pending += chain * static_cast<long long>(kv_heads) * group_size * n_qtiles;
+            pending_rank /= kDqChains;
+            s_dq_chain = chain;  // read by every thread after the wait barrier
+#endif
         };
         int seen = -1;  // DKV_DQ_PREFETCH (thread 0): the counter as read before the dQ product
         // Ordered mode, after the step's dS barrier (which follows every thread's adds of the previous step): thread 0
@@ -621,6 +638,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                 const long long tok = sg.seg.q_start + cur.pos + slab * 16 + g;
                 float* lane_lo = dq_acc + head * dqa_sh + (tok >> 3) * (8 * kHeadDim) + (tok & 7) * 4 + t4 +
                                  dq_part * kDqCols * 8;
+#if DKV_DQ_CHAINS > 1
+                lane_lo += s_dq_chain * dqa_st;
+#endif
 #pragma unroll
                 for (int nt = 0; nt < kDqCols / 8; ++nt)
 #pragma unroll
