@@ -267,7 +267,7 @@ def compiler_chosen_macros(spec: KernelSpec, extra: Macros) -> list[Macros]:
 #: Macros that fix a kernel's dQ order (and so must match the launcher's schedule) or its CTA order (part of the
 #: specification, so that cached cubins and recorded settings name it): only the spec may set them.
 SCHEDULE_MACROS = ("DKV_TREE", "DKV_TREE_ROOT_FIRST", "DKV_DQ_ORDERED", "DKV_DQ_ATOMIC", "DKV_HEAD_MAJOR",
-                   "DKV_SPLIT_TILES", "DKV_DQ_CHAINS")
+                   "DKV_SPLIT_TILES")
 
 
 def _options(spec: KernelSpec, verbose: bool, chosen: Macros, extra: Macros) -> "ProgramOptions":

@@ -478,19 +478,6 @@ def _mma_cta_order_from_env() -> str:
 MMA_HEAD_MAJOR = _mma_cta_order_from_env() == "head"
 
 
-def _dq_chains_from_env() -> int:
-    text = os.environ.get("DUALKV_DQ_CHAINS") or "1"
-    if text not in ("1", "2"):
-        raise ValueError(f"DUALKV_DQ_CHAINS must be 1 or 2, got {text!r}")
-    return int(text)
-
-
-#: The mma.sync ordered dQ mode's chains (csrc/bwd_dkdv.cu DKV_DQ_CHAINS; two-level layouts): a contribution of rank r
-#: adds into accumulator r % chains in the order of r // chains, so a key block waits on the block ``chains`` before it.
-#: ``$DUALKV_DQ_CHAINS``, 1 (the default) or 2 (one more fp32 accumulator).
-DQ_CHAINS = _dq_chains_from_env()
-
-
 def current_mma_backward() -> str:
     """The mma.sync backward in force (see :class:`mma_backward`); an unknown ``$DUALKV_MMA_BWD`` raises, naming it."""
     choice = _mma_backward[0]
@@ -660,7 +647,6 @@ class KernelSpec:
     root_first: bool = False  # ordered-dQ backwards: the root-first (tree) / shared-first (two-level) dQ order
     head_major: bool = False  # bwd_sm90_ws only: each KV head's key-tile table launched in turn (DKV_HEAD_MAJOR)
     split_tiles: bool = False  # ordered dQ mode only: the build that sums split shared-key tiles (DKV_SPLIT_TILES)
-    dq_chains: int = 1       # ordered dQ mode, two-level: independent rank chains (DKV_DQ_CHAINS)
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -675,8 +661,6 @@ class KernelSpec:
             raise ValueError(f"the atomic dQ mode exists for the dK/dV kernel at head dims {ATOMIC_HEAD_DIMS}")
         if self.dq_ordered:
             self._check_dq_ordered()
-        if self.dq_chains != 1 and not (self.dq_ordered and not self.tree and self.dq_chains == 2):
-            raise ValueError("two dQ chains are built for the two-level ordered dQ mode only")
         if self.kernel == "bwd_dkdv" and (self.tile.qwarps != 1 or self.tile.do_stages):
             self._check_qwarps()
         if self.tree and (self.kernel not in TREE_KERNELS + (("bwd_dkdv",) if self.dq_ordered else ())
@@ -799,8 +783,6 @@ class KernelSpec:
                 keys += [("DKV_HEAD_MAJOR", "1")]
             if self.split_tiles:
                 keys += [("DKV_SPLIT_TILES", "1")]
-            if self.dq_chains != 1:
-                keys += [("DKV_DQ_CHAINS", str(self.dq_chains))]
             return keys
         query = common + [("DKV_BLOCK_N", str(t.block_n)), ("DKV_MSLABS", str(t.mslabs)), ("DKV_PACK", str(self.pack)),
                           ("DKV_OVERLAP", "1" if getattr(t, "overlap", False) else "0")]
@@ -907,8 +889,7 @@ def dkdv_tile(head_dim: int, arch: str, dq_here: bool) -> KeyTileConfig:
 
 def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_atomic: bool = False,
               kernel: str | None = None, causal: bool = True, dq_ordered: bool = False,
-              tree: bool = False, root_first: bool = False, split_tiles: bool = False,
-              dq_chains: int = 1) -> KernelSpec:
+              tree: bool = False, root_first: bool = False, split_tiles: bool = False) -> KernelSpec:
     """The dK/dV specialization; ``kernel`` defaults to :func:`dkdv_kernel_for` (``arch`` is the device's);
     ``dq_ordered``: the mma.sync kernel's ordered dQ mode (``tree``: its prefix-tree build, ``root_first``: with the
     root-first (tree) or shared-first (two-level) dQ order, ``split_tiles``: its build for split shared-key tiles)."""
@@ -919,7 +900,7 @@ def dkdv_spec(head_dim: int, dtype: torch.dtype, window: bool, arch: str, dq_ato
         return KernelSpec(kernel, head_dim, name, SM90_DKDV_TILES[head_dim], 1, window, "sm_90a", causal=causal)
     return KernelSpec(kernel, head_dim, name, dkdv_tile(head_dim, arch, dq_atomic or dq_ordered), 1, window, arch,
                       dq_atomic, causal, tree=tree, dq_ordered=dq_ordered, root_first=root_first,
-                      split_tiles=split_tiles, dq_chains=dq_chains)
+                      split_tiles=split_tiles)
 
 
 def prep_spec(head_dim: int, dtype: torch.dtype, arch: str) -> KernelSpec:

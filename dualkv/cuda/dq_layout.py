@@ -33,24 +33,13 @@ def acc_rows(tokens: int) -> int:
 TAIL_ROWS = 64
 
 
-def new_frag_acc(tokens: int, heads: int, head_dim: int, device, step_rows: int = TAIL_ROWS,
-                 chains: int = 1) -> torch.Tensor:
+def new_frag_acc(tokens: int, heads: int, head_dim: int, device, step_rows: int = TAIL_ROWS) -> torch.Tensor:
     """A zeroed accumulator (H, acc_rows(tokens), d), fp32, in fragment order, with the rows a query step of
-    ``step_rows`` can add past the last token behind it in the same allocation (at least :data:`TAIL_ROWS`). With
-    ``chains`` > 1 (the ordered mode's DKV_DQ_CHAINS) that many of them, (chains, H, rows, d), each followed by its
-    tail rows (:func:`chain_stride` floats apart)."""
+    ``step_rows`` can add past the last token behind it in the same allocation (at least :data:`TAIL_ROWS`)."""
     rows = acc_rows(tokens)
     tail = max(TAIL_ROWS, acc_rows(step_rows))
-    per_chain = (heads * rows + tail) * head_dim
-    flat = torch.zeros(chains * per_chain, dtype=torch.float32, device=device)
-    if chains == 1:
-        return flat[:heads * rows * head_dim].view(heads, rows, head_dim)
-    return flat.as_strided((chains, heads, rows, head_dim), (per_chain, rows * head_dim, head_dim, 1))
-
-
-def chain_stride(acc: torch.Tensor) -> int:
-    """Floats between the chains of an accumulator from :func:`new_frag_acc` (chains, H, rows, d)."""
-    return acc.stride(0)
+    flat = torch.zeros((heads * rows + tail) * head_dim, dtype=torch.float32, device=device)
+    return flat[:heads * rows * head_dim].view(heads, rows, head_dim)
 
 
 def frag_offset(token, col, head_dim: int):

@@ -13,14 +13,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .configs import (DKDV_TILES, DQ_CHAINS, DQ_TILES, KEY_TILES_NODE_MAJOR, MMA_HEAD_MAJOR, TMA_KERNELS, TREE_DQ_ROOT_FIRST,
+from .configs import (DKDV_TILES, DQ_TILES, KEY_TILES_NODE_MAJOR, MMA_HEAD_MAJOR, TMA_KERNELS, TREE_DQ_ROOT_FIRST,
                       TWO_LEVEL_SHARED_FIRST, WS_SPLIT, KeyTileConfig, TileConfig, dkdv_spec, dq_atomic_for,
                       dq_cast_spec, dq_frag_cast_spec, dq_ordered_for, dq_spec, forward_kernel_for, forward_tile,
                       fwd_spec, pack_for, prep_spec, ws_backward_for, ws_bwd_spec)
 from .runtime import arch_of, device_index, f32, get_kernel, i32, i64, poison_enabled
 from . import ws_schedule, ws_split
 from .split_args import NO_SPLIT, part_buffers, split_args
-from .dq_layout import acc_rows, chain_stride, new_frag_acc
+from .dq_layout import acc_rows, new_frag_acc
 from .schedule import check_block_order, key_tiles, tile_table
 
 LOG2E = math.log2(math.e)
@@ -329,15 +329,14 @@ def _run_dkdv_ordered(grads: list, scalars: list, q: torch.Tensor, dq: torch.Ten
     the parts' sum, ``KernelSpec.split_tiles``)."""
     tokens, heads, head_dim = q.shape
     device = device_index(q)
-    chains = 1 if tree else DQ_CHAINS
     spec = dkdv_spec(head_dim, q.dtype, False, arch_of(device), causal=causal, dq_ordered=True, tree=tree,
-                     root_first=_root_first(tree), split_tiles=split[0] > 1, dq_chains=chains)
+                     root_first=_root_first(tree), split_tiles=split[0] > 1)
     kern = get_kernel(spec, device)
-    sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, spec.tile.block_m, tree, chains)
-    dq_acc = new_frag_acc(tokens, heads, head_dim, q.device, spec.tile.block_m, chains=chains)
+    sems, qtile_offset, n_qtiles = _dq_counters(segments, tokens, heads, spec.tile.block_m, tree)
+    dq_acc = new_frag_acc(tokens, heads, head_dim, q.device, spec.tile.block_m)
     part_args, buffers = part_buffers(spec, split, kv_heads, q.device)  # (buffers: kept alive until launched)
     kern.launch((key_tiles_t.shape[0] * kv_heads, 1, 1),
-                [*grads, *frag_acc_args(dq_acc, chains), sems.data_ptr(),
+                [*grads, *frag_acc_args(dq_acc), sems.data_ptr(),
                  qtile_offset.data_ptr() if qtile_offset is not None else 0, i32(n_qtiles), i32(kv_heads),
                  i32(_mma_cta_split(key_tiles_t, tree, first_tiles)), segments.data_ptr(), key_tiles_t.data_ptr(),
                  *scalars, *part_args])
@@ -368,7 +367,7 @@ def _root_first(tree: bool) -> bool:
     return TREE_DQ_ROOT_FIRST if tree else TWO_LEVEL_SHARED_FIRST
 
 
-def _dq_counters(segments: torch.Tensor, tokens: int, heads: int, step: int, tree: bool = False, chains: int = 1):
+def _dq_counters(segments: torch.Tensor, tokens: int, heads: int, step: int, tree: bool = False):
     """Zeroed int32 dQ counters (heads, n_qtiles), one per (head, query tile of ``step`` rows), and the int32 (S,)
     index of each segment's first tile: tile t of segment s is qtile_offset[s] + t. n_qtiles is an upper bound from
     shapes alone (every segment adds at most one partial tile), so nothing is read back. ``tree``: one counter per
@@ -378,11 +377,10 @@ def _dq_counters(segments: torch.Tensor, tokens: int, heads: int, step: int, tre
     n_tiles = (segments[:, 1] + step - 1) // step
     qtile_offset = (torch.cumsum(n_tiles, 0) - n_tiles).to(torch.int32)
     n_qtiles = tokens // step + segments.shape[0] + 1
-    counters = torch.zeros((chains * heads, n_qtiles), dtype=torch.int32, device=segments.device)
-    return counters, qtile_offset, n_qtiles
+    return torch.zeros((heads, n_qtiles), dtype=torch.int32, device=segments.device), qtile_offset, n_qtiles
 
 
-def _launch_cast(cast_spec, acc_args: list, dq: torch.Tensor, rows: int, scale: float, tail: tuple = ()) -> None:
+def _launch_cast(cast_spec, acc_args: list, dq: torch.Tensor, rows: int, scale: float) -> None:
     """One dQ cast kernel (``cast_spec(head_dim, dtype, arch)``: its specialization) over ``rows`` (>= T) token rows
     of the accumulator, one thread per 8 outputs: dq (T, H, d) = scale * the accumulator (``acc_args``: its pointer
     and strides as the kernel takes them)."""
@@ -392,7 +390,7 @@ def _launch_cast(cast_spec, acc_args: list, dq: torch.Tensor, rows: int, scale: 
     per_cta = cast.spec.threads
     threads = rows * heads * (head_dim // 8)
     cast.launch(((threads + per_cta - 1) // per_cta, 1, 1),
-                [*acc_args, *_strided(dq), i32(tokens), i32(heads), f32(scale), *tail])
+                [*acc_args, *_strided(dq), i32(tokens), i32(heads), f32(scale)])
 
 
 def _cast_dq(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
@@ -402,19 +400,17 @@ def _cast_dq(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
                  dq, dq.shape[0], scale)
 
 
-def frag_acc_args(dq_acc: torch.Tensor, chains: int = 1) -> list:
-    """The dK/dV kernel's (dq_acc, dqa_st, dqa_sh) for the atomic and ordered dQ modes: the accumulator, the float
-    stride between its chains (:func:`dualkv.cuda.dq_layout.new_frag_acc`; read by the DKV_DQ_CHAINS builds only),
-    and the head stride."""
-    return [dq_acc.data_ptr(), i64(chain_stride(dq_acc) if chains > 1 else dq_acc.numel()), i64(dq_acc.stride(-3))]
+def frag_acc_args(dq_acc: torch.Tensor) -> list:
+    """The dK/dV kernel's (dq_acc, dqa_st, dqa_sh) for the atomic and ordered dQ modes: the accumulator, its float
+    count (no longer read: the rows past a step's last query add zeros in place, dq_layout.TAIL_ROWS), and the head
+    stride."""
+    return [dq_acc.data_ptr(), i64(dq_acc.numel()), i64(dq_acc.stride(0))]
 
 
 def _cast_dq_frag(dq_acc: torch.Tensor, dq: torch.Tensor, scale: float) -> None:
     """dq (T, H, d) = scale * the atomic or ordered dQ mode's fp32 accumulator (H, acc_rows(T), d) in fragment order
     (:mod:`dualkv.cuda.dq_layout`), one kernel (its threads cover the last token group's padding rows too)."""
-    chains = dq_acc.shape[0] if dq_acc.dim() == 4 else 1
-    _launch_cast(dq_frag_cast_spec, [dq_acc.data_ptr(), i64(dq_acc.stride(-3))], dq, acc_rows(dq.shape[0]), scale,
-                 (i64(chain_stride(dq_acc) if chains > 1 else 0), i32(chains)))
+    _launch_cast(dq_frag_cast_spec, [dq_acc.data_ptr(), i64(dq_acc.stride(0))], dq, acc_rows(dq.shape[0]), scale)
 
 
 #: Query rows per step of the warp-specialised backward: the unit of its dQ counters.

@@ -2735,6 +2735,7 @@ s41d)
     (cd "$OUT" && tar czf s41d.tgz *.log && rm -f *.log)
     ;;
 s41e)
+    # (run at 9cfd2e3, the prototype since reverted: experiments/results/checks/s41e-dq-chains-*.json)
     # #13 (run with COMPILE_S=1, carry .commit): the ordered dQ in two rank chains (DUALKV_DQ_CHAINS=2: block b waits
     # on b - 2, one more fp32 accumulator) against one (the default): the mma.sync backward at Table 1's four shapes,
     # one process per setting, alternating, two rounds; then the ordered-dQ GPU tests under two chains

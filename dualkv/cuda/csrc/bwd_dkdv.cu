@@ -34,7 +34,8 @@
 // order (bwd_sm90_ws.cu).
 // (An order-free deterministic alternative, int64 fixed-point adds at a per-row unit, measured 9-20% slower than this
 // order on an H200: the dQ adds run near L2's atomic throughput and 8-byte adds double their bytes; 32-bit ones would
-// at best match the atomic mode, at a coarser grid. experiments/results/checks/s41-fixed-dq-*.json.)
+// at best match the atomic mode, at a coarser grid. experiments/results/checks/s41-fixed-dq-*.json. Two rank chains,
+// rank r into fp32 accumulator r % 2 so that block b waits on b - 2, measured 1-4% slower: checks/s41e-dq-chains-*.)
 //
 // Tile macros: DKV_BLOCK_M (query positions per step), DKV_DSPLIT (warps sharing 16 keys, each owning
 // HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles), DKV_QWARPS (2: the
@@ -82,12 +83,6 @@
 #endif
 #ifndef DKV_TREE
 #define DKV_TREE 0
-#endif
-// DKV_DQ_CHAINS (the ordered mode): the contributions of rank r to a (head, query tile) go to chain r % chains, with
-// rank r / chains there: each chain has its own counters and its own accumulator (dq_acc + chain * dqa_st), so block b
-// waits on block b - chains instead of b - 1; the cast sums the chains in order.
-#ifndef DKV_DQ_CHAINS
-#define DKV_DQ_CHAINS 1
 #endif
 // DKV_SPLIT_TILES (the ordered mode): the build that runs split shared-key tiles (split_parts.cuh), launched only for a
 // split table (dualkv/cuda/split_args.py refuses a split for the other builds). The others have no split epilogue:
@@ -231,8 +226,6 @@ static_assert(!kSplitTiles || (kDqOrdered && !kTree), "DKV_SPLIT_TILES: the two-
 // cubin bytes)
 static_assert(!DKV_TREE_ROOT_FIRST || kDqOrdered, "the root-first / shared-first dQ order is the ordered dQ mode's");
 constexpr bool kDqPrefetch = kDqOrdered && DKV_DQ_PREFETCH != 0;
-constexpr int kDqChains = DKV_DQ_CHAINS;
-static_assert(kDqChains == 1 || (kDqOrdered && kDqPrefetch), "DKV_DQ_CHAINS: the ordered mode with its prefetch");
 static_assert(!kTree || (kDqOrdered && kCausal), "the dK/dV kernel's tree build is the causal ordered dQ mode's");
 static_assert(kBlockM % 16 == 0 && kCols % 16 == 0, "tile sizes");
 static_assert(kStages == 1 || kStages == 2, "1 or 2 stages");
@@ -392,9 +385,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
         zero_acc(acc_dv[sl]);
     }
 
-#if DKV_DQ_CHAINS > 1
-    __shared__ int s_dq_chain;
-#endif
     int* pending = nullptr;  // ordered dQ (thread 0): the counter of the adds last issued, released one step late
     int pending_rank = 0;
 
@@ -446,12 +436,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             pending = dq_sems + (kv_head * group_size + cur.h) * static_cast<long long>(n_qtiles) +
                       dq_counter(w, cur, qtile_offset, sg.seg.q_start);
             pending_rank = dq_rank(w, cur);
-#if DKV_DQ_CHAINS > 1
-            const int chain = pending_rank % kDqChains;
-            pending += chain * static_cast<long long>(kv_heads) * group_size * n_qtiles;
-            pending_rank /= kDqChains;
-            s_dq_chain = chain;  // read by every thread after the wait barrier
-#endif
         };
         int seen = -1;  // DKV_DQ_PREFETCH (thread 0): the counter as read before the dQ product
         // Ordered mode, after the step's dS barrier (which follows every thread's adds of the previous step): thread 0
@@ -638,9 +622,6 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                 const long long tok = sg.seg.q_start + cur.pos + slab * 16 + g;
                 float* lane_lo = dq_acc + head * dqa_sh + (tok >> 3) * (8 * kHeadDim) + (tok & 7) * 4 + t4 +
                                  dq_part * kDqCols * 8;
-#if DKV_DQ_CHAINS > 1
-                lane_lo += s_dq_chain * dqa_st;
-#endif
 #pragma unroll
                 for (int nt = 0; nt < kDqCols / 8; ++nt)
 #pragma unroll

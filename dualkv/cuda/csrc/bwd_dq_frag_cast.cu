@@ -8,7 +8,7 @@ using namespace dkv;
 
 extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq_frag_cast(
     const float* __restrict__ acc, long long acc_sh, elem_t* __restrict__ dq, long long dq_st, long long dq_sh,
-    int tokens, int heads, float scale, long long chain_st, int chains) {
+    int tokens, int heads, float scale) {
     // idx = ((token group * heads + h) * chunks + c) * 8 + token % 8
     const long long idx = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
     const long long groups = (tokens + 7) / 8;
@@ -20,14 +20,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dq_frag_cast(
     const long long t = gh / heads * 8 + r8;
     if (t >= tokens) return;
     const float* src = acc + h * acc_sh + (t >> 3) * (8 * kHeadDim) + 64 * c + 4 * r8;
-    float4 even = *reinterpret_cast<const float4*>(src);
-    float4 odd = *reinterpret_cast<const float4*>(src + 32);
-    for (int chain = 1; chain < chains; ++chain) {  // the ordered mode's chains (bwd_dkdv.cu DKV_DQ_CHAINS), in order
-        const float4 e = *reinterpret_cast<const float4*>(src + chain * chain_st);
-        const float4 o = *reinterpret_cast<const float4*>(src + chain * chain_st + 32);
-        even = make_float4(even.x + e.x, even.y + e.y, even.z + e.z, even.w + e.w);
-        odd = make_float4(odd.x + o.x, odd.y + o.y, odd.z + o.z, odd.w + o.w);
-    }
+    const float4 even = *reinterpret_cast<const float4*>(src);
+    const float4 odd = *reinterpret_cast<const float4*>(src + 32);
     const uint4 out = make_uint4(pack2(even.x * scale, odd.x * scale), pack2(even.y * scale, odd.y * scale),
                                  pack2(even.z * scale, odd.z * scale), pack2(even.w * scale, odd.w * scale));
     *reinterpret_cast<uint4*>(dq + t * dq_st + h * dq_sh + 8 * c) = out;
