@@ -2752,6 +2752,21 @@ s41e)
         -p no:cacheprovider proofs_tests/test_cuda_ordered_dq.py -k "not tree"
     (cd "$OUT" && tar czf s41e.tgz *.log && rm -f *.log)
     ;;
+s41f)
+    # #13 (run with COMPILE_S=1, carry .commit): what the ordered dQ's waits cost in today's build: the ordered mode with
+    # its waits skipped (DKV_DBG_NOWAIT=1: counters, releases, barriers and launch order kept; not deterministic) against
+    # the default and the atomic dQ, bwd at Table 1's four shapes, one process per setting, alternating, two rounds
+    mkdir -p "$OUT/bench"
+    for round in 1 2; do
+        TAIL=1 step ab${round}_d 150 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic \
+            --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd --reps 5 --out "$OUT/bench/ab${round}_d"
+        DUALKV_EXTRA_DEFINES=DKV_DBG_NOWAIT=1 DUALKV_COMMIT="${DUALKV_COMMIT:-}+nowait" TAIL=1 step ab${round}_n 150 \
+            python3 -m dualkv bench kernel --systems dualkv_mma --shapes 28:4096,8:8192,16:32768,16:65536 \
+            --mode bwd --reps 5 --out "$OUT/bench/ab${round}_n"
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41f-table.json"
+    (cd "$OUT" && tar czf s41f.tgz *.log && rm -f *.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"

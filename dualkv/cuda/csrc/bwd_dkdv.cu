@@ -95,6 +95,11 @@
 #ifndef DKV_SPLIT_TILES
 #define DKV_SPLIT_TILES 0
 #endif
+// Diagnostic (DUALKV_EXTRA_DEFINES): 1 skips the ordered mode's waits (adds in any order: not deterministic), keeping
+// its counters, releases, barriers and launch order, so a timing against the default isolates what the waits cost.
+#ifndef DKV_DBG_NOWAIT
+#define DKV_DBG_NOWAIT 0
+#endif
 #ifndef DKV_TREE_ROOT_FIRST
 #define DKV_TREE_ROOT_FIRST 0  // 1: the root-first (tree) / shared-first (two-level) dQ order, as bwd_sm90_ws.cu's
 #endif
@@ -586,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
             }
             // Ordered mode: thread 0 waits until every earlier contribution to this (head, query tile) has landed.
             if (kDqOrdered) {
-                if (threadIdx.x == 0) {
+                if (threadIdx.x == 0 && !DKV_DBG_NOWAIT) {
                     if (kDqPrefetch && DKV_DQ_PREFETCH == 2) {  // an acquire already: spin only if it read too early
                         if (seen != pending_rank) wait_flag(pending, pending_rank);
                     } else if (kDqPrefetch) {
