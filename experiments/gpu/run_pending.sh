@@ -2767,6 +2767,21 @@ s41f)
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41f-table.json"
     (cd "$OUT" && tar czf s41f.tgz *.log && rm -f *.log)
     ;;
+s41g)
+    # #13 (run with COMPILE_S=1, carry .commit): after s41f (the waits cost 1-2%), the ordered mode with its waits and
+    # the barrier after them skipped (DKV_DBG_NOWAIT=2; sm_90 d = 128 has two Q / dO stages, so no buffer is reused
+    # early) against the default and the atomic dQ, bwd at (16, 32K) and (16, 64K), alternating, two rounds
+    mkdir -p "$OUT/bench"
+    for round in 1 2; do
+        TAIL=1 step ab${round}_d 150 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic \
+            --shapes 16:32768,16:65536 --mode bwd --reps 5 --out "$OUT/bench/ab${round}_d"
+        DUALKV_EXTRA_DEFINES=DKV_DBG_NOWAIT=2 DUALKV_COMMIT="${DUALKV_COMMIT:-}+nowait2" TAIL=1 step ab${round}_n 150 \
+            python3 -m dualkv bench kernel --systems dualkv_mma --shapes 16:32768,16:65536 --mode bwd --reps 5 \
+            --out "$OUT/bench/ab${round}_n"
+    done
+    python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41g-table.json"
+    (cd "$OUT" && tar czf s41g.tgz *.log && rm -f *.log)
+    ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
     TAIL=8 step host 200 python3 experiments/gpu/host_overhead.py --shapes 16:32768,8:8192,4:1024 --out "$OUT"

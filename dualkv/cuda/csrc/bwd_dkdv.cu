@@ -96,7 +96,8 @@
 #define DKV_SPLIT_TILES 0
 #endif
 // Diagnostic (DUALKV_EXTRA_DEFINES): 1 skips the ordered mode's waits (adds in any order: not deterministic), keeping
-// its counters, releases, barriers and launch order, so a timing against the default isolates what the waits cost.
+// its counters, releases, barriers and launch order, so a timing against the default isolates what the waits cost; 2
+// also skips the barrier after the wait (safe for the shared memory only in builds of two Q / dO stages).
 #ifndef DKV_DBG_NOWAIT
 #define DKV_DBG_NOWAIT 0
 #endif
@@ -601,7 +602,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) dualkv_bwd_dkdv(DKV_DKDV_
                         wait_flag(pending, pending_rank);
                     }
                 }
-                __syncthreads();
+                if (DKV_DBG_NOWAIT < 2) __syncthreads();
             }
             // Each lane adds its fragment straight from registers into the fp32 accumulator in FRAGMENT ORDER
             // (bwd_dq_frag_cast.cu reads it back; dualkv/cuda/dq_layout.py states it): per head, tokens in groups
