@@ -35,7 +35,9 @@
 // (An order-free deterministic alternative, int64 fixed-point adds at a per-row unit, measured 9-20% slower than this
 // order on an H200: the dQ adds run near L2's atomic throughput and 8-byte adds double their bytes; 32-bit ones would
 // at best match the atomic mode, at a coarser grid. experiments/results/checks/s41-fixed-dq-*.json. Two rank chains,
-// rank r into fp32 accumulator r % 2 so that block b waits on b - 2, measured 1-4% slower: checks/s41e-dq-chains-*.)
+// rank r into fp32 accumulator r % 2 so that block b waits on b - 2, measured 1-4% slower: checks/s41e-dq-chains-*.
+// The waits themselves cost 1-2% on an H200, 1.6-2.4% with the barrier after them (DKV_DBG_NOWAIT below): the rest of
+// the gap to the atomic dQ at large P is the ordered mode's other structure, checks/s41f-dq-waits-*.)
 //
 // Tile macros: DKV_BLOCK_M (query positions per step), DKV_DSPLIT (warps sharing 16 keys, each owning
 // HEAD_DIM / DKV_DSPLIT columns of dK/dV), DKV_STAGES (1 or 2 smem buffers of the Q/dO tiles), DKV_QWARPS (2: the
