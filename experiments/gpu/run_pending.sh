@@ -299,6 +299,18 @@ mma_bwd_ab() {  # mma_bwd_ab PART "VARIANTS" SECONDS: the mma.sync backward (dua
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/$1-table.json"
     (cd "$OUT" && tar czf "$1.tgz" *.log bench && rm -rf ab[12]_*.log warm_*.log bench)
 }
+nowait_ab() {  # nowait_ab VALUE SUFFIX SHAPES: two rounds, alternating processes, of the mma.sync backward (bwd, 5 reps,
+    # into $OUT/bench): the default and the atomic dQ (steps ab<round>_d), then the ordered mode built with
+    # DKV_DBG_NOWAIT=VALUE, its commit labelled +SUFFIX (steps ab<round>_n)
+    mkdir -p "$OUT/bench"
+    for round in 1 2; do
+        TAIL=1 step ab${round}_d 150 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic \
+            --shapes $3 --mode bwd --reps 5 --out "$OUT/bench/ab${round}_d"
+        DUALKV_EXTRA_DEFINES=DKV_DBG_NOWAIT=$1 DUALKV_COMMIT="${DUALKV_COMMIT:-}$2" TAIL=1 step ab${round}_n 150 \
+            python3 -m dualkv bench kernel --systems dualkv_mma --shapes $3 --mode bwd --reps 5 \
+            --out "$OUT/bench/ab${round}_n"
+    done
+}
 mma_warm() {  # mma_warm NAME SECONDS: the mma.sync family's kernels for sm_90 precompiled (step NAME), under the caller's
     # DUALKV_NVRTC_LIB / DUALKV_EXTRA_DEFINES
     step "$1" "$2" python3 -m dualkv kernels --compile-only --arch sm_90 --kernel fwd --kernel bwd_dkdv \
@@ -2756,14 +2768,7 @@ s41f)
     # #13 (run with COMPILE_S=1, carry .commit): what the ordered dQ's waits cost in today's build: the ordered mode with
     # its waits skipped (DKV_DBG_NOWAIT=1: counters, releases, barriers and launch order kept; not deterministic) against
     # the default and the atomic dQ, bwd at Table 1's four shapes, one process per setting, alternating, two rounds
-    mkdir -p "$OUT/bench"
-    for round in 1 2; do
-        TAIL=1 step ab${round}_d 150 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic \
-            --shapes 28:4096,8:8192,16:32768,16:65536 --mode bwd --reps 5 --out "$OUT/bench/ab${round}_d"
-        DUALKV_EXTRA_DEFINES=DKV_DBG_NOWAIT=1 DUALKV_COMMIT="${DUALKV_COMMIT:-}+nowait" TAIL=1 step ab${round}_n 150 \
-            python3 -m dualkv bench kernel --systems dualkv_mma --shapes 28:4096,8:8192,16:32768,16:65536 \
-            --mode bwd --reps 5 --out "$OUT/bench/ab${round}_n"
-    done
+    nowait_ab 1 +nowait 28:4096,8:8192,16:32768,16:65536
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41f-table.json"
     (cd "$OUT" && tar czf s41f.tgz *.log && rm -f *.log)
     ;;
@@ -2771,14 +2776,7 @@ s41g)
     # #13 (run with COMPILE_S=1, carry .commit): after s41f (the waits cost 1-2%), the ordered mode with its waits and
     # the barrier after them skipped (DKV_DBG_NOWAIT=2; sm_90 d = 128 has two Q / dO stages, so no buffer is reused
     # early) against the default and the atomic dQ, bwd at (16, 32K) and (16, 64K), alternating, two rounds
-    mkdir -p "$OUT/bench"
-    for round in 1 2; do
-        TAIL=1 step ab${round}_d 150 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic \
-            --shapes 16:32768,16:65536 --mode bwd --reps 5 --out "$OUT/bench/ab${round}_d"
-        DUALKV_EXTRA_DEFINES=DKV_DBG_NOWAIT=2 DUALKV_COMMIT="${DUALKV_COMMIT:-}+nowait2" TAIL=1 step ab${round}_n 150 \
-            python3 -m dualkv bench kernel --systems dualkv_mma --shapes 16:32768,16:65536 --mode bwd --reps 5 \
-            --out "$OUT/bench/ab${round}_n"
-    done
+    nowait_ab 2 +nowait2 16:32768,16:65536
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41g-table.json"
     (cd "$OUT" && tar czf s41g.tgz *.log && rm -f *.log)
     ;;
