@@ -282,8 +282,8 @@ def sweep_section(files: Sequence[Path], title: str, prefix: str) -> str:
     for path in sorted(files, reverse=True):
         d = _load(path)
         cfg, env = d.get("config", {}), d["environment"]
-        systems = [s for s in ("dualkv", "fa2_ncopy", "pg_padded", "flex_packed", "flex") if any(r["system"] == s
-                                                                                          for r in d["rows"])]
+        order = ("dualkv", "fa2_ncopy", "cudnn_ncopy", "cudnn_cascade", "pg_padded", "flex_packed", "flex")
+        systems = [s for s in order if any(r["system"] == s for r in d["rows"])]
         out += ["", f"### {_commit(env)} — {env.get('gpu')}, {_date(env)} (`{path.name}`)", "",
                 f"{cfg.get('model') or cfg.get('model_dims')}, {cfg.get('dtype')}, {cfg.get('pass')}, "
                 f"R ~ U{tuple(cfg.get('r_range', ()))}. ms (peak GiB, time relative to dualkv's).", ""]
@@ -621,6 +621,52 @@ def headline_kernel_table(runs: Sequence[KernelRun]) -> list[str]:
     return kernel
 
 
+#: The layer headline's peers: the N-copy layouts (a user's stock trainer; the faster of the two at each (P, mb)) and
+#: the cuDNN cascade on dualkv's own packing (what the fused kernels add beyond the packing).
+LAYER_NCOPY_PEERS = ("fa2_ncopy", "cudnn_ncopy")
+
+
+def _runs_spread(mine: dict, theirs: dict) -> str:
+    """' (lo–hi)': the peer's fastest timed run over dualkv's slowest to the reverse ('' without the runs)."""
+    a, b = mine.get("ms_runs") or [], theirs.get("ms_runs") or []
+    if len(a) < 2 or len(b) < 2:
+        return ""
+    return f" ({min(b) / max(a):.2f}–{max(b) / min(a):.2f})"
+
+
+def layer_headline_rows(d: dict, name: str) -> list[list[str]]:
+    """The end-to-end table's layer rows from one ``dualkv bench layer`` file: dualkv's speedup per (P, mb) over the
+    faster N-copy peer (FA2 or cuDNN, named where both ran) and over the cuDNN cascade where it ran, each with the
+    spread of the timed runs."""
+    by = {(r["system"], r["P"], r["mb"]): r for r in d["rows"] if r["status"] == "ok"}
+    keys = sorted((p, mb) for (s, p, mb) in by if s == "dualkv")
+    peers = [s for s in LAYER_NCOPY_PEERS if any(r["system"] == s for r in d["rows"])]
+    source = f"(`{name}`, {_commit(d['environment'])})"
+    cells, oom = [], []
+    for p, mb in keys:
+        mine = by[("dualkv", p, mb)]
+        ran = [(by[(s, p, mb)]["ms"], s) for s in peers if (s, p, mb) in by]
+        if not ran:
+            continue
+        ms, peer = min(ran)
+        which = f" {NAMES[peer].split()[0]}" if len(peers) > 1 else ""
+        cells.append(f"{ms / mine['ms']:.2f}×{_runs_spread(mine, by[(peer, p, mb)])}{which} at ({p}, {mb})")
+    for p, mb in keys:
+        rows = [r for r in d["rows"] if (r["P"], r["mb"]) == (p, mb) and r["system"] in peers]
+        if rows and all(r["status"] == "OOM" for r in rows):
+            oom.append(f"({p}, {mb})")
+    text = ", ".join(cells) + ("; N-copy out of memory at " + ", ".join(oom) if oom else "")
+    what = "the faster N-copy (FA2 or cuDNN attention)" if len(peers) > 1 else NAMES[peers[0]] if peers else "N-copy"
+    out = [[f"one Qwen3-8B decoder layer, fwd+bwd, vs {what}, (P, mb) {source}", text]]
+    cascade = [(p, mb) for p, mb in keys if ("cudnn_cascade", p, mb) in by]
+    if cascade:
+        out.append([f"one Qwen3-8B decoder layer, fwd+bwd, vs the cuDNN cascade on dualkv's packing, (P, mb) {source}",
+                    ", ".join(f"{by[('cudnn_cascade', p, mb)]['ms'] / by[('dualkv', p, mb)]['ms']:.2f}×"
+                              f"{_runs_spread(by[('dualkv', p, mb)], by[('cudnn_cascade', p, mb)])} at ({p}, {mb})"
+                              for p, mb in cascade)])
+    return out
+
+
 def headline_block(root: Path = RESULTS) -> str:
     """The README's results block: the newest kernel run's dualkv times with same-run ratios, and end to end."""
     kernel = headline_kernel_table(kernel_runs(root))
@@ -628,16 +674,7 @@ def headline_block(root: Path = RESULTS) -> str:
     policy = sorted(root.glob("policy_update-*.json"))
     end_to_end = []
     if layer:
-        d = _load(layer[-1])
-        by = {(r["system"], r["P"], r["mb"]): r for r in d["rows"] if r["status"] == "ok"}
-        pairs = [(p, mb, by[("fa2_ncopy", p, mb)]["ms"] / by[("dualkv", p, mb)]["ms"]) for (s, p, mb) in sorted(by)
-                 if s == "dualkv" and ("fa2_ncopy", p, mb) in by]
-        oom = sorted((r["P"], r["mb"]) for r in d["rows"] if r["system"] == "fa2_ncopy" and r["status"] == "OOM")
-        text = ", ".join(f"{s:.2f}× at ({p}, {mb})" for p, mb, s in pairs)
-        if oom:
-            text += "; N-copy out of memory at " + ", ".join(f"({p}, {mb})" for p, mb in oom)
-        end_to_end.append([f"one Qwen3-8B decoder layer, fwd+bwd, vs FA2 N-copy, (P, mb) "
-                           f"(`{layer[-1].name}`, {_commit(d['environment'])})", text])
+        end_to_end += layer_headline_rows(_load(layer[-1]), layer[-1].name)
     newest_by_n: dict[int, dict[str, tuple[Path, float, dict]]] = {}
     for path in policy:                                   # oldest first: a newer file's phase replaces an older one's
         d = _load(path)

@@ -112,9 +112,24 @@ def _ncopy_rows_merged(kwargs):
     kwargs["bench_cu_seqlens"], kwargs["bench_max_seqlen"] = cu[[0, -1]], int(cu[-1])
 
 
-@pytest.mark.parametrize("system,mutate", [("pg_padded", _pg_prompt_one_too_long), ("fa2_ncopy", _ncopy_rows_merged)])
+def _cudnn_ncopy_copies_merged(kwargs):
+    rows = kwargs["bench_slot_of_row"]
+    kwargs["bench_slot_of_row"], kwargs["bench_padded_grid"] = torch.arange(len(rows)), (1, len(rows))
+
+
+def _cudnn_ncopy_slots_shifted(kwargs):
+    seqs, width = kwargs["bench_padded_grid"]
+    copy, pos = kwargs["bench_slot_of_row"] // width, kwargs["bench_slot_of_row"] % width
+    kwargs["bench_slot_of_row"], kwargs["bench_padded_grid"] = copy * (width + 1) + 1 + pos, (seqs, width + 1)
+
+
+@pytest.mark.parametrize("system,mutate", [("pg_padded", _pg_prompt_one_too_long), ("fa2_ncopy", _ncopy_rows_merged),
+                                           ("cudnn_ncopy", _cudnn_ncopy_copies_merged),
+                                           ("cudnn_ncopy", _cudnn_ncopy_slots_shifted)])
 def test_wrong_baseline_wiring_is_caught(tiny, system, mutate):
-    """Negative controls: PG taking the first response token into the prompt, N-copy rows merged into one sequence."""
+    """Negative controls: PG taking the first response token into the prompt, N-copy rows merged into one sequence
+    (FA2's cu_seqlens, or cuDNN's padded batch as one row), each copy padded at its start instead of its end (a zero
+    key every causal query then sees)."""
     config, packed = tiny
     ref_out, _ = _layer_run(config, packed, "dualkv")
     out, _ = _layer_run(config, packed, system, mutate=mutate)

@@ -3,7 +3,8 @@
 * A tiny bf16 model on CUDA with the "dualkv" attention (the CUDA kernels when present) against the float64 CPU
   oracle, judged by FlashAttention's criterion relative to the stock bf16 model on the same GPU.
 * Every benchmark system computes the same bf16 layer on CUDA (FlashAttention varlen, the padded two-call
-  baseline with bottom-right alignment, compiled FlexAttention), and the tiny GPU smoke runs write ok rows.
+  baseline with bottom-right alignment, compiled FlexAttention, cuDNN on the padded copies and the cuDNN cascade),
+  forward and backward against the float64 CPU layer, and the tiny GPU smoke runs write ok rows.
 """
 
 import json
@@ -70,6 +71,44 @@ def test_bench_systems_agree_on_cuda():
             outs[system] = layer_forward(layer, rotary, batch, hidden).reshape(-1, config.hidden_size)[batch.to_packed]
     for system, out in outs.items():
         assert max_abs_err(out, outs["dualkv"]) < 0.1 and rel_err(out, outs["dualkv"]) < 2e-2, system
+
+
+def _layer_grads(system, packed, layer, rotary, x, g):
+    """The layer's output rows (packed order) and the gradients of sum(out * g) in its input and parameters, on the
+    layer's device and dtype, returned as float64 CPU tensors."""
+    param = next(layer.parameters())
+    batch = build_batch(system, packed, param.device)
+    x = x.to(param.device, param.dtype).requires_grad_()
+    hidden = x[batch.gather].view(*batch.grid, -1)
+    out = layer_forward(layer, rotary, batch, hidden).reshape(-1, x.shape[-1])[batch.to_packed]
+    grads = torch.autograd.grad((out * g.to(param.device, param.dtype)).sum(), [x, *layer.parameters()])
+    return [t.detach().double().cpu() for t in (out, *grads)]
+
+
+def test_bench_systems_fwd_bwd_match_the_fp64_layer_on_cuda():
+    """Each system's bf16 layer output and gradients (input, parameters) on CUDA, against the same weights' float64
+    CPU layer: within 3x FA2 N-copy's error (the stock path) plus 1e-3; catches a system whose backward is wired
+    wrong."""
+    import copy
+
+    from dualkv.testing import fp64_clean_norms
+
+    register_attention()
+    config = qwen3_config("tiny", max_positions=4096)
+    packed = synthetic_packed(300, [70, 1, 129, 64], config.vocab_size, 0)
+    layer64, rotary64 = build_layer(config, torch.device("cpu"), torch.float64, seed=0)
+    layer = copy.deepcopy(layer64).to("cuda", torch.bfloat16)
+    _, rotary = build_layer(config, torch.device("cuda"), torch.bfloat16, seed=0)
+    fp64_clean_norms(layer64)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(packed.layout.total_tokens, config.hidden_size, generator=gen, dtype=torch.float64)
+    g = torch.randn(packed.layout.total_tokens, config.hidden_size, generator=gen, dtype=torch.float64)
+    ref = _layer_grads("dualkv", packed, layer64, rotary64, x, g)
+    errors = {system: max(rel_err(a, b) for a, b in zip(_layer_grads(system, packed, layer, rotary, x, g), ref))
+              for system in SYSTEMS}
+    assert errors["fa2_ncopy"] < 5e-2, errors
+    for system, err in errors.items():
+        assert err <= 3 * errors["fa2_ncopy"] + 1e-3, (system, errors)
 
 
 @pytest.mark.parametrize("kind", ["layer", "model"])

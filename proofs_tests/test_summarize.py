@@ -263,3 +263,25 @@ def test_headline_shows_each_ratios_spread(summarize, tmp_path):
     assert "| (8, 8K) | 10.0 ms (9.0–11.0, 300 TF/s) | 1.50× (1.09–2.00) |" in block, block
     assert "| (16, 32K) | 100.0 ms (99.0–101.0, 300 TF/s) | 1.03× (0.99–1.07) |" in block, block
     assert "cuDNN cascade at 2 of 2 shapes (1 with every timed run faster)" in block
+
+
+def test_layer_headline_takes_the_faster_ncopy_peer_and_the_cascade(summarize):
+    """The layer rows: per (P, mb) the faster of FA2 / cuDNN N-copy (named), each ratio with the runs' spread, the
+    cuDNN cascade in its own row, and N-copy out of memory only where every N-copy peer ran out (a known-wrong pick,
+    the slower peer, would print 3.00x at (8192, 8))."""
+    def row(system, p, mb, runs, status="ok"):
+        return {"system": system, "P": p, "mb": mb, "status": status, "ms": sorted(runs)[len(runs) // 2] if runs
+                else None, "ms_runs": runs}
+
+    rows = [row("dualkv", 8192, 8, [9.0, 10.0, 11.0]), row("fa2_ncopy", 8192, 8, [29.0, 30.0, 31.0]),
+            row("cudnn_ncopy", 8192, 8, [24.0, 25.0, 26.0]), row("cudnn_cascade", 8192, 8, [10.0, 11.0, 12.0]),
+            row("dualkv", 131072, 8, [90.0, 100.0, 110.0]), row("fa2_ncopy", 131072, 8, [], "OOM"),
+            row("cudnn_ncopy", 131072, 8, [], "OOM"), row("cudnn_cascade", 131072, 8, [100.0, 105.0, 110.0])]
+    d = {"environment": {"commit": "abcdef0123"}, "rows": rows}
+    (ncopy, cascade) = summarize.layer_headline_rows(d, "layer-x.json")
+    assert ncopy[0].startswith("one Qwen3-8B decoder layer, fwd+bwd, vs the faster N-copy (FA2 or cuDNN attention)")
+    assert ncopy[1] == "2.50× (2.18–2.89) cuDNN at (8192, 8); N-copy out of memory at (131072, 8)", ncopy[1]
+    assert cascade[1] == "1.10× (0.91–1.33) at (8192, 8), 1.05× (0.91–1.22) at (131072, 8)", cascade[1]
+    fa2_only = {"environment": d["environment"], "rows": [r for r in rows if r["system"] in ("dualkv", "fa2_ncopy")]}
+    (only,) = summarize.layer_headline_rows(fa2_only, "layer-y.json")
+    assert "vs FA2 N-copy" in only[0] and only[1].startswith("3.00× (2.64–3.44) at (8192, 8)"), only

@@ -82,5 +82,5 @@ def _layer_bench(args: argparse.Namespace, device: torch.device, dtype: torch.dt
 
 
 run_layer_bench = sweep_command(_layer_bench)
-register_bench("layer", "one Qwen3-8B decoder layer, fwd+bwd: dualkv vs FA2 N-copy, Prefix-Grouper-style, "
-                        "FlexAttention", _args, run_layer_bench)
+register_bench("layer", "one Qwen3-8B decoder layer, fwd+bwd: dualkv vs N-copy (FA2, cuDNN), the cuDNN "
+                        "cascade, Prefix-Grouper-style, FlexAttention", _args, run_layer_bench)

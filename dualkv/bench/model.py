@@ -103,5 +103,5 @@ def _model_bench(args: argparse.Namespace, device: torch.device, dtype: torch.dt
 
 
 run_model_bench = sweep_command(_model_bench)
-register_bench("model", "a whole Qwen3 model (random init), fwd+bwd with the log-prob head: dualkv vs FA2 N-copy, "
-                        "Prefix-Grouper-style, FlexAttention", _args, run_model_bench)
+register_bench("model", "a whole Qwen3 model (random init), fwd+bwd with the log-prob head: dualkv vs N-copy "
+                        "(FA2, cuDNN), the cuDNN cascade, Prefix-Grouper-style, FlexAttention", _args, run_model_bench)

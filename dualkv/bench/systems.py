@@ -10,9 +10,17 @@
   (The published Prefix Grouper packs [prefix; suffixes]; this is the padded variant the paper benchmarks.)
 * ``flex`` — baseline (c): the P+ΣR packing with ``torch.compile(flex_attention)`` and the BlockMask
   ``k <= q and same group and (k in prompt or seg[k] == seg[q])``, built per shape.
+* ``cudnn_ncopy`` — the N-copy varlen layout of ``fa2_ncopy`` (so every other op sees the same N(P+R) tokens) with
+  cuDNN attention (Hopper's fastest stock attention): each layer scatters the copies into a padded (N, L_max) batch,
+  runs ``aten._scaled_dot_product_cudnn_attention`` causally (padding at the end, which no causal query sees) and
+  gathers the rows back.
+* ``cudnn_cascade`` — dualkv's P+ΣR packing with the attention composed from three cuDNN calls merged by
+  log-sum-exp (:func:`dualkv.cascade.shared_prefix_attention`): the same layout as ``dualkv``, so it isolates what
+  the fused kernels add beyond the packing.
 
 On a CPU (smoke runs only) FlashAttention is replaced by :func:`dualkv.reference.standard_varlen_attention`
-(same semantics), and FlexAttention's backward (absent on CPUs) by SDPA with the same mask function made dense.
+(same semantics), FlexAttention's backward (absent on CPUs) by SDPA with the same mask function made dense, and
+cuDNN by :class:`dualkv.cascade.ReferenceEngine` (plain PyTorch math).
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .. import cascade
+from .._checks import resolve_scale
 from ..integration import hf as dualkv_hf
 from ..integration.packing import PackedBatch
 from ..layout import GroupLayout
@@ -35,6 +45,7 @@ __all__ = ["SYSTEMS", "SystemBatch", "build_batch", "register_attention", "varle
 #: The layer-level systems of the one registry (dualkv.bench.registry).
 SYSTEMS = layer_systems()
 ATTN_NAMES = {"dualkv": dualkv_hf.ATTN_NAME, "fa2_ncopy": "dualkv_bench_fa2_varlen",
+              "cudnn_ncopy": "dualkv_bench_cudnn_ncopy", "cudnn_cascade": "dualkv_bench_cudnn_cascade",
               "pg_padded": "dualkv_bench_pg_padded", "flex": "dualkv_bench_flex"}
 if set(ATTN_NAMES) != set(SYSTEMS):
     raise RuntimeError(f"layer systems {SYSTEMS} and their attention functions {sorted(ATTN_NAMES)} disagree")
@@ -93,6 +104,17 @@ def _ncopy_batch(packed: PackedBatch, device) -> SystemBatch:
               "bench_max_seqlen": int(np.diff(cu).max())}
     return SystemBatch("fa2_ncopy", (1, len(index)), _t(index, device), _t(positions, device)[None],
                        _t(layout.first_copy_index, device), _t(predictor, device), kwargs)
+
+
+def _cudnn_ncopy_batch(packed: PackedBatch, device) -> SystemBatch:
+    """``fa2_ncopy``'s token layout; its attention reads where each row sits in the padded (copies, L_max) batch."""
+    batch = _ncopy_batch(packed, device)
+    lens = np.diff(packed.layout.copy_cu_seqlens)
+    width = int(lens.max())
+    slot_of_row = np.concatenate([c * width + np.arange(n) for c, n in enumerate(lens)])
+    batch.system = "cudnn_ncopy"
+    batch.forward_kwargs = {"bench_slot_of_row": _t(slot_of_row, device), "bench_padded_grid": (len(lens), width)}
+    return batch
 
 
 def _padded_batch(packed: PackedBatch, device) -> SystemBatch:
@@ -180,6 +202,12 @@ def build_batch(system: str, packed: PackedBatch, device: torch.device | str, *,
         return _ncopy_batch(packed, device)
     if system == "pg_padded":
         return _padded_batch(packed, device)
+    if system == "cudnn_ncopy":
+        return _cudnn_ncopy_batch(packed, device)
+    if system == "cudnn_cascade":
+        batch = _packed_batch(packed, device)
+        batch.system = "cudnn_cascade"
+        return batch
     if system == "flex":
         batch = _packed_batch(packed, device)
         batch.system = "flex"
@@ -247,6 +275,65 @@ def _pg_padded_attention(module, query, key, value, attention_mask, scaling=None
     return out, None
 
 
+class _PaddedCausal(torch.autograd.Function):
+    """Causal attention of packed sequences through a :mod:`dualkv.cascade` engine on their padded batch.
+
+    q: (T, H, d); k, v: (T, H_k, d); slot_of_row: (T,) int64 slot of each row in the flattened (S, L) batch (S
+    sequences padded at the end to L, the longest). Returns (T, H, d). Padded slots hold zeros: a causal query never
+    sees the padded keys after it, and a padded query's output is dropped, so its dO (zero) adds nothing to any
+    gradient."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, slot_of_row, grid, scale):
+        engine = cascade.engine_for(q)
+        seqs, width = grid
+
+        def padded(t):
+            rows = t.new_zeros(seqs * width, *t.shape[1:])
+            rows[slot_of_row] = t
+            return rows.view(seqs, width, *t.shape[1:]).transpose(1, 2)      # (S, heads, L, d), rows innermost
+
+        q4, k4, v4 = padded(q), padded(k), padded(v)
+        out4, lse, state = engine.forward(q4, k4, v4, True, scale)
+        ctx.save_for_backward(q4, k4, v4, out4, lse, slot_of_row)
+        ctx.engine, ctx.state, ctx.grid, ctx.scale = engine, state, grid, scale
+        return _unpadded(out4, slot_of_row)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q4, k4, v4, out4, lse, slot_of_row = ctx.saved_tensors
+        seqs, width = ctx.grid
+        rows = dout.new_zeros(seqs * width, *dout.shape[1:])
+        rows[slot_of_row] = dout
+        d4 = rows.view(seqs, width, *dout.shape[1:]).transpose(1, 2)
+        if d4.stride() != out4.stride():  # cuDNN's backward takes dO laid out as its forward's O
+            d4 = torch.empty_like(out4).copy_(d4)
+        grads = ctx.engine.backward(d4, q4, k4, v4, out4, lse, ctx.state, True, ctx.scale)
+        return (*(_unpadded(g, slot_of_row) for g in grads), None, None, None)
+
+
+def _unpadded(t4: torch.Tensor, slot_of_row: torch.Tensor) -> torch.Tensor:
+    """(S, heads, L, d) padded batch -> (T, heads, d) rows at ``slot_of_row``."""
+    s, heads, length, d = t4.shape
+    return t4.transpose(1, 2).reshape(s * length, heads, d)[slot_of_row]
+
+
+def _cudnn_ncopy_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                           sliding_window=None, **kwargs):
+    """N-copy rows through cuDNN on their padded batch: query (1, H, T_std, d) -> ((1, T_std, H, d), None)."""
+    _no_window(sliding_window)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    scale = resolve_scale(scaling, q.shape[-1])
+    out = _PaddedCausal.apply(q, k, v, kwargs["bench_slot_of_row"], kwargs["bench_padded_grid"], scale)
+    return out[None], None
+
+
+def _cascade_packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: GroupLayout, *,
+                              softmax_scale: float, window_size: tuple[int, int]) -> torch.Tensor:
+    """The P+ΣR packing's attention as the cuDNN cascade: q (T, H, d), k/v (T, H_k, d) -> (T, H, d)."""
+    return cascade.shared_prefix_attention(q, k, v, layout, softmax_scale=softmax_scale, window_size=window_size)
+
+
 _COMPILED_FLEX: dict = {}
 
 
@@ -305,6 +392,8 @@ def register_attention() -> None:
     from transformers import AttentionInterface
 
     dualkv_hf.register()
+    dualkv_hf.register(_cascade_packed_attention, name=ATTN_NAMES["cudnn_cascade"])
     AttentionInterface.register(ATTN_NAMES["fa2_ncopy"], _fa2_varlen_attention)
+    AttentionInterface.register(ATTN_NAMES["cudnn_ncopy"], _cudnn_ncopy_attention)
     AttentionInterface.register(ATTN_NAMES["pg_padded"], _pg_padded_attention)
     AttentionInterface.register(ATTN_NAMES["flex"], _flex_attention)
