@@ -169,6 +169,7 @@ def test_cli_tiny_smoke_writes_schema_and_plot(kind, tmp_path):
         assert row["status"] == "ok", row
         assert row["P"] == 16 and row["mb"] == 2 and len(row["R_list"]) == 2 and row["ms"] > 0
         assert {"R_total", "peak_mem_gib", "tokens"} <= set(row)
+        assert row["ms_min"] <= row["ms"] <= row["ms_max"] and row["ms_runs"] == [row["ms"]]
     assert path.with_suffix(".png").exists()
 
 

@@ -7,11 +7,12 @@ so a killed run keeps what it measured)::
     {"environment": {"gpu", "date", "commit", "torch", "cuda", ...},
      "benchmark": "layer" | "model" | ...,
      "config": {...what was run...},
-     "rows": [{"system", "P", "mb", "R_list", "R_total", "tokens", "ms", "ms_runs", "peak_mem_gib", "status"}, ...]}
+     "rows": [{"system", "P", "mb", "R_list", "R_total", "tokens", "ms", "ms_min", "ms_max", "ms_runs", "peak_mem_gib",
+               "status"}, ...]}
 
 ``status`` is ``"ok"``, ``"OOM"`` (``torch.OutOfMemoryError`` anywhere in the row), ``"skipped"`` (time budget)
 or ``"error"`` (with ``"error"`` holding the message). ``ms`` is the median of the timed runs (CUDA events on a
-GPU, ``perf_counter`` on a CPU); ``peak_mem_gib`` is ``torch.cuda.max_memory_allocated`` over the timed runs after a
+GPU, ``perf_counter`` on a CPU), ``ms_min`` / ``ms_max`` their spread (as ``dualkv bench kernel`` reports it); ``peak_mem_gib`` is ``torch.cuda.max_memory_allocated`` over the timed runs after a
 reset (null on a CPU).
 """
 
@@ -381,7 +382,8 @@ class RunRecorder:
         """Build the step (untimed; ``build() -> (step, tokens processed)``), measure it, and record one row; an
         out-of-memory error anywhere becomes ``status: OOM``."""
         row = {"system": system, "P": prompt_len, "mb": len(response_lens), "R_list": list(response_lens),
-               "R_total": int(sum(response_lens)), "tokens": None, "ms": None, "ms_runs": None,
+               "R_total": int(sum(response_lens)), "tokens": None, "ms": None, "ms_min": None, "ms_max": None,
+               "ms_runs": None,
                "peak_mem_gib": None, "status": "ok", **extra}
         if self.over_budget():
             row["status"] = "skipped"
@@ -391,7 +393,8 @@ class RunRecorder:
         try:
             step, row["tokens"] = build()
             timing = measure(step, self.device, warmup=warmup, reps=reps)
-            row.update(ms=round(timing.ms, 3), ms_runs=[round(x, 3) for x in timing.ms_runs],
+            row.update(ms=round(timing.ms, 3), ms_min=round(min(timing.ms_runs), 3),
+                       ms_max=round(max(timing.ms_runs), 3), ms_runs=[round(x, 3) for x in timing.ms_runs],
                        peak_mem_gib=None if timing.peak_mem_gib is None else round(timing.peak_mem_gib, 3))
         except torch.OutOfMemoryError:
             oom = True
