@@ -273,10 +273,12 @@ class CudnnNCopy(System):
     def prepare(self):
         import numpy as np
 
+        from .systems import padded_slots
+
         lay = self.layout
         lens = [lay.prompt_lens[g] + r for g, r in zip(lay.response_group, lay.flat_response_lens)]
-        self.batch, self.width = len(lens), max(lens)
-        slot_of_copy = np.concatenate([s * self.width + np.arange(n) for s, n in enumerate(lens)])
+        slot_of_copy, self.width = padded_slots(lens)
+        self.batch = len(lens)
         gather = np.zeros(self.batch * self.width, dtype=np.int64)
         gather[slot_of_copy] = lay.copy_token_index
         dev = self.q.device

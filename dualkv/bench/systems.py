@@ -40,7 +40,7 @@ from ..layout import GroupLayout
 from ..reference import standard_varlen_attention
 from .registry import layer_systems
 
-__all__ = ["SYSTEMS", "SystemBatch", "build_batch", "register_attention", "varlen_causal"]
+__all__ = ["SYSTEMS", "SystemBatch", "build_batch", "padded_slots", "register_attention", "varlen_causal"]
 
 #: The layer-level systems of the one registry (dualkv.bench.registry).
 SYSTEMS = layer_systems()
@@ -106,12 +106,19 @@ def _ncopy_batch(packed: PackedBatch, device) -> SystemBatch:
                        _t(layout.first_copy_index, device), _t(predictor, device), kwargs)
 
 
+def padded_slots(seq_lens) -> tuple[np.ndarray, int]:
+    """Sequences of ``seq_lens`` tokens, packed back to back, as rows of a batch padded at the end to the longest:
+    (slot of each packed token in the flattened (len(seq_lens), width) batch (int64), width). cuDNN N-copy's layout
+    at both benchmark levels."""
+    width = int(max(seq_lens))
+    return np.concatenate([c * width + np.arange(n) for c, n in enumerate(seq_lens)]).astype(np.int64), width
+
+
 def _cudnn_ncopy_batch(packed: PackedBatch, device) -> SystemBatch:
     """``fa2_ncopy``'s token layout; its attention reads where each row sits in the padded (copies, L_max) batch."""
     batch = _ncopy_batch(packed, device)
     lens = np.diff(packed.layout.copy_cu_seqlens)
-    width = int(lens.max())
-    slot_of_row = np.concatenate([c * width + np.arange(n) for c, n in enumerate(lens)])
+    slot_of_row, width = padded_slots(lens)
     batch.system = "cudnn_ncopy"
     batch.forward_kwargs = {"bench_slot_of_row": _t(slot_of_row, device), "bench_padded_grid": (len(lens), width)}
     return batch
