@@ -76,3 +76,32 @@ def test_plot_replaces_a_figure_only_when_named(tmp_path, monkeypatch):
     layer.write_text(json.dumps({"environment": {}, "benchmark": "layer", "rows": []}))
     with pytest.raises(SystemExit, match="names one figure"):
         main(["bench", "plot", str(files[-1]), str(layer), "--out", str(target)])
+
+
+def test_oom_markers_sit_above_the_panels_data(tmp_path, monkeypatch):
+    """A sweep panel's out-of-memory markers go 1.3x above the highest value any system measured there (a system that
+    ran out everywhere at that P used to draw its marker at 1.3, stretching the log axis over decades below the data),
+    side by side where several systems ran out."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+
+    from dualkv.bench import plot
+
+    def row(system, mb, ms, status="ok"):
+        return {"system": system, "P": 4096, "mb": mb, "ms": ms, "peak_mem_gib": None if ms is None else ms / 10,
+                "status": status}
+
+    rows = [row("dualkv", 8, 500.0), row("cudnn_ncopy", 8, None, "OOM"), row("fa2_ncopy", 8, None, "OOM")]
+    assert plot.oom_marker_height(rows, 4096, "ms") == pytest.approx(650.0)
+    assert plot.oom_marker_height(rows, 4096, "peak_mem_gib") == pytest.approx(65.0)
+    assert plot.oom_marker_height(rows[1:], 4096, "ms") == pytest.approx(1.0)
+    marks = []
+    real = Axes.scatter
+    monkeypatch.setattr(Axes, "scatter", lambda ax, x, y, **kw: marks.append((list(x), list(y))) or real(ax, x, y, **kw))
+    path = tmp_path / "layer-x.json"
+    path.write_text(json.dumps({"environment": {}, "benchmark": "layer", "rows": rows}))
+    plot.plot_results(path)
+    ms_marks = marks[:2]
+    assert [y for _, ys in ms_marks for y in ys] == [pytest.approx(650.0)] * 2
+    (x0,), (x1,) = (xs for xs, _ in ms_marks)
+    assert x0 < 8 < x1                     # the two systems' markers do not cover each other

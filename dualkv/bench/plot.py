@@ -77,6 +77,13 @@ def speedup_table(rows: Sequence[dict], reference: str = REFERENCE_SYSTEM) -> st
     return "\n".join(lines)
 
 
+def oom_marker_height(rows: list[dict], prompt_len: int, metric: str) -> float:
+    """Where a panel (one P, one metric) draws its out-of-memory markers: 1.3x the highest value measured there by
+    any system (1.0 where nothing was measured), so a marker never stretches the log axis below the data."""
+    values = [r[metric] for r in rows if r["P"] == prompt_len and _ok(r) and r.get(metric) is not None]
+    return 1.3 * max(values, default=1.0 / 1.3)
+
+
 def plot_results(source: ResultSource, out: str | Path | None = None) -> Path | None:
     """Draw time and peak memory per (P, mb) and system into ``out`` (default: next to the JSON file, what a
     benchmark run does with its own file); None without matplotlib."""
@@ -92,6 +99,9 @@ def plot_results(source: ResultSource, out: str | Path | None = None) -> Path | 
     for col, p in enumerate(prompts):
         for metric, ax in (("ms", axes[0][col]), ("peak_mem_gib", axes[1][col])):
             plotted = False
+            oom_y = oom_marker_height(rows, p, metric)
+            oom_systems = [s for s in systems if any(r["P"] == p and r["system"] == s and r["status"] == "OOM"
+                                                     for r in rows)]
             for s in systems:
                 pts = sorted((r["mb"], r) for r in rows if r["P"] == p and r["system"] == s)
                 good = [(mb, r[metric]) for mb, r in pts if _ok(r) and r.get(metric) is not None]
@@ -99,8 +109,9 @@ def plot_results(source: ResultSource, out: str | Path | None = None) -> Path | 
                 line = ax.plot([m for m, _ in good], [v for _, v in good], marker="o", label=s)[0]
                 plotted = plotted or bool(good)
                 if oom:
-                    top = max([v for _, v in good], default=1.0)
-                    ax.scatter(oom, [top * 1.3] * len(oom), marker="x", color=line.get_color())
+                    # above every measured point of the panel, side by side where several systems ran out
+                    shift = 2 ** (0.08 * (oom_systems.index(s) - (len(oom_systems) - 1) / 2))
+                    ax.scatter([mb * shift for mb in oom], [oom_y] * len(oom), marker="x", color=line.get_color())
             ax.set_xscale("log", base=2)
             mbs = sorted({r["mb"] for r in rows if r["P"] == p})
             ax.set_xticks(mbs, [str(m) for m in mbs])
