@@ -686,7 +686,7 @@ def headline_block(root: Path = RESULTS) -> str:
         files = sorted({p.name for p, _, _ in phases.values()})
         commits = sorted({_commit(d["environment"]) for _, _, d in phases.values()})
         cfg = next(iter(phases.values()))[2]["config"]
-        end_to_end.append([f"veRL 0.9.1 policy update, {cfg['model']}, P={cfg['P']}, R={cfg['R']}, N={n} "
+        end_to_end.append([f"veRL 0.9.1 policy update vs stock veRL, {cfg['model']}, P={cfg['P']}, R={cfg['R']}, N={n} "
                            f"({_files(files)}, {', '.join(commits)})",
                            ", ".join(f"{ph.replace('_', ' ')} {phases[ph][1]:.2f}×" for ph in PHASES if ph in phases)])
     trl = [p for p in sorted(root.glob("trl_grpo-*.json")) if "long" in _load(p)["summary"]]
@@ -696,14 +696,14 @@ def headline_block(root: Path = RESULTS) -> str:
         if isinstance(long, dict) and "speedup" in long:
             sp, gib = long["speedup"], (long["stock"]["peak_mem_gib"], long["dualkv"]["peak_mem_gib"])
             end_to_end.append([
-                f"TRL {d['environment'].get('trl')} GRPOTrainer, random Qwen3 ({cfg['num_hidden_layers']} layers, "
+                f"TRL {d['environment'].get('trl')} GRPOTrainer vs stock TRL, random Qwen3 ({cfg['num_hidden_layers']} layers, "
                 f"hidden {cfg['hidden_size']}), P={cfg['prompt_len'][0]}, N={cfg['num_generations']}, "
                 f"R<={cfg['max_completion_length']} (`{trl[-1].name}`, {_commit(d['environment'])})",
                 f"log-probs {sp['logprobs']:.2f}×, update {sp['update']:.2f}×, both {sp['training']:.2f}×, whole step "
                 f"with generation {sp['step']:.2f}×; peak {gib[0]:.1f} → {gib[1]:.1f} GiB"])
     parts = [BEGIN, "", *kernel]
     if end_to_end:
-        parts += ["", _table(["end to end (result file, commit)", "dualkv's speedup over the stock layout, same run"],
+        parts += ["", _table(["end to end (result file, commit)", "dualkv's speedup over the peer named, same run"],
                              end_to_end)]
     parts += ["", figure_block(TABLE1_FIGURE, root, "experiments/results/"), "", END]
     return "\n".join(parts)
