@@ -26,8 +26,8 @@ Result: ``out/bench/policy_update-<device>-<UTC time>.json`` (``--out experiment
 committed ones that ``experiments/summarize.py`` reads)::
 
     {"environment": {...}, "benchmark": "policy_update", "config": {...},
-     "rows": [{"system", "N", "P", "R", "mb", "phase", "seconds", "peak_mem_gib", "mfu", "mfu_useful",
-               "status"}, ...],
+     "rows": [{"system", "N", "P", "R", "mb", "phase", "seconds", "seconds_runs", "peak_mem_gib", "mfu",
+               "mfu_useful", "status"}, ...],
      "logprob_max_abs_diff": float, "logprob_max_abs_diff_by_N": {"8": ..., ...}}
 
 GPU (H100/H200, one card)::
@@ -299,8 +299,9 @@ def batches(args: argparse.Namespace, n: int, mb: int, vocab: int):
     return log, update, data.batch["response_mask"].bool()
 
 
-def timed(fn: Callable[[], Any], warmup: int, reps: int, device: str) -> tuple[float, float | None, Any]:
-    """(median seconds, peak GiB or None, last result) of ``fn``."""
+def timed(fn: Callable[[], Any], warmup: int, reps: int,
+          device: str) -> tuple[float, float | None, Any, list[float]]:
+    """(median seconds, peak GiB or None, last result, every timed run's seconds) of ``fn``."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     result = None
     for _ in range(warmup):
@@ -315,7 +316,7 @@ def timed(fn: Callable[[], Any], warmup: int, reps: int, device: str) -> tuple[f
         sync()
         times.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
-    return statistics.median(times), peak, result
+    return statistics.median(times), peak, result, times
 
 
 def phase_flops(model_cfg, args: argparse.Namespace, n: int, mb: int, phase: str) -> float:
@@ -375,12 +376,12 @@ def run_system(args, system: str, model_dir: str, model_cfg, vocab: int, rows: l
             for phase in PHASES:
                 skip = deadline is not None and time.monotonic() > deadline
                 row = {"system": system, "N": n, "P": args.P, "R": args.R, "mb": mb, "phase": phase,
-                       "seconds": None, "peak_mem_gib": None, "mfu": None, "mfu_useful": None,
-                       "status": "skipped" if skip else "ok"}
+                       "seconds": None, "seconds_runs": None, "peak_mem_gib": None, "mfu": None,
+                       "mfu_useful": None, "status": "skipped" if skip else "ok"}
                 if not skip:
                     try:
-                        seconds, mem, result = timed(calls[phase], args.warmup, args.reps, args.device)
-                        row.update(seconds=seconds, peak_mem_gib=mem)
+                        seconds, mem, result, runs = timed(calls[phase], args.warmup, args.reps, args.device)
+                        row.update(seconds=seconds, seconds_runs=[round(x, 4) for x in runs], peak_mem_gib=mem)
                         if peak:
                             row["mfu"] = phase_flops(model_cfg, args, n, mb, phase) / (seconds * peak)
                             row["mfu_useful"] = useful_mfu(model_cfg, row)

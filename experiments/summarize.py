@@ -626,9 +626,10 @@ def headline_kernel_table(runs: Sequence[KernelRun]) -> list[str]:
 LAYER_NCOPY_PEERS = ("fa2_ncopy", "cudnn_ncopy")
 
 
-def _runs_spread(mine: dict, theirs: dict) -> str:
-    """' (lo–hi)': the peer's fastest timed run over dualkv's slowest to the reverse ('' without the runs)."""
-    a, b = mine.get("ms_runs") or [], theirs.get("ms_runs") or []
+def _runs_spread(mine: dict, theirs: dict, runs: str = "ms_runs") -> str:
+    """' (lo–hi)': the peer's fastest timed run over dualkv's slowest to the reverse, from the rows' ``runs`` lists
+    ('' for rows written before the runs were recorded, or with fewer than two)."""
+    a, b = mine.get(runs) or [], theirs.get(runs) or []
     if len(a) < 2 or len(b) < 2:
         return ""
     return f" ({min(b) / max(a):.2f}–{max(b) / min(a):.2f})"
@@ -675,20 +676,20 @@ def headline_block(root: Path = RESULTS) -> str:
     end_to_end = []
     if layer:
         end_to_end += layer_headline_rows(_load(layer[-1]), layer[-1].name)
-    newest_by_n: dict[int, dict[str, tuple[Path, float, dict]]] = {}
+    newest_by_n: dict[int, dict[str, tuple[Path, str, dict]]] = {}
     for path in policy:                                   # oldest first: a newer file's phase replaces an older one's
         d = _load(path)
         for n, phase, stock, dualkv in policy_rows(d):
             speed = _speedup(stock, dualkv)
             if speed:
-                newest_by_n.setdefault(n, {})[phase] = (path, speed, d)
+                newest_by_n.setdefault(n, {})[phase] = (path, f"{speed:.2f}×{_runs_spread(dualkv, stock, 'seconds_runs')}", d)
     for n, phases in sorted(newest_by_n.items()):
         files = sorted({p.name for p, _, _ in phases.values()})
         commits = sorted({_commit(d["environment"]) for _, _, d in phases.values()})
         cfg = next(iter(phases.values()))[2]["config"]
         end_to_end.append([f"veRL 0.9.1 policy update vs stock veRL, {cfg['model']}, P={cfg['P']}, R={cfg['R']}, N={n} "
                            f"({_files(files)}, {', '.join(commits)})",
-                           ", ".join(f"{ph.replace('_', ' ')} {phases[ph][1]:.2f}×" for ph in PHASES if ph in phases)])
+                           ", ".join(f"{ph.replace('_', ' ')} {phases[ph][1]}" for ph in PHASES if ph in phases)])
     trl = [p for p in sorted(root.glob("trl_grpo-*.json")) if "long" in _load(p)["summary"]]
     if trl:
         d = _load(trl[-1])

@@ -285,3 +285,24 @@ def test_layer_headline_takes_the_faster_ncopy_peer_and_the_cascade(summarize):
     fa2_only = {"environment": d["environment"], "rows": [r for r in rows if r["system"] in ("dualkv", "fa2_ncopy")]}
     (only,) = summarize.layer_headline_rows(fa2_only, "layer-y.json")
     assert "vs FA2 N-copy" in only[0] and only[1].startswith("3.00× (2.64–3.44) at (8192, 8)"), only
+
+
+def test_policy_rows_show_the_runs_spread(summarize, tmp_path):
+    """A veRL policy-update file with every timed run (seconds_runs) gives each phase's speedup its spread (stock's
+    fastest over dualkv's slowest to the reverse); a newer file replaces the older rows of its N."""
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "experiments" / "results", results)
+    old = json.loads((results / "policy_update-cuda-20261126T064125Z.json").read_text())
+
+    def row(system, phase, runs):
+        return {"system": system, "N": 8, "P": 8192, "R": 2048, "mb": 8, "phase": phase, "seconds": sorted(runs)[1],
+                "seconds_runs": runs, "peak_mem_gib": 1.0, "mfu": None, "mfu_useful": None, "status": "ok"}
+
+    rows = [row("stock", "old_log_prob", [3.0, 3.2, 3.1]), row("dualkv", "old_log_prob", [1.0, 1.1, 0.9])]
+    new = {"environment": {**old["environment"], "commit": "abcdef0"}, "benchmark": "policy_update",
+           "config": old["config"], "rows": rows}
+    (results / "policy_update-cuda-20261201T000000Z.json").write_text(json.dumps(new))
+    block = summarize.headline_block(results)
+    line = next(x for x in block.splitlines() if "N=8 " in x and "policy update" in x)
+    assert "old log prob 3.10× (2.73–3.56)" in line and "abcdef0" in line, line
+    assert "update actor 2.90×" in line                   # the phase the new file lacks keeps the older run's ratio

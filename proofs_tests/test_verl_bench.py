@@ -32,9 +32,9 @@ def test_policy_update_bench_cpu_without_ray(tmp_path):
     assert sorted((r["system"], r["N"], r["mb"], r["phase"]) for r in rows) == sorted(
         (s, 2, mb, p) for s in ("stock", "dualkv") for mb in (1, 2) for p in phases)
     for row in rows:
-        assert set(row) == {"system", "N", "P", "R", "mb", "phase", "seconds", "peak_mem_gib", "mfu", "mfu_useful",
-                            "status"}
-        assert row["status"] == "ok" and row["seconds"] > 0
+        assert set(row) == {"system", "N", "P", "R", "mb", "phase", "seconds", "seconds_runs", "peak_mem_gib", "mfu",
+                            "mfu_useful", "status"}
+        assert row["status"] == "ok" and row["seconds"] > 0 and len(row["seconds_runs"]) == 1
     assert result["logprob_max_abs_diff"] <= 1e-5
     assert set(result["logprob_max_abs_diff_by_N"]) == {"2"}
     table = proc.stdout.strip().splitlines()[-7:]          # printed last: header + 2 mb x 3 phases
