@@ -166,7 +166,7 @@ def measure(args, engine, system: str, phase: str, td, loss, warmup: int, reps: 
     engine.engine_config.__dict__["use_dualkv"] = system == "dualkv"
     status, seconds, peak = "ok", None, None
     try:
-        seconds, peak, _ = bench.timed(lambda: phase_call(engine, phase, td, loss), warmup, reps, args.device)
+        seconds, peak, _, _ = bench.timed(lambda: phase_call(engine, phase, td, loss), warmup, reps, args.device)
     except torch.OutOfMemoryError:
         status = "OOM"
     except RuntimeError as err:            # e.g. an OOM re-raised by a collective or a checkpointed recompute
