@@ -647,12 +647,11 @@ def layer_headline_rows(d: dict, name: str) -> list[list[str]]:
     for p, mb in keys:
         mine = by[("dualkv", p, mb)]
         ran = [(by[(s, p, mb)]["ms"], s) for s in peers if (s, p, mb) in by]
-        if not ran:
+        if ran:
+            ms, peer = min(ran)
+            which = f" {NAMES[peer].split()[0]}" if len(peers) > 1 else ""
+            cells.append(f"{ms / mine['ms']:.2f}×{_runs_spread(mine, by[(peer, p, mb)])}{which} at ({p}, {mb})")
             continue
-        ms, peer = min(ran)
-        which = f" {NAMES[peer].split()[0]}" if len(peers) > 1 else ""
-        cells.append(f"{ms / mine['ms']:.2f}×{_runs_spread(mine, by[(peer, p, mb)])}{which} at ({p}, {mb})")
-    for p, mb in keys:
         rows = [r for r in d["rows"] if (r["P"], r["mb"]) == (p, mb) and r["system"] in peers]
         if rows and all(r["status"] == "OOM" for r in rows):
             oom.append(f"({p}, {mb})")

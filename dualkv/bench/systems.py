@@ -293,14 +293,7 @@ class _PaddedCausal(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, slot_of_row, grid, scale):
         engine = cascade.engine_for(q)
-        seqs, width = grid
-
-        def padded(t):
-            rows = t.new_zeros(seqs * width, *t.shape[1:])
-            rows[slot_of_row] = t
-            return rows.view(seqs, width, *t.shape[1:]).transpose(1, 2)      # (S, heads, L, d), rows innermost
-
-        q4, k4, v4 = padded(q), padded(k), padded(v)
+        q4, k4, v4 = (_padded(t, slot_of_row, grid) for t in (q, k, v))
         out4, lse, state = engine.forward(q4, k4, v4, True, scale)
         ctx.save_for_backward(q4, k4, v4, out4, lse, slot_of_row)
         ctx.engine, ctx.state, ctx.grid, ctx.scale = engine, state, grid, scale
@@ -309,14 +302,20 @@ class _PaddedCausal(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q4, k4, v4, out4, lse, slot_of_row = ctx.saved_tensors
-        seqs, width = ctx.grid
-        rows = dout.new_zeros(seqs * width, *dout.shape[1:])
-        rows[slot_of_row] = dout
-        d4 = rows.view(seqs, width, *dout.shape[1:]).transpose(1, 2)
+        d4 = _padded(dout, slot_of_row, ctx.grid)
         if d4.stride() != out4.stride():  # cuDNN's backward takes dO laid out as its forward's O
             d4 = torch.empty_like(out4).copy_(d4)
         grads = ctx.engine.backward(d4, q4, k4, v4, out4, lse, ctx.state, True, ctx.scale)
         return (*(_unpadded(g, slot_of_row) for g in grads), None, None, None)
+
+
+def _padded(rows: torch.Tensor, slot_of_row: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """(T, heads, d) rows -> the (S, heads, L, d) padded batch of ``grid`` = (S, L), zeros in the padded slots (rows
+    innermost in memory)."""
+    seqs, width = grid
+    batch = rows.new_zeros(seqs * width, *rows.shape[1:])
+    batch[slot_of_row] = rows
+    return batch.view(seqs, width, *rows.shape[1:]).transpose(1, 2)
 
 
 def _unpadded(t4: torch.Tensor, slot_of_row: torch.Tensor) -> torch.Tensor:
