@@ -316,6 +316,18 @@ nowait_ab() {  # nowait_ab VALUE SUFFIX SHAPES: two rounds, alternating processe
             --out "$OUT/bench/ab${round}_n"
     done
 }
+fixed_probes() {  # fixed_probes PROBE...: bwd at (28, 4K) and (16, 32K), 5 reps, into $OUT/bench: the ordered and atomic
+    # modes (step ref), then the fixed-point build (branch s41-fixed-dq) under DKV_FIXED_PROBE=PROBE each (steps pPROBE)
+    mkdir -p "$OUT/bench"
+    TAIL=1 step ref 200 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic \
+        --shapes 28:4096,16:32768 --mode bwd --reps 5 --out "$OUT/bench/ref"
+    local p
+    for p in "$@"; do
+        DUALKV_EXTRA_DEFINES=DKV_FIXED_PROBE=$p DUALKV_COMMIT="${DUALKV_COMMIT:-}+probe$p" TAIL=1 step p$p 100 \
+            python3 -m dualkv bench kernel --systems dualkv_mma_fixed --shapes 28:4096,16:32768 --mode bwd --reps 5 \
+            --out "$OUT/bench/p$p"
+    done
+}
 mma_warm() {  # mma_warm NAME SECONDS: the mma.sync family's kernels for sm_90 precompiled (step NAME), under the caller's
     # DUALKV_NVRTC_LIB / DUALKV_EXTRA_DEFINES
     step "$1" "$2" python3 -m dualkv kernels --compile-only --arch sm_90 --kernel fwd --kernel bwd_dkdv \
@@ -2711,14 +2723,7 @@ s41b)
     # DKV_DQ_FIXED build (DKV_FIXED_PROBE, wrong results, timing only): 1 the 64-bit REDs without the conversion, 2 the
     # conversion with 32-bit REDs, 3 without the unit loads; against the build itself (0) and the ordered and atomic
     # modes; bwd at (28, 4K) and (16, 32K), one process each
-    mkdir -p "$OUT/bench"
-    TAIL=1 step ref 200 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic \
-        --shapes 28:4096,16:32768 --mode bwd --reps 5 --out "$OUT/bench/ref"
-    for p in 0 1 2 3; do
-        DUALKV_EXTRA_DEFINES=DKV_FIXED_PROBE=$p DUALKV_COMMIT="${DUALKV_COMMIT:-}+probe$p" TAIL=1 step p$p 100 \
-            python3 -m dualkv bench kernel --systems dualkv_mma_fixed --shapes 28:4096,16:32768 --mode bwd --reps 5 \
-            --out "$OUT/bench/p$p"
-    done
+    fixed_probes 0 1 2 3
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41b-table.json"
     (cd "$OUT" && tar czf s41b.tgz *.log && rm -f *.log)
     ;;
@@ -2726,14 +2731,7 @@ s41c)
     # #13 (run with COMPILE_S=1, carry .commit): s41b's probes left the fixed-point build's time unchanged; probe 4 adds
     # 32-bit integers at the fp32 modes' addresses (4 bytes apart, not 8: half the RED traffic), against the build (0)
     # and the ordered and atomic modes, bwd at (28, 4K) and (16, 32K), one process each
-    mkdir -p "$OUT/bench"
-    TAIL=1 step ref 200 python3 -m dualkv bench kernel --systems dualkv_mma,dualkv_mma_atomic \
-        --shapes 28:4096,16:32768 --mode bwd --reps 5 --out "$OUT/bench/ref"
-    for p in 4 0; do
-        DUALKV_EXTRA_DEFINES=DKV_FIXED_PROBE=$p DUALKV_COMMIT="${DUALKV_COMMIT:-}+probe$p" TAIL=1 step p$p 100 \
-            python3 -m dualkv bench kernel --systems dualkv_mma_fixed --shapes 28:4096,16:32768 --mode bwd --reps 5 \
-            --out "$OUT/bench/p$p"
-    done
+    fixed_probes 4 0
     python3 experiments/gpu/bench_table.py "$OUT/bench" --json "$OUT/s41c-table.json"
     (cd "$OUT" && tar czf s41c.tgz *.log && rm -f *.log)
     ;;
