@@ -224,8 +224,9 @@
 #   bash experiments/gpu/run_pending.sh s42layer   # #12 item 1 at the layer level: the bench systems' GPU tests (cuDNN N-copy
 #                                                  # and cascade fwd+bwd against the fp64 layer), then bench layer with
 #                                                  # dualkv, the cuDNN cascade, cuDNN and FA2 N-copy, 10 timed runs
-#   bash experiments/gpu/run_pending.sh s42verl    # veRL's policy update, stock vs dualkv at N = $VERL_N (default 8), 10 timed
-#                                                  # runs per phase, every run recorded (the README's veRL rows' spread)
+#   bash experiments/gpu/run_pending.sh s42verl    # veRL's policy update, stock vs dualkv at N = $VERL_N (default 8), $VERL_REPS
+#                                                  # (default 10) timed runs per phase, every run recorded (the README's
+#                                                  # veRL rows' spread); N = 32 fits one call with VERL_REPS=5
 #   bash experiments/gpu/run_pending.sh s39addr    # #13: the dK/dV kernel's 32-bit shared addresses (DKV_DKDV_SMEM32=7) under
 #                                                  # NVRTC 13.0: bwd A/B (default / the macro / the macro in mode 0), tests
 #   bash experiments/gpu/run_pending.sh s35d96     # #12/#13: old / new forward defaults alternating (d = 128, both families);
@@ -2795,11 +2796,13 @@ s42layer)
 s42verl)
     # #12 item 6 (run with COMPILE_S=1, carry .commit and experiments/verl/wheels): veRL 0.9.1's policy update on one GPU
     # at this commit, stock vs dualkv (each system in its own child process), qwen3-1.7b, P=8192, R=2048, N=$VERL_N
-    # (default 8), mb 8, 1 warm-up and 10 timed runs per phase with every run recorded (seconds_runs)
+    # (default 8), mb 8, 1 warm-up and $VERL_REPS (default 10) timed runs per phase with every run recorded (seconds_runs).
+    # At N = 32 one stock run of the three phases takes ~28 s, so 10 runs of both systems overrun one call (s42)
     python3 -m pip install --no-deps --no-index --target /tmp/verl-site experiments/verl/wheels/*.whl \
         > "$OUT/verl_install.log" 2>&1 || tail -5 "$OUT/verl_install.log"
-    PYTHONPATH=$PWD:/tmp/verl-site TAIL=12 step policy 540 python3 experiments/policy_update_bench.py --model qwen3-1.7b \
-        --P 8192 --R 2048 --N "${VERL_N:-8}" --mb 8 --warmup 1 --reps 10 --time-budget-s 500 --out "$OUT/bench"
+    PYTHONPATH=$PWD:/tmp/verl-site TAIL=12 step policy 570 python3 experiments/policy_update_bench.py --model qwen3-1.7b \
+        --P 8192 --R 2048 --N "${VERL_N:-8}" --mb 8 --warmup 1 --reps "${VERL_REPS:-10}" --time-budget-s 530 \
+        --out "$OUT/bench"
     ;;
 host)
     # #12: the host's share of each pass (events vs GPU time vs host time), dualkv and the cuDNN cascade
