@@ -575,6 +575,22 @@ def _has_spread(row: dict) -> bool:
     return row.get("ms_min") is not None and row.get("ms_max") is not None
 
 
+def _run_bounds(row: dict, runs: str) -> tuple[float, float] | None:
+    """A row's fastest and slowest timed run: from its ``runs`` list (two runs or more), else its ``ms_min`` /
+    ``ms_max``; None for rows written before either was recorded."""
+    values = row.get(runs) or []
+    if len(values) >= 2:
+        return min(values), max(values)
+    return (row["ms_min"], row["ms_max"]) if _has_spread(row) else None
+
+
+def _ratio_bounds(mine: dict, theirs: dict, runs: str = "ms_runs") -> tuple[float, float] | None:
+    """The spread of a peer's speed ratio: the peer's fastest run over dualkv's slowest, and the peer's slowest over
+    dualkv's fastest (None unless both rows carry their runs' spread)."""
+    a, b = _run_bounds(mine, runs), _run_bounds(theirs, runs)
+    return None if a is None or b is None else (b[0] / a[1], b[1] / a[0])
+
+
 def headline_kernel_table(runs: Sequence[KernelRun]) -> list[str]:
     """The headline's kernel table and its caption: the newest run's dualkv times (median, spread, TF/s) and each
     peer's same-run ratio with its spread."""
@@ -598,8 +614,9 @@ def headline_kernel_table(runs: Sequence[KernelRun]) -> list[str]:
             mine, theirs = run.fwdbwd("dualkv", shape), run.fwdbwd(peer, shape)
             ratio = theirs["ms"] / mine["ms"]
             medians.setdefault(peer, []).append(round(ratio, 2))
-            if _has_spread(mine) and _has_spread(theirs):
-                lo, hi = theirs["ms_min"] / mine["ms_max"], theirs["ms_max"] / mine["ms_min"]
+            bounds = _ratio_bounds(mine, theirs)
+            if bounds:
+                lo, hi = bounds
                 cells.append(f"{ratio:.2f}× ({lo:.2f}–{hi:.2f})")
                 all_runs_faster[peer] = all_runs_faster.get(peer, 0) + (lo > 1)
             else:
@@ -627,18 +644,30 @@ LAYER_NCOPY_PEERS = ("fa2_ncopy", "cudnn_ncopy")
 
 
 def _runs_spread(mine: dict, theirs: dict, runs: str = "ms_runs") -> str:
-    """' (lo–hi)': the peer's fastest timed run over dualkv's slowest to the reverse, from the rows' ``runs`` lists
-    ('' for rows written before the runs were recorded, or with fewer than two)."""
-    a, b = mine.get(runs) or [], theirs.get(runs) or []
-    if len(a) < 2 or len(b) < 2:
-        return ""
-    return f" ({min(b) / max(a):.2f}–{max(b) / min(a):.2f})"
+    """' (lo–hi)': :func:`_ratio_bounds` as printed ('' for rows written before their runs' spread was recorded)."""
+    bounds = _ratio_bounds(mine, theirs, runs)
+    return "" if bounds is None else f" ({bounds[0]:.2f}–{bounds[1]:.2f})"
 
 
-def layer_headline_rows(d: dict, name: str) -> list[list[str]]:
-    """The end-to-end table's layer rows from one ``dualkv bench layer`` file: dualkv's speedup per (P, mb) over the
-    faster N-copy peer (FA2 or cuDNN, named where both ran) and over the cuDNN cascade where it ran, each with the
-    spread of the timed runs."""
+def _qwen_name(key: str) -> str:
+    """'qwen3-1.7b' -> 'Qwen3-1.7B' (the model keys of the bench configs as the README names them)."""
+    family, _, size = key.partition("-")
+    return f"{family.capitalize()}-{size.upper()}" if size else key
+
+
+def _sweep_subject(d: dict) -> str:
+    """What a ``dualkv bench layer`` / ``model`` file timed, as the end-to-end table's rows name it."""
+    cfg = d.get("config") or {}
+    if d.get("benchmark") == "model":
+        return f"the whole {_qwen_name(cfg['model'])} model ({cfg['layers']} layers, log-prob head)"
+    return f"one {_qwen_name(cfg.get('model_dims', 'qwen3-8b'))} decoder layer"
+
+
+def sweep_headline_rows(d: dict, name: str) -> list[list[str]]:
+    """The end-to-end table's rows from one ``dualkv bench layer`` or ``model`` file: dualkv's speedup per (P, mb)
+    over the faster N-copy peer (FA2 or cuDNN, named where both ran) and over the cuDNN cascade where it ran, each
+    with the spread of the timed runs."""
+    subject = _sweep_subject(d)
     by = {(r["system"], r["P"], r["mb"]): r for r in d["rows"] if r["status"] == "ok"}
     keys = sorted((p, mb) for (s, p, mb) in by if s == "dualkv")
     peers = [s for s in LAYER_NCOPY_PEERS if any(r["system"] == s for r in d["rows"])]
@@ -657,10 +686,10 @@ def layer_headline_rows(d: dict, name: str) -> list[list[str]]:
             oom.append(f"({p}, {mb})")
     text = ", ".join(cells) + ("; N-copy out of memory at " + ", ".join(oom) if oom else "")
     what = "the faster N-copy (FA2 or cuDNN attention)" if len(peers) > 1 else NAMES[peers[0]] if peers else "N-copy"
-    out = [[f"one Qwen3-8B decoder layer, fwd+bwd, vs {what}, (P, mb) {source}", text]]
+    out = [[f"{subject}, fwd+bwd, vs {what}, (P, mb) {source}", text]]
     cascade = [(p, mb) for p, mb in keys if ("cudnn_cascade", p, mb) in by]
     if cascade:
-        out.append([f"one Qwen3-8B decoder layer, fwd+bwd, vs the cuDNN cascade on dualkv's packing, (P, mb) {source}",
+        out.append([f"{subject}, fwd+bwd, vs the cuDNN cascade on dualkv's packing, (P, mb) {source}",
                     ", ".join(f"{by[('cudnn_cascade', p, mb)]['ms'] / by[('dualkv', p, mb)]['ms']:.2f}×"
                               f"{_runs_spread(by[('dualkv', p, mb)], by[('cudnn_cascade', p, mb)])} at ({p}, {mb})"
                               for p, mb in cascade)])
@@ -670,11 +699,12 @@ def layer_headline_rows(d: dict, name: str) -> list[list[str]]:
 def headline_block(root: Path = RESULTS) -> str:
     """The README's results block: the newest kernel run's dualkv times with same-run ratios, and end to end."""
     kernel = headline_kernel_table(kernel_runs(root))
-    layer = sorted(root.glob("layer-*.json"))
     policy = sorted(root.glob("policy_update-*.json"))
     end_to_end = []
-    if layer:
-        end_to_end += layer_headline_rows(_load(layer[-1]), layer[-1].name)
+    for pattern in ("layer-*.json", "model-*.json"):      # the newest sweep of each
+        sweeps = sorted(root.glob(pattern))
+        if sweeps:
+            end_to_end += sweep_headline_rows(_load(sweeps[-1]), sweeps[-1].name)
     newest_by_n: dict[int, dict[str, tuple[Path, str, dict]]] = {}
     for path in policy:                                   # oldest first: a newer file's phase replaces an older one's
         d = _load(path)

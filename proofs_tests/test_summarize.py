@@ -278,13 +278,31 @@ def test_layer_headline_takes_the_faster_ncopy_peer_and_the_cascade(summarize):
             row("dualkv", 131072, 8, [90.0, 100.0, 110.0]), row("fa2_ncopy", 131072, 8, [], "OOM"),
             row("cudnn_ncopy", 131072, 8, [], "OOM"), row("cudnn_cascade", 131072, 8, [100.0, 105.0, 110.0])]
     d = {"environment": {"commit": "abcdef0123"}, "rows": rows}
-    (ncopy, cascade) = summarize.layer_headline_rows(d, "layer-x.json")
+    (ncopy, cascade) = summarize.sweep_headline_rows(d, "layer-x.json")
     assert ncopy[0].startswith("one Qwen3-8B decoder layer, fwd+bwd, vs the faster N-copy (FA2 or cuDNN attention)")
     assert ncopy[1] == "2.50× (2.18–2.89) cuDNN at (8192, 8); N-copy out of memory at (131072, 8)", ncopy[1]
     assert cascade[1] == "1.10× (0.91–1.33) at (8192, 8), 1.05× (0.91–1.22) at (131072, 8)", cascade[1]
     fa2_only = {"environment": d["environment"], "rows": [r for r in rows if r["system"] in ("dualkv", "fa2_ncopy")]}
-    (only,) = summarize.layer_headline_rows(fa2_only, "layer-y.json")
+    (only,) = summarize.sweep_headline_rows(fa2_only, "layer-y.json")
     assert "vs FA2 N-copy" in only[0] and only[1].startswith("3.00× (2.64–3.44) at (8192, 8)"), only
+    model = dict(d, benchmark="model", config={"model": "qwen3-1.7b", "layers": 28})
+    (ncopy_m, cascade_m) = summarize.sweep_headline_rows(model, "model-x.json")
+    assert ncopy_m[0].startswith("the whole Qwen3-1.7B model (28 layers, log-prob head), fwd+bwd, vs the faster")
+    assert cascade_m[1] == cascade[1], cascade_m
+
+
+def test_kernel_and_sweep_spreads_agree_on_one_rule(summarize):
+    """The kernel table's spread (rows with ms_min / ms_max) and the sweeps' (rows with their run lists) are one
+    rule: the peer's fastest run over dualkv's slowest, to the reverse; a row with neither has no spread."""
+    mine_runs, theirs_runs = {"ms_runs": [9.0, 10.0, 11.0]}, {"ms_runs": [12.0, 15.0, 18.0]}
+    mine_minmax, theirs_minmax = {"ms_min": 9.0, "ms_max": 11.0}, {"ms_min": 12.0, "ms_max": 18.0}
+    expected = (12.0 / 11.0, 18.0 / 9.0)
+    assert summarize._ratio_bounds(mine_runs, theirs_runs) == expected
+    assert summarize._ratio_bounds(mine_minmax, theirs_minmax) == expected
+    assert summarize._ratio_bounds(mine_runs, theirs_minmax) == expected
+    assert summarize._ratio_bounds({"ms": 10.0}, theirs_runs) is None
+    assert summarize._runs_spread(mine_runs, theirs_runs) == " (1.09–2.00)"
+    assert summarize._runs_spread({"ms_runs": [10.0]}, theirs_runs) == ""
 
 
 def test_policy_rows_show_the_runs_spread(summarize, tmp_path):
