@@ -696,6 +696,21 @@ def sweep_headline_rows(d: dict, name: str) -> list[list[str]]:
     return out
 
 
+def trl_phase_runs(d: dict, setting: str, system: str, phase: str) -> list[float]:
+    """A TRL end-to-end file's timed steps of one phase (seconds; every step after the first, the warm-up, as the
+    file's medians take them); ``training`` is each step's log-probs + update."""
+    rows = [r for r in d["rows"] if r.get("setting") == setting and r["system"] == system][1:]
+    if phase == "training":
+        return [r["logprobs_s"] + r["update_s"] for r in rows]
+    return [r[f"{phase}_s"] for r in rows]
+
+
+def trl_spread(d: dict, setting: str, phase: str) -> str:
+    """' (lo–hi)' of dualkv's speedup over stock TRL in one phase, from the timed steps (:func:`_runs_spread`)."""
+    return _runs_spread({"runs": trl_phase_runs(d, setting, "dualkv", phase)},
+                        {"runs": trl_phase_runs(d, setting, "stock", phase)}, "runs")
+
+
 def headline_block(root: Path = RESULTS) -> str:
     """The README's results block: the newest kernel run's dualkv times with same-run ratios, and end to end."""
     kernel = headline_kernel_table(kernel_runs(root))
@@ -729,8 +744,10 @@ def headline_block(root: Path = RESULTS) -> str:
                 f"TRL {d['environment'].get('trl')} GRPOTrainer vs stock TRL, random Qwen3 ({cfg['num_hidden_layers']} layers, "
                 f"hidden {cfg['hidden_size']}), P={cfg['prompt_len'][0]}, N={cfg['num_generations']}, "
                 f"R<={cfg['max_completion_length']} (`{trl[-1].name}`, {_commit(d['environment'])})",
-                f"log-probs {sp['logprobs']:.2f}×, update {sp['update']:.2f}×, both {sp['training']:.2f}×, whole step "
-                f"with generation {sp['step']:.2f}×; peak {gib[0]:.1f} → {gib[1]:.1f} GiB"])
+                f"log-probs {sp['logprobs']:.2f}×{trl_spread(d, 'long', 'logprobs')}, update {sp['update']:.2f}×"
+                f"{trl_spread(d, 'long', 'update')}, both {sp['training']:.2f}×{trl_spread(d, 'long', 'training')}, "
+                f"whole step with generation {sp['step']:.2f}×{trl_spread(d, 'long', 'step')}; "
+                f"peak {gib[0]:.1f} → {gib[1]:.1f} GiB"])
     parts = [BEGIN, "", *kernel]
     if end_to_end:
         parts += ["", _table(["end to end (result file, commit)", "dualkv's speedup over the peer named, same run"],

@@ -333,3 +333,19 @@ def test_policy_rows_show_the_runs_spread(summarize, tmp_path):
     line = next(x for x in block.splitlines() if "N=8 " in x and "policy update" in x)
     assert "old log prob 3.10× (2.73–3.56)" in line and "2222222" in line, line
     assert "update actor 2.90× |" in line and "1111111" in line, line  # the older file (no runs) supplies this one
+
+
+def test_trl_row_spread_skips_the_warm_up_step(summarize):
+    """The TRL row's spread comes from the timed steps after the first (the warm-up the file's medians skip too);
+    'training' is each step's log-probs + update. A known-wrong version counting the warm-up step (stock 9.0 s)
+    would print an upper bound of 9.00 for log-probs."""
+    def row(system, step, logprobs, update):
+        return {"setting": "long", "system": system, "step": step, "logprobs_s": logprobs, "update_s": update,
+                "generation_s": 1.0, "step_s": 1.0 + logprobs + update}
+
+    d = {"rows": [row("stock", 1, 9.0, 9.0), row("stock", 2, 2.0, 4.0), row("stock", 3, 3.0, 5.0),
+                  row("dualkv", 1, 5.0, 5.0), row("dualkv", 2, 1.0, 1.0), row("dualkv", 3, 0.5, 2.0)]}
+    assert summarize.trl_phase_runs(d, "long", "stock", "training") == [6.0, 8.0]
+    assert summarize.trl_spread(d, "long", "logprobs") == " (2.00–6.00)"
+    assert summarize.trl_spread(d, "long", "training") == " (2.40–4.00)"
+    assert summarize.trl_spread(d, "fp32", "logprobs") == ""
