@@ -638,6 +638,65 @@ def headline_kernel_table(runs: Sequence[KernelRun]) -> list[str]:
     return kernel
 
 
+def newest_pair_run(runs: Sequence[KernelRun], mine: str, peer: str, *, gpu: str | None = None,
+                    other_nvrtc: bool | None = None) -> KernelRun | None:
+    """The newest run of a default build (no ``+variant`` commit suffix) that timed ``mine`` and ``peer`` at one shape
+    or more; on a GPU whose name contains ``gpu``, and compiled by another NVRTC than the installed one or not."""
+    for run in runs:
+        if "+" in run.commit or (gpu and gpu not in str(run.env.get("gpu"))):
+            continue
+        if other_nvrtc is not None and bool(run.env.get("nvrtc_lib")) != other_nvrtc:
+            continue
+        if any(run.fwdbwd(mine, s) and run.fwdbwd(peer, s) for s in run.shapes):
+            return run
+    return None
+
+
+def ratio_cells(run: KernelRun, mine: str, peer: str) -> tuple[str, str]:
+    """('1.08× (1.06–1.10) / ...', '(28, 4K) / ...'): ``peer``'s median fwd+bwd time over ``mine``'s per shape both
+    timed in ``run``, each with its spread (:func:`_ratio_bounds`), and the shapes."""
+    shapes = [s for s in run.shapes if run.fwdbwd(mine, s) and run.fwdbwd(peer, s)]
+    cells = []
+    for shape in shapes:
+        a, b = run.fwdbwd(mine, shape), run.fwdbwd(peer, shape)
+        bounds = _ratio_bounds(a, b)
+        cells.append(f"{b['ms'] / a['ms']:.2f}×" + (f" ({bounds[0]:.2f}–{bounds[1]:.2f})" if bounds else ""))
+    return " / ".join(cells), " / ".join(_shape(s) for s in shapes)
+
+
+def _run_source(run: KernelRun) -> str:
+    return f"{_files(run.files)}, {run.commit}"
+
+
+def other_kernel_lines(runs: Sequence[KernelRun]) -> list[str]:
+    """The headline's sentences on the other kernel families and GPUs, each ratio with its spread: the ``mma.sync``
+    family (what Ampere-class GPUs run; timed on Hopper with ``DUALKV_KERNELS=mma``) against the FA2 cascade, under
+    the installed NVRTC and another, and the default kernels on an H100 against the cuDNN cascade."""
+    out = []
+    mma = newest_pair_run(runs, "dualkv_mma", "cascade", other_nvrtc=False)
+    if mma:
+        cells, shapes = ratio_cells(mma, "dualkv_mma", "cascade")
+        text = (f"Ampere-class GPUs run the `mma.sync` kernels. On their stand-in ({mma.env.get('gpu')}, "
+                f"`DUALKV_KERNELS=mma`, NVRTC {mma.env.get('nvrtc')}) the deterministic fwd+bwd is {cells} the FA2 "
+                f"cascade's speed at {shapes}")
+        if any(mma.fwdbwd("dualkv_mma_atomic", s) for s in mma.shapes):
+            cells, _ = ratio_cells(mma, "dualkv_mma_atomic", "cascade")
+            text += f"; with `deterministic=False` (atomic dQ, as in FA2's backward) {cells}"
+        text += f" ({_run_source(mma)})"
+        other = newest_pair_run(runs, "dualkv_mma", "cascade", other_nvrtc=True)
+        if other:
+            cells, shapes = ratio_cells(other, "dualkv_mma", "cascade")
+            text += (f"; deterministic under NVRTC {other.env.get('nvrtc')} {cells} at {shapes} "
+                     f"({_run_source(other)})")
+        out.append(text + ".")
+    h100 = newest_pair_run(runs, "dualkv", "cudnn_cascade", gpu="H100")
+    if h100:
+        cells, shapes = ratio_cells(h100, "dualkv", "cudnn_cascade")
+        out.append(f"On an H100 (the newest run there, older kernels) the default is {cells} as fast as the cuDNN "
+                   f"cascade at {shapes} ({_run_source(h100)}).")
+    return out
+
+
 #: The layer headline's peers: the N-copy layouts (a user's stock trainer; the faster of the two at each (P, mb)) and
 #: the cuDNN cascade on dualkv's own packing (what the fused kernels add beyond the packing).
 LAYER_NCOPY_PEERS = ("fa2_ncopy", "cudnn_ncopy")
@@ -749,6 +808,8 @@ def headline_block(root: Path = RESULTS) -> str:
                 f"whole step with generation {sp['step']:.2f}×{trl_spread(d, 'long', 'step')}; "
                 f"peak {gib[0]:.1f} → {gib[1]:.1f} GiB"])
     parts = [BEGIN, "", *kernel]
+    for line in other_kernel_lines(kernel_runs(root)):
+        parts += ["", line]
     if end_to_end:
         parts += ["", _table(["end to end (result file, commit)", "dualkv's speedup over the peer named, same run"],
                              end_to_end)]

@@ -349,3 +349,33 @@ def test_trl_row_spread_skips_the_warm_up_step(summarize):
     assert summarize.trl_spread(d, "long", "logprobs") == " (2.00–6.00)"
     assert summarize.trl_spread(d, "long", "training") == " (2.40–4.00)"
     assert summarize.trl_spread(d, "fp32", "logprobs") == ""
+
+
+def test_other_kernel_lines_pick_default_builds_and_carry_spreads(summarize, tmp_path):
+    """The headline's mma.sync and H100 sentences come from the newest default-build runs (a newer '+variant' build
+    must not be picked: it would print 9.00×), the other-NVRTC run in its own clause, each ratio with its spread."""
+    results = tmp_path / "results"
+    results.mkdir()
+    base = {"R": 2048, "mode": "fwdbwd", "tflops": 300.0, "speedup_vs_fa2": None, "peak_mem_gib": 1.0, "status": "ok",
+            "groups": 1, "r_range": None, "reps": 10, "N": 8, "P": 8192}
+
+    def write(name, commit, gpu, rows, **env):
+        env = {"commit": commit, "gpu": gpu, "date": name[7:22], "nvrtc": "13.0", **env}
+        (results / f"{name}.json").write_text(json.dumps({"environment": env, "benchmark": "kernel", "rows": rows}))
+
+    def row(system, ms, lo, hi):
+        return dict(base, system=system, ms=ms, ms_min=lo, ms_max=hi)
+
+    write("kernel-20990101-000000", "aaaaaaa", "NVIDIA H200",
+          [row("dualkv_mma", 10.0, 9.0, 11.0), row("dualkv_mma_atomic", 9.0, 9.0, 9.0), row("cascade", 11.0, 10.0, 12.0)])
+    write("kernel-20990102-000000", "bbbbbbb+variant", "NVIDIA H200",
+          [row("dualkv_mma", 1.0, 1.0, 1.0), row("cascade", 9.0, 9.0, 9.0)])
+    write("kernel-20990103-000000", "ccccccc", "NVIDIA H200",
+          [row("dualkv_mma", 8.0, 8.0, 8.0), row("cascade", 11.0, 11.0, 11.0)], nvrtc="13.5", nvrtc_lib="/x")
+    write("kernel-20990104-000000", "ddddddd", "NVIDIA H100 80GB HBM3",
+          [row("dualkv", 10.0, 10.0, 10.0), row("cudnn_cascade", 9.5, 9.0, 10.0)])
+    mma, h100 = summarize.other_kernel_lines(summarize.kernel_runs(results))
+    assert "NVRTC 13.0) the deterministic fwd+bwd is 1.10× (0.91–1.33) the FA2 cascade's speed at (8, 8K)" in mma, mma
+    assert "`deterministic=False` (atomic dQ, as in FA2's backward) 1.22× (1.11–1.33)" in mma, mma
+    assert "deterministic under NVRTC 13.5 1.38× (1.38–1.38) at (8, 8K)" in mma and "9.00" not in mma, mma
+    assert "0.95× (0.90–1.00) as fast as the cuDNN cascade at (8, 8K)" in h100 and "ddddddd" in h100, h100
