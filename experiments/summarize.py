@@ -772,7 +772,8 @@ def trl_spread(d: dict, setting: str, phase: str) -> str:
 
 def headline_block(root: Path = RESULTS) -> str:
     """The README's results block: the newest kernel run's dualkv times with same-run ratios, and end to end."""
-    kernel = headline_kernel_table(kernel_runs(root))
+    runs = kernel_runs(root)
+    kernel = headline_kernel_table(runs)
     policy = sorted(root.glob("policy_update-*.json"))
     end_to_end = []
     for pattern in ("layer-*.json", "model-*.json"):      # the newest sweep of each
@@ -808,7 +809,7 @@ def headline_block(root: Path = RESULTS) -> str:
                 f"whole step with generation {sp['step']:.2f}×{trl_spread(d, 'long', 'step')}; "
                 f"peak {gib[0]:.1f} → {gib[1]:.1f} GiB"])
     parts = [BEGIN, "", *kernel]
-    for line in other_kernel_lines(kernel_runs(root)):
+    for line in other_kernel_lines(runs):
         parts += ["", line]
     if end_to_end:
         parts += ["", _table(["end to end (result file, commit)", "dualkv's speedup over the peer named, same run"],
