@@ -227,6 +227,7 @@
 #   bash experiments/gpu/run_pending.sh s43model   # the whole qwen3-1.7b model, dualkv vs the cuDNN cascade / cuDNN N-copy /
 #                                                  # FA2 N-copy, 10 timed runs per row; the layer systems' GPU tests
 #   bash experiments/gpu/run_pending.sh s43trl     # TRL's GRPO, long setting, 11 steps per system (the TRL row's spread)
+#   bash experiments/gpu/run_pending.sh s43peers   # Table 1's FA2 N-copy and FlexAttention columns with spread, dualkv beside each
 #   bash experiments/gpu/run_pending.sh s42verl    # veRL's policy update, stock vs dualkv at N = $VERL_N (default 8), $VERL_REPS
 #                                                  # (default 10) timed runs per phase, every run recorded (the README's
 #                                                  # veRL rows' spread); N = 32 fits one call with VERL_REPS=5
@@ -2811,6 +2812,13 @@ s43trl)
     python3 experiments/trl_grpo/install_wheels.py .whl > "$OUT/trl_install.log" 2>&1 || tail -5 "$OUT/trl_install.log"
     TAIL=12 step trl 540 python3 experiments/trl_grpo/grpo_e2e.py --settings long --steps 11 --out "$OUT"
     ;;
+s43peers)
+    # #12 item 6 (run with COMPILE_S=1, carry .commit): the kernel table's FA2 N-copy and FlexAttention columns with
+    # their spread (the committed runs, 09abfde / 7927fa9, predate ms_min / ms_max): dualkv and each peer in one
+    # process, fwd+bwd, Table 1's six shapes, 2 warm-up and 10 timed runs
+    TAIL=10 step peers_fa2 250 python3 -m dualkv bench kernel --mode fwdbwd --systems dualkv,fa2_ncopy --out "$OUT/bench"
+    TAIL=10 step peers_flex 290 python3 -m dualkv bench kernel --mode fwdbwd --systems dualkv,flex --out "$OUT/bench"
+    ;;
 s42verl)
     # #12 item 6 (run with COMPILE_S=1, carry .commit and experiments/verl/wheels): veRL 0.9.1's policy update on one GPU
     # at this commit, stock vs dualkv (each system in its own child process), qwen3-1.7b, P=8192, R=2048, N=$VERL_N
@@ -2829,6 +2837,6 @@ host)
 *) echo "unknown part $1 (tests, mma, dqorder, lsecp, mmatable, trees, hd96, treedq, orders, orderbench, treebench, defaults, groups8, hybrid,"\
         "table1, shared, headmajor, hd96cudnn, wsprofile, wsdefaults, ws64, ws96, dqfirst, dqpath, wsfwd96, table1dq,"\
         "floor6496, hybrid6496, wsfinal, dq96, final, floortests, floorjson,"\
-        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b, s38mg, s38mg2, s38bench, s39addr, s39final, s39table, s39def, s39rest, s39rl, s39n135, s40a, s40b, s40c, s40d, s40e, s42layer, s42verl, s43model, s43trl)"
+        "host, wide, widefloor, final13, wswide, wsfinal2, wide256, wsreview, widetrees, widetreebench, tiles16, fwd16b, final16a, final16b, final16c, final16d, final16e, atomicprof, stage17, table17, final17, verify17, ordprof, frag, fragtable, ordred, ordfrag, ordearly, wsprof2, fence2ws, prefetch2, ordtable, autoord, mmatrees, mmaprof, qwarps, qwarps2, qwfinal, qwtests, release, fwdmask, defer, lsestage, final22, wsstages3, s23stages, s23mask, s23tests, s23tables, s23put, s23wide, s23prof, s24lse, s24searly, s24poly, s24diag, s24qdo, s24qdo2, s25split, s25tests, s25mma, s25final, s25floor, s26a, s26b, s26c, s26d, s26e, s26f, s26next, s27rl, s27fix, s27ab, s27sweep, s28next, s28nvrtc, s29addr32, s29addr32t, s29addr32b, s30nvrtc, s30mode1, s30final, s31next, s31ncu, s31fwd, s31swz, s31final, s31check, s32next, s32nvrtc, s32mid, s32t135, s32final, s32geom, s33seg, s33table, s33cache, s33fix, s33final, s33rl, s33hopper, s33atomic, s34mc, s34mc2, s34red, s34final, s34ncu, s34table, s34split, s37check, s37rest, s37def, s37pair, s38a, s38b, s38mg, s38mg2, s38bench, s39addr, s39final, s39table, s39def, s39rest, s39rl, s39n135, s40a, s40b, s40c, s40d, s40e, s42layer, s42verl, s43model, s43trl, s43peers)"
    exit 2 ;;
 esac
