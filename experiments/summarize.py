@@ -62,9 +62,11 @@ class Figure:
 
 #: The Table 1 figure of the README (H100): dualkv and the cuDNN cascade from the newest run, the FA2 cascade from
 #: the run before it (later files replace earlier rows).
-TABLE1_FIGURE = Figure("kernel-h100-20261126T1444Z-table1.png",
-                       ("kernel-h100-20261126T1116Z-table1.json", "kernel-h100-20261126T1444Z-table1.json"),
-                       ("dualkv", "cudnn_cascade", "cascade"))
+TABLE1_FIGURE = Figure("kernel-h200-20261201T0705Z-table1.png",
+                       ("kernel-h200-20261127T0231Z-table1-part1.json", "kernel-h200-20261127T0234Z-table1-part2.json",
+                        "kernel-20261130-083520.json", "kernel-20261130-083606.json", "kernel-20261130-085449.json",
+                        "kernel-20261201-070316.json", "kernel-20261201-070531.json"),
+                       ("dualkv", "cudnn_cascade", "flex", "cascade", "fa2_ncopy"))
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -265,12 +267,17 @@ def other_shapes_section(root: Path) -> str:
 def figure_block(fig: Figure, root: Path, prefix: str) -> str:
     """The figure, the files behind it and the command that redraws it; which run each system's rows come from."""
     paths = [root / s for s in fig.sources]
-    origin: dict[str, str] = {}
+    drawn: dict[tuple, tuple[str, str]] = {}     # (system, N, P, mode) -> (system, commit): a later file's row wins
     for path in paths:
-        for r in _load(path)["rows"]:
+        d = _load(path)
+        for r in d["rows"]:
             if not fig.systems or r["system"] in fig.systems:
-                origin[r["system"]] = _commit(_load(path)["environment"])
-    where = ", ".join(f"{NAMES.get(s, s)} at {c}" for s, c in origin.items())
+                drawn[(r["system"], r.get("N"), r.get("P"), r.get("mode"))] = (r["system"], _commit(d["environment"]))
+    origin: dict[str, list[str]] = {}
+    for system, commit in drawn.values():
+        if commit not in origin.setdefault(system, []):
+            origin[system].append(commit)
+    where = ", ".join(f"{NAMES.get(s, s)} at {' / '.join(c)}" for s, c in origin.items())
     return (f"![Table 1: fwd+bwd ms and useful TFLOP/s per system]({prefix}{fig.png})\n\n"
             f"`{fig.png}`: drawn from {_files(paths)} ({where}; rows of different commits side by side) by\n"
             f"`{fig.command()}`.")

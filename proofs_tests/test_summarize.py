@@ -380,3 +380,20 @@ def test_other_kernel_lines_pick_default_builds_and_carry_spreads(summarize, tmp
     assert "`deterministic=False` (atomic dQ, as in FA2's backward) 1.22× (1.11–1.33)" in mma, mma
     assert "deterministic under NVRTC 13.5 1.38× (1.38–1.38) at (8, 8K)" in mma and "9.00" not in mma, mma
     assert "0.95× (0.90–1.00) as fast as the cuDNN cascade at (8, 8K)" in h100 and "ddddddd" in h100, h100
+
+
+def test_figure_names_every_commit_a_system_is_drawn_from(summarize, tmp_path):
+    """A figure merged from several files names, per system, every commit whose rows it draws (a later file's row
+    replaces an earlier one's): the FA2 cascade's shapes from two runs show both commits, and a row fully replaced
+    by a later file does not name its commit."""
+    def write(name, commit, rows):
+        (tmp_path / name).write_text(json.dumps({"environment": {"commit": commit}, "rows": rows}))
+
+    def row(system, p):
+        return {"system": system, "N": 8, "P": p, "mode": "fwdbwd"}
+
+    write("a.json", "aaaaaaa", [row("cascade", 4096), row("cascade", 8192), row("dualkv", 4096)])
+    write("b.json", "bbbbbbb", [row("cascade", 8192), row("dualkv", 4096)])
+    fig = summarize.Figure("f.png", ("a.json", "b.json"), ("dualkv", "cascade"))
+    text = summarize.figure_block(fig, tmp_path, "")
+    assert "FA2 cascade at aaaaaaa / bbbbbbb" in text and "dualkv at bbbbbbb;" in text, text
