@@ -1,6 +1,7 @@
 """``dualkv verify``: rows, JSON, exit status — and a wrong implementation turns it red."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -10,9 +11,12 @@ from dualkv.verify import mutants
 
 
 def test_quick_verify_passes_and_writes_json(tmp_path):
+    """... and the JSON records the kernel choices the CUDA rows would run under (here DUALKV_KERNELS=mma), so a
+    report of the mma.sync family cannot be mistaken for the default's."""
     path = tmp_path / "rows.json"
+    env = {**os.environ, "DUALKV_KERNELS": "mma", "DUALKV_MMA_BWD": "auto", "DUALKV_PATH": ""}
     proc = subprocess.run([sys.executable, "-m", "dualkv", "verify", "--quick", "--no-progress", "--json", str(path)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "rows passed" in proc.stdout and "FAIL" not in proc.stdout
     data = json.loads(path.read_text())
@@ -20,6 +24,9 @@ def test_quick_verify_passes_and_writes_json(tmp_path):
     assert {"check", "config", "quantity", "error", "bound", "passed"} <= set(data["rows"][0])
     assert any(r["check"].startswith("control:") for r in data["rows"])
     assert data["environment"]["torch"]
+    env = data["environment"]
+    assert (env["kernel_family"], env["mma_backward"], env["path"]) == ("mma", "auto", "auto"), env
+    assert "nvrtc" in env
 
 
 def test_verify_fails_when_the_implementation_is_wrong(monkeypatch, capsys):

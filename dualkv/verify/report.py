@@ -15,13 +15,21 @@ from .checks import Row
 
 
 def environment() -> dict:
-    """Where the rows were produced: versions, device, commit, date."""
+    """Where the rows were produced: versions, device, commit, date, and the kernel choices in force that the CUDA rows
+    ran under (the family, e.g. ``DUALKV_KERNELS=mma``; the mma.sync backward; the path override; the NVRTC)."""
+    from ..cuda.build import nvrtc_version
+    from ..cuda.configs import current_kernel_family, current_mma_backward, current_path
+
     env = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "kernel_family": current_kernel_family(),
+        "mma_backward": current_mma_backward(),
+        "path": current_path(),
+        "nvrtc": nvrtc_version(),
     }
     env["commit"], env["dirty"] = git_commit()
     return env
