@@ -267,14 +267,14 @@ def other_shapes_section(root: Path) -> str:
 def figure_block(fig: Figure, root: Path, prefix: str) -> str:
     """The figure, the files behind it and the command that redraws it; which run each system's rows come from."""
     paths = [root / s for s in fig.sources]
-    drawn: dict[tuple, tuple[str, str]] = {}     # (system, N, P, mode) -> (system, commit): a later file's row wins
+    drawn: dict[tuple, str] = {}     # (system, N, P, mode) -> the commit of the row drawn: a later file's row wins
     for path in paths:
         d = _load(path)
         for r in d["rows"]:
             if not fig.systems or r["system"] in fig.systems:
-                drawn[(r["system"], r.get("N"), r.get("P"), r.get("mode"))] = (r["system"], _commit(d["environment"]))
+                drawn[(r["system"], r.get("N"), r.get("P"), r.get("mode"))] = _commit(d["environment"])
     origin: dict[str, list[str]] = {}
-    for system, commit in drawn.values():
+    for (system, *_), commit in drawn.items():
         if commit not in origin.setdefault(system, []):
             origin[system].append(commit)
     where = ", ".join(f"{NAMES.get(s, s)} at {' / '.join(c)}" for s, c in origin.items())
@@ -598,6 +598,12 @@ def _ratio_bounds(mine: dict, theirs: dict, runs: str = "ms_runs") -> tuple[floa
     return None if a is None or b is None else (b[0] / a[1], b[1] / a[0])
 
 
+def _runs_spread(mine: dict, theirs: dict, runs: str = "ms_runs") -> str:
+    """' (lo–hi)': :func:`_ratio_bounds` as printed ('' for rows written before their runs' spread was recorded)."""
+    bounds = _ratio_bounds(mine, theirs, runs)
+    return "" if bounds is None else f" ({bounds[0]:.2f}–{bounds[1]:.2f})"
+
+
 def headline_kernel_table(runs: Sequence[KernelRun]) -> list[str]:
     """The headline's kernel table and its caption: the newest run's dualkv times (median, spread, TF/s) and each
     peer's same-run ratio with its spread."""
@@ -661,13 +667,10 @@ def newest_pair_run(runs: Sequence[KernelRun], mine: str, peer: str, *, gpu: str
 
 def ratio_cells(run: KernelRun, mine: str, peer: str) -> tuple[str, str]:
     """('1.08× (1.06–1.10) / ...', '(28, 4K) / ...'): ``peer``'s median fwd+bwd time over ``mine``'s per shape both
-    timed in ``run``, each with its spread (:func:`_ratio_bounds`), and the shapes."""
+    timed in ``run``, each with its spread (:func:`_runs_spread`), and the shapes."""
     shapes = [s for s in run.shapes if run.fwdbwd(mine, s) and run.fwdbwd(peer, s)]
-    cells = []
-    for shape in shapes:
-        a, b = run.fwdbwd(mine, shape), run.fwdbwd(peer, shape)
-        bounds = _ratio_bounds(a, b)
-        cells.append(f"{b['ms'] / a['ms']:.2f}×" + (f" ({bounds[0]:.2f}–{bounds[1]:.2f})" if bounds else ""))
+    pairs = [(run.fwdbwd(mine, s), run.fwdbwd(peer, s)) for s in shapes]
+    cells = [f"{b['ms'] / a['ms']:.2f}×{_runs_spread(a, b)}" for a, b in pairs]
     return " / ".join(cells), " / ".join(_shape(s) for s in shapes)
 
 
@@ -707,12 +710,6 @@ def other_kernel_lines(runs: Sequence[KernelRun]) -> list[str]:
 #: The layer headline's peers: the N-copy layouts (a user's stock trainer; the faster of the two at each (P, mb)) and
 #: the cuDNN cascade on dualkv's own packing (what the fused kernels add beyond the packing).
 LAYER_NCOPY_PEERS = ("fa2_ncopy", "cudnn_ncopy")
-
-
-def _runs_spread(mine: dict, theirs: dict, runs: str = "ms_runs") -> str:
-    """' (lo–hi)': :func:`_ratio_bounds` as printed ('' for rows written before their runs' spread was recorded)."""
-    bounds = _ratio_bounds(mine, theirs, runs)
-    return "" if bounds is None else f" ({bounds[0]:.2f}–{bounds[1]:.2f})"
 
 
 def _qwen_name(key: str) -> str:
